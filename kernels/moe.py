@@ -1,0 +1,63 @@
+"""Mixture-of-experts routing and expert GEMMs, torch reference.
+
+Routing runs in float32 whatever the model dtype (as the reference implementations do), so the
+chosen experts are the same ones they choose.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lucebox.config import MoESpec
+
+
+def route(
+    router_logits: torch.Tensor,  # (T, E), model dtype
+    spec: MoESpec,
+    correction_bias: torch.Tensor | None = None,  # (E,)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights (T, k) in the model dtype, expert ids (T, k) int64)."""
+    logits = router_logits.to(torch.float32)
+    if spec.logit_softcap > 0:
+        logits = torch.tanh(logits / spec.logit_softcap) * spec.logit_softcap
+    if spec.router == "sigmoid":
+        scores = torch.sigmoid(logits)
+    else:
+        scores = torch.softmax(logits, dim=-1)
+    selection = scores if correction_bias is None else scores + correction_bias.to(torch.float32)
+    _, ids = torch.topk(selection, spec.top_k, dim=-1)
+    weights = scores.gather(-1, ids)  # the bias only chooses; it never weighs
+    if spec.normalize_topk:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), ids
+
+
+def swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """down(silu(gate x) * up x) with gate and up fused in one (2I, H) matrix, gate rows first."""
+    gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, w_down)
+
+
+def moe_experts(
+    x: torch.Tensor,  # (T, H)
+    gate_up: torch.Tensor,  # (E, 2I, H)
+    down: torch.Tensor,  # (E, H, I)
+    weights: torch.Tensor,  # (T, k)
+    ids: torch.Tensor,  # (T, k)
+) -> torch.Tensor:  # (T, H): sum over the k chosen experts of weight * expert(x)
+    out = torch.zeros_like(x)
+    flat_ids = ids.reshape(-1)
+    order = torch.argsort(flat_ids, stable=True)
+    counts = torch.bincount(flat_ids, minlength=gate_up.shape[0]).tolist()
+    tokens = order // ids.shape[1]
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        rows = order[start : start + count]
+        tok = tokens[start : start + count]
+        start += count
+        y = swiglu(x[tok], gate_up[expert], down[expert])
+        out.index_add_(0, tok, y * weights.reshape(-1)[rows, None])
+    return out

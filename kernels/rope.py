@@ -1,0 +1,98 @@
+"""Rotary position embeddings (default, linear, llama3, YaRN; partial rotary), torch reference.
+
+Frequencies and angles are computed in float32 and the tables cast to the model dtype, as the
+reference implementations do, so float64 runs match them to rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lucebox.config import RopeSpec
+
+
+def inverse_frequencies(spec: RopeSpec) -> tuple[torch.Tensor, float]:
+    """(inv_freq [rotary_dim/2] float32, attention scaling applied to cos and sin)."""
+    dim, base = spec.rotary_dim, spec.theta
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
+    inv_freq = 1.0 / (base**exponents)
+    if spec.kind == "default":
+        return inv_freq, 1.0
+    if spec.kind == "linear":
+        return inv_freq / spec.factor, 1.0
+    if spec.kind == "llama3":
+        return _llama3(inv_freq, spec), 1.0
+    if spec.kind == "yarn":
+        return _yarn(spec)
+    raise ValueError(f"unknown rope kind {spec.kind}")
+
+
+def _llama3(inv_freq: torch.Tensor, spec: RopeSpec) -> torch.Tensor:
+    old_len = spec.original_max_position
+    low_wavelen = old_len / spec.low_freq_factor
+    high_wavelen = old_len / spec.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / spec.factor, inv_freq)
+    smooth = (old_len / wavelen - spec.low_freq_factor) / (spec.high_freq_factor - spec.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / spec.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(spec: RopeSpec) -> tuple[torch.Tensor, float]:
+    dim, base, factor = spec.rotary_dim, spec.theta, spec.factor
+    attention = spec.attention_factor
+    if attention is None:
+        if spec.mscale and spec.mscale_all_dim:
+            attention = _yarn_mscale(factor, spec.mscale) / _yarn_mscale(factor, spec.mscale_all_dim)
+        else:
+            attention = _yarn_mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(spec.original_max_position / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(spec.beta_fast), correction_dim(spec.beta_slow)
+    if spec.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(torch.float32) / dim)
+    extrapolation = 1.0 / pos_freqs
+    interpolation = 1.0 / (factor * pos_freqs)
+    keep = 1 - ramp  # 1: keep the original (extrapolated) frequency
+    return interpolation * (1 - keep) + extrapolation * keep, float(attention)
+
+
+class RotaryTables:
+    """cos/sin for given positions, one float32 frequency vector per distinct RopeSpec."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._freqs: dict[RopeSpec, tuple[torch.Tensor, float]] = {}
+
+    def cos_sin(self, spec: RopeSpec, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if spec not in self._freqs:
+            inv_freq, scaling = inverse_frequencies(spec)
+            self._freqs[spec] = (inv_freq.to(self.device), scaling)
+        inv_freq, scaling = self._freqs[spec]
+        angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, rotary_dim/2)
+        angles = torch.cat((angles, angles), dim=-1)
+        return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first rotary_dim features of x (T, heads, D) in the rotate-half layout."""
+    rot = cos.shape[-1]
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    half = rot // 2
+    rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+    return torch.cat((x_rot * cos + rotated * sin, x_pass), dim=-1)

@@ -1,0 +1,191 @@
+"""Reading a Hugging Face model folder: JSON files, weight shards, and filling tensors from them.
+
+Weights are described by *sources* (see `lucebox.models.sources`): where each of our tensors comes
+from in the checkpoint. `load_weights` allocates each destination tensor once, in its final dtype
+and device, and copies the checkpoint's tensors straight into it (or into slices of it, for fused
+and stacked tensors), one tensor at a time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+
+from lucebox.errors import (
+    ConfigError,
+    MissingTensorError,
+    ModelNotFoundError,
+    PickleCheckpointError,
+    TensorShapeError,
+    UnexpectedTensorError,
+)
+from lucebox.models.sources import Cat, Source, Stack, first_available, leaf_names
+from lucebox.safetensors_file import SafetensorsFile, read_header
+
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+# Tensors some exporters leave behind that carry no weights.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def model_folder(path: str | Path) -> Path:
+    folder = Path(path).expanduser()
+    if not folder.exists():
+        raise ModelNotFoundError(f"model folder {folder} does not exist; pass a local Hugging Face model folder")
+    if not folder.is_dir():
+        raise ModelNotFoundError(f"{folder} is a file; pass the model folder that holds config.json")
+    if not (folder / "config.json").is_file():
+        raise ModelNotFoundError(f"{folder} has no config.json; is this a Hugging Face model folder?")
+    return folder
+
+
+def read_json(path: Path, required: bool = True) -> dict | None:
+    if not path.is_file():
+        if required:
+            raise ModelNotFoundError(f"{path} is missing")
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object")
+    return data
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a folder: the index's shards, or model.safetensors, or all *.safetensors."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        data = read_json(index)
+        weight_map = data.get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ConfigError(f"{index} has no 'weight_map' object")
+        shards = sorted(set(weight_map.values()))
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise ModelNotFoundError(
+                f"{index} lists shard(s) that are not in {folder}: {', '.join(missing[:5])}; "
+                "the download is incomplete"
+            )
+        return [folder / s for s in shards]
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(folder.glob("*.safetensors"))
+    if found:
+        return found
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+    if pickles:
+        raise PickleCheckpointError(
+            f"{folder} holds only pickle weights ({', '.join(pickles[:3])}); lucebox never unpickles, "
+            "since loading a pickle can run arbitrary code. Convert the checkpoint to safetensors "
+            "(e.g. save_pretrained(..., safe_serialization=True)) and try again"
+        )
+    raise ModelNotFoundError(f"{folder} has no weights (*.safetensors); use load_format='dummy' for random weights")
+
+
+class CheckpointIndex:
+    """Which file holds which tensor, with every header validated up front."""
+
+    def __init__(self, files: list[Path]):
+        self.files = files
+        self.location: dict[str, Path] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        for path in files:
+            for name, entry in read_header(path).items():
+                self.location[name] = path
+                self.shapes[name] = entry.shape
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.location
+
+
+def _describe(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def resolve_sources(
+    sources: dict[str, Source], shapes: dict[str, tuple[int, ...]], index: CheckpointIndex
+) -> dict[str, Source]:
+    """Pick one available option per tensor; raise on missing or unexpected checkpoint tensors."""
+    chosen: dict[str, Source] = {}
+    missing: list[str] = []
+    for name, source in sources.items():
+        picked = first_available(source, index.__contains__)
+        if picked is None:
+            absent = [n for n in leaf_names(source, first_option=True) if n not in index]
+            missing.extend(f"{n} (for {name}, expected {_describe(shapes[name])} in total)" for n in absent[:3])
+        else:
+            chosen[name] = picked
+    if missing:
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise MissingTensorError(
+            f"checkpoint lacks {len(missing)} tensor(s) the architecture needs: "
+            f"{'; '.join(missing[:8])}{more}. Is config.json the one that belongs to these weights?"
+        )
+    used = {n for source in chosen.values() for n in leaf_names(source)}
+    extra = sorted(n for n in index.location if n not in used and not n.endswith(_IGNORED_SUFFIXES))
+    if extra:
+        more = f" and {len(extra) - 8} more" if len(extra) > 8 else ""
+        raise UnexpectedTensorError(
+            f"checkpoint has {len(extra)} tensor(s) this architecture does not use: "
+            f"{', '.join(extra[:8])}{more}. Does config.json describe these weights?"
+        )
+    return chosen
+
+
+def _fill(dest: torch.Tensor, source: Source, read: Callable[[str, torch.Tensor], None], name: str) -> None:
+    """Write `source` into `dest`, part by part (Cat along dim 0, Stack along a new dim 0)."""
+    if isinstance(source, str):
+        read(source, dest)
+    elif isinstance(source, Stack):
+        if len(source.parts) != dest.shape[0]:
+            raise TensorShapeError(f"{name}: expected {dest.shape[0]} stacked parts, checkpoint has {len(source.parts)}")
+        for i, part in enumerate(source.parts):
+            _fill(dest[i], part, read, name)
+    elif isinstance(source, Cat):
+        offset = 0
+        for part, rows in zip(source.parts, source.sizes):
+            _fill(dest.narrow(0, offset, rows), part, read, name)
+            offset += rows
+    else:  # pragma: no cover - resolve_sources removes alternatives
+        raise TypeError(f"unresolved source for {name}: {source!r}")
+
+
+def load_weights(
+    index: CheckpointIndex,
+    sources: dict[str, Source],
+    shapes: dict[str, tuple[int, ...]],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    chosen = resolve_sources(sources, shapes, index)
+    weights: dict[str, torch.Tensor] = {}
+    with ExitStack() as stack:
+        opened: dict[Path, SafetensorsFile] = {}
+
+        def read(ckpt_name: str, dest: torch.Tensor) -> None:
+            path = index.location[ckpt_name]
+            if path not in opened:
+                opened[path] = stack.enter_context(SafetensorsFile(path))
+            f = opened[path]
+            found = f.entries[ckpt_name].shape
+            if tuple(found) != tuple(dest.shape):
+                raise TensorShapeError(
+                    f"{path.name}: tensor {ckpt_name} has shape {_describe(found)}, "
+                    f"config.json implies {_describe(tuple(dest.shape))}"
+                )
+            view = f.view(ckpt_name)
+            dest.copy_(view)
+            del view
+            f.release(ckpt_name)
+
+        for name, source in chosen.items():
+            dest = torch.empty(shapes[name], dtype=dtype, device=device)
+            _fill(dest, source, read, name)
+            weights[name] = dest
+    return weights

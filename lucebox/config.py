@@ -1,0 +1,103 @@
+"""The one normalized model description every part of the engine reads.
+
+Architecture adapters (`lucebox.models.*`) build a `ModelConfig` from a Hugging Face
+`config.json`. Per-layer facts (attention kind, window, head count, RoPE, MLP kind) live in
+`layers`, so the engine never branches on the architecture name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rotary embedding of one layer kind. `rotary_dim` <= head_dim (partial rotary)."""
+
+    theta: float
+    rotary_dim: int
+    kind: str = "default"  # default | linear | llama3 | yarn
+    factor: float = 1.0
+    original_max_position: int | None = None
+    # llama3
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    # yarn
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None  # None: derived from factor (and mscale)
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What one decoder layer is: attention kind, head count, RoPE, MLP kind."""
+
+    attention: str  # "full" | "sliding"
+    num_heads: int
+    rope: RopeSpec
+    mlp: str  # "dense" | "moe"
+    window: int | None = None  # sliding layers: a query sees the last `window` positions, itself included
+
+    @property
+    def is_sliding(self) -> bool:
+        return self.attention == "sliding"
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Routed experts of the MoE layers (one spec shared by all of them)."""
+
+    num_experts: int
+    top_k: int
+    expert_size: int  # intermediate width of one expert
+    router: str  # "softmax" | "sigmoid"
+    normalize_topk: bool
+    routed_scaling: float = 1.0
+    logit_softcap: float = 0.0  # 0: off; else logits = cap * tanh(logits / cap)
+    correction_bias: bool = False  # sigmoid routers: a bias added to scores for selection only
+    shared_expert_size: int = 0  # 0: no shared expert
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only transformer, normalized across architectures."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_kv_heads: int
+    head_dim: int
+    layers: tuple[LayerSpec, ...]
+    rms_norm_eps: float
+    max_position_embeddings: int
+    intermediate_size: int = 0  # dense MLP width (dense layers only)
+    moe: MoESpec | None = None
+    attention_bias: bool = False
+    qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE
+    attention_gate: str | None = None  # None | "head" | "element": softplus output gate (Laguna)
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    checkpoint_dtype: str | None = None
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def max_heads(self) -> int:
+        return max(layer.num_heads for layer in self.layers)
+
+    @property
+    def max_window(self) -> int | None:
+        windows = [layer.window for layer in self.layers if layer.is_sliding]
+        return max(windows) if windows else None
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """K and V of one token in one layer (every layer kind stores the same row)."""
+        return 2 * self.num_kv_heads * self.head_dim * dtype_bytes

@@ -1,0 +1,43 @@
+"""Choosing the device and the dtype from the user's `device=` and `dtype=` arguments."""
+
+from __future__ import annotations
+
+import torch
+
+from lucebox.errors import InvalidArgumentError
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "float64": torch.float64, "fp64": torch.float64,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise InvalidArgumentError(f"device '{device}' is not a device; use 'auto', 'cpu' or 'cuda'") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidArgumentError("device 'cuda' was asked for but torch sees no CUDA GPU; use device='cpu'")
+    if resolved.type not in ("cpu", "cuda"):
+        raise InvalidArgumentError(f"device '{device}' is not supported; use 'auto', 'cpu' or 'cuda'")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """'auto': bfloat16 on CUDA, float32 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise InvalidArgumentError(f"dtype {dtype} is not supported; use one of {', '.join(sorted(_DTYPES))}")
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise InvalidArgumentError(f"dtype '{dtype}' is not supported; use 'auto' or one of {', '.join(sorted(_DTYPES))}")
+    return _DTYPES[dtype]

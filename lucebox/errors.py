@@ -1,0 +1,58 @@
+"""Typed errors. Each names what is wrong (file, tensor, flag) and what to do about it.
+
+The CLI turns any `LuceboxError` into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+
+class LuceboxError(Exception):
+    """Base class of every error lucebox raises on purpose."""
+
+
+class InvalidArgumentError(LuceboxError, ValueError):
+    """A keyword argument or CLI flag has a value lucebox cannot use."""
+
+
+class ModelNotFoundError(LuceboxError, FileNotFoundError):
+    """The model folder, or a file it must contain, does not exist."""
+
+
+class ConfigError(LuceboxError):
+    """config.json (or a related JSON file) is unreadable or inconsistent."""
+
+
+class UnsupportedArchitectureError(ConfigError):
+    """The checkpoint's architecture is not one lucebox implements."""
+
+
+class CheckpointError(LuceboxError):
+    """The weight files cannot be used as they are."""
+
+
+class PickleCheckpointError(CheckpointError):
+    """Only pickle weights (*.bin, *.pt) were found; lucebox never unpickles."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A safetensors file has a broken header or data that does not match it."""
+
+
+class MissingTensorError(CheckpointError):
+    """A tensor the architecture needs is absent from the checkpoint."""
+
+
+class UnexpectedTensorError(CheckpointError):
+    """The checkpoint holds tensors the architecture does not use."""
+
+
+class TensorShapeError(CheckpointError):
+    """A tensor's shape differs from what config.json implies."""
+
+
+class TokenizerError(LuceboxError):
+    """The tokenizer files are missing or unusable."""
+
+
+class ContextLengthError(LuceboxError):
+    """A request needs more tokens of context than the engine was opened with."""

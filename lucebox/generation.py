@@ -1,0 +1,31 @@
+"""What `LLM.generate` returns and `LLM.stream` yields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lucebox.errors import TokenizerError
+
+
+@dataclass
+class Chunk:
+    """New tokens of one step. `text` is None when the model has no tokenizer."""
+
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str | None = None  # set on the last chunk: "stop" | "length"
+    stats: dict | None = None  # set on the last chunk
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]  # generated tokens only (a stopping EOS or stop token included)
+    finish_reason: str  # "stop": EOS, stop token or stop string; "length": max_tokens
+    stats: dict = field(default_factory=dict)
+    _text: str | None = None
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            raise TokenizerError("this model has no tokenizer files, so there is no text; use .token_ids")
+        return self._text

@@ -1,0 +1,71 @@
+"""From a model folder to a runnable `Decoder`: config, weights (or random ones), tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lucebox.checkpoint import CheckpointIndex, load_weights, model_folder, read_json, weight_files
+from lucebox.config import ModelConfig
+from lucebox.errors import InvalidArgumentError
+from lucebox.models import adapter_for
+from lucebox.models.decoder import Decoder
+from lucebox.models.layout import weight_shapes
+from lucebox.tokenizer import Tokenizer, load_tokenizer
+
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+
+@dataclass
+class ModelDescription:
+    folder: Path
+    hf_config: dict
+    generation_config: dict
+    cfg: ModelConfig
+
+
+@dataclass
+class LoadedModel:
+    description: ModelDescription
+    decoder: Decoder
+    tokenizer: Tokenizer | None
+
+
+def describe_model(path: str | Path) -> ModelDescription:
+    """Read config.json (and generation_config.json) and normalize it; no weights are touched."""
+    folder = model_folder(path)
+    hf = read_json(folder / "config.json")
+    generation = read_json(folder / "generation_config.json", required=False) or {}
+    return ModelDescription(folder, hf, generation, adapter_for(hf).build_config(hf))
+
+
+def dummy_weights(
+    shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, device: torch.device, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """Random weights at the real shapes (vLLM's load_format='dummy'): N(0, 0.02) matrices, unit
+    norms, zero router biases, so activations stay in a realistic range."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    weights = {}
+    for name, shape in shapes.items():
+        if len(shape) == 1:
+            weights[name] = (torch.zeros if name.endswith("router_bias") else torch.ones)(shape, dtype=dtype, device=device)
+        else:
+            weights[name] = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=generator)
+    return weights
+
+
+def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, load_format: str = "auto") -> LoadedModel:
+    if load_format not in LOAD_FORMATS:
+        raise InvalidArgumentError(f"load_format '{load_format}' is not one of {', '.join(LOAD_FORMATS)}")
+    desc = describe_model(path)
+    shapes = weight_shapes(desc.cfg)
+    if load_format == "dummy":
+        weights = dummy_weights(shapes, dtype, device)
+    else:
+        index = CheckpointIndex(weight_files(desc.folder))
+        sources = adapter_for(desc.hf_config).sources(desc.cfg)
+        weights = load_weights(index, sources, shapes, dtype, device)
+    tokenizer = load_tokenizer(desc.folder, desc.hf_config, desc.generation_config)
+    return LoadedModel(desc, Decoder(desc.cfg, weights), tokenizer)

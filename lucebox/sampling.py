@@ -1,0 +1,82 @@
+"""Turning target logits into the next token: repetition penalty, temperature, top-k, top-p,
+min-p (in that order, as transformers' generate applies them), then a seeded draw.
+
+`distribution` returns the final processed probabilities, which is also what speculative
+verification must compare drafts against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lucebox.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}"),
+            (self.top_k >= 0, f"top_k must be >= 0 (0 turns it off), got {self.top_k}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidArgumentError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def penalize_repetition(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL-style: divide positive, multiply negative logits of tokens already in the sequence."""
+    if penalty == 1.0:
+        return logits
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def distribution(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor) -> torch.Tensor:
+    """Probabilities (V,) float32 the next token is drawn from; `seen` (V,) bool marks tokens so far."""
+    logits = penalize_repetition(logits.to(torch.float32), seen, params.repetition_penalty)
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).to(torch.float32)
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        ordered, order = torch.sort(logits, descending=False)
+        cumulative = ordered.softmax(-1).cumsum(-1)
+        drop = cumulative <= 1 - params.top_p
+        drop[-1] = False  # always keep the most likely token
+        logits = logits.masked_fill(drop.scatter(0, order, drop), float("-inf"))
+    probs = logits.softmax(-1)
+    if params.min_p > 0:
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+        probs = probs / probs.sum()
+    return probs
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token from `probs` without a host sync: argmax of p / Exp(1) (the exponential race)."""
+    noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
+    return (probs / noise).argmax()
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor, generator: torch.Generator | None) -> int:
+    if params.greedy:
+        return int(penalize_repetition(logits.to(torch.float32), seen, params.repetition_penalty).argmax())
+    return int(draw(distribution(logits, params, seen), generator))

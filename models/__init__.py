@@ -1,0 +1,26 @@
+"""Architecture adapters: each maps a Hugging Face config.json onto a `ModelConfig` and names where
+its tensors live in the checkpoint. The engine itself never looks at the architecture name."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from lucebox.errors import ConfigError, UnsupportedArchitectureError
+from lucebox.models import laguna, llama, mistral, mixtral, qwen3, qwen3_moe
+
+_ADAPTERS: dict[str, ModuleType] = {
+    arch: module for module in (laguna, llama, mistral, mixtral, qwen3, qwen3_moe) for arch in module.ARCHITECTURES
+}
+SUPPORTED_ARCHITECTURES = tuple(sorted(_ADAPTERS))
+
+
+def adapter_for(hf_config: dict) -> ModuleType:
+    archs = hf_config.get("architectures")
+    if not archs or not isinstance(archs, list):
+        raise ConfigError("config.json has no 'architectures' list, so the model type is unknown")
+    module = _ADAPTERS.get(archs[0])
+    if module is None:
+        raise UnsupportedArchitectureError(
+            f"architecture '{archs[0]}' is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    return module

@@ -1,0 +1,129 @@
+"""Our tensor names and shapes, and where the usual Hugging Face checkpoints keep them.
+
+Names are flat: `embed`, `norm`, `lm_head`, and `layers.{i}.{part}` with parts
+  attn_norm, mlp_norm                      [H]
+  wq [Hq*D, H], wk [KV*D, H], wv [KV*D, H], wo [H, Hq*D]  (+ bq, bk, bv, bo with attention_bias)
+  q_norm, k_norm                           [D]            (qk_norm)
+  wg [Hq, H] or [Hq*D, H]                  softplus output gate (attention_gate)
+  w_gate_up [2I, H], w_down [H, I]         dense MLP, gate rows first
+  router [E, H], router_bias [E]           MoE routing (bias: selection-only correction)
+  experts_gate_up [E, 2I_e, H], experts_down [E, H, I_e]
+  shared_gate_up [2S, H], shared_down [H, S]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lucebox.config import ModelConfig
+from lucebox.models.sources import AnyOf, Cat, Source, Stack
+
+
+def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    H, D, KV = cfg.hidden_size, cfg.head_dim, cfg.num_kv_heads
+    shapes: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab_size, H), "norm": (H,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head"] = (cfg.vocab_size, H)
+    for i, layer in enumerate(cfg.layers):
+        p, Hq = f"layers.{i}.", layer.num_heads
+        shapes.update({p + "attn_norm": (H,), p + "mlp_norm": (H,)})
+        shapes.update({p + "wq": (Hq * D, H), p + "wk": (KV * D, H), p + "wv": (KV * D, H), p + "wo": (H, Hq * D)})
+        if cfg.attention_bias:
+            shapes.update({p + "bq": (Hq * D,), p + "bk": (KV * D,), p + "bv": (KV * D,), p + "bo": (H,)})
+        if cfg.qk_norm:
+            shapes.update({p + "q_norm": (D,), p + "k_norm": (D,)})
+        if cfg.attention_gate:
+            shapes[p + "wg"] = (Hq if cfg.attention_gate == "head" else Hq * D, H)
+        if layer.mlp == "dense":
+            shapes.update({p + "w_gate_up": (2 * cfg.intermediate_size, H), p + "w_down": (H, cfg.intermediate_size)})
+            continue
+        moe = cfg.moe
+        E, I = moe.num_experts, moe.expert_size
+        shapes.update({p + "router": (E, H), p + "experts_gate_up": (E, 2 * I, H), p + "experts_down": (E, H, I)})
+        if moe.correction_bias:
+            shapes[p + "router_bias"] = (E,)
+        if moe.shared_expert_size:
+            S = moe.shared_expert_size
+            shapes.update({p + "shared_gate_up": (2 * S, H), p + "shared_down": (H, S)})
+    return shapes
+
+
+@dataclass(frozen=True)
+class MoENames:
+    """How an architecture names its MoE tensors under `model.layers.{i}.`."""
+
+    block: str = "mlp"
+    router: str = "gate.weight"
+    gate: str = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+    shared: tuple[str, ...] = ("shared_expert", "shared_experts")
+    router_bias: tuple[str, ...] = ("experts.e_score_correction_bias", "gate.e_score_correction_bias")
+
+
+def _gate_up(prefix: str, gate: str, up: str, rows: int) -> Cat:
+    return Cat((f"{prefix}{gate}.weight", f"{prefix}{up}.weight"), (rows, rows))
+
+
+def hf_sources(cfg: ModelConfig, moe_names: MoENames = MoENames()) -> dict[str, Source]:
+    """Sources for the Llama-style naming that every supported architecture uses for attention."""
+    sources: dict[str, Source] = {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight"}
+    if not cfg.tie_word_embeddings:
+        sources["lm_head"] = "lm_head.weight"
+    for i, layer in enumerate(cfg.layers):
+        p, hf = f"layers.{i}.", f"model.layers.{i}."
+        sources[p + "attn_norm"] = hf + "input_layernorm.weight"
+        sources[p + "mlp_norm"] = hf + "post_attention_layernorm.weight"
+        for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj")):
+            sources[p + "w" + ours] = f"{hf}self_attn.{theirs}.weight"
+            if cfg.attention_bias:
+                sources[p + "b" + ours] = f"{hf}self_attn.{theirs}.bias"
+        if cfg.qk_norm:
+            sources[p + "q_norm"] = hf + "self_attn.q_norm.weight"
+            sources[p + "k_norm"] = hf + "self_attn.k_norm.weight"
+        if cfg.attention_gate:
+            sources[p + "wg"] = hf + "self_attn.g_proj.weight"
+        if layer.mlp == "dense":
+            sources[p + "w_gate_up"] = _gate_up(hf + "mlp.", "gate_proj", "up_proj", cfg.intermediate_size)
+            sources[p + "w_down"] = hf + "mlp.down_proj.weight"
+            continue
+        sources.update(_moe_sources(cfg, p, f"{hf}{moe_names.block}.", moe_names))
+    return sources
+
+
+def _moe_sources(cfg: ModelConfig, p: str, hf: str, names: MoENames) -> dict[str, Source]:
+    moe = cfg.moe
+    experts = range(moe.num_experts)
+    per_expert_gate_up = Stack(
+        tuple(_gate_up(f"{hf}experts.{e}.", names.gate, names.up, moe.expert_size) for e in experts)
+    )
+    per_expert_down = Stack(tuple(f"{hf}experts.{e}.{names.down}.weight" for e in experts))
+    sources: dict[str, Source] = {
+        p + "router": hf + names.router,
+        # Per-expert tensors (the published layout) or one fused 3-D tensor (transformers v5 in memory).
+        p + "experts_gate_up": AnyOf((per_expert_gate_up, hf + "experts.gate_up_proj")),
+        p + "experts_down": AnyOf((per_expert_down, hf + "experts.down_proj")),
+    }
+    if moe.correction_bias:
+        sources[p + "router_bias"] = AnyOf(tuple(hf + n for n in names.router_bias))
+    if moe.shared_expert_size:
+        S = moe.shared_expert_size
+        sources[p + "shared_gate_up"] = AnyOf(tuple(_gate_up(f"{hf}{s}.", "gate_proj", "up_proj", S) for s in names.shared))
+        sources[p + "shared_down"] = AnyOf(tuple(f"{hf}{s}.down_proj.weight" for s in names.shared))
+    return sources
+
+
+def parameter_counts(cfg: ModelConfig) -> tuple[int, int]:
+    """(total, active per token): active counts top_k of the routed experts, everything else in full."""
+    total = 0
+    for shape in weight_shapes(cfg).values():
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    inactive = 0
+    if cfg.moe is not None:
+        per_expert = 3 * cfg.hidden_size * cfg.moe.expert_size
+        moe_layers = sum(1 for layer in cfg.layers if layer.mlp == "moe")
+        inactive = moe_layers * (cfg.moe.num_experts - cfg.moe.top_k) * per_expert
+    return total, total - inactive

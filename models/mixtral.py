@@ -1,0 +1,21 @@
+"""Mixtral: Mistral attention (optional sliding window), softmax top-k router, experts w1/w3/w2."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from lucebox.config import ModelConfig
+from lucebox.models.hf_config import common_fields, require, softmax_moe, uniform_layers
+from lucebox.models.layout import MoENames, hf_sources
+
+ARCHITECTURES = ("MixtralForCausalLM",)
+
+
+def build_config(hf: dict) -> ModelConfig:
+    n = int(require(hf, "num_hidden_layers"))
+    moe = softmax_moe(hf, ("num_local_experts", "num_experts"), normalize=True)
+    window = hf.get("sliding_window")
+    return ModelConfig(layers=uniform_layers(hf, [window] * n, ["moe"] * n), moe=moe, **common_fields(hf))
+
+
+sources = partial(hf_sources, moe_names=MoENames(block="block_sparse_moe", gate="w1", up="w3", down="w2"))

@@ -1,0 +1,60 @@
+"""Where each of our tensors comes from in a checkpoint.
+
+A source is a checkpoint tensor name (`str`), a concatenation along dim 0 (`Cat`, e.g. gate and up
+projections fused into one matrix), a stack along a new dim 0 (`Stack`, e.g. 256 experts into one
+3-D tensor), or alternatives (`AnyOf`, e.g. per-expert tensors or an already fused tensor) of which
+the first one whose tensors all exist is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Cat:
+    parts: tuple[Source, ...]
+    sizes: tuple[int, ...]  # rows each part contributes along dim 0
+
+
+@dataclass(frozen=True)
+class Stack:
+    parts: tuple[Source, ...]
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    options: tuple[Source, ...]
+
+
+Source = Union[str, Cat, Stack, AnyOf]
+
+
+def leaf_names(source: Source, first_option: bool = False) -> Iterator[str]:
+    """Checkpoint names a source reads (for `AnyOf`, all options, or only the first)."""
+    if isinstance(source, str):
+        yield source
+    elif isinstance(source, AnyOf):
+        for option in source.options[:1] if first_option else source.options:
+            yield from leaf_names(option, first_option)
+    else:
+        for part in source.parts:
+            yield from leaf_names(part, first_option)
+
+
+def first_available(source: Source, exists: Callable[[str], bool]) -> Source | None:
+    """The source with every `AnyOf` replaced by its first fully present option, or None."""
+    if isinstance(source, str):
+        return source if exists(source) else None
+    if isinstance(source, AnyOf):
+        for option in source.options:
+            picked = first_available(option, exists)
+            if picked is not None:
+                return picked
+        return None
+    parts = tuple(first_available(p, exists) for p in source.parts)
+    if any(p is None for p in parts):
+        return None
+    return Cat(parts, source.sizes) if isinstance(source, Cat) else Stack(parts)

@@ -1,0 +1,99 @@
+"""Tiny random Hugging Face checkpoints of every supported architecture, built with transformers
+(the reference) and saved to a folder, so tests compare lucebox against the real implementation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+WINDOW = 8  # sliding window of the tiny models: prompts + 64 generated tokens cross it many times
+VOCAB = 128
+_BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=512, initializer_range=0.05,
+             bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def _laguna():
+    from transformers import LagunaConfig, LagunaForCausalLM
+
+    config = LagunaConfig(**{
+        **_BASE, "num_hidden_layers": 4,
+        "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"],
+        "num_attention_heads_per_layer": [4, 8, 8, 8], "sliding_window": WINDOW, "gating": "per-element",
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "num_experts": 8, "num_experts_per_tok": 3,
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 24, "moe_routed_scaling_factor": 2.5,
+        "moe_router_logit_softcapping": 2.0,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 32, "partial_rotary_factor": 0.5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+        },
+    })
+    return LagunaForCausalLM(config)
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    return LlamaForCausalLM(LlamaConfig(**_BASE, attention_bias=True, rope_parameters=rope))
+
+
+def _mistral():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    return MistralForCausalLM(MistralConfig(**_BASE, sliding_window=WINDOW))
+
+
+def _qwen3():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(**{**_BASE, "num_hidden_layers": 3}, use_sliding_window=True, sliding_window=WINDOW,
+                         max_window_layers=1, tie_word_embeddings=True)
+    return Qwen3ForCausalLM(config)
+
+
+def _qwen3_moe():
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(**{**_BASE, "num_hidden_layers": 3}, num_experts=8, num_experts_per_tok=2,
+                            moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0])
+    return Qwen3MoeForCausalLM(config)
+
+
+def _mixtral():
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(**{**_BASE, "intermediate_size": 48}, num_local_experts=4, num_experts_per_tok=2,
+                           sliding_window=WINDOW)
+    return MixtralForCausalLM(config)
+
+
+BUILDERS = {"laguna": _laguna, "llama": _llama, "mistral": _mistral, "qwen3": _qwen3,
+            "qwen3_moe": _qwen3_moe, "mixtral": _mixtral}
+SHARDED = {"qwen3_moe"}  # saved as several shards with model.safetensors.index.json
+
+
+def build_reference(name: str, seed: int = 0):
+    """A random transformers model in float64, eager experts (grouped_mm refuses float64)."""
+    torch.manual_seed(seed)
+    model = BUILDERS[name]().to(torch.float64).eval()
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            if pname.endswith("e_score_correction_bias"):
+                param.copy_(torch.rand_like(param) * 0.2)  # non-zero: it must steer selection only
+    for buffer_name, buffer in model.named_buffers():
+        if buffer_name.endswith("e_score_correction_bias"):
+            buffer.copy_(torch.rand_like(buffer) * 0.2)
+    return model
+
+
+def save_reference(name: str, folder: Path, seed: int = 0):
+    model = build_reference(name, seed)
+    shard = "40KB" if name in SHARDED else "1GB"
+    model.to(torch.float32).save_pretrained(folder, max_shard_size=shard)
+    return model.to(torch.float64)
