@@ -31,15 +31,20 @@ _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def model_folder(path: str | Path) -> Path:
-    folder = Path(path).expanduser()
-    if not folder.exists():
-        raise ModelNotFoundError(f"model folder {folder} does not exist; pass a local Hugging Face model folder")
-    if not folder.is_dir():
-        raise ModelNotFoundError(f"{folder} is a file; pass the model folder that holds config.json")
-    if not (folder / "config.json").is_file():
-        raise ModelNotFoundError(f"{folder} has no config.json; is this a Hugging Face model folder?")
-    return folder
+def locate_config(path: str | Path) -> Path:
+    """The config.json of a model folder, or a config.json path given directly (enough for
+    `lucebox info` and load_format='dummy')."""
+    given = Path(path).expanduser()
+    if not given.exists():
+        raise ModelNotFoundError(f"model folder {given} does not exist; pass a local Hugging Face model folder")
+    if given.is_file():
+        if given.suffix != ".json":
+            raise ModelNotFoundError(f"{given} is a file; pass the model folder that holds config.json")
+        return given
+    config = given / "config.json"
+    if not config.is_file():
+        raise ModelNotFoundError(f"{given} has no config.json; is this a Hugging Face model folder?")
+    return config
 
 
 def read_json(path: Path, required: bool = True) -> dict | None:

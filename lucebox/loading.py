@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from lucebox.checkpoint import CheckpointIndex, load_weights, model_folder, read_json, weight_files
+from lucebox.checkpoint import CheckpointIndex, load_weights, locate_config, read_json, weight_files
 from lucebox.config import ModelConfig
 from lucebox.errors import InvalidArgumentError
 from lucebox.models import adapter_for
@@ -35,8 +35,9 @@ class LoadedModel:
 
 def describe_model(path: str | Path) -> ModelDescription:
     """Read config.json (and generation_config.json) and normalize it; no weights are touched."""
-    folder = model_folder(path)
-    hf = read_json(folder / "config.json")
+    config_path = locate_config(path)
+    folder = config_path.parent
+    hf = read_json(config_path)
     generation = read_json(folder / "generation_config.json", required=False) or {}
     return ModelDescription(folder, hf, generation, adapter_for(hf).build_config(hf))
 

@@ -13,6 +13,7 @@ Names are flat: `embed`, `norm`, `lm_head`, and `layers.{i}.{part}` with parts
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lucebox.config import ModelConfig
@@ -114,16 +115,14 @@ def _moe_sources(cfg: ModelConfig, p: str, hf: str, names: MoENames) -> dict[str
 
 
 def parameter_counts(cfg: ModelConfig) -> tuple[int, int]:
-    """(total, active per token): active counts top_k of the routed experts, everything else in full."""
-    total = 0
-    for shape in weight_shapes(cfg).values():
-        n = 1
-        for d in shape:
-            n *= d
-        total += n
-    inactive = 0
+    """(total, active per token). Active counts the weights one token's forward reads: all but the
+    routed experts it does not use, and but the input embedding table, of which it reads one row
+    (with tied embeddings the table is read whole as the LM head, so it counts)."""
+    sizes = {name: math.prod(shape) for name, shape in weight_shapes(cfg).items()}
+    total = sum(sizes.values())
+    inactive = 0 if cfg.tie_word_embeddings else sizes["embed"]
     if cfg.moe is not None:
         per_expert = 3 * cfg.hidden_size * cfg.moe.expert_size
         moe_layers = sum(1 for layer in cfg.layers if layer.mlp == "moe")
-        inactive = moe_layers * (cfg.moe.num_experts - cfg.moe.top_k) * per_expert
+        inactive += moe_layers * (cfg.moe.num_experts - cfg.moe.top_k) * per_expert
     return total, total - inactive
