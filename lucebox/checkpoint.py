@@ -149,12 +149,14 @@ def _fill(dest: torch.Tensor, source: Source, read: Callable[[str, torch.Tensor]
         read(source, dest)
     elif isinstance(source, Stack):
         if len(source.parts) != dest.shape[0]:
-            raise TensorShapeError(f"{name}: expected {dest.shape[0]} stacked parts, checkpoint has {len(source.parts)}")
+            raise TensorShapeError(
+                f"{name}: expected {dest.shape[0]} stacked parts, checkpoint has {len(source.parts)}"
+            )
         for i, part in enumerate(source.parts):
             _fill(dest[i], part, read, name)
     elif isinstance(source, Cat):
         offset = 0
-        for part, rows in zip(source.parts, source.sizes):
+        for part, rows in zip(source.parts, source.sizes, strict=True):
             _fill(dest.narrow(0, offset, rows), part, read, name)
             offset += rows
     else:  # pragma: no cover - resolve_sources removes alternatives

@@ -39,5 +39,6 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in _DTYPES:
-        raise InvalidArgumentError(f"dtype '{dtype}' is not supported; use 'auto' or one of {', '.join(sorted(_DTYPES))}")
+        choices = ", ".join(sorted(_DTYPES))
+        raise InvalidArgumentError(f"dtype '{dtype}' is not supported; use 'auto' or one of {choices}")
     return _DTYPES[dtype]

@@ -51,7 +51,8 @@ def dummy_weights(
     weights = {}
     for name, shape in shapes.items():
         if len(shape) == 1:
-            weights[name] = (torch.zeros if name.endswith("router_bias") else torch.ones)(shape, dtype=dtype, device=device)
+            fill = torch.zeros if name.endswith("router_bias") else torch.ones
+            weights[name] = fill(shape, dtype=dtype, device=device)
         else:
             weights[name] = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=generator)
     return weights

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from lucebox.errors import ConfigError, UnsupportedArchitectureError
 from lucebox.models import laguna, llama, mistral, mixtral, qwen3, qwen3_moe
+
+from lucebox.errors import ConfigError, UnsupportedArchitectureError
 
 _ADAPTERS: dict[str, ModuleType] = {
     arch: module for module in (laguna, llama, mistral, mixtral, qwen3, qwen3_moe) for arch in module.ARCHITECTURES

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
-from lucebox.cache import SequenceCache
-from lucebox.config import LayerSpec, ModelConfig
 from lucebox.kernels.attention import attention
 from lucebox.kernels.moe import moe_experts, route, swiglu
 from lucebox.kernels.norm import rms_norm
 from lucebox.kernels.rope import RotaryTables, apply_rope
+
+from lucebox.cache import SequenceCache
+from lucebox.config import LayerSpec, ModelConfig
 
 
 class Decoder:

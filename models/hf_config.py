@@ -70,9 +70,8 @@ def uniform_layers(hf: dict, windows: list[int | None], mlp_kinds: list[str]) ->
     """Layers that share one RoPE and one head count; `windows[i]` None means full attention."""
     rope = rope_spec(rope_parameters(hf), head_dim(hf), hf.get("max_position_embeddings", 4096))
     heads = require(hf, "num_attention_heads")
-    return tuple(
-        LayerSpec("sliding" if w else "full", heads, rope, mlp, window=w) for w, mlp in zip(windows, mlp_kinds)
-    )
+    pairs = zip(windows, mlp_kinds, strict=True)
+    return tuple(LayerSpec("sliding" if w else "full", heads, rope, mlp, window=w) for w, mlp in pairs)
 
 
 def softmax_moe(hf: dict, num_experts_keys: tuple[str, ...], normalize: bool) -> MoESpec:

@@ -4,10 +4,11 @@ routed scaling, optional router logit soft-capping, a shared expert, dense leadi
 
 from __future__ import annotations
 
-from lucebox.config import LayerSpec, ModelConfig, MoESpec
-from lucebox.errors import ConfigError
 from lucebox.models.hf_config import common_fields, head_dim, require, rope_parameters, rope_spec
 from lucebox.models.layout import hf_sources
+
+from lucebox.config import LayerSpec, ModelConfig, MoESpec
+from lucebox.errors import ConfigError
 
 ARCHITECTURES = ("LagunaForCausalLM",)
 _KINDS = {"full_attention": "full", "sliding_attention": "sliding"}
@@ -48,7 +49,7 @@ def build_config(hf: dict) -> ModelConfig:
     rope_by_kind = rope_by_kind or ({k: rope_parameters(hf) for k in _KINDS} if "rope_theta" in hf else _DEFAULT_ROPE)
     dim, max_pos = head_dim(hf), hf.get("max_position_embeddings", 131072)
     layers = []
-    for kind, h, mlp in zip(kinds, heads, mlps):
+    for kind, h, mlp in zip(kinds, heads, mlps, strict=True):
         if kind not in _KINDS or mlp not in ("dense", "sparse"):
             raise ConfigError(f"config.json: unknown layer type '{kind}' or mlp layer type '{mlp}'")
         rope = rope_spec(rope_by_kind.get(kind) or _DEFAULT_ROPE[kind], dim, max_pos)

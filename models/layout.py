@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lucebox.config import ModelConfig
 from lucebox.models.sources import AnyOf, Cat, Source, Stack
+
+from lucebox.config import ModelConfig
 
 
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -39,8 +40,8 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes.update({p + "w_gate_up": (2 * cfg.intermediate_size, H), p + "w_down": (H, cfg.intermediate_size)})
             continue
         moe = cfg.moe
-        E, I = moe.num_experts, moe.expert_size
-        shapes.update({p + "router": (E, H), p + "experts_gate_up": (E, 2 * I, H), p + "experts_down": (E, H, I)})
+        E, W = moe.num_experts, moe.expert_size
+        shapes.update({p + "router": (E, H), p + "experts_gate_up": (E, 2 * W, H), p + "experts_down": (E, H, W)})
         if moe.correction_bias:
             shapes[p + "router_bias"] = (E,)
         if moe.shared_expert_size:
@@ -109,7 +110,9 @@ def _moe_sources(cfg: ModelConfig, p: str, hf: str, names: MoENames) -> dict[str
         sources[p + "router_bias"] = AnyOf(tuple(hf + n for n in names.router_bias))
     if moe.shared_expert_size:
         S = moe.shared_expert_size
-        sources[p + "shared_gate_up"] = AnyOf(tuple(_gate_up(f"{hf}{s}.", "gate_proj", "up_proj", S) for s in names.shared))
+        sources[p + "shared_gate_up"] = AnyOf(
+            tuple(_gate_up(f"{hf}{s}.", "gate_proj", "up_proj", S) for s in names.shared)
+        )
         sources[p + "shared_down"] = AnyOf(tuple(f"{hf}{s}.down_proj.weight" for s in names.shared))
     return sources
 

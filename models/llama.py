@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from lucebox.config import ModelConfig
-from lucebox.errors import ConfigError
 from lucebox.models.hf_config import common_fields, require, uniform_layers
 from lucebox.models.layout import hf_sources
+
+from lucebox.config import ModelConfig
+from lucebox.errors import ConfigError
 
 ARCHITECTURES = ("LlamaForCausalLM",)
 

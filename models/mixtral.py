@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from functools import partial
 
-from lucebox.config import ModelConfig
 from lucebox.models.hf_config import common_fields, require, softmax_moe, uniform_layers
 from lucebox.models.layout import MoENames, hf_sources
+
+from lucebox.config import ModelConfig
 
 ARCHITECTURES = ("MixtralForCausalLM",)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from lucebox.config import ModelConfig
 from lucebox.models.hf_config import common_fields, require, softmax_moe, uniform_layers
 from lucebox.models.layout import hf_sources
+
+from lucebox.config import ModelConfig
 
 ARCHITECTURES = ("Qwen3MoeForCausalLM",)
 

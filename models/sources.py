@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Union
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,7 @@ class AnyOf:
     options: tuple[Source, ...]
 
 
-Source = Union[str, Cat, Stack, AnyOf]
+Source = str | Cat | Stack | AnyOf
 
 
 def leaf_names(source: Source, first_option: bool = False) -> Iterator[str]:

@@ -159,8 +159,8 @@ def test_model_without_tokenizer_works_on_ids_and_refuses_text(reference_models)
     out = llm.generate([1, 2], max_tokens=3, ignore_eos=True)
     assert len(out.token_ids) == 3
     with pytest.raises(TokenizerError, match="no tokenizer"):
-        out.text
+        _ = out.text
     with pytest.raises(TokenizerError, match="tokenizer"):
         llm.generate("hello", max_tokens=2)
     with pytest.raises(TokenizerError):
-        llm.tokenizer
+        _ = llm.tokenizer

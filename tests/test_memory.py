@@ -52,4 +52,5 @@ def test_loading_never_holds_two_copies_of_the_weights(tmp_path):
     assert weights == model_bytes
     growth = peak - before
     # One copy plus the largest single tensor in flight (64 MiB here); two copies would be >= 2x.
-    assert growth < 1.4 * model_bytes, f"peak grew by {growth / 2**20:.0f} MiB for {model_bytes / 2**20:.0f} MiB of weights"
+    message = f"peak grew by {growth / 2**20:.0f} MiB for {model_bytes / 2**20:.0f} MiB of weights"
+    assert growth < 1.4 * model_bytes, message

@@ -1,0 +1,107 @@
+"""Sampling: processed distributions equal transformers' logits processors; draws follow them;
+seeded runs repeat; stop token ids and max_tokens end a generation."""
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import lucebox
+from lucebox.sampling import SamplingParams, distribution, draw
+
+V = 50
+CASES = [
+    SamplingParams(temperature=0.7),
+    SamplingParams(temperature=1.3, top_k=7),
+    SamplingParams(temperature=1.0, top_p=0.8),
+    SamplingParams(temperature=0.9, min_p=0.1),
+    SamplingParams(temperature=1.1, top_k=20, top_p=0.9, min_p=0.02, repetition_penalty=1.3),
+]
+
+
+def transformers_distribution(logits, params, history):
+    ids = torch.tensor([history])
+    scores = logits[None].clone()
+    processors = []
+    if params.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    processors.append(TemperatureLogitsWarper(params.temperature))
+    if params.top_k:
+        processors.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1:
+        processors.append(TopPLogitsWarper(params.top_p))
+    if params.min_p:
+        processors.append(MinPLogitsWarper(params.min_p))
+    for p in processors:
+        scores = p(ids, scores)
+    return scores.softmax(-1)[0]
+
+
+@pytest.mark.parametrize("params", CASES, ids=lambda p: repr(p)[15:-1])
+def test_distribution_equals_transformers_processors(params):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(V, generator=g) * 3
+    history = [1, 4, 4, 9, 30]
+    seen = torch.zeros(V, dtype=torch.bool)
+    seen[history] = True
+    ours = distribution(logits, params, seen)
+    expected = transformers_distribution(logits, params, history)
+    assert torch.allclose(ours, expected, atol=1e-6)
+    assert (ours > 0).sum() == (expected > 0).sum()
+
+
+def test_draws_follow_the_distribution():
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.0, 0.125])
+    g = torch.Generator().manual_seed(0)
+    counts = torch.bincount(torch.stack([draw(probs, g) for _ in range(20000)]), minlength=5)
+    assert counts[3] == 0
+    assert (counts / 20000 - probs).abs().sum() / 2 < 0.02
+
+
+@pytest.fixture(scope="module")
+def llm(reference_models):
+    folder, _ = reference_models("llama")
+    return lucebox.LLM(folder, device="cpu", dtype="float64")
+
+
+def test_seeded_sampling_repeats_and_seeds_differ(llm):
+    def run(seed):
+        return llm.generate([5, 6, 7], max_tokens=24, temperature=1.5, top_p=0.95, seed=seed, ignore_eos=True).token_ids
+
+    assert run(11) == run(11)
+    assert run(11) != run(12)
+
+
+def test_greedy_with_repetition_penalty_matches_transformers(llm, reference_models):
+    _, ref = reference_models("llama")
+    prompt = [3, 9, 27, 81, 115]
+    with torch.no_grad():
+        expected = ref.generate(torch.tensor([prompt]), max_new_tokens=30, do_sample=False, repetition_penalty=1.5,
+                                eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    got = llm.generate(prompt, max_tokens=30, repetition_penalty=1.5, ignore_eos=True).token_ids
+    assert got == expected
+
+
+def test_stop_token_ids_and_eos_end_generation(llm):
+    free = llm.generate([1, 2, 3], max_tokens=12, ignore_eos=True)
+    assert free.finish_reason == "length" and len(free.token_ids) == 12
+    target = free.token_ids[4]
+    first = free.token_ids.index(target)
+    stopped = llm.generate([1, 2, 3], max_tokens=12, stop=[target], ignore_eos=True)
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == free.token_ids[: first + 1]
+
+
+def test_stream_yields_the_same_tokens_as_generate(llm):
+    chunks = list(llm.stream([1, 2, 3], max_tokens=10, ignore_eos=True))
+    assert [t for c in chunks for t in c.token_ids] == llm.generate([1, 2, 3], max_tokens=10, ignore_eos=True).token_ids
+    assert all(c.finish_reason is None for c in chunks[:-1]) and chunks[-1].finish_reason == "length"
+    stats = chunks[-1].stats
+    for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "tokens_per_s", "generated_tokens"):
+        assert stats[key] > 0
+    assert stats["generated_tokens"] == 10
