@@ -13,6 +13,7 @@ from lucebox.device import resolve_device, resolve_dtype
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation
 from lucebox.loading import load_model
+from lucebox.models.hf_config import token_ids
 from lucebox.sampling import SamplingParams, next_token
 from lucebox.stopping import StopStrings
 from lucebox.tokenizer import IncrementalDecoder, require_tokenizer
@@ -172,7 +173,7 @@ class LLM:
         return torch.float32 if self.dtype in (torch.float16, torch.bfloat16) else self.dtype
 
     def _eos_ids(self) -> tuple[int, ...]:
-        ids = list(self.config.eos_token_ids)
+        ids = list(self.config.eos_token_ids) + list(token_ids(self.description.generation_config.get("eos_token_id")))
         if self._tokenizer is not None:
             ids += self._tokenizer.eos_token_ids
         return tuple(dict.fromkeys(ids))

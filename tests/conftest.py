@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import BUILDERS, save_reference  # noqa: E402
 
-SHARED_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "configs"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"  # real configs (no weights) shipped in the repo
 
 
 @pytest.fixture(scope="session")

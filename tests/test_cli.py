@@ -6,11 +6,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SHARED_CONFIGS
+from conftest import EXAMPLES
 
 from lucebox.cli import main
 
-LAGUNA_XS2 = SHARED_CONFIGS / "laguna-xs2.config.json"
+LAGUNA_XS2 = EXAMPLES / "laguna-xs2" / "config.json"
 
 
 def run_cli(args, capsys):
@@ -51,7 +51,7 @@ def test_generate_streams_token_ids(reference_models, capsys):
 
 
 def test_generate_on_dummy_weights(tmp_path, capsys):
-    shutil.copy(SHARED_CONFIGS.parent / "configs" / "laguna-xs2.config.json", tmp_path / "config.json")
+    shutil.copy(LAGUNA_XS2, tmp_path / "config.json")
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg.update(num_hidden_layers=2, layer_types=cfg["layer_types"][:2], mlp_layer_types=cfg["mlp_layer_types"][:2],
                num_attention_heads_per_layer=cfg["num_attention_heads_per_layer"][:2], hidden_size=256,

@@ -1,6 +1,9 @@
 """Sampling: processed distributions equal transformers' logits processors; draws follow them;
 seeded runs repeat; stop token ids and max_tokens end a generation."""
 
+import json
+import shutil
+
 import pytest
 import torch
 from transformers.generation.logits_process import (
@@ -95,6 +98,17 @@ def test_stop_token_ids_and_eos_end_generation(llm):
     stopped = llm.generate([1, 2, 3], max_tokens=12, stop=[target], ignore_eos=True)
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == free.token_ids[: first + 1]
+
+
+def test_eos_from_generation_config_stops_unless_ignored(reference_models, tmp_path):
+    folder, _ = reference_models("llama")
+    shutil.copytree(folder, tmp_path / "m")
+    free = lucebox.LLM(tmp_path / "m", device="cpu").generate([1, 2, 3], max_tokens=12, ignore_eos=True).token_ids
+    (tmp_path / "m" / "generation_config.json").write_text(json.dumps({"eos_token_id": [free[5]]}))
+    llm = lucebox.LLM(tmp_path / "m", device="cpu")
+    stopped = llm.generate([1, 2, 3], max_tokens=12)
+    assert stopped.finish_reason == "stop" and stopped.token_ids == free[: free.index(free[5]) + 1]
+    assert llm.generate([1, 2, 3], max_tokens=12, ignore_eos=True).token_ids == free
 
 
 def test_stream_yields_the_same_tokens_as_generate(llm):
