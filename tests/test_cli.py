@@ -6,7 +6,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import EXAMPLES
+from safetensors.torch import load_file, save_file
 
 from lucebox.cli import main
 
@@ -76,6 +78,12 @@ ERROR_CASES = {
     "pickle": (lambda d: ["generate", str(d / "pickle"), "--token-ids", "1", "--device", "cpu"], "never unpickles"),
     "corrupt": (lambda d: ["generate", str(d / "corrupt"), "--token-ids", "1", "--device", "cpu"],
                 "not a valid safetensors file"),
+    "missing_tensor": (lambda d: ["generate", str(d / "missing"), "--token-ids", "1", "--device", "cpu"],
+                       "lacks 1 tensor(s)"),
+    "unexpected_tensor": (lambda d: ["generate", str(d / "unexpected"), "--token-ids", "1", "--device", "cpu"],
+                          "does not use: extra.weight"),
+    "misshaped_tensor": (lambda d: ["generate", str(d / "misshaped"), "--token-ids", "1", "--device", "cpu"],
+                         "has shape [3]"),
 }
 
 
@@ -83,8 +91,14 @@ ERROR_CASES = {
 def bad_folders(tmp_path, reference_models):
     llama, _ = reference_models("llama")
     shutil.copytree(llama, tmp_path / "llama")
-    for name in ("gpt2", "badjson", "pickle", "corrupt"):
+    for name in ("gpt2", "badjson", "pickle", "corrupt", "missing", "unexpected", "misshaped"):
         shutil.copytree(llama, tmp_path / name)
+    for name, change in (("missing", lambda t: t.pop("model.norm.weight")),
+                         ("unexpected", lambda t: t.update({"extra.weight": torch.zeros(1)})),
+                         ("misshaped", lambda t: t.update({"model.norm.weight": torch.zeros(3)}))):
+        tensors = load_file(tmp_path / name / "model.safetensors")
+        change(tensors)
+        save_file(tensors, tmp_path / name / "model.safetensors")
     (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     (tmp_path / "badjson" / "config.json").write_text("{")
     (tmp_path / "pickle" / "model.safetensors").unlink()
