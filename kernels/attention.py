@@ -1,16 +1,21 @@
 """Attention of a block of query rows over cached keys, torch reference.
 
-Keys carry their absolute positions, so the same code serves contiguous caches, rings and pages:
-a query at position p sees a key at position k when k <= p, and p - k < window on sliding layers.
-Slots holding no key are marked with position -1.
+Keys carry their absolute positions, so the same code serves rings, pages and host chunks: a
+query at position p sees a key at position k when 0 <= k <= p, and p - k < window on sliding
+layers (slots holding no key have position -1). Keys may arrive in several blocks (resident pool,
+host chunks streamed through); each block gives a partial result and its log-sum-exp, and
+`merge_partials` combines them exactly (the online-softmax rule), so no (T, context) score matrix
+is ever built for more than one block at a time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 
-def attention(
+def attention_partial(
     q: torch.Tensor,  # (T, Hq, D), RoPE applied
     k: torch.Tensor,  # (S, KV, D)
     v: torch.Tensor,  # (S, KV, D)
@@ -18,19 +23,47 @@ def attention(
     k_positions: torch.Tensor,  # (S,), -1 for empty slots
     scale: float,
     window: int | None = None,
-) -> torch.Tensor:  # (T, Hq, D)
+    pinned: torch.Tensor | None = None,  # (S,) bool: if given, only pinned or `recent` keys are visible
+    recent: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (T, Hq, D) normalized over this block, lse (T, Hq) float32/64; -inf where nothing is visible)."""
     T, Hq, D = q.shape
     kv_heads = k.shape[1]
     group = Hq // kv_heads
     visible = (k_positions[None, :] <= q_positions[:, None]) & (k_positions[None, :] >= 0)
     if window is not None:
         visible &= k_positions[None, :] > q_positions[:, None] - window
+    if pinned is not None:
+        visible &= pinned[None, :] | (k_positions[None, :] > q_positions[:, None] - recent)
     # Query heads of one KV group side by side: (KV, group*T, D) against (KV, S, D).
     qg = q.view(T, kv_heads, group, D).permute(1, 2, 0, 3).reshape(kv_heads, group * T, D)
-    scores = torch.matmul(qg, k.transpose(0, 1).transpose(1, 2)) * scale  # (KV, group*T, S)
-    scores = scores.view(kv_heads, group, T, -1)
+    scores = torch.matmul(qg, k.permute(1, 2, 0)) * scale  # (KV, group*T, S)
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    scores = scores.to(compute).masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).to(v.dtype).view(kv_heads, group * T, -1)
-    out = torch.matmul(probs, v.transpose(0, 1))  # (KV, group*T, D)
-    return out.view(kv_heads, group, T, D).permute(2, 0, 1, 3).reshape(T, Hq, D)
+    scores = scores.view(kv_heads, group, T, -1).to(compute).masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # (KV, group, T)
+    probs = torch.exp(scores - lse.clamp_min(torch.finfo(compute).min)[..., None])  # rows with no key: all 0
+    out = torch.matmul(probs.to(v.dtype).view(kv_heads, group * T, -1), v.transpose(0, 1))  # (KV, group*T, D)
+    out = out.view(kv_heads, group, T, D).permute(2, 0, 1, 3).reshape(T, Hq, D)
+    return out, lse.permute(2, 0, 1).reshape(T, Hq)
+
+
+def merge_partials(parts: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Combine per-block (out, lse) into attention over the union of the blocks."""
+    parts = list(parts)
+    if len(parts) == 1:
+        return parts[0][0]
+    lses = torch.stack([lse for _, lse in parts])  # (B, T, Hq)
+    total = torch.logsumexp(lses, dim=0)
+    weights = torch.exp(lses - total[None]).nan_to_num(0.0)  # blocks with nothing visible weigh 0
+    # Accumulate in the float32/64 of the lse, whatever the activations' dtype.
+    out = sum(w[..., None] * o.to(w.dtype) for w, (o, _) in zip(weights, parts, strict=True))
+    return out.to(parts[0][0].dtype)
+
+
+def attention_over_blocks(
+    q: torch.Tensor, q_positions: torch.Tensor, blocks: Iterable, scale: float, window: int | None = None
+) -> torch.Tensor:
+    """Attention (T, Hq, D) over every `KVBlock` a cache hands out for this step."""
+    return merge_partials(
+        attention_partial(q, b.k, b.v, q_positions, b.positions, scale, window, b.pinned, b.recent) for b in blocks
+    )

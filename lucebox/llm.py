@@ -8,11 +8,12 @@ from pathlib import Path
 
 import torch
 
-from lucebox.cache import SequenceCache
+from lucebox.caches import KV_POLICIES, CacheSettings, SequenceCache, Step
 from lucebox.device import resolve_device, resolve_dtype
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation
-from lucebox.loading import load_model
+from lucebox.loading import check_load_format, describe_model, load_model
+from lucebox.memory_plan import check_fits
 from lucebox.models.hf_config import token_ids
 from lucebox.sampling import SamplingParams, next_token
 from lucebox.stopping import StopStrings
@@ -25,8 +26,13 @@ class LLM:
     """A loaded model and its engine.
 
     `max_context` bounds prompt + generated tokens of one sequence (default: the model's
-    max_position_embeddings). `prefill_chunk` bounds the rows of one prefill forward, and so the
-    activation memory of long prompts (default 2048 on CUDA, 512 on CPU).
+    max_position_embeddings). Full-attention layers keep `kv_pool_tokens` tokens of K/V on the
+    device and the rest in host memory; `kv_policy` says what a decode step attends to: "exact"
+    (everything; the default when the whole context fits the pool) or "select" (sink + recent
+    tail + the chunks that score highest; bounded cost at any context, an approximation).
+    `prefill_chunk` bounds the rows of one prefill forward, and so the activation memory of long
+    prompts (default 2048 on CUDA, 512 on CPU). A prompt that extends the previous request's
+    tokens reuses their cache and prefills only the new tokens.
     """
 
     def __init__(
@@ -38,24 +44,46 @@ class LLM:
         dtype: str = "auto",
         load_format: str = "auto",
         max_context: int | None = None,
+        kv_policy: str | None = None,
+        kv_pool_tokens: int | None = None,
+        kv_reselect_every: int = 64,
         prefill_chunk: int | None = None,
     ):
         if draft is not None:
             raise InvalidArgumentError("draft=: speculative decoding is not available in this version; use draft=None")
+        check_load_format(load_format)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        loaded = load_model(model, self.dtype, self.device, load_format)
-        self.description = loaded.description
-        self.config = loaded.description.cfg
+        self.description = describe_model(model)
+        self.config = self.description.cfg
+        self.prefill_chunk = int(prefill_chunk or (2048 if self.device.type == "cuda" else 512))
+        self.cache_settings = self._cache_settings(max_context, kv_policy, kv_pool_tokens, kv_reselect_every)
+        self.max_context = self.cache_settings.max_context
+        self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device)
+        loaded = load_model(self.description, self.dtype, self.device, load_format)
         self.decoder = loaded.decoder
         self._tokenizer = loaded.tokenizer
-        self.max_context = int(max_context or self.config.max_position_embeddings)
-        if self.max_context <= 0:
-            raise InvalidArgumentError(f"max_context must be a positive number of tokens, got {max_context}")
-        self.prefill_chunk = int(prefill_chunk or (2048 if self.device.type == "cuda" else 512))
-        if self.prefill_chunk <= 0:
-            raise InvalidArgumentError(f"prefill_chunk must be positive, got {prefill_chunk}")
         self.eos_token_ids = self._eos_ids()
+        self._session: tuple[SequenceCache, list[int]] | None = None  # cache + the tokens it holds
+
+    def _cache_settings(self, max_context, kv_policy, kv_pool_tokens, reselect_every) -> CacheSettings:
+        max_context = int(max_context or self.config.max_position_embeddings)
+        prefill = self.prefill_chunk
+        for name, value in (("max_context", max_context), ("prefill_chunk", prefill),
+                            ("kv_reselect_every", reselect_every)):
+            if value <= 0:
+                raise InvalidArgumentError(f"{name} must be a positive number of tokens, got {value}")
+        if kv_pool_tokens is not None and kv_pool_tokens <= 0:
+            raise InvalidArgumentError(f"kv_pool_tokens must be positive, got {kv_pool_tokens}")
+        if kv_policy is not None and kv_policy not in KV_POLICIES:
+            raise InvalidArgumentError(f"kv_policy '{kv_policy}' is not one of {', '.join(KV_POLICIES)}")
+        rounded = -(-max_context // 64) * 64
+        minimum = (-(-prefill // 64) + 2) * 64
+        pool = kv_pool_tokens if kv_pool_tokens is not None else max(min(8192, rounded), minimum)
+        policy = kv_policy or ("exact" if rounded <= pool else "select")
+        settings = CacheSettings(max_context, max(prefill, 16), policy, pool, reselect_every)
+        settings.kvflash().validate()
+        return settings
 
     @property
     def tokenizer(self):
@@ -109,8 +137,16 @@ class LLM:
         """Teacher-forced logits (len, vocab) through the engine's own chunked prefill path."""
         ids = self._prompt_ids(list(token_ids))
         self._check_context(len(ids), f"{len(ids)} tokens")
-        cache = SequenceCache(self.config, len(ids), self.dtype, self.device)
+        cache = self._new_cache()
         return torch.cat([self.decoder.logits(h) for h in self._prefill(ids, cache)]).to(self._logits_dtype)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes: weights, ring caches, device KV pool (with chunk summaries), host KV now and at
+        most, drafter. Caches not yet allocated (before the first request) count as planned."""
+        weights = sum(t.numel() * t.element_size() for t in self.decoder.w.values())
+        now = self._session[0].memory() if self._session else {
+            "ring_caches": self._plan["ring_caches"], "kv_pool_device": self._plan["kv_pool_device"], "kv_host": 0}
+        return {"weights": weights, **now, "kv_host_max": self._plan["kv_host_max"], "drafter": 0}
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -122,7 +158,7 @@ class LLM:
             generator.manual_seed(params.seed if params.seed is not None else int(torch.seed() % 2**63))
         seen = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.device)
         seen[torch.tensor(prompt_ids, device=self.device)] = True
-        cache = SequenceCache(self.config, len(prompt_ids) + max_tokens, self.dtype, self.device)
+        cache = self._session_cache(prompt_ids)
         text = IncrementalDecoder(self._tokenizer, prompt_ids) if self._tokenizer is not None else None
         stops = StopStrings(stop_strings)
 
@@ -132,6 +168,7 @@ class LLM:
         generated: list[int] = []
         prefill_done = decode_start = time.perf_counter()
         finish = None
+        self._session = (cache, list(prompt_ids))
         while True:
             token = next_token(logits, params, seen, generator)
             if not generated:
@@ -148,9 +185,10 @@ class LLM:
             if finish is not None:
                 break
             yield Chunk([token], new_text)
-            position = torch.tensor([cache.length], device=self.device)
-            hidden = self.decoder.forward(torch.tensor([token], device=self.device), position, cache)
-            cache.length += 1
+            step = Step(torch.tensor([cache.length], device=self.device))
+            hidden = self.decoder.forward(torch.tensor([token], device=self.device), step, cache)
+            cache.commit(cache.length + 1)
+            self._session[1].append(token)
             logits = self.decoder.logits(hidden)[0]
         if text is not None and not stopped:
             new_text += stops.feed(text.flush())[0] + stops.flush()
@@ -158,13 +196,34 @@ class LLM:
         yield Chunk([token], new_text, finish, stats)
 
     def _prefill(self, ids: list[int], cache: SequenceCache) -> Iterator[torch.Tensor]:
-        """Forward the prompt in chunks of `prefill_chunk` rows; yields each chunk's hidden states."""
+        """Forward ids[cache.length:] in chunks of `prefill_chunk` rows; yields each chunk's hidden states."""
         all_ids = torch.tensor(ids, device=self.device)
         for begin in range(cache.length, len(ids), self.prefill_chunk):
             end = min(begin + self.prefill_chunk, len(ids))
-            positions = torch.arange(begin, end, device=self.device)
-            yield self.decoder.forward(all_ids[begin:end], positions, cache)
-            cache.length = end
+            step = Step(torch.arange(begin, end, device=self.device), prefill=True)
+            hidden = self.decoder.forward(all_ids[begin:end], step, cache)
+            cache.commit(end)
+            yield hidden
+
+    def _new_cache(self) -> SequenceCache:
+        return SequenceCache(self.config, self.cache_settings, self.dtype, self.device)
+
+    def _session_cache(self, prompt_ids: list[int]) -> SequenceCache:
+        """The previous request's cache rolled back to the longest prefix it shares with this prompt
+        (at least one prompt token is forwarded again, for its logits), or a fresh cache."""
+        if self._session is not None:
+            cache, held = self._session
+            shared = 0
+            for a, b in zip(held, prompt_ids, strict=False):
+                if a != b:
+                    break
+                shared += 1
+            keep = min(shared, len(prompt_ids) - 1)
+            if keep > 0 and cache.can_rewind(cache.length - keep):
+                cache.rollback(keep)
+                return cache
+        self._session = None  # drop the old cache before allocating a new one
+        return self._new_cache()
 
     # -- helpers ----------------------------------------------------------------------------------
 

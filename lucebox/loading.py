@@ -58,10 +58,15 @@ def dummy_weights(
     return weights
 
 
-def load_model(path: str | Path, dtype: torch.dtype, device: torch.device, load_format: str = "auto") -> LoadedModel:
+def check_load_format(load_format: str) -> None:
     if load_format not in LOAD_FORMATS:
         raise InvalidArgumentError(f"load_format '{load_format}' is not one of {', '.join(LOAD_FORMATS)}")
-    desc = describe_model(path)
+
+
+def load_model(
+    desc: ModelDescription, dtype: torch.dtype, device: torch.device, load_format: str = "auto"
+) -> LoadedModel:
+    check_load_format(load_format)
     shapes = weight_shapes(desc.cfg)
     if load_format == "dummy":
         weights = dummy_weights(shapes, dtype, device)

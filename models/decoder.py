@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from lucebox.kernels.attention import attention
+from lucebox.kernels.attention import attention_over_blocks
 from lucebox.kernels.moe import moe_experts, route, swiglu
 from lucebox.kernels.norm import rms_norm
 from lucebox.kernels.rope import RotaryTables, apply_rope
 
-from lucebox.cache import SequenceCache
+from lucebox.caches import SequenceCache, Step
 from lucebox.config import LayerSpec, ModelConfig
 
 
@@ -29,13 +29,13 @@ class Decoder:
     def forward(
         self,
         token_ids: torch.Tensor,  # (T,) int64
-        positions: torch.Tensor,  # (T,) int64, absolute
+        step: Step,
         cache: SequenceCache,
     ) -> torch.Tensor:  # (T, H), after the final norm
         x = F.embedding(token_ids, self.w["embed"])
         for i, layer in enumerate(self.cfg.layers):
-            x = x + self._attention(i, layer, rms_norm(x, self.w[f"layers.{i}.attn_norm"], self.cfg.rms_norm_eps),
-                                    positions, cache)
+            h = rms_norm(x, self.w[f"layers.{i}.attn_norm"], self.cfg.rms_norm_eps)
+            x = x + self._attention(i, layer, h, step, cache)
             x = x + self._mlp(i, layer, rms_norm(x, self.w[f"layers.{i}.mlp_norm"], self.cfg.rms_norm_eps))
         return rms_norm(x, self.w["norm"], self.cfg.rms_norm_eps)
 
@@ -44,7 +44,7 @@ class Decoder:
         return F.linear(hidden, head)
 
     def _attention(
-        self, i: int, layer: LayerSpec, h: torch.Tensor, positions: torch.Tensor, cache: SequenceCache
+        self, i: int, layer: LayerSpec, h: torch.Tensor, step: Step, cache: SequenceCache
     ) -> torch.Tensor:
         cfg, w, p = self.cfg, self.w, f"layers.{i}."
         T, D = h.shape[0], cfg.head_dim
@@ -55,12 +55,12 @@ class Decoder:
         if cfg.qk_norm:
             q = rms_norm(q, w[p + "q_norm"], cfg.rms_norm_eps)
             k = rms_norm(k, w[p + "k_norm"], cfg.rms_norm_eps)
-        cos, sin = self.rope.cos_sin(layer.rope, positions, self.dtype)
+        cos, sin = self.rope.cos_sin(layer.rope, step.positions, self.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         layer_cache = cache.layers[i]
-        layer_cache.write(positions, k, v)
-        keys, values, key_positions = layer_cache.view()
-        out = attention(q, keys, values, positions, key_positions, self.scale, layer.window)  # (T, Hq, D)
+        layer_cache.write(step, k, v)
+        blocks = layer_cache.blocks(q, step)
+        out = attention_over_blocks(q, step.positions, blocks, self.scale, layer.window)  # (T, Hq, D)
         if cfg.attention_gate:
             # softplus in float32, as the reference does; one gate per head or per element.
             gate = F.softplus(F.linear(h, w[p + "wg"]).float()).to(out.dtype)

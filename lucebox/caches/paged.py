@@ -1,0 +1,273 @@
+"""Full-attention K/V in 64-token chunks: a bounded device pool plus KVFlash host offload.
+
+Layout: the device pool has `pool_chunks` slots of one chunk each; chunk j holds positions
+[64 j, 64 j + 64). When the context can outgrow the pool, every row is also written through to
+host memory (`HostChunks`), so any chunk can leave the pool at no cost and come back by a copy.
+The first chunk (the attention sink) and the recent tail always stay resident.
+
+Policies (what a decode/verify step attends to; a prompt prefill is always exact):
+- "exact": every chunk. Resident chunks in one block, the rest streamed from the host in blocks
+  of `stream_chunks` and merged by log-sum-exp. Equal to full attention up to rounding.
+- "select": the sink, the last `tail_tokens` positions before each query, and the `select_k`
+  chunks whose key summaries score highest against the query of the last committed token,
+  chosen again every `reselect_every` committed tokens. Chosen from committed tokens only, so a
+  step sees the same keys whether drafts were verified in it or not, provided a step never spans
+  a reselect boundary (`rows_before_reselect`). Bounded work and bytes per token at any context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from lucebox.caches.base import KVBlock, LayerCache, Step
+from lucebox.caches.chunk_selection import ChunkSummaries, top_chunks
+from lucebox.caches.host_chunks import HostChunks
+from lucebox.errors import InvalidArgumentError
+
+KV_POLICIES = ("exact", "select")
+
+
+@dataclass(frozen=True)
+class KVFlashSettings:
+    policy: str
+    pool_tokens: int
+    max_context: int
+    max_step: int  # most rows one forward writes (prefill chunk or verify width)
+    decode_rows: int = 16  # most rows of one decode/verify step
+    chunk: int = 64
+    tail_tokens: int = 256
+    reselect_every: int = 64
+    stream_chunks: int = 64
+
+    @property
+    def pool_chunks(self) -> int:
+        return self.pool_tokens // self.chunk
+
+    @property
+    def offload(self) -> bool:
+        return self.max_context > self.pool_chunks * self.chunk
+
+    @property
+    def tail_span(self) -> int:
+        """Most chunks the tail of one decode/verify step can touch."""
+        return -(-(self.tail_tokens + self.decode_rows) // self.chunk) + 1
+
+    @property
+    def select_k(self) -> int:
+        """Chunks chosen by score: what the pool holds beyond sink, tail and one spare slot."""
+        return self.pool_chunks - 1 - self.tail_span - 1
+
+    def validate(self) -> None:
+        if self.policy not in KV_POLICIES:
+            raise InvalidArgumentError(f"kv_policy '{self.policy}' is not one of {', '.join(KV_POLICIES)}")
+        need = max(-(-self.max_step // self.chunk) + 2, self.tail_span + 2 if self.policy == "select" else 0)
+        if self.pool_chunks < need:
+            raise InvalidArgumentError(
+                f"kv_pool_tokens={self.pool_tokens} is too small: this configuration needs at least "
+                f"{need * self.chunk} tokens (sink + the rows one step writes, prefill_chunk={self.max_step}"
+                f"{', + the select tail' if self.policy == 'select' else ''}); "
+                "raise kv_pool_tokens or lower prefill_chunk"
+            )
+        if self.tail_tokens < 2 * self.reselect_every:
+            raise InvalidArgumentError("tail_tokens must be at least twice kv_reselect_every")
+
+
+class PagedKV(LayerCache):
+    def __init__(self, settings: KVFlashSettings, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        settings.validate()
+        self.s = settings
+        C = settings.chunk
+        self.row_shape = (kv_heads, head_dim)
+        self.device = device
+        self.pk = torch.zeros((settings.pool_chunks, C, kv_heads, head_dim), dtype=dtype, device=device)
+        self.pv = torch.zeros_like(self.pk)
+        self.slot_chunk = [-1] * settings.pool_chunks  # which chunk each slot holds
+        self.chunk_slot: dict[int, int] = {}
+        self._slot_chunk_t: torch.Tensor | None = None  # device copy of slot_chunk, rebuilt on change
+        max_chunks = -(-settings.max_context // C)
+        self.host = HostChunks(C, kv_heads, head_dim, max_chunks, dtype, device) if settings.offload else None
+        self.length = 0  # rows written (drafts included)
+        self.committed = 0
+        self.select = settings.policy == "select"
+        self.summaries = ChunkSummaries(kv_heads, head_dim, dtype, device) if self.select else None
+        self.selected: list[int] = []
+        self._reselect_due = True  # nothing chosen yet
+        self._last_q: tuple[torch.Tensor, torch.Tensor] | None = None  # queries of the last step
+        self._loads_done: torch.cuda.Event | None = None
+        self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    # -- residency ------------------------------------------------------------------------------
+
+    def _tail_start(self, position: int) -> int:
+        return max(0, (position - self.s.tail_tokens) // self.s.chunk)
+
+    def _victim(self, keep: set[int]) -> int:
+        """A slot to reuse: free, else the oldest chunk that is neither sink, kept, tail nor selected."""
+        for slot, chunk in enumerate(self.slot_chunk):
+            if chunk < 0:
+                return slot
+        tail = self._tail_start(self.committed)
+        selected = set(self.selected)
+
+        def rank(slot: int) -> tuple:
+            c = self.slot_chunk[slot]
+            return (c in selected, c >= tail, c)
+
+        options = [s for s, c in enumerate(self.slot_chunk) if c != 0 and c not in keep]
+        if not options:
+            raise RuntimeError("KV pool has no slot to give; kv_pool_tokens was validated too small")
+        return min(options, key=rank)
+
+    def _make_resident(self, chunk: int, keep: set[int], stream: torch.cuda.Stream | None = None) -> int:
+        if chunk in self.chunk_slot:
+            return self.chunk_slot[chunk]
+        slot = self._victim(keep)
+        old = self.slot_chunk[slot]
+        if old >= 0:
+            del self.chunk_slot[old]
+        self.slot_chunk[slot] = chunk
+        self.chunk_slot[chunk] = slot
+        self._slot_chunk_t = None
+        if self.host is not None and chunk * self.s.chunk < self.length:
+            with torch.cuda.stream(stream) if stream is not None else nullcontext():
+                k, v = self.host.fetch(chunk, chunk + 1)
+                self.pk[slot].view(-1, *self.row_shape).copy_(k, non_blocking=True)
+                self.pv[slot].view(-1, *self.row_shape).copy_(v, non_blocking=True)
+        return slot
+
+    # -- LayerCache -----------------------------------------------------------------------------
+
+    def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
+        start, end, C = step.start, step.end, self.s.chunk
+        if start > self.length:
+            raise ValueError(f"cache write at position {start} leaves a gap after {self.length} rows")
+        if end > self.s.max_context:
+            raise ValueError(f"cache write up to position {end} passes max_context {self.s.max_context}")
+        self._wait_for_loads()
+        touched = set(range(start // C, (end - 1) // C + 1))
+        for chunk in sorted(touched):
+            slot = self._make_resident(chunk, keep=touched | {0})
+            lo, hi = max(start, chunk * C), min(end, (chunk + 1) * C)
+            self.pk[slot, lo - chunk * C : hi - chunk * C] = k[lo - start : hi - start]
+            self.pv[slot, lo - chunk * C : hi - chunk * C] = v[lo - start : hi - start]
+        if self.host is not None:
+            self.host.write(start, k, v)
+        self.length = end
+
+    def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
+        self._wait_for_loads()
+        self._last_q = (q, step.positions)
+        pool_k = self.pk.view(-1, *self.row_shape)
+        pool_v = self.pv.view(-1, *self.row_shape)
+        slots = self._slot_chunks()
+        positions = slots[:, None] * self.s.chunk + torch.arange(self.s.chunk, device=self.device)[None, :]
+        valid = (slots[:, None] >= 0) & (positions < self.length)
+        positions = torch.where(valid, positions, -1).flatten()
+        if self.select and not step.prefill:
+            pinned = torch.zeros(len(self.slot_chunk), dtype=torch.bool, device=self.device)
+            chosen = [self.chunk_slot[c] for c in [0, *self.selected] if c in self.chunk_slot]
+            pinned[chosen] = True
+            yield KVBlock(pool_k, pool_v, positions, pinned.repeat_interleave(self.s.chunk), self.s.tail_tokens)
+            return
+        yield KVBlock(pool_k, pool_v, positions)
+        yield from self._streamed_blocks()
+
+    def _streamed_blocks(self) -> Iterator[KVBlock]:
+        """Chunks that are not resident, fetched from the host in runs of at most `stream_chunks`."""
+        if self.host is None:
+            return
+        n = -(-self.length // self.s.chunk)
+        missing = [c for c in range(n) if c not in self.chunk_slot]
+        runs: list[list[int]] = []
+        for c in missing:
+            if runs and c == runs[-1][-1] + 1 and len(runs[-1]) < self.s.stream_chunks:
+                runs[-1].append(c)
+            else:
+                runs.append([c])
+        for run in runs:
+            k, v = self.host.fetch(run[0], run[-1] + 1)
+            positions = torch.arange(run[0] * self.s.chunk, (run[-1] + 1) * self.s.chunk, device=self.device)
+            yield KVBlock(k, v, torch.where(positions < self.length, positions, -1))
+
+    def commit(self, length: int) -> None:
+        old, self.committed = self.committed, length
+        if not self.select or length <= old:
+            return
+        C = self.s.chunk
+        for chunk in range(max(1, old // C), length // C):  # chunks completed by this commit
+            self.summaries.add(chunk, self._chunk_keys(chunk))
+        if self._reselect_due or length // self.s.reselect_every > old // self.s.reselect_every:
+            self._reselect(length)
+        self._ensure_tail_resident(length)
+
+    def _chunk_keys(self, chunk: int) -> torch.Tensor:
+        if chunk in self.chunk_slot:
+            return self.pk[self.chunk_slot[chunk]].view(-1, *self.row_shape)
+        return self.host.fetch(chunk, chunk + 1)[0]
+
+    def _reselect(self, length: int) -> None:
+        rows = [] if self._last_q is None else (self._last_q[1] == length - 1).nonzero()
+        if len(rows) == 0:
+            return  # no query of the last committed token seen yet; choose at the next commit
+        self._reselect_due = False
+        q, row = self._last_q[0], int(rows[0, 0])
+        C, every = self.s.chunk, self.s.reselect_every
+        # Chunks that fall out of the tail before the next reselect; younger ones the tail covers.
+        candidates = [c for c in range(1, length // C) if c * C < length + every - self.s.tail_tokens]
+        self.selected = top_chunks(self.summaries, q[row], candidates, self.s.select_k)
+        keep = set(self.selected) | {0} | set(range(self._tail_start(length), -(-length // C)))
+        stream = self._copy_stream
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        for chunk in self.selected:
+            self._make_resident(chunk, keep, stream)
+        if stream is not None:
+            self._loads_done = stream.record_event()
+
+    def _ensure_tail_resident(self, length: int) -> None:
+        C = self.s.chunk
+        tail = set(range(self._tail_start(length), -(-length // C)))
+        keep = tail | set(self.selected) | {0}
+        for chunk in sorted(tail - self.chunk_slot.keys()):
+            self._make_resident(chunk, keep)
+
+    def _wait_for_loads(self) -> None:
+        if self._loads_done is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._loads_done)
+            self._loads_done = None
+
+    def _slot_chunks(self) -> torch.Tensor:
+        if self._slot_chunk_t is None:
+            self._slot_chunk_t = torch.tensor(self.slot_chunk, dtype=torch.int64, device=self.device)
+        return self._slot_chunk_t
+
+    def rollback(self, to_position: int) -> None:
+        self.length = min(self.length, to_position)
+        if to_position < self.committed:  # a rewind of committed tokens (prefix reuse): choose again later
+            self.committed = to_position
+            self.selected = []
+            self._reselect_due = True
+            if self.summaries is not None:
+                self.summaries.truncate(to_position // self.s.chunk)
+
+    def rows_before_reselect(self, position: int) -> int:
+        """How many rows a step starting at `position` may hold without spanning a reselect."""
+        if not self.select:
+            return self.s.max_step
+        return self.s.reselect_every - position % self.s.reselect_every
+
+    def device_bytes(self) -> int:
+        summaries = 0
+        if self.summaries is not None:
+            summaries = 2 * self.summaries.kmin.numel() * self.summaries.kmin.element_size()
+        return 2 * self.pk.numel() * self.pk.element_size() + summaries
+
+    def host_bytes(self) -> int:
+        return 0 if self.host is None else self.host.nbytes()
+
+

@@ -1,0 +1,42 @@
+"""Sliding-window ring: a fixed `window + max_step` slots, slot = position % capacity.
+
+Why that capacity: one forward writes at most `max_step` rows, overwriting the slots of positions
+at least `window + max_step` older. After a rollback of up to `max_step` rows to position r, a
+later query at q >= r needs keys > q - window >= r - window, and every overwritten position is
+<= r - window - 1. So no row a later query needs is ever lost, and memory never grows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from lucebox.caches.base import KVBlock, LayerCache, Step
+
+
+class SlidingRing(LayerCache):
+    def __init__(self, window: int, max_step: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.window, self.max_step = window, max_step
+        self.capacity = window + max_step
+        self.k = torch.zeros((self.capacity, kv_heads, head_dim), dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.positions = torch.full((self.capacity,), -1, dtype=torch.int64, device=device)
+
+    def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
+        if len(step.positions) > self.max_step:
+            raise ValueError(f"a ring sized for {self.max_step} rows per step was given {len(step.positions)}")
+        slots = step.positions % self.capacity
+        self.k[slots] = k
+        self.v[slots] = v
+        self.positions[slots] = step.positions
+
+    def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
+        yield KVBlock(self.k, self.v, self.positions)
+
+    def rollback(self, to_position: int) -> None:
+        self.positions.masked_fill_(self.positions >= to_position, -1)
+
+    def device_bytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size() + self.positions.numel() * 8

@@ -1,0 +1,69 @@
+"""All the layer caches of one sequence, chosen per layer from the normalized config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lucebox.caches.base import LayerCache
+from lucebox.caches.contiguous import ContiguousCache
+from lucebox.caches.paged import KVFlashSettings, PagedKV
+from lucebox.caches.ring import SlidingRing
+from lucebox.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    max_context: int
+    max_step: int  # most rows one forward writes: max(prefill_chunk, verify width)
+    kv_policy: str
+    kv_pool_tokens: int
+    kv_reselect_every: int = 64
+    decode_rows: int = 16
+    reference: bool = False  # contiguous caches for every layer: the plain reference, for tests
+
+    def kvflash(self) -> KVFlashSettings:
+        return KVFlashSettings(self.kv_policy, self.kv_pool_tokens, self.max_context, self.max_step,
+                               decode_rows=self.decode_rows, reselect_every=self.kv_reselect_every,
+                               tail_tokens=max(256, 2 * self.kv_reselect_every))
+
+
+class SequenceCache:
+    """`length` counts committed positions; layers may hold drafts beyond it until commit/rollback."""
+
+    def __init__(self, cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, device: torch.device):
+        self.settings = settings
+        kv, d = cfg.num_kv_heads, cfg.head_dim
+        self.layers: list[LayerCache] = []
+        for layer in cfg.layers:
+            if settings.reference:
+                self.layers.append(ContiguousCache(kv, d, settings.max_context, dtype, device))
+            elif layer.is_sliding:
+                self.layers.append(SlidingRing(layer.window, settings.max_step, kv, d, dtype, device))
+            else:
+                self.layers.append(PagedKV(settings.kvflash(), kv, d, dtype, device))
+        self.length = 0
+
+    def commit(self, length: int) -> None:
+        for layer in self.layers:
+            layer.commit(length)
+        self.length = length
+
+    def rollback(self, to_position: int) -> None:
+        for layer in self.layers:
+            layer.rollback(to_position)
+        self.length = min(self.length, to_position)
+
+    def can_rewind(self, rows: int) -> bool:
+        """Whether rolling back `rows` committed rows keeps every row a later query needs."""
+        return all(not isinstance(layer, SlidingRing) or rows <= layer.max_step for layer in self.layers)
+
+    def rows_before_reselect(self, position: int) -> int:
+        limits = [layer.rows_before_reselect(position) for layer in self.layers if isinstance(layer, PagedKV)]
+        return min(limits, default=self.settings.max_step)
+
+    def memory(self) -> dict[str, int]:
+        rings = sum(x.device_bytes() for x in self.layers if isinstance(x, SlidingRing))
+        pools = sum(x.device_bytes() for x in self.layers if not isinstance(x, SlidingRing))
+        return {"ring_caches": rings, "kv_pool_device": pools, "kv_host": sum(x.host_bytes() for x in self.layers)}
