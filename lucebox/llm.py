@@ -141,11 +141,12 @@ class LLM:
         return torch.cat([self.decoder.logits(h) for h in self._prefill(ids, cache)]).to(self._logits_dtype)
 
     def memory(self) -> dict[str, int]:
-        """Bytes: weights, ring caches, device KV pool (with chunk summaries), host KV now and at
-        most, drafter. Caches not yet allocated (before the first request) count as planned."""
+        """Bytes: weights, ring caches, device KV pool, KVFlash chunk summaries, host KV now and
+        at most, drafter. Before the first request the caches count as planned."""
         weights = sum(t.numel() * t.element_size() for t in self.decoder.w.values())
         now = self._session[0].memory() if self._session else {
-            "ring_caches": self._plan["ring_caches"], "kv_pool_device": self._plan["kv_pool_device"], "kv_host": 0}
+            "ring_caches": self._plan["ring_caches"], "kv_pool_device": self._plan["kv_pool_device"],
+            "kv_chunk_summaries": 0, "kv_host": 0}
         return {"weights": weights, **now, "kv_host_max": self._plan["kv_host_max"], "drafter": 0}
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -159,6 +160,8 @@ class LLM:
         seen = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.device)
         seen[torch.tensor(prompt_ids, device=self.device)] = True
         cache = self._session_cache(prompt_ids)
+        reused = cache.length
+        self._session = (cache, list(prompt_ids))  # rows of ids[:cache.length], as commits advance
         text = IncrementalDecoder(self._tokenizer, prompt_ids) if self._tokenizer is not None else None
         stops = StopStrings(stop_strings)
 
@@ -168,7 +171,6 @@ class LLM:
         generated: list[int] = []
         prefill_done = decode_start = time.perf_counter()
         finish = None
-        self._session = (cache, list(prompt_ids))
         while True:
             token = next_token(logits, params, seen, generator)
             if not generated:
@@ -192,7 +194,8 @@ class LLM:
             logits = self.decoder.logits(hidden)[0]
         if text is not None and not stopped:
             new_text += stops.feed(text.flush())[0] + stops.flush()
-        stats = self._stats(len(prompt_ids), len(generated), start, prefill_done, decode_start, time.perf_counter())
+        stats = self._stats(len(prompt_ids), reused, len(generated), start, prefill_done, decode_start,
+                            time.perf_counter())
         yield Chunk([token], new_text, finish, stats)
 
     def _prefill(self, ids: list[int], cache: SequenceCache) -> Iterator[torch.Tensor]:
@@ -213,6 +216,7 @@ class LLM:
         (at least one prompt token is forwarded again, for its logits), or a fresh cache."""
         if self._session is not None:
             cache, held = self._session
+            held = held[: cache.length]  # a request that failed midway committed only part of its ids
             shared = 0
             for a, b in zip(held, prompt_ids, strict=False):
                 if a != b:
@@ -269,15 +273,17 @@ class LLM:
         return strings, ids
 
     @staticmethod
-    def _stats(prompt_len: int, n: int, start: float, prefill_done: float, decode_start: float, end: float) -> dict:
+    def _stats(prompt_len: int, reused: int, n: int, start: float, prefill_done: float, decode_start: float,
+               end: float) -> dict:
         prefill_s = max(prefill_done - start, 1e-9)
         decode_s = max(end - decode_start, 1e-9)
         return {
             "prompt_tokens": prompt_len,
+            "cached_prompt_tokens": reused,  # rows reused from the previous request: not prefilled again
             "generated_tokens": n,
             "prefill_time_s": prefill_s,
             "decode_time_s": decode_s,
-            "prefill_tokens_per_s": prompt_len / prefill_s,
+            "prefill_tokens_per_s": (prompt_len - reused) / prefill_s,
             # The first token comes from the prefill's logits; decode speed counts the rest.
             "decode_tokens_per_s": (n - 1) / decode_s if n > 1 else 0.0,
             "tokens_per_s": n / max(end - start, 1e-9),

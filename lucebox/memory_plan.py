@@ -24,11 +24,12 @@ def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype) -> dict[
     rings = sum((layer.window + settings.max_step) * (row + 8) for layer in cfg.layers if layer.is_sliding)
     kvf = settings.kvflash()
     chunks = -(-settings.max_context // kvf.chunk)
-    summaries = full * chunks * 2 * cfg.num_kv_heads * cfg.head_dim * size if kvf.policy == "select" else 0
+    summaries = full * chunks * 3 * cfg.num_kv_heads * cfg.head_dim * size if kvf.policy == "select" else 0
     return {
         "weights": weights,
         "ring_caches": rings,
-        "kv_pool_device": full * kvf.pool_chunks * kvf.chunk * row + summaries,
+        "kv_pool_device": full * kvf.pool_chunks * kvf.chunk * row,
+        "kv_chunk_summaries_max": summaries,
         "kv_host_max": full * chunks * kvf.chunk * row if kvf.offload else 0,
         "drafter": 0,
     }
@@ -50,7 +51,7 @@ def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, de
     host = HEADROOM * _host_available()
     full = sum(1 for layer in cfg.layers if not layer.is_sliding)
     per_token_host = full * cfg.kv_bytes_per_token(dtype.itemsize)
-    on_device = need["weights"] + need["ring_caches"] + need["kv_pool_device"]
+    on_device = need["weights"] + need["ring_caches"] + need["kv_pool_device"] + need["kv_chunk_summaries_max"]
     if device.type == "cuda":
         free = HEADROOM * torch.cuda.mem_get_info(device)[0]
         if on_device > free:

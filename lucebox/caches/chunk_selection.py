@@ -1,9 +1,13 @@
 """Which 64-token chunks a query is likely to attend to, from per-chunk key summaries.
 
-For each chunk and KV head we keep the element-wise min and max of its keys. For a query q the
-largest score any key of the chunk can reach is bounded by sum_d max(q_d * min_d, q_d * max_d)
-(the Quest bound); a chunk's score is the largest bound over the query heads, so a chunk that one
-head needs sharply is kept even if the other heads ignore it.
+For each chunk and KV head we keep the mean and the element-wise min and max of its keys, and
+rank chunks two ways for one query q:
+- by q . mean: a chunk whose keys consistently point where q looks (a passage about the topic);
+- by sum_d max(q_d * min_d, q_d * max_d), the largest score any key of the chunk can reach (the
+  Quest bound): a chunk holding one key that q matches sharply.
+Neither ranking alone serves both cases (the bound is loose for many ordinary chunks, the mean
+hides single keys), so the chosen set alternates between the two rankings. A chunk's score is
+its best over the query heads, so a chunk one head needs is kept even if the others ignore it.
 """
 
 from __future__ import annotations
@@ -13,41 +17,49 @@ import torch
 
 class ChunkSummaries:
     def __init__(self, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
-        self.kmin = torch.empty((0, kv_heads, head_dim), dtype=dtype, device=device)
-        self.kmax = torch.empty_like(self.kmin)
+        self.stats = torch.empty((0, 3, kv_heads, head_dim), dtype=dtype, device=device)  # mean, min, max
         self.count = 0  # chunks summarized so far: [0, count)
 
     def add(self, chunk_index: int, keys: torch.Tensor) -> None:
         """Summarize one complete chunk's keys (C, KV, D)."""
-        if chunk_index >= self.kmin.shape[0]:
-            capacity = max(chunk_index + 1, 2 * self.kmin.shape[0], 64)
-            for name in ("kmin", "kmax"):
-                old = getattr(self, name)
-                grown = torch.empty((capacity, *old.shape[1:]), dtype=old.dtype, device=old.device)
-                grown[: old.shape[0]] = old
-                setattr(self, name, grown)
-        self.kmin[chunk_index] = keys.amin(dim=0)
-        self.kmax[chunk_index] = keys.amax(dim=0)
+        if chunk_index >= self.stats.shape[0]:
+            capacity = max(chunk_index + 1, 2 * self.stats.shape[0], 64)
+            grown = torch.empty((capacity, *self.stats.shape[1:]), dtype=self.stats.dtype, device=self.stats.device)
+            grown[: self.stats.shape[0]] = self.stats
+            self.stats = grown
+        self.stats[chunk_index, 0] = keys.to(torch.float32).mean(dim=0).to(keys.dtype)
+        self.stats[chunk_index, 1] = keys.amin(dim=0)
+        self.stats[chunk_index, 2] = keys.amax(dim=0)
         self.count = max(self.count, chunk_index + 1)
 
     def truncate(self, chunks: int) -> None:
         self.count = min(self.count, chunks)
 
-    def scores(self, q: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-        """Upper bounds (len(candidates),) for one query row q (Hq, D)."""
-        kv_heads = self.kmin.shape[1]
+    def nbytes(self) -> int:
+        return self.stats.numel() * self.stats.element_size()
+
+    def scores(self, q: torch.Tensor, candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean score, upper bound), each (len(candidates),), for one query row q (Hq, D)."""
+        kv_heads = self.stats.shape[2]
         group = q.shape[0] // kv_heads
         qf = q.to(torch.float32).view(kv_heads, group, -1)  # (KV, G, D)
-        lo = self.kmin[candidates].to(torch.float32)[:, :, None, :]  # (N, KV, 1, D)
-        hi = self.kmax[candidates].to(torch.float32)[:, :, None, :]
-        bound = torch.maximum(qf * lo, qf * hi).sum(-1)  # (N, KV, G)
-        return bound.flatten(1).amax(-1)
+        s = self.stats[candidates].to(torch.float32)[:, :, :, None, :]  # (N, 3, KV, 1, D)
+        mean = (qf * s[:, 0]).sum(-1)  # (N, KV, G)
+        bound = torch.maximum(qf * s[:, 1], qf * s[:, 2]).sum(-1)
+        return mean.flatten(1).amax(-1), bound.flatten(1).amax(-1)
 
 
 def top_chunks(summaries: ChunkSummaries, q: torch.Tensor, candidates: list[int], k: int) -> list[int]:
-    """The k candidates with the highest bound (all of them when there are at most k)."""
+    """k candidates, alternating between the best by mean score and the best by bound."""
     if len(candidates) <= k:
         return list(candidates)
-    idx = torch.tensor(candidates, device=summaries.kmin.device)
-    best = torch.topk(summaries.scores(q, idx), k).indices
-    return sorted(idx[best].tolist())
+    idx = torch.tensor(candidates, device=summaries.stats.device)
+    by_mean, by_bound = (torch.argsort(s, descending=True).tolist() for s in summaries.scores(q, idx))
+    chosen: dict[int, None] = {}
+    for a, b in zip(by_mean, by_bound, strict=True):
+        for i in (a, b):
+            if len(chosen) < k:
+                chosen.setdefault(i)
+        if len(chosen) == k:
+            break
+    return sorted(candidates[i] for i in chosen)

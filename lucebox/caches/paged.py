@@ -161,7 +161,10 @@ class PagedKV(LayerCache):
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         self._wait_for_loads()
-        self._last_q = (q, step.positions)
+        self._last_q = (q, step.positions)  # recorded now, not when the blocks are consumed
+        return self._blocks(step)
+
+    def _blocks(self, step: Step) -> Iterator[KVBlock]:
         pool_k = self.pk.view(-1, *self.row_shape)
         pool_v = self.pv.view(-1, *self.row_shape)
         slots = self._slot_chunks()
@@ -262,10 +265,13 @@ class PagedKV(LayerCache):
         return self.s.reselect_every - position % self.s.reselect_every
 
     def device_bytes(self) -> int:
-        summaries = 0
-        if self.summaries is not None:
-            summaries = 2 * self.summaries.kmin.numel() * self.summaries.kmin.element_size()
-        return 2 * self.pk.numel() * self.pk.element_size() + summaries
+        return self.pool_bytes() + self.summary_bytes()
+
+    def pool_bytes(self) -> int:
+        return 2 * self.pk.numel() * self.pk.element_size()
+
+    def summary_bytes(self) -> int:
+        return 0 if self.summaries is None else self.summaries.nbytes()
 
     def host_bytes(self) -> int:
         return 0 if self.host is None else self.host.nbytes()

@@ -64,6 +64,10 @@ class SequenceCache:
         return min(limits, default=self.settings.max_step)
 
     def memory(self) -> dict[str, int]:
-        rings = sum(x.device_bytes() for x in self.layers if isinstance(x, SlidingRing))
-        pools = sum(x.device_bytes() for x in self.layers if not isinstance(x, SlidingRing))
-        return {"ring_caches": rings, "kv_pool_device": pools, "kv_host": sum(x.host_bytes() for x in self.layers)}
+        paged = [x for x in self.layers if isinstance(x, PagedKV)]
+        return {
+            "ring_caches": sum(x.device_bytes() for x in self.layers if isinstance(x, SlidingRing)),
+            "kv_pool_device": sum(x.pool_bytes() for x in paged),
+            "kv_chunk_summaries": sum(x.summary_bytes() for x in paged),
+            "kv_host": sum(x.host_bytes() for x in self.layers),
+        }

@@ -1,0 +1,159 @@
+"""Cache layers against the plain contiguous cache: same attention after any writes and rollbacks."""
+
+import random
+
+import pytest
+import torch
+from lucebox.kernels.attention import attention_over_blocks
+
+from lucebox.caches import KVFlashSettings, PagedKV, SlidingRing, Step
+from lucebox.caches.contiguous import ContiguousCache
+
+KV, D, HQ = 2, 8, 4
+F64 = dict(dtype=torch.float64, device=torch.device("cpu"))
+
+
+def rows(n, gen):
+    return torch.randn(n, KV, D, generator=gen, **{"dtype": torch.float64})
+
+
+def attend(cache, q, step, window=None):
+    return attention_over_blocks(q, step.positions, cache.blocks(q, step), D**-0.5, window)
+
+
+def run_script(cache, reference, script, window=None, seed=0):
+    """Apply (write n rows | roll back r rows) to both caches; after each write, attention of the
+    written rows must agree (1e-12, float64)."""
+    gen = torch.Generator().manual_seed(seed)
+    length = 0
+    for op, n in script:
+        if op == "rollback":
+            length -= n
+            cache.rollback(length)
+            reference.rollback(length)
+            continue
+        step = Step(torch.arange(length, length + n))
+        k, v = rows(n, gen), rows(n, gen)
+        q = torch.randn(n, HQ, D, generator=gen, dtype=torch.float64)
+        for c in (cache, reference):
+            c.write(step, k, v)
+        length += n
+        ours, expected = attend(cache, q, step, window), attend(reference, q, step, window)
+        assert (ours - expected).abs().max() < 1e-12, f"after {op} {n} at length {length}"
+        cache.commit(length - (n // 2))  # drafts: the second half of the rows stays uncommitted
+        reference.commit(length - (n // 2))
+
+
+def random_script(max_step, steps=60, seed=0):
+    r = random.Random(seed)
+    script = [("write", max_step)]
+    for _ in range(steps):
+        n = r.randint(1, max_step)
+        script.append(("write", n))
+        if r.random() < 0.5:
+            script.append(("rollback", r.randint(1, n)))
+    return script
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ring_rollback_never_loses_a_needed_row(seed):
+    window, max_step = 8, 5
+    ring = SlidingRing(window, max_step, KV, D, **F64)
+    reference = ContiguousCache(KV, D, 10_000, **F64)
+    run_script(ring, reference, random_script(max_step, seed=seed), window=window, seed=seed)
+
+
+def test_ring_rollback_at_the_wrap_point():
+    window, max_step = 8, 4
+    ring = SlidingRing(window, max_step, KV, D, **F64)  # 12 slots
+    reference = ContiguousCache(KV, D, 100, **F64)
+    # Fill to just before the wrap, then write across it, roll back across it, and write again.
+    script = [("write", 4), ("write", 4), ("write", 3), ("write", 4), ("rollback", 4), ("write", 4),
+              ("write", 4), ("rollback", 3), ("write", 4), ("write", 1), ("rollback", 1), ("write", 4)]
+    run_script(ring, reference, script, window=window)
+
+
+def test_ring_memory_never_grows():
+    ring = SlidingRing(8, 4, KV, D, **F64)
+    before = ring.device_bytes()
+    run_script(ring, ContiguousCache(KV, D, 1000, **F64), [("write", 4)] * 50, window=8)
+    assert ring.device_bytes() == before
+
+
+def paged(pool_tokens, max_context, policy="exact", max_step=16):
+    settings = KVFlashSettings(policy, pool_tokens, max_context, max_step, decode_rows=16, chunk=8,
+                               tail_tokens=32, reselect_every=8, stream_chunks=3)
+    return PagedKV(settings, KV, D, **F64)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_paged_pool_resident_rollback_matches_reference(seed):
+    cache = paged(pool_tokens=512, max_context=512)  # everything fits: no host
+    assert cache.host is None
+    run_script(cache, ContiguousCache(KV, D, 1000, **F64), random_script(16, steps=25, seed=seed), seed=seed)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_paged_offload_rollback_across_chunk_pool_and_host_matches_reference(seed):
+    cache = paged(pool_tokens=40, max_context=2048)  # 5 chunks of 8 on the device, the rest on the host
+    reference = ContiguousCache(KV, D, 2048, **F64)
+    run_script(cache, reference, random_script(16, steps=80, seed=seed), seed=seed)
+    assert cache.host is not None and cache.host_bytes() > 0
+    resident = {c for c in cache.slot_chunk if c >= 0}
+    assert len(resident) <= 5 < -(-cache.length // 8)  # most chunks live only on the host
+
+
+def test_paged_rollback_into_a_host_resident_chunk():
+    cache = paged(pool_tokens=40, max_context=512)
+    reference = ContiguousCache(KV, D, 512, **F64)
+    # 200 rows, so chunk 3 (positions 24..31) has left the pool; roll back into it and rewrite.
+    script = [("write", 16)] * 12 + [("rollback", 16)] * 10 + [("rollback", 4), ("write", 16), ("write", 16)]
+    run_script(cache, reference, script)
+
+
+def test_paged_device_bytes_stay_constant_past_the_pool():
+    cache = paged(pool_tokens=40, max_context=4096)
+    sizes = []
+    gen = torch.Generator().manual_seed(0)
+    for start in range(0, 2048, 16):
+        step = Step(torch.arange(start, start + 16))
+        cache.write(step, rows(16, gen), rows(16, gen))
+        cache.commit(start + 16)
+        sizes.append(cache.device_bytes())
+    assert len(set(sizes)) == 1
+    assert cache.host_bytes() >= 2048 * KV * D * 8 * 2
+
+
+def needle_trial(seed, kind="passage", chunks=48, chunk=16):
+    """Random keys, plus one chunk whose keys match the query (all of them: a passage; or a single
+    key, strongly); is that chunk chosen, and visible to the next decode step?"""
+    gen = torch.Generator().manual_seed(seed)
+    settings = KVFlashSettings("select", pool_tokens=12 * chunk, max_context=chunks * chunk + 64, max_step=chunk,
+                               decode_rows=16, chunk=chunk, tail_tokens=4 * chunk, reselect_every=chunk)
+    cache = PagedKV(settings, KV, D, **F64)
+    length = chunks * chunk
+    q = torch.randn(HQ, D, generator=gen, dtype=torch.float64)
+    needle = int(torch.randint(1, chunks - settings.tail_span - 1, (1,), generator=gen))
+    for c in range(chunks):
+        k = torch.randn(chunk, KV, D, generator=gen, dtype=torch.float64)
+        if c == needle and kind == "passage":  # keys pointing where one query head looks
+            k[:, 0, :] = 6.0 * q[0] / q[0].norm() + 0.3 * torch.randn(chunk, D, generator=gen, dtype=torch.float64)
+        elif c == needle:
+            k[int(torch.randint(chunk, (1,), generator=gen)), 0, :] = 12.0 * q[0] / q[0].norm()
+        step = Step(torch.arange(c * chunk, (c + 1) * chunk), prefill=True)
+        cache.write(step, k, torch.randn(chunk, KV, D, generator=gen, dtype=torch.float64))
+        cache.blocks(q.expand(chunk, HQ, D), step)  # records the step's queries, as a forward does
+        cache.commit((c + 1) * chunk)
+    decode = Step(torch.tensor([length]))
+    cache.write(decode, torch.zeros(1, KV, D, dtype=torch.float64), torch.zeros(1, KV, D, dtype=torch.float64))
+    (block,) = list(cache.blocks(q[None], decode))
+    visible = block.pinned | (block.positions > length - block.recent)
+    needle_seen = bool(visible[(block.positions >= needle * chunk) & (block.positions < (needle + 1) * chunk)].all())
+    return needle in cache.selected and needle_seen
+
+
+@pytest.mark.parametrize("kind", ["passage", "single_key"])
+def test_select_retrieves_a_planted_needle_chunk(kind):
+    recall = sum(needle_trial(seed, kind) for seed in range(100)) / 100
+    print(f"select needle recall ({kind}) over 100 trials: {recall:.2f}")
+    assert recall >= 0.95
