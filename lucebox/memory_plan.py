@@ -46,27 +46,31 @@ def _host_available() -> int:
 
 
 def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, device: torch.device) -> dict[str, int]:
-    """The plan, or ContextLengthError naming the largest context that fits device + host memory."""
+    """The plan, or ContextLengthError naming the largest context that fits device + host memory.
+
+    Weights, rings and the pool are fixed costs on the device; host KV and chunk summaries grow
+    with max_context (on the CPU, device and host are the same memory)."""
     need = plan(cfg, settings, dtype)
+    fixed = need["weights"] + need["ring_caches"] + need["kv_pool_device"]
+    per_token_summary = need["kv_chunk_summaries_max"] / settings.max_context
+    per_token_host = need["kv_host_max"] / settings.max_context
     host = HEADROOM * _host_available()
-    full = sum(1 for layer in cfg.layers if not layer.is_sliding)
-    per_token_host = full * cfg.kv_bytes_per_token(dtype.itemsize)
-    on_device = need["weights"] + need["ring_caches"] + need["kv_pool_device"] + need["kv_chunk_summaries_max"]
-    if device.type == "cuda":
-        free = HEADROOM * torch.cuda.mem_get_info(device)[0]
-        if on_device > free:
-            raise ContextLengthError(
-                f"weights + caches need {on_device / 2**30:.1f} GiB on {device} but {free / 2**30:.1f} GiB is "
-                "free; lower kv_pool_tokens or prefill_chunk, or use a smaller dtype or quantized weights"
-            )
-        spare_host = host
-    else:
-        spare_host = host - on_device
-    if need["kv_host_max"] > spare_host:
-        largest = int(max(spare_host, 0) // max(per_token_host, 1)) // 64 * 64
+    free = HEADROOM * torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else host
+    if fixed > free:
         raise ContextLengthError(
-            f"max_context={settings.max_context} needs {need['kv_host_max'] / 2**30:.1f} GiB of host memory for "
-            f"offloaded KV but about {max(spare_host, 0) / 2**30:.1f} GiB is available; the largest context that "
-            f"fits is about {largest} tokens (pass max_context={largest} or less)"
+            f"weights + caches need {fixed / 2**30:.1f} GiB on {device} but about {free / 2**30:.1f} GiB is free; "
+            "lower kv_pool_tokens or prefill_chunk, or use a smaller dtype"
         )
-    return need
+    if device.type == "cuda":
+        budgets = [(free - fixed, per_token_summary), (host, per_token_host)]
+    else:
+        budgets = [(host - fixed, per_token_summary + per_token_host)]
+    if all(spare >= per_token * settings.max_context for spare, per_token in budgets):
+        return need
+    largest = min(int(max(spare, 0) // per_token) for spare, per_token in budgets if per_token > 0) // 64 * 64
+    grows = need["kv_host_max"] + need["kv_chunk_summaries_max"]
+    raise ContextLengthError(
+        f"max_context={settings.max_context} needs {grows / 2**30:.1f} GiB for offloaded KV and its summaries "
+        f"on top of {fixed / 2**30:.1f} GiB of weights and caches, more than this machine has free; the largest "
+        f"context that fits is about {largest} tokens (pass max_context={largest} or less)"
+    )
