@@ -17,7 +17,7 @@ def route(
     spec: MoESpec,
     correction_bias: torch.Tensor | None = None,  # (E,)
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights (T, k) in the model dtype, expert ids (T, k) int64)."""
+    """(weights (T, k) in the model dtype, or float32 with `spec.float32_weights`; expert ids (T, k))."""
     logits = router_logits.to(torch.float32)
     if spec.logit_softcap > 0:
         logits = torch.tanh(logits / spec.logit_softcap) * spec.logit_softcap
@@ -30,7 +30,7 @@ def route(
     weights = scores.gather(-1, ids)  # the bias only chooses; it never weighs
     if spec.normalize_topk:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(router_logits.dtype), ids
+    return (weights if spec.float32_weights else weights.to(router_logits.dtype)), ids
 
 
 def swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
@@ -59,5 +59,5 @@ def moe_experts(
         tok = tokens[start : start + count]
         start += count
         y = swiglu(x[tok], gate_up[expert], down[expert])
-        out.index_add_(0, tok, y * weights.reshape(-1)[rows, None])
+        out.index_add_(0, tok, (y * weights.reshape(-1)[rows, None]).to(out.dtype))
     return out

@@ -114,9 +114,11 @@ def _describe(shape: tuple[int, ...]) -> str:
 
 
 def resolve_sources(
-    sources: dict[str, Source], shapes: dict[str, tuple[int, ...]], index: CheckpointIndex
+    sources: dict[str, Source], shapes: dict[str, tuple[int, ...]], index: CheckpointIndex,
+    unused_ok: frozenset[str] = frozenset(),
 ) -> dict[str, Source]:
-    """Pick one available option per tensor; raise on missing or unexpected checkpoint tensors."""
+    """Pick one available option per tensor; raise on missing or unexpected checkpoint tensors
+    (`unused_ok` names tensors that may be present and are ignored)."""
     chosen: dict[str, Source] = {}
     missing: list[str] = []
     for name, source in sources.items():
@@ -133,7 +135,8 @@ def resolve_sources(
             f"{'; '.join(missing[:8])}{more}. Is config.json the one that belongs to these weights?"
         )
     used = {n for source in chosen.values() for n in leaf_names(source)}
-    extra = sorted(n for n in index.location if n not in used and not n.endswith(_IGNORED_SUFFIXES))
+    extra = sorted(n for n in index.location
+                   if n not in used and n not in unused_ok and not n.endswith(_IGNORED_SUFFIXES))
     if extra:
         more = f" and {len(extra) - 8} more" if len(extra) > 8 else ""
         raise UnexpectedTensorError(
@@ -169,8 +172,9 @@ def load_weights(
     shapes: dict[str, tuple[int, ...]],
     dtype: torch.dtype,
     device: torch.device,
+    unused_ok: frozenset[str] = frozenset(),
 ) -> dict[str, torch.Tensor]:
-    chosen = resolve_sources(sources, shapes, index)
+    chosen = resolve_sources(sources, shapes, index, unused_ok)
     weights: dict[str, torch.Tensor] = {}
     with ExitStack() as stack:
         opened: dict[Path, SafetensorsFile] = {}

@@ -14,6 +14,13 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
     p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32 | float64")
     p.add_argument("--ctx", type=int, default=None, help="max context in tokens (default: the model's)")
+    p.add_argument("--kv-pool", type=int, default=None,
+                   help="full-attention KV tokens kept on the device; the rest lives in host memory (default 8192)")
+    p.add_argument("--kv-policy", choices=["exact", "select"], default=None,
+                   help="exact: attend to every chunk; select: sink + recent + top-scoring chunks, bounded cost "
+                        "(default: exact when the context fits the pool, else select)")
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="rows per prefill forward (default 2048 CUDA, 512 CPU)")
     p.add_argument("--load-format", default="auto", help="auto | safetensors | dummy (random weights)")
 
 
@@ -37,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--min-p", type=float, default=0.0)
     gen.add_argument("--repetition-penalty", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    gen.add_argument("--stop", action="append", default=[], help="stop string, never printed (repeatable); "
+                     "for a newline use the shell's quoting, e.g. $'\\n\\n'")
+    gen.add_argument("--stop-token-id", type=int, action="append", default=[], help="stop token id (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
     return parser
 
@@ -87,11 +96,12 @@ def _generate(args) -> int:
             prompt = [int(t) for t in args.token_ids.replace(" ", "").split(",") if t]
         except ValueError:
             raise InvalidArgumentError("--token-ids must be comma-separated integers, e.g. 1,2,3") from None
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format, max_context=args.ctx)
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format, max_context=args.ctx,
+              kv_pool_tokens=args.kv_pool, kv_policy=args.kv_policy, prefill_chunk=args.prefill_chunk)
     last = None
     for chunk in llm.stream(prompt, max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                            seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos):
+                            seed=args.seed, stop=[*args.stop, *args.stop_token_id], ignore_eos=args.ignore_eos):
         piece = chunk.text if chunk.text is not None else "".join(f"{t} " for t in chunk.token_ids)
         sys.stdout.write(piece)
         sys.stdout.flush()

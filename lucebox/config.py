@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lucebox.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class RopeSpec:
@@ -59,6 +61,7 @@ class MoESpec:
     logit_softcap: float = 0.0  # 0: off; else logits = cap * tanh(logits / cap)
     correction_bias: bool = False  # sigmoid routers: a bias added to scores for selection only
     shared_expert_size: int = 0  # 0: no shared expert
+    float32_weights: bool = False  # weigh expert outputs in float32, then cast (Mixtral's reference does)
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,30 @@ class ModelConfig:
     pad_token_id: int | None = None
     checkpoint_dtype: str | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("vocab_size", "hidden_size", "num_kv_heads", "head_dim"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                problems.append(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not self.layers:
+            problems.append("the model has no layers")
+        for i, layer in enumerate(self.layers):
+            if layer.num_heads <= 0 or layer.num_heads % max(self.num_kv_heads, 1):
+                problems.append(f"layer {i}: {layer.num_heads} query heads is not a multiple of "
+                                f"{self.num_kv_heads} KV heads")
+            if layer.is_sliding and (not isinstance(layer.window, int) or layer.window <= 0):
+                problems.append(f"layer {i}: sliding window must be a positive integer, got {layer.window!r}")
+            if layer.rope.rotary_dim % 2 or not 0 < layer.rope.rotary_dim <= self.head_dim:
+                problems.append(f"layer {i}: rotary dimension {layer.rope.rotary_dim} must be even and <= head_dim")
+            if layer.mlp == "dense" and self.intermediate_size <= 0:
+                problems.append(f"layer {i} is dense but intermediate_size is {self.intermediate_size}")
+            if layer.mlp == "moe" and self.moe is None:
+                problems.append(f"layer {i} is MoE but there is no expert configuration")
+        if self.moe is not None and not 0 < self.moe.top_k <= self.moe.num_experts:
+            problems.append(f"num_experts_per_tok {self.moe.top_k} must be in 1..{self.moe.num_experts}")
+        if problems:
+            raise ConfigError("config.json: " + "; ".join(problems[:4]))
 
     @property
     def num_layers(self) -> int:

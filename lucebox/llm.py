@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -56,7 +57,8 @@ class LLM:
         self.dtype = resolve_dtype(dtype, self.device)
         self.description = describe_model(model)
         self.config = self.description.cfg
-        self.prefill_chunk = int(prefill_chunk or (2048 if self.device.type == "cuda" else 512))
+        self.prefill_chunk = int(prefill_chunk if prefill_chunk is not None else
+                                 (2048 if self.device.type == "cuda" else 512))
         self.cache_settings = self._cache_settings(max_context, kv_policy, kv_pool_tokens, kv_reselect_every)
         self.max_context = self.cache_settings.max_context
         self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device)
@@ -65,9 +67,10 @@ class LLM:
         self._tokenizer = loaded.tokenizer
         self.eos_token_ids = self._eos_ids()
         self._session: tuple[SequenceCache, list[int]] | None = None  # cache + the tokens it holds
+        self._open_streams = 0
 
     def _cache_settings(self, max_context, kv_policy, kv_pool_tokens, reselect_every) -> CacheSettings:
-        max_context = int(max_context or self.config.max_position_embeddings)
+        max_context = int(max_context if max_context is not None else self.config.max_position_embeddings)
         prefill = self.prefill_chunk
         for name, value in (("max_context", max_context), ("prefill_chunk", prefill),
                             ("kv_reselect_every", reselect_every)):
@@ -153,28 +156,40 @@ class LLM:
 
     @torch.inference_mode()
     def _run(self, prompt_ids, params, max_tokens, stop_strings, stop_ids) -> Iterator[Chunk]:
+        # A second stream opened while one is still running gets a cache of its own.
+        private = self._open_streams > 0
+        self._open_streams += 1
+        try:
+            yield from self._decode(prompt_ids, params, max_tokens, stop_strings, stop_ids, private)
+        finally:
+            self._open_streams -= 1
+
+    def _decode(self, prompt_ids, params, max_tokens, stop_strings, stop_ids, private) -> Iterator[Chunk]:
         generator = None
         if not params.greedy:
             generator = torch.Generator(device=self.device)
-            generator.manual_seed(params.seed if params.seed is not None else int(torch.seed() % 2**63))
+            # Unseeded requests draw their seed from the OS, leaving torch's global RNG alone.
+            generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
         seen = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.device)
         seen[torch.tensor(prompt_ids, device=self.device)] = True
-        cache = self._session_cache(prompt_ids)
+        cache = self._new_cache() if private else self._session_cache(prompt_ids)
         reused = cache.length
-        self._session = (cache, list(prompt_ids))  # rows of ids[:cache.length], as commits advance
+        tokens = list(prompt_ids)  # the cache holds rows of tokens[:cache.length], as commits advance
+        if not private:
+            self._session = (cache, tokens)
         text = IncrementalDecoder(self._tokenizer, prompt_ids) if self._tokenizer is not None else None
         stops = StopStrings(stop_strings)
 
-        start = time.perf_counter()
+        start = self._clock()
         *_, hidden = self._prefill(prompt_ids, cache)
         logits = self.decoder.logits(hidden[-1:])[0]
         generated: list[int] = []
-        prefill_done = decode_start = time.perf_counter()
+        prefill_done = decode_start = self._clock()
         finish = None
         while True:
             token = next_token(logits, params, seen, generator)
             if not generated:
-                decode_start = time.perf_counter()
+                decode_start = self._clock()
             generated.append(token)
             seen[token] = True
             new_text, stopped = None, False
@@ -190,12 +205,12 @@ class LLM:
             step = Step(torch.tensor([cache.length], device=self.device))
             hidden = self.decoder.forward(torch.tensor([token], device=self.device), step, cache)
             cache.commit(cache.length + 1)
-            self._session[1].append(token)
+            tokens.append(token)
             logits = self.decoder.logits(hidden)[0]
         if text is not None and not stopped:
             new_text += stops.feed(text.flush())[0] + stops.flush()
         stats = self._stats(len(prompt_ids), reused, len(generated), start, prefill_done, decode_start,
-                            time.perf_counter())
+                            self._clock())
         yield Chunk([token], new_text, finish, stats)
 
     def _prefill(self, ids: list[int], cache: SequenceCache) -> Iterator[torch.Tensor]:
@@ -230,6 +245,12 @@ class LLM:
         return self._new_cache()
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _clock(self) -> float:
+        """Wall time after the device has finished what was queued, so timings are honest on CUDA."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     @property
     def _logits_dtype(self) -> torch.dtype:

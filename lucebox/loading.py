@@ -10,7 +10,7 @@ import torch
 from lucebox.checkpoint import CheckpointIndex, load_weights, locate_config, read_json, weight_files
 from lucebox.config import ModelConfig
 from lucebox.errors import InvalidArgumentError
-from lucebox.models import adapter_for
+from lucebox.models import adapter_for, build_model_config
 from lucebox.models.decoder import Decoder
 from lucebox.models.layout import weight_shapes
 from lucebox.tokenizer import Tokenizer, load_tokenizer
@@ -39,7 +39,7 @@ def describe_model(path: str | Path) -> ModelDescription:
     folder = config_path.parent
     hf = read_json(config_path)
     generation = read_json(folder / "generation_config.json", required=False) or {}
-    return ModelDescription(folder, hf, generation, adapter_for(hf).build_config(hf))
+    return ModelDescription(folder, hf, generation, build_model_config(hf))
 
 
 def dummy_weights(
@@ -73,6 +73,8 @@ def load_model(
     else:
         index = CheckpointIndex(weight_files(desc.folder))
         sources = adapter_for(desc.hf_config).sources(desc.cfg)
-        weights = load_weights(index, sources, shapes, dtype, device)
+        # With tied embeddings an exported lm_head.weight is a copy of the embedding; like transformers, ignore it.
+        unused_ok = frozenset({"lm_head.weight"}) if desc.cfg.tie_word_embeddings else frozenset()
+        weights = load_weights(index, sources, shapes, dtype, device, unused_ok)
     tokenizer = load_tokenizer(desc.folder, desc.hf_config, desc.generation_config)
     return LoadedModel(desc, Decoder(desc.cfg, weights), tokenizer)

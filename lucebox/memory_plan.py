@@ -68,6 +68,11 @@ def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, de
     if all(spare >= per_token * settings.max_context for spare, per_token in budgets):
         return need
     largest = min(int(max(spare, 0) // per_token) for spare, per_token in budgets if per_token > 0) // 64 * 64
+    if largest < 64:
+        raise ContextLengthError(
+            f"weights and caches ({fixed / 2**30:.1f} GiB) leave no room for offloaded KV on this machine; "
+            "lower kv_pool_tokens or prefill_chunk, or use a smaller dtype"
+        )
     grows = need["kv_host_max"] + need["kv_chunk_summaries_max"]
     raise ContextLengthError(
         f"max_context={settings.max_context} needs {grows / 2**30:.1f} GiB for offloaded KV and its summaries "

@@ -72,6 +72,11 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
+        if isinstance(info, dict) and isinstance(info.get("dtype"), str) and info["dtype"] not in DTYPES:
+            raise CorruptCheckpointError(
+                f"{path}: tensor {name!r} has dtype {info['dtype']}, which lucebox cannot read "
+                f"(supported: {', '.join(DTYPES)}); convert the checkpoint to bf16/fp16/fp32"
+            )
         try:
             dtype = DTYPES[info["dtype"]]
             shape = tuple(int(d) for d in info["shape"])

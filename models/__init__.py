@@ -7,6 +7,7 @@ from types import ModuleType
 
 from lucebox.models import laguna, llama, mistral, mixtral, qwen3, qwen3_moe
 
+from lucebox.config import ModelConfig
 from lucebox.errors import ConfigError, UnsupportedArchitectureError
 
 _ADAPTERS: dict[str, ModuleType] = {
@@ -25,3 +26,12 @@ def adapter_for(hf_config: dict) -> ModuleType:
             f"architecture '{archs[0]}' is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     return module
+
+
+def build_model_config(hf_config: dict) -> ModelConfig:
+    """The normalized config of a config.json; any malformed value becomes a ConfigError."""
+    adapter = adapter_for(hf_config)
+    try:
+        return adapter.build_config(hf_config)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ConfigError(f"config.json has a value of the wrong type or form ({type(e).__name__}: {e})") from None

@@ -26,15 +26,19 @@ def token_ids(value: Any) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, list) else (int(value),)
 
 
-def rope_parameters(hf: dict) -> dict:
-    """RoPE settings in the current `rope_parameters` form, also from the older rope_theta + rope_scaling."""
-    if isinstance(hf.get("rope_parameters"), dict):
-        return hf["rope_parameters"]
-    params = dict(hf.get("rope_scaling") or {})
+def rope_parameters(hf: dict, params: dict | None = None) -> dict:
+    """RoPE settings in the current `rope_parameters` form, completed from top-level fields the way
+    transformers does (rope_theta, partial_rotary_factor, original_max_position_embeddings), and
+    also read from the older rope_theta + rope_scaling form."""
+    if params is None:
+        params = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else hf.get("rope_scaling")
+    params = dict(params or {})
     params.setdefault("rope_type", params.pop("type", "default"))
     params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
-    if "partial_rotary_factor" in hf:
+    if hf.get("partial_rotary_factor") is not None:
         params.setdefault("partial_rotary_factor", hf["partial_rotary_factor"])
+    params.setdefault("original_max_position_embeddings",
+                      hf.get("original_max_position_embeddings") or hf.get("max_position_embeddings"))
     return params
 
 

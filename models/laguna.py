@@ -43,16 +43,17 @@ def build_config(hf: dict) -> ModelConfig:
     kinds = _per_layer(hf, "layer_types", n, ["full_attention"] * n)
     heads = _per_layer(hf, "num_attention_heads_per_layer", n, [require(hf, "num_attention_heads")] * n)
     mlps = _per_layer(hf, "mlp_layer_types", n, ["dense"] + ["sparse"] * (n - 1))
-    rope_by_kind = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else None
-    if rope_by_kind is not None and not set(rope_by_kind) & set(_KINDS):
+    # rope_parameters is keyed by layer kind; without it transformers uses these defaults (and
+    # ignores a top-level rope_theta), so do we.
+    rope_by_kind = hf.get("rope_parameters") if isinstance(hf.get("rope_parameters"), dict) else _DEFAULT_ROPE
+    if not set(rope_by_kind) & set(_KINDS):
         rope_by_kind = {kind: rope_by_kind for kind in _KINDS}  # one RoPE for every layer kind
-    rope_by_kind = rope_by_kind or ({k: rope_parameters(hf) for k in _KINDS} if "rope_theta" in hf else _DEFAULT_ROPE)
     dim, max_pos = head_dim(hf), hf.get("max_position_embeddings", 131072)
     layers = []
     for kind, h, mlp in zip(kinds, heads, mlps, strict=True):
         if kind not in _KINDS or mlp not in ("dense", "sparse"):
             raise ConfigError(f"config.json: unknown layer type '{kind}' or mlp layer type '{mlp}'")
-        rope = rope_spec(rope_by_kind.get(kind) or _DEFAULT_ROPE[kind], dim, max_pos)
+        rope = rope_spec(rope_parameters(hf, rope_by_kind.get(kind) or _DEFAULT_ROPE[kind]), dim, max_pos)
         window = require(hf, "sliding_window") if kind == "sliding_attention" else None
         layers.append(LayerSpec(_KINDS[kind], int(h), rope, "moe" if mlp == "sparse" else "dense", window))
     moe = MoESpec(

@@ -1,4 +1,4 @@
-"""Mistral: Llama with an optional sliding window on every layer."""
+"""Mistral: Llama with a sliding window on every layer (4096 when config.json omits it; null turns it off)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ARCHITECTURES = ("MistralForCausalLM",)
 
 def build_config(hf: dict) -> ModelConfig:
     n = int(require(hf, "num_hidden_layers"))
-    window = hf.get("sliding_window")
+    window = hf.get("sliding_window", 4096)  # transformers' MistralConfig default when the key is absent
     return ModelConfig(layers=uniform_layers(hf, [window] * n, ["dense"] * n), **common_fields(hf))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 from lucebox.models.hf_config import common_fields, require, softmax_moe, uniform_layers
@@ -14,7 +15,8 @@ ARCHITECTURES = ("MixtralForCausalLM",)
 
 def build_config(hf: dict) -> ModelConfig:
     n = int(require(hf, "num_hidden_layers"))
-    moe = softmax_moe(hf, ("num_local_experts", "num_experts"), normalize=True)
+    moe = dataclasses.replace(softmax_moe(hf, ("num_local_experts", "num_experts"), normalize=True),
+                              float32_weights=True)
     window = hf.get("sliding_window")
     return ModelConfig(layers=uniform_layers(hf, [window] * n, ["moe"] * n), moe=moe, **common_fields(hf))
 

@@ -119,3 +119,25 @@ def test_stream_yields_the_same_tokens_as_generate(llm):
     for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "tokens_per_s", "generated_tokens"):
         assert stats[key] > 0
     assert stats["generated_tokens"] == 10
+
+
+def test_unseeded_sampling_leaves_torchs_global_rng_alone(llm):
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    llm.generate([1, 2], max_tokens=4, temperature=1.0, ignore_eos=True)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_two_open_streams_do_not_share_a_cache(llm):
+    def alone(seed):
+        return llm.generate([4, 5, 6], max_tokens=12, temperature=1.0, seed=seed, ignore_eos=True).token_ids
+
+    a_alone, b_alone = alone(1), alone(2)
+    a = llm.stream([4, 5, 6], max_tokens=12, temperature=1.0, seed=1, ignore_eos=True)
+    b = llm.stream([4, 5, 6], max_tokens=12, temperature=1.0, seed=2, ignore_eos=True)
+    a_ids, b_ids = [], []
+    for ca, cb in zip(a, b, strict=True):
+        a_ids += ca.token_ids
+        b_ids += cb.token_ids
+    assert (a_ids, b_ids) == (a_alone, b_alone)
