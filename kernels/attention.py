@@ -17,8 +17,8 @@ import torch
 
 def attention_partial(
     q: torch.Tensor,  # (T, Hq, D), RoPE applied
-    k: torch.Tensor,  # (S, KV, D)
-    v: torch.Tensor,  # (S, KV, D)
+    k: torch.Tensor,  # (KV, S, D)
+    v: torch.Tensor,  # (KV, S, D)
     q_positions: torch.Tensor,  # (T,)
     k_positions: torch.Tensor,  # (S,), -1 for empty slots
     scale: float,
@@ -28,7 +28,7 @@ def attention_partial(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (T, Hq, D) normalized over this block, lse (T, Hq) float32/64; -inf where nothing is visible)."""
     T, Hq, D = q.shape
-    kv_heads = k.shape[1]
+    kv_heads = k.shape[0]
     group = Hq // kv_heads
     visible = (k_positions[None, :] <= q_positions[:, None]) & (k_positions[None, :] >= 0)
     if window is not None:
@@ -37,12 +37,12 @@ def attention_partial(
         visible &= pinned[None, :] | (k_positions[None, :] > q_positions[:, None] - recent)
     # Query heads of one KV group side by side: (KV, group*T, D) against (KV, S, D).
     qg = q.view(T, kv_heads, group, D).permute(1, 2, 0, 3).reshape(kv_heads, group * T, D)
-    scores = torch.matmul(qg, k.permute(1, 2, 0)) * scale  # (KV, group*T, S)
+    scores = torch.matmul(qg, k.transpose(1, 2)) * scale  # (KV, group*T, S)
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     scores = scores.view(kv_heads, group, T, -1).to(compute).masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (KV, group, T)
     probs = torch.exp(scores - lse.clamp_min(torch.finfo(compute).min)[..., None])  # rows with no key: all 0
-    out = torch.matmul(probs.to(v.dtype).view(kv_heads, group * T, -1), v.transpose(0, 1))  # (KV, group*T, D)
+    out = torch.matmul(probs.to(v.dtype).view(kv_heads, group * T, -1), v)  # (KV, group*T, D)
     out = out.view(kv_heads, group, T, D).permute(2, 0, 1, 3).reshape(T, Hq, D)
     return out, lse.permute(2, 0, 1).reshape(T, Hq)
 

@@ -39,8 +39,8 @@ class KVBlock:
     window); with `pinned` set, additionally only if it is pinned or among the last `recent`
     positions before p (how KVFlash `select` limits a step to sink + tail + chosen chunks)."""
 
-    k: torch.Tensor  # (S, KV, D)
-    v: torch.Tensor  # (S, KV, D)
+    k: torch.Tensor  # (KV, S, D): head-major, so each head's keys are one strided matrix
+    v: torch.Tensor  # (KV, S, D)
     positions: torch.Tensor  # (S,), -1 for empty slots
     pinned: torch.Tensor | None = None  # (S,) bool
     recent: int = 0

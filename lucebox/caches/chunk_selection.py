@@ -21,15 +21,15 @@ class ChunkSummaries:
         self.count = 0  # chunks summarized so far: [0, count)
 
     def add(self, chunk_index: int, keys: torch.Tensor) -> None:
-        """Summarize one complete chunk's keys (C, KV, D)."""
+        """Summarize one complete chunk's keys (KV, C, D)."""
         if chunk_index >= self.stats.shape[0]:
             capacity = max(chunk_index + 1, 2 * self.stats.shape[0], 64)
             grown = torch.empty((capacity, *self.stats.shape[1:]), dtype=self.stats.dtype, device=self.stats.device)
             grown[: self.stats.shape[0]] = self.stats
             self.stats = grown
-        self.stats[chunk_index, 0] = keys.to(torch.float32).mean(dim=0).to(keys.dtype)
-        self.stats[chunk_index, 1] = keys.amin(dim=0)
-        self.stats[chunk_index, 2] = keys.amax(dim=0)
+        self.stats[chunk_index, 0] = keys.to(torch.float32).mean(dim=1).to(keys.dtype)
+        self.stats[chunk_index, 1] = keys.amin(dim=1)
+        self.stats[chunk_index, 2] = keys.amax(dim=1)
         self.count = max(self.count, chunk_index + 1)
 
     def truncate(self, chunks: int) -> None:

@@ -11,33 +11,33 @@ from lucebox.caches.base import KVBlock, LayerCache, Step
 
 class ContiguousCache(LayerCache):
     def __init__(self, kv_heads: int, head_dim: int, max_tokens: int, dtype: torch.dtype, device: torch.device):
-        self.shape = (kv_heads, head_dim)
+        self.kv_heads, self.head_dim = kv_heads, head_dim
         self.max_tokens = max_tokens
         self.dtype, self.device = dtype, device
         self.length = 0
-        self.k = torch.empty((0, *self.shape), dtype=dtype, device=device)
+        self.k = torch.empty((kv_heads, 0, head_dim), dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)
 
     def _reserve(self, needed: int) -> None:
-        if needed <= self.k.shape[0]:
+        if needed <= self.k.shape[1]:
             return
-        capacity = min(self.max_tokens, max(needed, 2 * self.k.shape[0], 256))
+        capacity = min(self.max_tokens, max(needed, 2 * self.k.shape[1], 256))
         for name in ("k", "v"):
-            grown = torch.empty((capacity, *self.shape), dtype=self.dtype, device=self.device)
-            grown[: self.length] = getattr(self, name)[: self.length]
+            grown = torch.empty((self.kv_heads, capacity, self.head_dim), dtype=self.dtype, device=self.device)
+            grown[:, : self.length] = getattr(self, name)[:, : self.length]
             setattr(self, name, grown)
 
     def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
         if step.start > self.length:
             raise ValueError(f"cache write at position {step.start} leaves a gap after {self.length} rows")
         self._reserve(step.end)
-        self.k[step.start : step.end] = k
-        self.v[step.start : step.end] = v
+        self.k[:, step.start : step.end] = k.transpose(0, 1)
+        self.v[:, step.start : step.end] = v.transpose(0, 1)
         self.length = step.end
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         positions = torch.arange(self.length, device=self.device)
-        yield KVBlock(self.k[: self.length], self.v[: self.length], positions)
+        yield KVBlock(self.k[:, : self.length], self.v[:, : self.length], positions)
 
     def rollback(self, to_position: int) -> None:
         self.length = min(self.length, to_position)

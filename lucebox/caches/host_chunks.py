@@ -10,46 +10,49 @@ import torch
 
 
 class HostChunks:
+    """K and V as (KV, tokens, D), head-major like every cache, grown a chunk-multiple at a time."""
+
     def __init__(self, chunk: int, kv_heads: int, head_dim: int, max_chunks: int,
                  dtype: torch.dtype, device: torch.device):
         self.chunk, self.max_chunks = chunk, max_chunks
-        self.row_shape = (kv_heads, head_dim)
+        self.kv_heads, self.head_dim = kv_heads, head_dim
         self.dtype, self.device = dtype, device
         self.pin = device.type == "cuda"
         self.k = self._empty(0)
         self.v = self._empty(0)
 
     def _empty(self, chunks: int) -> torch.Tensor:
-        return torch.empty((chunks, self.chunk, *self.row_shape), dtype=self.dtype, pin_memory=self.pin)
+        shape = (self.kv_heads, chunks * self.chunk, self.head_dim)
+        return torch.empty(shape, dtype=self.dtype, pin_memory=self.pin)
 
     def reserve(self, chunks: int) -> None:
-        if chunks <= self.k.shape[0]:
+        held = self.k.shape[1] // self.chunk
+        if chunks <= held:
             return
         if chunks > self.max_chunks:
             raise ValueError(f"host KV asked for {chunks} chunks, planned for {self.max_chunks}")
-        capacity = min(self.max_chunks, max(chunks, 2 * self.k.shape[0], 16))
+        capacity = min(self.max_chunks, max(chunks, 2 * held, 16))
         if self.pin:
             torch.cuda.current_stream(self.device).synchronize()  # pending device-to-host writes land first
         for name in ("k", "v"):
             old = getattr(self, name)
             grown = self._empty(capacity)
-            grown[: old.shape[0]] = old
+            grown[:, : old.shape[1]] = old
             setattr(self, name, grown)
 
     def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Rows (T, KV, D) at positions start.. (async device-to-host copies on CUDA)."""
         end = start + k.shape[0]
         self.reserve(-(-end // self.chunk))
-        flat_k = self.k.view(-1, *self.row_shape)
-        flat_v = self.v.view(-1, *self.row_shape)
-        flat_k[start:end].copy_(k, non_blocking=self.pin)
-        flat_v[start:end].copy_(v, non_blocking=self.pin)
+        self.k[:, start:end].copy_(k.transpose(0, 1), non_blocking=self.pin)
+        self.v[:, start:end].copy_(v.transpose(0, 1), non_blocking=self.pin)
 
     def fetch(self, first: int, last: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chunks [first, last) on the device: (n*chunk, KV, D) each. Stream-ordered after the writes."""
-        k = self.k[first:last].to(self.device, non_blocking=self.pin)
-        v = self.v[first:last].to(self.device, non_blocking=self.pin)
-        return k.view(-1, *self.row_shape), v.view(-1, *self.row_shape)
+        """Chunks [first, last) on the device, (KV, n*chunk, D) each; stream-ordered after the writes
+        (on the CPU a view, no copy)."""
+        rows = slice(first * self.chunk, last * self.chunk)
+        return (self.k[:, rows].to(self.device, non_blocking=self.pin),
+                self.v[:, rows].to(self.device, non_blocking=self.pin))
 
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()

@@ -82,9 +82,9 @@ class PagedKV(LayerCache):
         settings.validate()
         self.s = settings
         C = settings.chunk
-        self.row_shape = (kv_heads, head_dim)
         self.device = device
-        self.pk = torch.zeros((settings.pool_chunks, C, kv_heads, head_dim), dtype=dtype, device=device)
+        # (KV, pool_chunks * C, D): slot s holds rows [s*C, (s+1)*C) of every head.
+        self.pk = torch.zeros((kv_heads, settings.pool_chunks * C, head_dim), dtype=dtype, device=device)
         self.pv = torch.zeros_like(self.pk)
         self.slot_chunk = [-1] * settings.pool_chunks  # which chunk each slot holds
         self.chunk_slot: dict[int, int] = {}
@@ -136,8 +136,8 @@ class PagedKV(LayerCache):
         if self.host is not None and chunk * self.s.chunk < self.length:
             with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 k, v = self.host.fetch(chunk, chunk + 1)
-                self.pk[slot].view(-1, *self.row_shape).copy_(k, non_blocking=True)
-                self.pv[slot].view(-1, *self.row_shape).copy_(v, non_blocking=True)
+                self.pk[:, self._rows(slot)].copy_(k, non_blocking=True)
+                self.pv[:, self._rows(slot)].copy_(v, non_blocking=True)
         return slot
 
     # -- LayerCache -----------------------------------------------------------------------------
@@ -153,8 +153,9 @@ class PagedKV(LayerCache):
         for chunk in sorted(touched):
             slot = self._make_resident(chunk, keep=touched | {0})
             lo, hi = max(start, chunk * C), min(end, (chunk + 1) * C)
-            self.pk[slot, lo - chunk * C : hi - chunk * C] = k[lo - start : hi - start]
-            self.pv[slot, lo - chunk * C : hi - chunk * C] = v[lo - start : hi - start]
+            rows = slice(slot * C + lo - chunk * C, slot * C + hi - chunk * C)
+            self.pk[:, rows] = k[lo - start : hi - start].transpose(0, 1)
+            self.pv[:, rows] = v[lo - start : hi - start].transpose(0, 1)
         if self.host is not None:
             self.host.write(start, k, v)
         self.length = end
@@ -165,8 +166,7 @@ class PagedKV(LayerCache):
         return self._blocks(step)
 
     def _blocks(self, step: Step) -> Iterator[KVBlock]:
-        pool_k = self.pk.view(-1, *self.row_shape)
-        pool_v = self.pv.view(-1, *self.row_shape)
+        pool_k, pool_v = self.pk, self.pv
         slots = self._slot_chunks()
         positions = slots[:, None] * self.s.chunk + torch.arange(self.s.chunk, device=self.device)[None, :]
         valid = (slots[:, None] >= 0) & (positions < self.length)
@@ -178,17 +178,19 @@ class PagedKV(LayerCache):
             yield KVBlock(pool_k, pool_v, positions, pinned.repeat_interleave(self.s.chunk), self.s.tail_tokens)
             return
         yield KVBlock(pool_k, pool_v, positions)
-        yield from self._streamed_blocks()
+        # A decode step's scores are one row per head, so it can take much longer runs than a prefill.
+        run = self.s.stream_chunks * (16 if len(step.positions) <= self.s.decode_rows else 1)
+        yield from self._streamed_blocks(run)
 
-    def _streamed_blocks(self) -> Iterator[KVBlock]:
-        """Chunks that are not resident, fetched from the host in runs of at most `stream_chunks`."""
+    def _streamed_blocks(self, max_run: int) -> Iterator[KVBlock]:
+        """Chunks that are not resident, fetched from the host in runs of at most `max_run` chunks."""
         if self.host is None:
             return
         n = -(-self.length // self.s.chunk)
         missing = [c for c in range(n) if c not in self.chunk_slot]
         runs: list[list[int]] = []
         for c in missing:
-            if runs and c == runs[-1][-1] + 1 and len(runs[-1]) < self.s.stream_chunks:
+            if runs and c == runs[-1][-1] + 1 and len(runs[-1]) < max_run:
                 runs[-1].append(c)
             else:
                 runs.append([c])
@@ -210,7 +212,7 @@ class PagedKV(LayerCache):
 
     def _chunk_keys(self, chunk: int) -> torch.Tensor:
         if chunk in self.chunk_slot:
-            return self.pk[self.chunk_slot[chunk]].view(-1, *self.row_shape)
+            return self.pk[:, self._rows(self.chunk_slot[chunk])]
         return self.host.fetch(chunk, chunk + 1)[0]
 
     def _reselect(self, length: int) -> None:
@@ -243,6 +245,9 @@ class PagedKV(LayerCache):
         if self._loads_done is not None:
             torch.cuda.current_stream(self.device).wait_event(self._loads_done)
             self._loads_done = None
+
+    def _rows(self, slot: int) -> slice:
+        return slice(slot * self.s.chunk, (slot + 1) * self.s.chunk)
 
     def _slot_chunks(self) -> torch.Tensor:
         if self._slot_chunk_t is None:

@@ -20,7 +20,7 @@ class SlidingRing(LayerCache):
                  dtype: torch.dtype, device: torch.device):
         self.window, self.max_step = window, max_step
         self.capacity = window + max_step
-        self.k = torch.zeros((self.capacity, kv_heads, head_dim), dtype=dtype, device=device)
+        self.k = torch.zeros((kv_heads, self.capacity, head_dim), dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.positions = torch.full((self.capacity,), -1, dtype=torch.int64, device=device)
 
@@ -28,8 +28,8 @@ class SlidingRing(LayerCache):
         if len(step.positions) > self.max_step:
             raise ValueError(f"a ring sized for {self.max_step} rows per step was given {len(step.positions)}")
         slots = step.positions % self.capacity
-        self.k[slots] = k
-        self.v[slots] = v
+        self.k[:, slots] = k.transpose(0, 1)
+        self.v[:, slots] = v.transpose(0, 1)
         self.positions[slots] = step.positions
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
