@@ -54,5 +54,9 @@ class TokenizerError(LuceboxError):
     """The tokenizer files are missing or unusable."""
 
 
+class DraftModelError(LuceboxError):
+    """A drafter cannot serve this target (format, vocabulary, shapes, captured layers)."""
+
+
 class ContextLengthError(LuceboxError):
     """A request needs more tokens of context than the engine was opened with."""

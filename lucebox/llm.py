@@ -16,7 +16,10 @@ from lucebox.generation import Chunk, Generation
 from lucebox.loading import check_load_format, describe_model, load_model
 from lucebox.memory_plan import check_fits
 from lucebox.models.hf_config import token_ids
-from lucebox.sampling import SamplingParams, next_token
+from lucebox.sampling import SamplingParams
+from lucebox.speculative import VERIFY_RULES, Draft, decide
+from lucebox.speculative.drafters import make_proposer, measure_verify_seconds
+from lucebox.speculative.width import WidthPolicy
 from lucebox.stopping import StopStrings
 from lucebox.tokenizer import IncrementalDecoder, require_tokenizer
 
@@ -34,6 +37,12 @@ class LLM:
     `prefill_chunk` bounds the rows of one prefill forward, and so the activation memory of long
     prompts (default 2048 on CUDA, 512 on CPU). A prompt that extends the previous request's
     tokens reuses their cache and prefills only the new tokens.
+
+    `draft` turns on speculative decoding: "ngram" (prompt lookup), a drafter folder (a DFlash
+    drafter or a smaller model sharing the vocabulary), or "auto" (the model's paired drafter if
+    one ships with it, else none). Output is the target's own either way. `draft_k` caps drafts per
+    round (the width adapts below it), `verify` is "tokenwise" or "block" for sampled decoding,
+    `draft_ctx` is the drafter's context ring in tokens.
     """
 
     def __init__(
@@ -49,10 +58,18 @@ class LLM:
         kv_pool_tokens: int | None = None,
         kv_reselect_every: int = 64,
         prefill_chunk: int | None = None,
+        draft_k: int = 15,
+        verify: str = "tokenwise",
+        draft_ctx: int = 4096,
+        adaptive: bool = True,
     ):
-        if draft is not None:
-            raise InvalidArgumentError("draft=: speculative decoding is not available in this version; use draft=None")
         check_load_format(load_format)
+        if verify not in VERIFY_RULES:
+            raise InvalidArgumentError(f"verify '{verify}' is not one of {', '.join(VERIFY_RULES)}")
+        if not 1 <= draft_k <= 15:
+            raise InvalidArgumentError(f"draft_k must be in 1..15 (a verify step holds at most 16 rows), got {draft_k}")
+        if draft_ctx <= 0:
+            raise InvalidArgumentError(f"draft_ctx must be positive, got {draft_ctx}")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.description = describe_model(model)
@@ -68,6 +85,10 @@ class LLM:
         self.eos_token_ids = self._eos_ids()
         self._session: tuple[SequenceCache, list[int]] | None = None  # cache + the tokens it holds
         self._open_streams = 0
+        self.verify_rule = verify
+        self.adaptive = adaptive
+        self.proposer = make_proposer(draft, self, draft_ctx, draft_k)
+        self._verify_seconds = measure_verify_seconds(self) if self.proposer is not None and adaptive else None
 
     def _cache_settings(self, max_context, kv_policy, kv_pool_tokens, reselect_every) -> CacheSettings:
         max_context = int(max_context if max_context is not None else self.config.max_position_embeddings)
@@ -165,62 +186,135 @@ class LLM:
             self._open_streams -= 1
 
     def _decode(self, prompt_ids, params, max_tokens, stop_strings, stop_ids, private) -> Iterator[Chunk]:
-        generator = None
+        """One loop for plain and speculative decoding: each round forwards [last, d1..dk] (k = 0
+        without a drafter), verifies, commits n + 1 tokens and rolls back the rest."""
+        verify_gen = draft_gen = None
         if not params.greedy:
-            generator = torch.Generator(device=self.device)
             # Unseeded requests draw their seed from the OS, leaving torch's global RNG alone.
-            generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+            seed = params.seed if params.seed is not None else secrets.randbits(62)
+            verify_gen = torch.Generator(device=self.device).manual_seed(seed)
+            draft_gen = torch.Generator(device=self.device).manual_seed(seed ^ 0x5DEECE66D)  # its own stream
         seen = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.device)
         seen[torch.tensor(prompt_ids, device=self.device)] = True
         cache = self._new_cache() if private else self._session_cache(prompt_ids)
+        proposer = self.proposer
+        if proposer is not None and proposer.feature_layers:
+            cache.rollback(0)  # reused rows carry no target features for the drafter: prefill them again
         reused = cache.length
         tokens = list(prompt_ids)  # the cache holds rows of tokens[:cache.length], as commits advance
         if not private:
             self._session = (cache, tokens)
+        width = self._width_policy()
         text = IncrementalDecoder(self._tokenizer, prompt_ids) if self._tokenizer is not None else None
         stops = StopStrings(stop_strings)
+        spec = {"rounds": 0, "committed": 0, "draft_time_s": 0.0, "verify_time_s": 0.0,
+                "drafted": [0] * 16, "accepted": [0] * 16}
 
         start = self._clock()
-        *_, hidden = self._prefill(prompt_ids, cache)
-        logits = self.decoder.logits(hidden[-1:])[0]
-        generated: list[int] = []
+        *_, hidden = self._prefill(prompt_ids, cache, proposer)
+        first = decide(self.decoder.logits(hidden[-1:]), Draft([]), params, seen, self.verify_rule, verify_gen)
         prefill_done = decode_start = self._clock()
-        finish = None
+        generated: list[int] = []
+        pending, last, finish = [first.next_token], first.next_token, None
         while True:
-            token = next_token(logits, params, seen, generator)
-            if not generated:
-                decode_start = self._clock()
-            generated.append(token)
-            seen[token] = True
-            new_text, stopped = None, False
-            if text is not None:
-                new_text, stopped = stops.feed(text.push([token]))
-            if stopped or token in stop_ids:
-                finish = "stop"
-            elif len(generated) >= max_tokens:
-                finish = "length"
+            # Emit this round's tokens one by one: a stop ends the request at that token.
+            new_ids, new_text = [], "" if text is not None else None
+            for token in pending:
+                generated.append(token)
+                new_ids.append(token)
+                seen[token] = True
+                stopped = False
+                if text is not None:
+                    piece, stopped = stops.feed(text.push([token]))
+                    new_text += piece
+                if stopped or token in stop_ids:
+                    finish = "stop"
+                elif len(generated) >= max_tokens:
+                    finish = "length"
+                if finish is not None:
+                    break
             if finish is not None:
                 break
-            yield Chunk([token], new_text)
-            step = Step(torch.tensor([cache.length], device=self.device))
-            hidden = self.decoder.forward(torch.tensor([token], device=self.device), step, cache)
-            cache.commit(cache.length + 1)
-            tokens.append(token)
-            logits = self.decoder.logits(hidden)[0]
+            yield Chunk(new_ids, new_text)
+            c = cache.length
+            draft, draft_seconds = Draft([]), 0.0
+            limit = min(max_tokens - len(generated) - 1, cache.rows_before_reselect(c) - 1,
+                        self.cache_settings.max_step - 1, self.cache_settings.decode_rows - 1)
+            if proposer is not None and limit > 0 and width.speculating:
+                t0 = self._clock()
+                draft = proposer.propose(tokens + [last], min(limit, proposer.max_width), params, draft_gen)
+                k = width.choose(draft.confidence, limit) if self.adaptive else min(len(draft.tokens), limit)
+                draft = Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k])
+                draft_seconds = self._clock() - t0
+            t1 = self._clock()
+            rows = [last, *draft.tokens]
+            step = Step(torch.arange(c, c + len(rows), device=self.device))
+            hidden, features = self.decoder.forward_capturing(torch.tensor(rows, device=self.device), step, cache,
+                                                              proposer.feature_layers if proposer else ())
+            verdict = decide(self.decoder.logits(hidden), draft, params, seen, self.verify_rule, verify_gen)
+            n = verdict.accepted
+            cache.commit(c + n + 1)
+            cache.rollback(c + n + 1)  # rejected drafts' rows leave every cache
+            tokens.extend(rows[: n + 1])
+            if proposer is not None:
+                proposer.commit(tokens, n + 1, None if features is None else features[: n + 1])
+            verify_seconds = self._clock() - t1
+            self._record_round(spec, width, len(draft.tokens), n, draft_seconds, verify_seconds)
+            pending, last = [*draft.tokens[:n], verdict.next_token], verdict.next_token
+        # Tokens after a stop inside a round were committed to the cache: forget them too.
+        keep = len(prompt_ids) + len(generated) - 1
+        if cache.length > keep:
+            cache.rollback(keep)
+            del tokens[keep:]
         if text is not None and not stopped:
             new_text += stops.feed(text.flush())[0] + stops.flush()
         stats = self._stats(len(prompt_ids), reused, len(generated), start, prefill_done, decode_start,
                             self._clock())
-        yield Chunk([token], new_text, finish, stats)
+        stats.update(self._spec_stats(spec))
+        yield Chunk(new_ids, new_text, finish, stats)
 
-    def _prefill(self, ids: list[int], cache: SequenceCache) -> Iterator[torch.Tensor]:
-        """Forward ids[cache.length:] in chunks of `prefill_chunk` rows; yields each chunk's hidden states."""
+    def _width_policy(self) -> WidthPolicy:
+        if self._verify_seconds is None:  # fixed width: never judged, never turned off
+            return WidthPolicy(15, {1: 1.0, 16: 1.0}, min_rounds=2**62, speculating=self.proposer is not None)
+        return WidthPolicy(15, self._verify_seconds)
+
+    @staticmethod
+    def _record_round(spec: dict, width: WidthPolicy, k: int, n: int, draft_s: float, verify_s: float) -> None:
+        spec["rounds"] += 1
+        spec["committed"] += n + 1
+        spec["draft_time_s"] += draft_s
+        spec["verify_time_s"] += verify_s
+        for i in range(k):
+            spec["drafted"][i] += 1
+            spec["accepted"][i] += int(i < n)
+        width.record(n + 1, draft_s + verify_s, verify_s, k + 1)
+
+    @staticmethod
+    def _spec_stats(spec: dict) -> dict:
+        positions = [a / d for a, d in zip(spec["accepted"], spec["drafted"], strict=True) if d]
+        return {
+            "rounds": spec["rounds"],
+            # Mean tokens committed per verify round (1.0 without drafts).
+            "acceptance_length": spec["committed"] / spec["rounds"] if spec["rounds"] else 0.0,
+            "acceptance_by_position": positions,  # share of drafted i-th positions that were kept
+            "draft_time_s": spec["draft_time_s"],
+            "verify_time_s": spec["verify_time_s"],
+        }
+
+    def _prefill(self, ids: list[int], cache: SequenceCache, proposer=None) -> Iterator[torch.Tensor]:
+        """Forward ids[cache.length:] in chunks of `prefill_chunk` rows; yields each chunk's hidden
+        states. A proposer restarts and is given every chunk (and its features) as it commits."""
         all_ids = torch.tensor(ids, device=self.device)
+        layers = proposer.feature_layers if proposer is not None else ()
+        if proposer is not None:
+            proposer.start(ids, None)
         for begin in range(cache.length, len(ids), self.prefill_chunk):
             end = min(begin + self.prefill_chunk, len(ids))
             step = Step(torch.arange(begin, end, device=self.device), prefill=True)
-            hidden = self.decoder.forward(all_ids[begin:end], step, cache)
+            hidden, features = self.decoder.forward_capturing(all_ids[begin:end], step, cache, layers)
             cache.commit(end)
+            if proposer is not None:
+                proposer.commit(ids[:end], end - begin, features)
             yield hidden
 
     def _new_cache(self) -> SequenceCache:

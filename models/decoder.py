@@ -32,12 +32,23 @@ class Decoder:
         step: Step,
         cache: SequenceCache,
     ) -> torch.Tensor:  # (T, H), after the final norm
+        return self.forward_capturing(token_ids, step, cache, ())[0]
+
+    def forward_capturing(
+        self, token_ids: torch.Tensor, step: Step, cache: SequenceCache, layers: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(hidden (T, H) after the final norm, the outputs of decoder `layers` side by side
+        (T, len(layers) * H), or None) from one forward: what a DFlash drafter reads."""
         x = F.embedding(token_ids, self.w["embed"])
+        captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.cfg.layers):
             h = rms_norm(x, self.w[f"layers.{i}.attn_norm"], self.cfg.rms_norm_eps)
             x = x + self._attention(i, layer, h, step, cache)
             x = x + self._mlp(i, layer, rms_norm(x, self.w[f"layers.{i}.mlp_norm"], self.cfg.rms_norm_eps))
-        return rms_norm(x, self.w["norm"], self.cfg.rms_norm_eps)
+            if i in layers:
+                captured[i] = x
+        features = torch.cat([captured[i] for i in layers], dim=-1) if layers else None
+        return rms_norm(x, self.w["norm"], self.cfg.rms_norm_eps), features
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (T, V)
         head = self.w["embed"] if self.cfg.tie_word_embeddings else self.w["lm_head"]

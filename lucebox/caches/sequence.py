@@ -22,6 +22,7 @@ class CacheSettings:
     kv_reselect_every: int = 64
     decode_rows: int = 16
     reference: bool = False  # contiguous caches for every layer: the plain reference, for tests
+    full_attention_window: int | None = None  # draft models: full layers keep only a ring this long
 
     def kvflash(self) -> KVFlashSettings:
         return KVFlashSettings(self.kv_policy, self.kv_pool_tokens, self.max_context, self.max_step,
@@ -39,8 +40,9 @@ class SequenceCache:
         for layer in cfg.layers:
             if settings.reference:
                 self.layers.append(ContiguousCache(kv, d, settings.max_context, dtype, device))
-            elif layer.is_sliding:
-                self.layers.append(SlidingRing(layer.window, settings.max_step, kv, d, dtype, device))
+            elif layer.is_sliding or settings.full_attention_window:
+                window = layer.window if layer.is_sliding else settings.full_attention_window
+                self.layers.append(SlidingRing(window, settings.max_step, kv, d, dtype, device))
             else:
                 self.layers.append(PagedKV(settings.kvflash(), kv, d, dtype, device))
         self.length = 0

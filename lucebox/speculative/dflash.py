@@ -1,0 +1,59 @@
+"""The DFlash proposer: one drafter pass proposes a whole block, read off the target's own
+hidden states, with the drafter's context K/V in a ring of `draft_ctx` slots (appended only
+with committed tokens), so a draft costs the same at 1K and 256K of context."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lucebox.caches import SlidingRing, Step
+from lucebox.models.decoder import Decoder
+from lucebox.models.dflash import DFlashDrafter
+from lucebox.sampling import SamplingParams, distribution, draw
+from lucebox.speculative.proposer import Draft, Proposer
+
+
+class DFlashProposer(Proposer):
+    def __init__(self, drafter: DFlashDrafter, target: Decoder, prefill_chunk: int, draft_ctx: int = 4096):
+        self.drafter, self.target = drafter, target
+        self.feature_layers = drafter.cfg.target_layer_ids
+        self.max_width = drafter.cfg.block_size - 1
+        self.draft_ctx, self.max_step = draft_ctx, max(prefill_chunk, drafter.cfg.block_size)
+        self.rings: list[SlidingRing] = []
+        self.length = 0  # committed tokens whose context rows the rings hold
+
+    def start(self, prompt: list[int], features: torch.Tensor | None) -> None:
+        cfg = self.drafter.cfg
+        self.rings = [SlidingRing(self.draft_ctx, self.max_step, cfg.num_kv_heads, cfg.head_dim,
+                                  self.drafter.dtype, self.drafter.device) for _ in range(cfg.num_layers)]
+        self.length = 0
+
+    def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:
+        start = len(committed) - new
+        positions = torch.arange(start, len(committed), device=self.drafter.device)
+        self.drafter.context_rows(features, Step(positions), self.rings)
+        self.length = len(committed)
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+        cfg = self.drafter.cfg
+        k = min(k, self.max_width)
+        if k <= 0:
+            return Draft([])
+        start = len(context) - 1  # position of `last`
+        device = self.drafter.device
+        block = torch.full((cfg.block_size,), cfg.mask_token_id, device=device)
+        block[0] = context[-1]
+        embeddings = F.embedding(block, self.target.w["embed"]) * cfg.embedding_scale
+        hidden = self.drafter.draft(embeddings, torch.arange(start, start + cfg.block_size, device=device), self.rings)
+        logits = self.target.logits(hidden[1 : k + 1]).float() * cfg.output_multiplier
+        if cfg.logit_softcap > 0:
+            logits = torch.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
+        plain = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p)
+        nothing = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
+        q = torch.stack([distribution(row, plain, nothing) for row in logits]).double()
+        if params.greedy:
+            tokens = q.argmax(-1).tolist()
+        else:
+            tokens = [int(draw(row, generator)) for row in q]
+        return Draft(tokens, None if params.greedy else q, q.max(-1).values.tolist())

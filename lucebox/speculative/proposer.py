@@ -1,0 +1,41 @@
+"""What every drafter provides. The verifier never knows where drafts came from."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from lucebox.sampling import SamplingParams
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    # (k, V) float64: what each draft was drawn from; None for deterministic drafts (one-hot).
+    q: torch.Tensor | None = None
+    # The drafter's own probability of each draft (top-1 mass); feeds the adaptive width.
+    confidence: list[float] = field(default_factory=list)
+
+
+class Proposer(ABC):
+    """Drafts continuations of the committed tokens.
+
+    The engine calls `start` with the prompt once its rows are in the target cache, then per round
+    `propose` (committed tokens and the newest token `last`, which the target has not seen yet)
+    and, after verification, `commit` with the tokens now committed and, if `feature_layers` is
+    set, the target's outputs of those layers for them (from the verifying forward itself)."""
+
+    feature_layers: tuple[int, ...] = ()
+    max_width: int = 15
+
+    def start(self, prompt: list[int], features: torch.Tensor | None) -> None:  # noqa: B027 - optional
+        """A new request begins with `prompt` committed."""
+
+    @abstractmethod
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+        """Up to k drafts continuing `context` (committed tokens + last)."""
+
+    def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:  # noqa: B027
+        """The last `new` tokens of `committed` were just committed (features: their rows)."""

@@ -1,0 +1,57 @@
+"""How many drafts to verify each round, and whether to speculate at all.
+
+Verify cost grows with width (measured once at start-up, then refined by every round); the
+expected tokens of a round grow with the drafter's confidence. Each round takes the width that
+maximizes expected tokens per second; a request whose speculative rounds turn out slower than
+plain decoding stops speculating."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class WidthPolicy:
+    max_width: int
+    verify_seconds: dict[int, float]  # rows -> seconds of one target forward (measured)
+    min_rounds: int = 8  # rounds before judging the speed-up
+    speculating: bool = True
+    _tokens: int = 0
+    _seconds: float = 0.0
+    _rounds: int = field(default=0)
+
+    def cost(self, rows: int) -> float:
+        """Seconds of a forward of `rows` rows, interpolated between measured widths."""
+        known = sorted(self.verify_seconds)
+        lower = max((w for w in known if w <= rows), default=known[0])
+        upper = min((w for w in known if w >= rows), default=known[-1])
+        if upper == lower:
+            return self.verify_seconds[lower] * (rows / lower if rows > upper else 1.0)
+        t = (rows - lower) / (upper - lower)
+        return self.verify_seconds[lower] * (1 - t) + self.verify_seconds[upper] * t
+
+    def choose(self, confidence: list[float], limit: int) -> int:
+        """Drafts to verify, from the drafter's per-position confidence and the cost model."""
+        if not self.speculating:
+            return 0
+        best_k, best_rate, expected, reach = 0, 1.0 / self.cost(1), 1.0, 1.0
+        for k, c in enumerate(confidence[: min(limit, self.max_width)], start=1):
+            reach *= c
+            expected += reach
+            rate = expected / self.cost(k + 1)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def record(self, committed: int, round_seconds: float, verify_seconds: float, rows: int) -> None:
+        """One round's outcome (draft + verify); turns speculation off if it does not pay."""
+        measured = self.verify_seconds.get(rows)
+        if measured is not None:  # refine the cost model with what this width really took
+            self.verify_seconds[rows] = 0.9 * measured + 0.1 * verify_seconds
+        if rows <= 1:
+            return
+        self._tokens += committed
+        self._seconds += round_seconds
+        self._rounds += 1
+        if self._rounds >= self.min_rounds and self._tokens / self._seconds < 1.0 / self.cost(1):
+            self.speculating = False

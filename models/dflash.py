@@ -1,0 +1,221 @@
+"""DFlash block drafters: z-lab's public format (`DFlashDraftModel`) and Laguna's
+(`DFlashLagunaForCausalLM`), one implementation with a few switches.
+
+One draft pass fills a block [last, MASK x (block_size - 1)] at once. In every drafter layer the
+block's queries attend over [context ; block]: the context rows are the target's hidden states
+of `target_layer_ids` for the committed tokens, concatenated and projected by `fc` (+ norms), and
+kept as K/V in a ring (`context_rows` writes them once per committed token). The drafter has no
+embedding or LM head of its own; it uses the target's.
+
+The Laguna variant (as its public config and ports describe it) adds an RMSNorm per captured
+target layer before the concatenation, applies each layer's input norm to the context features
+before their K/V projection, gates each head's output with softplus(g_proj(x)), and attends
+causally with a sliding window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from lucebox.kernels.attention import attention_partial, merge_partials
+from lucebox.kernels.moe import swiglu
+from lucebox.kernels.norm import rms_norm
+from lucebox.kernels.rope import RotaryTables, apply_rope
+from lucebox.models.hf_config import rope_parameters, rope_spec
+from lucebox.models.sources import AnyOf, Cat, Source
+
+from lucebox.caches import SlidingRing, Step
+from lucebox.config import RopeSpec
+from lucebox.errors import DraftModelError
+
+ARCHITECTURES = ("DFlashDraftModel", "DFlashLagunaForCausalLM")
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    laguna: bool  # the Laguna variant's switches
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    windows: tuple[int | None, ...]  # per layer; None: full attention
+    causal: bool  # causal inside the block (sliding layers always are)
+    rope: RopeSpec
+    rms_norm_eps: float
+    target_layer_ids: tuple[int, ...]
+    block_size: int
+    mask_token_id: int
+    vocab_size: int
+    attention_bias: bool = False
+    gate: str | None = None  # None | "head" | "element"
+    output_multiplier: float = 1.0
+    logit_softcap: float = 0.0
+    embedding_scale: float = 1.0
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.windows)
+
+
+def _value(hf: dict, name: str, default=None):
+    """dflash_config entries take precedence over top-level keys (both layouts exist)."""
+    return (hf.get("dflash_config") or {}).get(name, hf.get(name, default))
+
+
+def build_config(hf: dict) -> DFlashConfig:
+    arch = (hf.get("architectures") or [None])[0]
+    if arch not in ARCHITECTURES:
+        raise DraftModelError(f"drafter architecture {arch!r} is not a DFlash drafter ({', '.join(ARCHITECTURES)})")
+    laguna = arch == "DFlashLagunaForCausalLM"
+    ids = _value(hf, "target_layer_ids")
+    if not ids:
+        raise DraftModelError("drafter config.json has no dflash_config.target_layer_ids: which target layers to read")
+    mask = _value(hf, "mask_token_id")
+    if mask is None:
+        raise DraftModelError("drafter config.json has no dflash_config.mask_token_id")
+    n = int(hf["num_hidden_layers"])
+    kinds = hf.get("layer_types") or ["full_attention"] * n
+    if len(kinds) != n:
+        raise DraftModelError(f"drafter config.json: layer_types has {len(kinds)} entries for {n} layers")
+    windows = tuple(int(hf["sliding_window"]) if k == "sliding_attention" else None for k in kinds)
+    heads = int(hf["num_attention_heads"])
+    head_dim = int(hf.get("head_dim") or hf["hidden_size"] // heads)
+    params = rope_parameters(hf)
+    if isinstance(params.get("full_attention"), dict):  # Laguna-style per-kind RoPE: the drafter's own kind
+        params = rope_parameters(hf, params["sliding_attention" if windows[0] else "full_attention"])
+    gating = hf.get("gating", True) if laguna else False
+    causal = bool(_value(hf, "causal", _value(hf, "is_causal", False)))
+    return DFlashConfig(
+        laguna=laguna, hidden_size=int(hf["hidden_size"]), num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads), head_dim=head_dim,
+        intermediate_size=int(hf["intermediate_size"]), windows=windows, causal=causal,
+        rope=rope_spec(params, head_dim, int(hf.get("max_position_embeddings", 32768))),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), target_layer_ids=tuple(int(i) for i in ids),
+        block_size=int(_value(hf, "block_size", 16)), mask_token_id=int(mask), vocab_size=int(hf["vocab_size"]),
+        attention_bias=bool(hf.get("attention_bias", False)),
+        gate={True: "head", "per-head": "head", "per-element": "element"}.get(gating),
+        output_multiplier=float(_value(hf, "output_multiplier", 1.0) or 1.0),
+        logit_softcap=float(_value(hf, "final_logit_softcapping", 0.0) or 0.0),
+        embedding_scale=float(_value(hf, "input_embedding_scale", 1.0) or 1.0),
+    )
+
+
+def weight_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
+    H, D, Hq, KV, F_ = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
+    n = len(cfg.target_layer_ids)
+    shapes = {"fc": (H, n * H), "hidden_norm": (H,), "norm": (H,)}
+    if cfg.laguna:
+        shapes.update({f"aux_norms.{i}": (H,) for i in range(n)})
+    for layer in range(cfg.num_layers):
+        p = f"layers.{layer}."
+        shapes.update({p + "attn_norm": (H,), p + "mlp_norm": (H,), p + "wqkv": ((Hq + 2 * KV) * D, H),
+                       p + "wo": (H, Hq * D), p + "q_norm": (D,), p + "k_norm": (D,),
+                       p + "w_gate_up": (2 * F_, H), p + "w_down": (H, F_)})
+        if cfg.attention_bias:
+            shapes[p + "bqkv"] = ((Hq + 2 * KV) * D,)
+        if cfg.gate:
+            shapes[p + "wg"] = (Hq if cfg.gate == "head" else Hq * D, H)
+    return shapes
+
+
+def sources(cfg: DFlashConfig) -> dict[str, Source]:
+    """Checkpoint names, with or without a `model.` prefix; q/k/v separate or fused in qkv_proj."""
+
+    def named(name: str) -> Source:
+        return AnyOf((name, "model." + name))
+
+    def cat(names: tuple[str, ...], rows: tuple[int, ...]) -> Source:
+        return AnyOf(tuple(Cat(tuple(prefix + n for n in names), rows) for prefix in ("", "model.")))
+
+    D, Hq, KV, F_ = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size
+    out: dict[str, Source] = {"fc": named("fc.weight"), "hidden_norm": named("hidden_norm.weight"),
+                              "norm": named("norm.weight")}
+    if cfg.laguna:
+        out.update({f"aux_norms.{i}": named(f"aux_hidden_norms.{i}.weight") for i in range(len(cfg.target_layer_ids))})
+    qkv_rows = (Hq * D, KV * D, KV * D)
+    for layer in range(cfg.num_layers):
+        p, a = f"layers.{layer}.", f"layers.{layer}.self_attn."
+        out[p + "attn_norm"] = named(p + "input_layernorm.weight")
+        out[p + "mlp_norm"] = named(p + "post_attention_layernorm.weight")
+        split = cat((a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"), qkv_rows)
+        out[p + "wqkv"] = AnyOf((split, named(a + "qkv_proj.weight")))
+        if cfg.attention_bias:
+            split_bias = cat((a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"), qkv_rows)
+            out[p + "bqkv"] = AnyOf((split_bias, named(a + "qkv_proj.bias")))
+        out[p + "wo"] = named(a + "o_proj.weight")
+        out[p + "q_norm"] = named(a + "q_norm.weight")
+        out[p + "k_norm"] = named(a + "k_norm.weight")
+        if cfg.gate:
+            out[p + "wg"] = named(a + "g_proj.weight")
+        m = p + "mlp."
+        gate_up = cat((m + "gate_proj.weight", m + "up_proj.weight"), (F_, F_))
+        out[p + "w_gate_up"] = AnyOf((gate_up, named(m + "gate_up_proj.weight")))
+        out[p + "w_down"] = named(m + "down_proj.weight")
+    return out
+
+
+class DFlashDrafter:
+    def __init__(self, cfg: DFlashConfig, weights: dict[str, torch.Tensor]):
+        self.cfg, self.w = cfg, weights
+        self.dtype, self.device = weights["fc"].dtype, weights["fc"].device
+        self.rope = RotaryTables(self.device)
+        self.scale = cfg.head_dim**-0.5
+
+    def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        return rms_norm(x, self.w[name], self.cfg.rms_norm_eps)
+
+    def _split_qkv(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        cfg, p = self.cfg, f"layers.{layer}."
+        qkv = F.linear(x, self.w[p + "wqkv"], self.w.get(p + "bqkv"))
+        q, k, v = qkv.split([cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim,
+                             cfg.num_kv_heads * cfg.head_dim], dim=-1)
+        T = x.shape[0]
+        q = self._norm(q.view(T, cfg.num_heads, cfg.head_dim), p + "q_norm")
+        k = self._norm(k.reshape(T, cfg.num_kv_heads, cfg.head_dim), p + "k_norm")
+        return q, k, v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
+
+    def context_rows(self, features: torch.Tensor, step: Step, rings: list[SlidingRing]) -> None:
+        """Project committed tokens' target features (T, n*H) into every layer's context ring."""
+        cfg = self.cfg
+        x = features.to(self.dtype)
+        if cfg.laguna:  # one norm per captured target layer, before the concatenation
+            parts = x.view(x.shape[0], len(cfg.target_layer_ids), cfg.hidden_size).unbind(1)
+            x = torch.cat([self._norm(part, f"aux_norms.{i}") for i, part in enumerate(parts)], dim=-1)
+        ctx = self._norm(F.linear(x, self.w["fc"]), "hidden_norm")
+        cos, sin = self.rope.cos_sin(cfg.rope, step.positions, self.dtype)
+        for layer, ring in enumerate(rings):
+            src = self._norm(ctx, f"layers.{layer}.attn_norm") if cfg.laguna else ctx
+            _, k, v = self._split_qkv(layer, src)
+            ring.write(step, apply_rope(k, cos, sin), v)
+
+    def draft(self, block_embeddings: torch.Tensor, positions: torch.Tensor, rings: list[SlidingRing]) -> torch.Tensor:
+        """Hidden states (B, H) of the block after the final norm."""
+        cfg = self.cfg
+        x = block_embeddings.to(self.dtype)
+        cos, sin = self.rope.cos_sin(cfg.rope, positions, self.dtype)
+        B = x.shape[0]
+        for layer, ring in enumerate(rings):
+            p = f"layers.{layer}."
+            h = self._norm(x, p + "attn_norm")
+            q, k, v = self._split_qkv(layer, h)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            window = cfg.windows[layer]
+            causal = cfg.causal or window is not None
+            # Inside a non-causal block every row sees every row: present the block keys as if
+            # all queries sat at the block's last position.
+            block_q_positions = positions if causal else torch.full_like(positions, int(positions[-1]))
+            ring_block = next(iter(ring.blocks(q, Step(positions))))
+            out = merge_partials([
+                attention_partial(q, ring_block.k, ring_block.v, positions, ring_block.positions, self.scale, window),
+                attention_partial(q, k.transpose(0, 1), v.transpose(0, 1), block_q_positions, positions, self.scale,
+                                  window),
+            ])
+            if cfg.gate:
+                gate = F.softplus(F.linear(h, self.w[p + "wg"]).float()).to(out.dtype)
+                out = out * (gate[:, :, None] if cfg.gate == "head" else gate.view(B, cfg.num_heads, cfg.head_dim))
+            x = x + F.linear(out.reshape(B, -1), self.w[p + "wo"])
+            x = x + swiglu(self._norm(x, p + "mlp_norm"), self.w[p + "w_gate_up"], self.w[p + "w_down"])
+        return self._norm(x, "norm")
