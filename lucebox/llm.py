@@ -204,11 +204,11 @@ class LLM:
         tokens = list(prompt_ids)  # the cache holds rows of tokens[:cache.length], as commits advance
         if not private:
             self._session = (cache, tokens)
-        width = self._width_policy()
+        width = self._width_policy(timed=params.greedy or params.seed is None)
         text = IncrementalDecoder(self._tokenizer, prompt_ids) if self._tokenizer is not None else None
         stops = StopStrings(stop_strings)
         spec = {"rounds": 0, "committed": 0, "draft_time_s": 0.0, "verify_time_s": 0.0,
-                "drafted": [0] * 16, "accepted": [0] * 16}
+                "drafted": [0] * 16, "accepted": [0] * 16, "widths": [0] * 16, "kept": [0] * 16}
 
         start = self._clock()
         *_, hidden = self._prefill(prompt_ids, cache, proposer)
@@ -243,7 +243,8 @@ class LLM:
             if proposer is not None and limit > 0 and width.speculating:
                 t0 = self._clock()
                 draft = proposer.propose(tokens + [last], min(limit, proposer.max_width), params, draft_gen)
-                k = width.choose(draft.confidence, limit) if self.adaptive else min(len(draft.tokens), limit)
+                available = len(draft.tokens)
+                k = width.choose(draft.confidence, available, limit) if self.adaptive else min(available, limit)
                 draft = Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k])
                 draft_seconds = self._clock() - t0
             t1 = self._clock()
@@ -273,10 +274,10 @@ class LLM:
         stats.update(self._spec_stats(spec))
         yield Chunk(new_ids, new_text, finish, stats)
 
-    def _width_policy(self) -> WidthPolicy:
+    def _width_policy(self, timed: bool) -> WidthPolicy:
         if self._verify_seconds is None:  # fixed width: never judged, never turned off
             return WidthPolicy(15, {1: 1.0, 16: 1.0}, min_rounds=2**62, speculating=self.proposer is not None)
-        return WidthPolicy(15, self._verify_seconds)
+        return WidthPolicy(15, self._verify_seconds, timed=timed)
 
     @staticmethod
     def _record_round(spec: dict, width: WidthPolicy, k: int, n: int, draft_s: float, verify_s: float) -> None:
@@ -284,6 +285,8 @@ class LLM:
         spec["committed"] += n + 1
         spec["draft_time_s"] += draft_s
         spec["verify_time_s"] += verify_s
+        spec["widths"][k] += 1
+        spec["kept"][n] += 1
         for i in range(k):
             spec["drafted"][i] += 1
             spec["accepted"][i] += int(i < n)
@@ -299,6 +302,8 @@ class LLM:
             "acceptance_by_position": positions,  # share of drafted i-th positions that were kept
             "draft_time_s": spec["draft_time_s"],
             "verify_time_s": spec["verify_time_s"],
+            "width_histogram": {k: c for k, c in enumerate(spec["widths"]) if c},  # drafts verified -> rounds
+            "accepted_histogram": {n: c for n, c in enumerate(spec["kept"]) if c},  # drafts kept -> rounds
         }
 
     def _prefill(self, ids: list[int], cache: SequenceCache, proposer=None) -> Iterator[torch.Tensor]:

@@ -39,5 +39,5 @@ class NgramProposer(Proposer):
             if end is not None:
                 follow = context[end : end + k]
                 if follow:
-                    return Draft(follow, None, [1.0] * len(follow))
+                    return Draft(follow, None, [])  # no confidence of its own: the engine measures it
         return Draft([], None, [])

@@ -15,7 +15,8 @@ class Draft:
     tokens: list[int]
     # (k, V) float64: what each draft was drawn from; None for deterministic drafts (one-hot).
     q: torch.Tensor | None = None
-    # The drafter's own probability of each draft (top-1 mass); feeds the adaptive width.
+    # The drafter's own probability of each draft (top-1 mass); feeds the adaptive width. Empty
+    # when the drafter has no such notion (the engine then uses measured keep rates).
     confidence: list[float] = field(default_factory=list)
 
 

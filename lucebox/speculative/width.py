@@ -3,7 +3,12 @@
 Verify cost grows with width (measured once at start-up, then refined by every round); the
 expected tokens of a round grow with the drafter's confidence. Each round takes the width that
 maximizes expected tokens per second; a request whose speculative rounds turn out slower than
-plain decoding stops speculating."""
+plain decoding stops speculating.
+
+Timings vary from run to run, and a sampled run's tokens depend on the widths it used (its
+distribution does not). So a seeded sampled run decides without clocks (`timed=False`): it trims
+the block where the product of the drafter's confidences falls below `min_reach`, and keeps
+speculating, which makes it reproducible."""
 
 from __future__ import annotations
 
@@ -16,9 +21,14 @@ class WidthPolicy:
     verify_seconds: dict[int, float]  # rows -> seconds of one target forward (measured)
     min_rounds: int = 8  # rounds before judging the speed-up
     speculating: bool = True
+    timed: bool = True
+    min_reach: float = 0.25
     _tokens: int = 0
     _seconds: float = 0.0
     _rounds: int = field(default=0)
+    # Measured chance that the i-th draft is kept, given the ones before it were: the confidence
+    # of drafters that give none (n-gram). Starts hopeful, then follows what happens.
+    kept_rate: list[float] = field(default_factory=lambda: [0.7] * 16)
 
     def cost(self, rows: int) -> float:
         """Seconds of a forward of `rows` rows, interpolated between measured widths."""
@@ -30,10 +40,21 @@ class WidthPolicy:
         t = (rows - lower) / (upper - lower)
         return self.verify_seconds[lower] * (1 - t) + self.verify_seconds[upper] * t
 
-    def choose(self, confidence: list[float], limit: int) -> int:
-        """Drafts to verify, from the drafter's per-position confidence and the cost model."""
+    def choose(self, confidence: list[float] | None, available: int, limit: int) -> int:
+        """Drafts to verify (of `available`), from the drafter's per-position confidence (or the
+        measured keep rates when it gives none) and the cost model."""
         if not self.speculating:
             return 0
+        if not confidence:
+            confidence = self.kept_rate[:available]
+        if not self.timed:
+            k, reach = 0, 1.0
+            for c in confidence[: min(limit, self.max_width)]:
+                reach *= c
+                if reach < self.min_reach:
+                    break
+                k += 1
+            return k
         best_k, best_rate, expected, reach = 0, 1.0 / self.cost(1), 1.0, 1.0
         for k, c in enumerate(confidence[: min(limit, self.max_width)], start=1):
             reach *= c
@@ -46,9 +67,14 @@ class WidthPolicy:
     def record(self, committed: int, round_seconds: float, verify_seconds: float, rows: int) -> None:
         """One round's outcome (draft + verify); turns speculation off if it does not pay."""
         measured = self.verify_seconds.get(rows)
-        if measured is not None:  # refine the cost model with what this width really took
+        if measured is not None and self.timed:  # refine the cost model with what this width really took
             self.verify_seconds[rows] = 0.9 * measured + 0.1 * verify_seconds
         if rows <= 1:
+            return
+        for i in range(rows - 1):
+            if i <= committed - 1:  # position i was judged: kept if i < committed - 1
+                self.kept_rate[i] = 0.9 * self.kept_rate[i] + 0.1 * float(i < committed - 1)
+        if not self.timed:
             return
         self._tokens += committed
         self._seconds += round_seconds

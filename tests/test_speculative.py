@@ -1,0 +1,157 @@
+"""Speculative decoding through the real engine: lossless for every proposer and cache policy."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from drafters import save_dflash
+from tiny_models import VOCAB
+
+import lucebox
+from lucebox.errors import CheckpointError, DraftModelError, InvalidArgumentError
+
+# Repetitive enough for the n-gram drafter to find matches; long enough to cross many windows.
+PROMPT = (torch.randint(0, VOCAB, (20,), generator=torch.Generator().manual_seed(5)).tolist() * 4)[:70]
+N = 512
+COMMON = dict(device="cpu", dtype="float64", max_context=1024, prefill_chunk=64)
+POOLS = {"exact": 256, "select": 512}  # both smaller than prompt + 512 generated tokens
+
+
+@pytest.fixture(scope="module")
+def laguna(reference_models):
+    return reference_models("laguna")[0]
+
+
+@pytest.fixture(scope="module")
+def drafters(laguna, reference_models, tmp_path_factory):
+    target_cfg = json.loads((laguna / "config.json").read_text())
+    root = tmp_path_factory.mktemp("drafters")
+    return {
+        "ngram": "ngram",
+        "draft_model": reference_models("llama")[0],  # another model, same vocabulary: disagrees often
+        "self_draft": laguna,  # the target as its own drafter: agrees always
+        "dflash_zlab": save_dflash(root / "zlab", target_cfg, "zlab"),
+        "dflash_laguna": save_dflash(root / "laguna", target_cfg, "laguna"),
+    }
+
+
+@pytest.fixture(scope="module")
+def plain(laguna):
+    return {policy: lucebox.LLM(laguna, kv_policy=policy, kv_pool_tokens=pool, **COMMON)
+            .generate(PROMPT, max_tokens=N, ignore_eos=True).token_ids for policy, pool in POOLS.items()}
+
+
+@pytest.mark.parametrize("policy", sorted(POOLS))
+@pytest.mark.parametrize("proposer", ["ngram", "draft_model", "self_draft", "dflash_zlab", "dflash_laguna"])
+def test_greedy_speculation_equals_plain_decoding(laguna, drafters, plain, proposer, policy):
+    llm = lucebox.LLM(laguna, draft=drafters[proposer], kv_policy=policy, kv_pool_tokens=POOLS[policy],
+                      adaptive=False, **COMMON)
+    vary_widths(llm)
+    out = llm.generate(PROMPT, max_tokens=N, ignore_eos=True)
+    assert out.token_ids == plain[policy]
+    stats = out.stats
+    assert stats["rounds"] < N or proposer in ("draft_model", "dflash_zlab", "dflash_laguna")
+    assert sum(stats["accepted_histogram"].values()) == stats["rounds"]
+    assert stats["width_histogram"].get(0, 0) < stats["rounds"]  # drafts were really verified
+    assert max(stats["accepted_histogram"]) > 0  # and some were kept
+    if proposer == "self_draft" and policy == "exact":  # the target drafting for itself: every draft is kept
+        assert stats["acceptance_by_position"] and all(a == 1.0 for a in stats["acceptance_by_position"])
+    assert len([k for k in stats["width_histogram"] if k > 0]) >= 3  # the width changed from round to round
+
+
+def vary_widths(llm, seed=0):
+    """Cut every proposal to a pseudo-random length, so rounds verify 0..k drafts."""
+    rng = torch.Generator().manual_seed(seed)
+    propose = llm.proposer.propose
+
+    def cut(context, k, params, generator):
+        draft = propose(context, k, params, generator)
+        n = int(torch.randint(0, len(draft.tokens) + 1, (1,), generator=rng))
+        return type(draft)(draft.tokens[:n], None if draft.q is None else draft.q[:n], draft.confidence[:n])
+
+    llm.proposer.propose = cut
+
+
+def test_adaptive_width_stays_lossless(laguna, drafters, plain):
+    llm = lucebox.LLM(laguna, draft=drafters["self_draft"], kv_policy="exact", kv_pool_tokens=256, **COMMON)
+    out = llm.generate(PROMPT, max_tokens=N, ignore_eos=True)
+    assert out.token_ids == plain["exact"]
+    assert out.stats["rounds"] < N
+
+
+def test_speculative_stats_are_reported(laguna):
+    out = lucebox.LLM(laguna, draft="ngram", **COMMON).generate(PROMPT, max_tokens=40, ignore_eos=True)
+    s = out.stats
+    for key in ("acceptance_length", "acceptance_by_position", "draft_time_s", "verify_time_s", "rounds"):
+        assert key in s
+    assert s["acceptance_length"] == pytest.approx(39 / s["rounds"])  # the first token comes from the prefill
+    assert all(0 <= a <= 1 for a in s["acceptance_by_position"])
+
+
+@pytest.mark.parametrize("rule", ["tokenwise", "block"])
+def test_seeded_speculative_sampling_repeats(laguna, drafters, rule):
+    llm = lucebox.LLM(laguna, draft=drafters["draft_model"], verify=rule, **COMMON)
+    runs = [llm.generate(PROMPT, max_tokens=24, temperature=0.9, top_p=0.95, seed=s, ignore_eos=True).token_ids
+            for s in (3, 3, 4)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_stop_inside_a_round_ends_at_that_token(laguna, plain):
+    llm = lucebox.LLM(laguna, draft="ngram", kv_policy="exact", kv_pool_tokens=256, **COMMON)
+    stop = plain["exact"][30]
+    out = llm.generate(PROMPT, max_tokens=N, stop=[stop], ignore_eos=True)
+    assert out.token_ids == plain["exact"][: plain["exact"].index(stop) + 1]
+    again = llm.generate(PROMPT + out.token_ids, max_tokens=5, ignore_eos=True)  # the cache holds exactly those
+    fresh = lucebox.LLM(laguna, kv_policy="exact", kv_pool_tokens=256, **COMMON)
+    assert again.token_ids == fresh.generate(PROMPT + out.token_ids, max_tokens=5, ignore_eos=True).token_ids
+
+
+def drafter_variant(folder, tmp_path, change_config=None, change_tensors=None):
+    from safetensors.torch import load_file, save_file
+
+    dest = tmp_path / "bad"
+    shutil.copytree(folder, dest)
+    if change_config:
+        cfg = json.loads((dest / "config.json").read_text())
+        change_config(cfg)
+        (dest / "config.json").write_text(json.dumps(cfg))
+    if change_tensors:
+        t = load_file(dest / "model.safetensors")
+        change_tensors(t)
+        save_file(t, dest / "model.safetensors")
+    return dest
+
+
+@pytest.mark.parametrize("layout", ["dflash_zlab", "dflash_laguna"])
+@pytest.mark.parametrize("damage, error, message", [
+    ({"config": lambda c: c["dflash_config"].pop("target_layer_ids")}, DraftModelError, "target_layer_ids"),
+    ({"config": lambda c: c.update(vocab_size=99)}, DraftModelError, "vocabulary 99"),
+    ({"config": lambda c: c["dflash_config"].update(target_layer_ids=[0, 9])}, DraftModelError, r"\[9\]"),
+    ({"tensors": lambda t: t.update({"fc.weight": torch.zeros(64, 65)})}, CheckpointError, "fc.weight"),
+])
+def test_malformed_drafters_are_refused(laguna, drafters, tmp_path, layout, damage, error, message):
+    bad = drafter_variant(drafters[layout], tmp_path, damage.get("config"), damage.get("tensors"))
+    with pytest.raises(error, match=message):
+        lucebox.LLM(laguna, draft=bad, **COMMON)
+
+
+def test_draft_model_with_another_vocabulary_is_refused(laguna, reference_models, tmp_path):
+    bad = drafter_variant(reference_models("llama")[0], tmp_path, lambda c: c.update(vocab_size=64))
+    with pytest.raises(DraftModelError, match="vocabulary"):
+        lucebox.LLM(laguna, draft=bad, **COMMON)
+
+
+def test_auto_draft_uses_a_paired_drafter_or_none(laguna, drafters, tmp_path):
+    assert lucebox.LLM(laguna, draft="auto", **COMMON).proposer is None
+    model = tmp_path / "model"
+    shutil.copytree(laguna, model)
+    shutil.copytree(drafters["dflash_zlab"], model / "dflash")
+    assert lucebox.LLM(model, draft="auto", **COMMON).proposer is not None
+
+
+def test_bad_speculation_arguments(laguna):
+    with pytest.raises(InvalidArgumentError, match="verify"):
+        lucebox.LLM(laguna, draft="ngram", verify="magic", **COMMON)
+    with pytest.raises(InvalidArgumentError, match="draft_k"):
+        lucebox.LLM(laguna, draft="ngram", draft_k=40, **COMMON)
