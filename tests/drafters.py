@@ -31,7 +31,8 @@ def save_dflash(folder: Path, target_cfg: dict, layout: str, layers: int = 2, bl
     def w(*shape):
         return torch.randn(*shape, generator=g) * scale
 
-    t = {"fc.weight": w(H, len(target_layer_ids) * H), "hidden_norm.weight": torch.ones(H), "norm.weight": torch.ones(H)}
+    t = {"fc.weight": w(H, len(target_layer_ids) * H), "hidden_norm.weight": torch.ones(H),
+         "norm.weight": torch.ones(H)}
     if laguna:
         t.update({f"aux_hidden_norms.{i}.weight": torch.ones(H) for i in range(len(target_layer_ids))})
     for i in range(layers):
@@ -42,7 +43,8 @@ def save_dflash(folder: Path, target_cfg: dict, layout: str, layers: int = 2, bl
             t[a + "qkv_proj.weight"] = w((heads + 2 * kv) * d, H)
             t[a + "g_proj.weight"] = w(heads, H)
         else:
-            t[a + "q_proj.weight"], t[a + "k_proj.weight"], t[a + "v_proj.weight"] = w(heads * d, H), w(kv * d, H), w(kv * d, H)
+            t[a + "q_proj.weight"] = w(heads * d, H)
+            t[a + "k_proj.weight"], t[a + "v_proj.weight"] = w(kv * d, H), w(kv * d, H)
         t[a + "o_proj.weight"] = w(H, heads * d)
         t[a + "q_norm.weight"], t[a + "k_norm.weight"] = torch.ones(d), torch.ones(d)
         t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"] = w(inter, H), w(inter, H)
