@@ -19,6 +19,11 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-policy", choices=["exact", "select"], default=None,
                    help="exact: attend to every chunk; select: sink + recent + top-scoring chunks, bounded cost "
                         "(default: exact when the context fits the pool, else select)")
+    p.add_argument("--draft", default=None,
+                   help="speculative decoding: ngram | auto | a drafter folder (DFlash or a small model)")
+    p.add_argument("--draft-k", type=int, default=15, help="most drafts per round (1..15; the width adapts)")
+    p.add_argument("--verify", choices=["tokenwise", "block"], default="tokenwise",
+                   help="how sampled drafts are verified (both keep the target's distribution)")
     p.add_argument("--prefill-chunk", type=int, default=None,
                    help="rows per prefill forward (default 2048 CUDA, 512 CPU)")
     p.add_argument("--load-format", default="auto", help="auto | safetensors | dummy (random weights)")
@@ -97,7 +102,8 @@ def _generate(args) -> int:
         except ValueError:
             raise InvalidArgumentError("--token-ids must be comma-separated integers, e.g. 1,2,3") from None
     llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format, max_context=args.ctx,
-              kv_pool_tokens=args.kv_pool, kv_policy=args.kv_policy, prefill_chunk=args.prefill_chunk)
+              kv_pool_tokens=args.kv_pool, kv_policy=args.kv_policy, prefill_chunk=args.prefill_chunk,
+              draft=args.draft, draft_k=args.draft_k, verify=args.verify)
     last = None
     for chunk in llm.stream(prompt, max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
@@ -107,8 +113,9 @@ def _generate(args) -> int:
         sys.stdout.flush()
         last = chunk
     s = last.stats
+    spec = f", acceptance length {s['acceptance_length']:.2f}" if llm.proposer is not None else ""
     print(f"\n[{s['generated_tokens']} tokens, finish: {last.finish_reason}, prefill {s['prefill_tokens_per_s']:.1f} "
-          f"tok/s, decode {s['decode_tokens_per_s']:.1f} tok/s]", file=sys.stderr)
+          f"tok/s, decode {s['decode_tokens_per_s']:.1f} tok/s{spec}]", file=sys.stderr)
     return 0
 
 

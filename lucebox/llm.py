@@ -197,7 +197,7 @@ class LLM:
         seen = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.device)
         seen[torch.tensor(prompt_ids, device=self.device)] = True
         cache = self._new_cache() if private else self._session_cache(prompt_ids)
-        proposer = self.proposer
+        proposer = None if private else self.proposer  # a drafter's state serves one stream at a time
         if proposer is not None and proposer.feature_layers:
             cache.rollback(0)  # reused rows carry no target features for the drafter: prefill them again
         reused = cache.length
@@ -290,7 +290,7 @@ class LLM:
         for i in range(k):
             spec["drafted"][i] += 1
             spec["accepted"][i] += int(i < n)
-        width.record(n + 1, draft_s + verify_s, verify_s, k + 1)
+        width.record(n + 1, draft_s + verify_s, verify_s, k + 1, proposed=draft_s > 0)
 
     @staticmethod
     def _spec_stats(spec: dict) -> dict:

@@ -5,7 +5,9 @@ One draft pass fills a block [last, MASK x (block_size - 1)] at once. In every d
 block's queries attend over [context ; block]: the context rows are the target's hidden states
 of `target_layer_ids` for the committed tokens, concatenated and projected by `fc` (+ norms), and
 kept as K/V in a ring (`context_rows` writes them once per committed token). The drafter has no
-embedding or LM head of its own; it uses the target's.
+embedding or LM head of its own; it uses the target's. Target layer id i means the output of
+decoder layer i (the residual stream after it, before the final norm): index i + 1 of a hidden
+states tuple whose index 0 is the embeddings.
 
 The Laguna variant (as its public config and ports describe it) adds an RMSNorm per captured
 target layer before the concatenation, applies each layer's input norm to the context features
@@ -86,6 +88,8 @@ def build_config(hf: dict) -> DFlashConfig:
     params = rope_parameters(hf)
     if isinstance(params.get("full_attention"), dict):  # Laguna-style per-kind RoPE: the drafter's own kind
         params = rope_parameters(hf, params["sliding_attention" if windows[0] else "full_attention"])
+    if hf.get("draft_vocab_size") not in (None, hf["vocab_size"]):
+        raise DraftModelError("drafters with a reduced draft vocabulary (draft_vocab_size) are not supported")
     gating = hf.get("gating", True) if laguna else False
     causal = bool(_value(hf, "causal", _value(hf, "is_causal", False)))
     return DFlashConfig(

@@ -155,3 +155,16 @@ def test_bad_speculation_arguments(laguna):
         lucebox.LLM(laguna, draft="ngram", verify="magic", **COMMON)
     with pytest.raises(InvalidArgumentError, match="draft_k"):
         lucebox.LLM(laguna, draft="ngram", draft_k=40, **COMMON)
+
+
+def test_ngram_copies_what_followed_the_latest_match():
+    from lucebox.sampling import SamplingParams
+    from lucebox.speculative.ngram import NgramProposer
+
+    p = NgramProposer()
+    p.start([5, 1, 2, 3, 9, 1, 2, 3, 7], None)
+    assert p.propose([5, 1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 2, SamplingParams(), None).tokens == [7, 1]
+    p.start([4, 8], None)
+    # A match right before the end continues the repeating pattern past the context's end.
+    assert p.propose([4, 8, 4, 8], 5, SamplingParams(), None).tokens == [4, 8, 4, 8, 4]
+    assert p.propose([4, 8, 6], 3, SamplingParams(), None).tokens == []

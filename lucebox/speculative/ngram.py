@@ -36,8 +36,12 @@ class NgramProposer(Proposer):
         # context = committed + [last]: the tail ends with `last`, so every indexed match is earlier.
         for n in range(min(self.max_n, len(context)), self.min_n - 1, -1):
             end = self.last_end.get(tuple(context[-n:]))
-            if end is not None:
-                follow = context[end : end + k]
-                if follow:
-                    return Draft(follow, None, [])  # no confidence of its own: the engine measures it
+            if end is not None and end < len(context):
+                # Copy what followed the match; a match close to the end overlaps the copy itself
+                # (as in LZ77), which continues a repeating pattern instead of stopping short.
+                follow: list[int] = []
+                for i in range(k):
+                    j = end + i
+                    follow.append(context[j] if j < len(context) else follow[j - len(context)])
+                return Draft(follow, None, [])  # no confidence of its own: the engine measures it
         return Draft([], None, [])

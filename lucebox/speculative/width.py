@@ -26,9 +26,10 @@ class WidthPolicy:
     _tokens: int = 0
     _seconds: float = 0.0
     _rounds: int = field(default=0)
-    # Measured chance that the i-th draft is kept, given the ones before it were: the confidence
-    # of drafters that give none (n-gram). Starts hopeful, then follows what happens.
-    kept_rate: list[float] = field(default_factory=lambda: [0.7] * 16)
+    # Measured chance that a draft is kept given the ones before it were: the confidence of
+    # drafters that give none (n-gram), the same for every position so that widths never tried
+    # still learn from the ones that were. Starts hopeful, then follows what happens.
+    kept_rate: float = 0.7
 
     def cost(self, rows: int) -> float:
         """Seconds of a forward of `rows` rows, interpolated between measured widths."""
@@ -46,7 +47,7 @@ class WidthPolicy:
         if not self.speculating:
             return 0
         if not confidence:
-            confidence = self.kept_rate[:available]
+            confidence = [self.kept_rate] * available
         if not self.timed:
             k, reach = 0, 1.0
             for c in confidence[: min(limit, self.max_width)]:
@@ -64,16 +65,16 @@ class WidthPolicy:
                 best_k, best_rate = k, rate
         return best_k
 
-    def record(self, committed: int, round_seconds: float, verify_seconds: float, rows: int) -> None:
-        """One round's outcome (draft + verify); turns speculation off if it does not pay."""
+    def record(self, committed: int, round_seconds: float, verify_seconds: float, rows: int, proposed: bool) -> None:
+        """One round's outcome (draft + verify); turns speculation off if it does not pay. A
+        round that drafted and then verified nothing still counts: its drafting was spent."""
         measured = self.verify_seconds.get(rows)
         if measured is not None and self.timed:  # refine the cost model with what this width really took
             self.verify_seconds[rows] = 0.9 * measured + 0.1 * verify_seconds
-        if rows <= 1:
+        if not proposed:
             return
-        for i in range(rows - 1):
-            if i <= committed - 1:  # position i was judged: kept if i < committed - 1
-                self.kept_rate[i] = 0.9 * self.kept_rate[i] + 0.1 * float(i < committed - 1)
+        for i in range(min(rows - 1, committed)):  # drafts judged: all kept but a rejected last one
+            self.kept_rate = 0.9 * self.kept_rate + 0.1 * float(i < committed - 1)
         if not self.timed:
             return
         self._tokens += committed
