@@ -70,26 +70,34 @@ def make_checkpoint(folder: Path) -> None:
 
 
 def run_lucebox(model, policy, contexts, args) -> list[dict]:
+    """One engine per context, each prefilled once; then decode runs go round-robin over the
+    contexts, so drifts in machine speed hit every context alike instead of biasing the ratio."""
     import lucebox
 
-    llm = lucebox.LLM(model, device=args.device, dtype=args.dtype, load_format=args.load_format,
-                      max_context=max(contexts) + args.decode_tokens + 64, kv_policy=policy,
-                      kv_pool_tokens=args.kv_pool, prefill_chunk=args.prefill_chunk)
-    vocab = llm.config.vocab_size
-    prompt = torch.randint(0, vocab, (max(contexts),), generator=torch.Generator().manual_seed(args.seed)).tolist()
-    llm.generate(prompt[:64], max_tokens=8, ignore_eos=True)  # warm-up: first-call allocations stay out of the numbers
+    engines, samples, first = {}, {ctx: [] for ctx in contexts}, {}
+    prompt = None
+    for ctx in contexts:
+        llm = lucebox.LLM(model, device=args.device, dtype=args.dtype, load_format=args.load_format,
+                          max_context=max(contexts) + args.decode_tokens + 64, kv_policy=policy,
+                          kv_pool_tokens=args.kv_pool, prefill_chunk=args.prefill_chunk)
+        if prompt is None:
+            vocab = llm.config.vocab_size
+            g = torch.Generator().manual_seed(args.seed)
+            prompt = torch.randint(0, vocab, (max(contexts),), generator=g).tolist()
+        first[ctx] = llm.generate(prompt[:ctx], max_tokens=8, ignore_eos=True).stats  # prefill (+ warm-up)
+        engines[ctx] = llm
+    for _ in range(args.repeats):
+        for ctx in contexts:  # the prompt's rows are cached: each run decodes only
+            stats = engines[ctx].generate(prompt[:ctx], max_tokens=args.decode_tokens, ignore_eos=True).stats
+            samples[ctx].append(stats["decode_tokens_per_s"])
     rows = []
-    for ctx in contexts:  # each context extends the previous one's prompt: only the new part is prefilled
-        runs = [llm.generate(prompt[:ctx], max_tokens=args.decode_tokens, ignore_eos=True).stats
-                for _ in range(args.repeats)]  # repeats reuse the prompt's cache: decode only
-        rates = sorted(s["decode_tokens_per_s"] for s in runs)
-        first = runs[0]
+    for ctx in contexts:
+        rates = sorted(samples[ctx])
         rows.append({"context": ctx, "decode_tokens_per_s": statistics.median(rates), "decode_samples": rates,
-                     "prefill_tokens_per_s": first["prefill_tokens_per_s"],
-                     "prefilled_tokens": ctx - first["cached_prompt_tokens"],
-                     "generated_tokens": first["generated_tokens"], "memory_bytes": llm.memory()})
+                     "prefill_tokens_per_s": first[ctx]["prefill_tokens_per_s"],
+                     "memory_bytes": engines[ctx].memory()})
         print(f"lucebox {policy:6s} ctx {ctx:>7}: decode {statistics.median(rates):8.2f} tok/s (median of "
-              f"{len(rates)})", flush=True)
+              f"{len(rates)}, interleaved)", flush=True)
     return rows
 
 
@@ -103,6 +111,8 @@ def run_peer(folder, contexts, args) -> list[dict]:
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.peer_timeout)
             if out.returncode == 0:
                 row = json.loads(out.stdout.strip().splitlines()[-1])
+            elif out.returncode == -9:
+                row = {"context": ctx, "error": "killed by the kernel (SIGKILL): out of memory on this machine"}
             else:
                 tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
                 row = {"context": ctx, "error": f"exit {out.returncode}: {tail[:300]}"}
@@ -120,7 +130,7 @@ def main() -> None:
     p.add_argument("--contexts", default="1024,4096,16384,65536")
     p.add_argument("--with-256k", action="store_true", help="add a 262144-token context")
     p.add_argument("--decode-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3, help="decode runs per context (lucebox); the median is kept")
+    p.add_argument("--repeats", type=int, default=5, help="decode runs per context (lucebox); the median is kept")
     p.add_argument("--kv-pool", type=int, default=1024, help="device KV pool in tokens (select and exact)")
     p.add_argument("--prefill-chunk", type=int, default=None)
     p.add_argument("--config", default=None, help="a model folder or config.json (default: a small Laguna-shaped one)")

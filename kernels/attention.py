@@ -25,21 +25,26 @@ def attention_partial(
     window: int | None = None,
     pinned: torch.Tensor | None = None,  # (S,) bool: if given, only pinned or `recent` keys are visible
     recent: int = 0,
+    all_visible: bool = False,  # the caller knows no key needs masking (older, valid, in window)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (T, Hq, D) normalized over this block, lse (T, Hq) float32/64; -inf where nothing is visible)."""
     T, Hq, D = q.shape
     kv_heads = k.shape[0]
     group = Hq // kv_heads
-    visible = (k_positions[None, :] <= q_positions[:, None]) & (k_positions[None, :] >= 0)
-    if window is not None:
-        visible &= k_positions[None, :] > q_positions[:, None] - window
-    if pinned is not None:
-        visible &= pinned[None, :] | (k_positions[None, :] > q_positions[:, None] - recent)
+    visible = None
+    if not all_visible:
+        visible = (k_positions[None, :] <= q_positions[:, None]) & (k_positions[None, :] >= 0)
+        if window is not None:
+            visible &= k_positions[None, :] > q_positions[:, None] - window
+        if pinned is not None:
+            visible &= pinned[None, :] | (k_positions[None, :] > q_positions[:, None] - recent)
     # Query heads of one KV group side by side: (KV, group*T, D) against (KV, S, D).
     qg = q.view(T, kv_heads, group, D).permute(1, 2, 0, 3).reshape(kv_heads, group * T, D)
     scores = torch.matmul(qg, k.transpose(1, 2)) * scale  # (KV, group*T, S)
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    scores = scores.view(kv_heads, group, T, -1).to(compute).masked_fill(~visible, float("-inf"))
+    scores = scores.view(kv_heads, group, T, -1).to(compute)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (KV, group, T)
     probs = torch.exp(scores - lse.clamp_min(torch.finfo(compute).min)[..., None])  # rows with no key: all 0
     out = torch.matmul(probs.to(v.dtype).view(kv_heads, group * T, -1), v)  # (KV, group*T, D)
@@ -65,5 +70,6 @@ def attention_over_blocks(
 ) -> torch.Tensor:
     """Attention (T, Hq, D) over every `KVBlock` a cache hands out for this step."""
     return merge_partials(
-        attention_partial(q, b.k, b.v, q_positions, b.positions, scale, window, b.pinned, b.recent) for b in blocks
+        attention_partial(q, b.k, b.v, q_positions, b.positions, scale, window, b.pinned, b.recent, b.all_visible)
+        for b in blocks
     )

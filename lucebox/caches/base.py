@@ -44,6 +44,7 @@ class KVBlock:
     positions: torch.Tensor  # (S,), -1 for empty slots
     pinned: torch.Tensor | None = None  # (S,) bool
     recent: int = 0
+    all_visible: bool = False  # every key is older than every query and none is empty: no mask needed
 
 
 class LayerCache(ABC):

@@ -197,7 +197,8 @@ class PagedKV(LayerCache):
         for run in runs:
             k, v = self.host.fetch(run[0], run[-1] + 1)
             positions = torch.arange(run[0] * self.s.chunk, (run[-1] + 1) * self.s.chunk, device=self.device)
-            yield KVBlock(k, v, torch.where(positions < self.length, positions, -1))
+            # Streamed chunks are complete and older than the step (the chunks it writes are resident).
+            yield KVBlock(k, v, positions, all_visible=True)
 
     def commit(self, length: int) -> None:
         old, self.committed = self.committed, length
