@@ -171,7 +171,8 @@ class LLM:
         now = self._session[0].memory() if self._session else {
             "ring_caches": self._plan["ring_caches"], "kv_pool_device": self._plan["kv_pool_device"],
             "kv_chunk_summaries": 0, "kv_host": 0}
-        return {"weights": weights, **now, "kv_host_max": self._plan["kv_host_max"], "drafter": 0}
+        drafter = self.proposer.device_bytes() if self.proposer is not None else 0
+        return {"weights": weights, **now, "kv_host_max": self._plan["kv_host_max"], "drafter": drafter}
 
     # -- the loop ---------------------------------------------------------------------------------
 

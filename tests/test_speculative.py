@@ -80,6 +80,14 @@ def test_adaptive_width_stays_lossless(laguna, drafters, plain):
     assert out.stats["rounds"] < N
 
 
+def test_memory_reports_the_drafter(laguna, drafters):
+    for name in ("draft_model", "dflash_laguna"):
+        llm = lucebox.LLM(laguna, draft=drafters[name], **COMMON)
+        llm.generate(PROMPT, max_tokens=4, ignore_eos=True)
+        assert llm.memory()["drafter"] > 0
+    assert lucebox.LLM(laguna, draft="ngram", **COMMON).memory()["drafter"] == 0
+
+
 def test_speculative_stats_are_reported(laguna):
     out = lucebox.LLM(laguna, draft="ngram", **COMMON).generate(PROMPT, max_tokens=40, ignore_eos=True)
     s = out.stats

@@ -11,7 +11,7 @@ from lucebox.caches import SlidingRing, Step
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashDrafter
 from lucebox.sampling import SamplingParams, distribution, draw
-from lucebox.speculative.proposer import Draft, Proposer
+from lucebox.speculative.proposer import Draft, Proposer, tensor_bytes
 
 
 class DFlashProposer(Proposer):
@@ -22,6 +22,9 @@ class DFlashProposer(Proposer):
         self.draft_ctx, self.max_step = draft_ctx, max(prefill_chunk, drafter.cfg.block_size)
         self.rings: list[SlidingRing] = []
         self.length = 0  # committed tokens whose context rows the rings hold
+
+    def device_bytes(self) -> int:
+        return tensor_bytes(self.drafter.w.values()) + sum(ring.device_bytes() for ring in self.rings)
 
     def start(self, prompt: list[int], features: torch.Tensor | None) -> None:
         cfg = self.drafter.cfg

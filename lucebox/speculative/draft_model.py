@@ -11,7 +11,7 @@ import torch
 from lucebox.caches import CacheSettings, SequenceCache, Step
 from lucebox.models.decoder import Decoder
 from lucebox.sampling import SamplingParams, distribution, draw
-from lucebox.speculative.proposer import Draft, Proposer
+from lucebox.speculative.proposer import Draft, Proposer, tensor_bytes
 
 
 class DraftModelProposer(Proposer):
@@ -25,6 +25,10 @@ class DraftModelProposer(Proposer):
                                       full_attention_window=draft_ctx)
         self.cache: SequenceCache | None = None
         self.cached: list[int] = []  # tokens whose rows the draft cache holds
+
+    def device_bytes(self) -> int:
+        caches = 0 if self.cache is None else self.cache.memory()["ring_caches"]
+        return tensor_bytes(self.decoder.w.values()) + caches
 
     def start(self, prompt: list[int], features: torch.Tensor | None) -> None:
         self.cache, self.cached = None, []

@@ -40,3 +40,11 @@ class Proposer(ABC):
 
     def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:  # noqa: B027
         """The last `new` tokens of `committed` were just committed (features: their rows)."""
+
+    def device_bytes(self) -> int:
+        """Weights and caches the drafter holds (0 for weightless drafters)."""
+        return 0
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
