@@ -338,7 +338,7 @@ class LLM:
                     break
                 shared += 1
             keep = min(shared, len(prompt_ids) - 1)
-            if keep > 0 and cache.can_rewind(cache.length - keep):
+            if keep > 0 and cache.can_rewind_to(keep):
                 cache.rollback(keep)
                 return cache
         self._session = None  # drop the old cache before allocating a new one

@@ -157,3 +157,13 @@ def test_select_retrieves_a_planted_needle_chunk(kind):
     recall = sum(needle_trial(seed, kind) for seed in range(100)) / 100
     print(f"select needle recall ({kind}) over 100 trials: {recall:.2f}")
     assert recall >= 0.95
+
+
+def test_ring_rewind_is_judged_from_the_highest_row_written():
+    ring = SlidingRing(8, 4, KV, D, **F64)  # 12 slots
+    gen = torch.Generator().manual_seed(0)
+    for start in range(0, 20, 4):
+        ring.write(Step(torch.arange(start, start + 4)), rows(4, gen), rows(4, gen))
+    ring.rollback(17)  # drafts 17..19 rejected; writing them overwrote the rows of positions 5..7
+    assert ring.can_rewind_to(17) and ring.can_rewind_to(15)  # a query at 15 needs positions 8..15: intact
+    assert not ring.can_rewind_to(14)  # a query at 14 needs position 7, whose slot position 19 took

@@ -176,3 +176,27 @@ def test_ngram_copies_what_followed_the_latest_match():
     # A match right before the end continues the repeating pattern past the context's end.
     assert p.propose([4, 8, 4, 8], 5, SamplingParams(), None).tokens == [4, 8, 4, 8, 4]
     assert p.propose([4, 8, 6], 3, SamplingParams(), None).tokens == []
+
+
+def test_next_request_after_a_stop_inside_a_round_matches_a_fresh_engine(reference_models):
+    """Rejected drafts wrote ring rows past the committed length; reusing the cache for a prompt
+    that rewinds must not read rows those writes overwrote."""
+    folder, _ = reference_models("mistral")  # every layer a sliding ring
+    kwargs = dict(device="cpu", dtype="float64", prefill_chunk=16)
+    plain = lucebox.LLM(folder, **kwargs)
+    fresh = lucebox.LLM(folder, **kwargs)
+    mismatches = []
+    for seed in range(6):
+        prompt = (torch.randint(0, VOCAB, (6,), generator=torch.Generator().manual_seed(seed)).tolist() * 4)
+        reference = plain.generate(prompt, max_tokens=40, ignore_eos=True).token_ids
+        llm = lucebox.LLM(folder, draft="ngram", adaptive=False, **kwargs)
+        stop = reference[12]
+        first = llm.generate(prompt, max_tokens=40, stop=[stop], ignore_eos=True).token_ids
+        held = prompt + first
+        for back in (3, 8, 14, 16):
+            follow = held[: len(held) - back] + [7]
+            got = llm.generate(follow, max_tokens=12, ignore_eos=True).token_ids
+            if got != fresh.generate(follow, max_tokens=12, ignore_eos=True).token_ids:
+                mismatches.append((seed, back))
+            llm.generate(held, max_tokens=1, ignore_eos=True)  # put the held tokens back for the next rewind
+    assert mismatches == []

@@ -4,6 +4,10 @@ Why that capacity: one forward writes at most `max_step` rows, overwriting the s
 at least `window + max_step` older. After a rollback of up to `max_step` rows to position r, a
 later query at q >= r needs keys > q - window >= r - window, and every overwritten position is
 <= r - window - 1. So no row a later query needs is ever lost, and memory never grows.
+
+A rollback is safe when measured from the highest position ever written, not from the committed
+length: rejected drafts wrote past it. `can_rewind_to` checks exactly that (the rows still intact
+start at `highest - capacity`), which is what reusing a cache for a new prompt must ask.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ class SlidingRing(LayerCache):
         self.k = torch.zeros((kv_heads, self.capacity, head_dim), dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.positions = torch.full((self.capacity,), -1, dtype=torch.int64, device=device)
+        self.highest = 0  # one past the highest position ever written (rolled back or not)
 
     def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
         if len(step.positions) > self.max_step:
@@ -31,9 +36,14 @@ class SlidingRing(LayerCache):
         self.k[:, slots] = k.transpose(0, 1)
         self.v[:, slots] = v.transpose(0, 1)
         self.positions[slots] = step.positions
+        self.highest = max(self.highest, step.end)
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         yield KVBlock(self.k, self.v, self.positions)
+
+    def can_rewind_to(self, position: int) -> bool:
+        """Whether every row a query at `position` or later needs is still intact."""
+        return max(0, position - self.window + 1) >= max(0, self.highest - self.capacity)
 
     def rollback(self, to_position: int) -> None:
         self.positions.masked_fill_(self.positions >= to_position, -1)

@@ -57,9 +57,10 @@ class SequenceCache:
             layer.rollback(to_position)
         self.length = min(self.length, to_position)
 
-    def can_rewind(self, rows: int) -> bool:
-        """Whether rolling back `rows` committed rows keeps every row a later query needs."""
-        return all(not isinstance(layer, SlidingRing) or rows <= layer.max_step for layer in self.layers)
+    def can_rewind_to(self, position: int) -> bool:
+        """Whether rolling back to `position` keeps every row a later query needs (rings lose rows
+        that later writes overwrote; the paged pool and the contiguous cache lose none)."""
+        return all(layer.can_rewind_to(position) for layer in self.layers if isinstance(layer, SlidingRing))
 
     def rows_before_reselect(self, position: int) -> int:
         limits = [layer.rows_before_reselect(position) for layer in self.layers if isinstance(layer, PagedKV)]

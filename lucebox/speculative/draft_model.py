@@ -40,7 +40,7 @@ class DraftModelProposer(Proposer):
             if a != b:
                 break
             shared += 1
-        if self.cache is None or not self.cache.can_rewind(len(self.cached) - shared):
+        if self.cache is None or not self.cache.can_rewind_to(shared):
             self.cache = SequenceCache(self.decoder.cfg, self.settings, self.decoder.dtype, self.decoder.device)
             self.cached, shared = [], 0
         self.cache.rollback(shared)
