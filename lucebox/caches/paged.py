@@ -236,10 +236,11 @@ class PagedKV(LayerCache):
             self._loads_done = stream.record_event()
 
     def _ensure_tail_resident(self, length: int) -> None:
+        """Tail and chosen chunks back on the device (a prefill may have evicted them)."""
         C = self.s.chunk
         tail = set(range(self._tail_start(length), -(-length // C)))
         keep = tail | set(self.selected) | {0}
-        for chunk in sorted(tail - self.chunk_slot.keys()):
+        for chunk in sorted(keep - self.chunk_slot.keys()):
             self._make_resident(chunk, keep)
 
     def _wait_for_loads(self) -> None:
