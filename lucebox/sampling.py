@@ -75,10 +75,3 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return (probs / noise).argmax()
 
-
-def next_token(
-    logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor, generator: torch.Generator | None
-) -> int:
-    if params.greedy:
-        return int(penalize_repetition(logits.to(torch.float32), seen, params.repetition_penalty).argmax())
-    return int(draw(distribution(logits, params, seen), generator))
