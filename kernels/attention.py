@@ -58,18 +58,25 @@ def merge_partials(parts: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> torch.
     if len(parts) == 1:
         return parts[0][0]
     lses = torch.stack([lse for _, lse in parts])  # (B, T, Hq)
+    outs = torch.stack([o.to(lses.dtype) for o, _ in parts])  # (B, T, Hq, D)
+    return merge_stacked(outs, lses)[0].to(parts[0][0].dtype)
+
+
+def merge_stacked(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (T, Hq, D), lse (T, Hq)) of B partial results stacked as (B, T, Hq, D) and (B, T, Hq),
+    accumulated in the lse's float32/64 whatever the activations' dtype."""
     total = torch.logsumexp(lses, dim=0)
     weights = torch.exp(lses - total[None]).nan_to_num(0.0)  # blocks with nothing visible weigh 0
-    # Accumulate in the float32/64 of the lse, whatever the activations' dtype.
-    out = sum(w[..., None] * o.to(w.dtype) for w, (o, _) in zip(weights, parts, strict=True))
-    return out.to(parts[0][0].dtype)
+    return (weights[..., None] * outs.to(weights.dtype)).sum(0), total
 
 
 def attention_over_blocks(
-    q: torch.Tensor, q_positions: torch.Tensor, blocks: Iterable, scale: float, window: int | None = None
+    q: torch.Tensor, q_positions: torch.Tensor, blocks: Iterable, scale: float, window: int | None = None,
+    partial=attention_partial,
 ) -> torch.Tensor:
-    """Attention (T, Hq, D) over every `KVBlock` a cache hands out for this step."""
+    """Attention (T, Hq, D) over every `KVBlock` a cache hands out for this step; `partial` is
+    the per-block kernel (this reference or the Triton one)."""
     return merge_partials(
-        attention_partial(q, b.k, b.v, q_positions, b.positions, scale, window, b.pinned, b.recent, b.all_visible)
+        partial(q, b.k, b.v, q_positions, b.positions, scale, window, b.pinned, b.recent, b.all_visible)
         for b in blocks
     )

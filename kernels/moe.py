@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from lucebox.kernels.quant import Weight, linear
 
 from lucebox.config import MoESpec
 
@@ -33,16 +34,17 @@ def route(
     return (weights if spec.float32_weights else weights.to(router_logits.dtype)), ids
 
 
-def swiglu(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """down(silu(gate x) * up x) with gate and up fused in one (2I, H) matrix, gate rows first."""
-    gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, w_down)
+def swiglu(x: torch.Tensor, w_gate_up: Weight, w_down: Weight, linear=linear) -> torch.Tensor:
+    """down(silu(gate x) * up x) with gate and up fused in one (2I, H) matrix, gate rows first;
+    `linear` is the backend's (plain or quantized) matmul."""
+    gate, up = linear(x, w_gate_up).chunk(2, dim=-1)
+    return linear(F.silu(gate) * up, w_down)
 
 
 def moe_experts(
     x: torch.Tensor,  # (T, H)
-    gate_up: torch.Tensor,  # (E, 2I, H)
-    down: torch.Tensor,  # (E, H, I)
+    gate_up: Weight,  # (E, 2I, H)
+    down: Weight,  # (E, H, I)
     weights: torch.Tensor,  # (T, k)
     ids: torch.Tensor,  # (T, k)
 ) -> torch.Tensor:  # (T, H): sum over the k chosen experts of weight * expert(x)

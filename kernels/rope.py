@@ -72,20 +72,33 @@ def _yarn(spec: RopeSpec) -> tuple[torch.Tensor, float]:
 
 
 class RotaryTables:
-    """cos/sin for given positions, one float32 frequency vector per distinct RopeSpec."""
+    """One float32 frequency vector per distinct RopeSpec, kept on the device."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self._freqs: dict[RopeSpec, tuple[torch.Tensor, float]] = {}
 
-    def cos_sin(self, spec: RopeSpec, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def frequencies(self, spec: RopeSpec) -> tuple[torch.Tensor, float]:
+        """(inv_freq [rotary_dim/2] float32 on the device, attention scaling)."""
         if spec not in self._freqs:
             inv_freq, scaling = inverse_frequencies(spec)
             self._freqs[spec] = (inv_freq.to(self.device), scaling)
-        inv_freq, scaling = self._freqs[spec]
-        angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, rotary_dim/2)
-        angles = torch.cat((angles, angles), dim=-1)
-        return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
+        return self._freqs[spec]
+
+    def cos_sin(self, spec: RopeSpec, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return cos_sin(positions, *self.frequencies(spec), dtype)
+
+
+def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):
+    """cos and sin (T, rotary_dim) for the positions, computed in float32, cast to dtype."""
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, rotary_dim/2)
+    angles = torch.cat((angles, angles), dim=-1)
+    return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float) -> torch.Tensor:
+    """x (T, heads, D) with its first 2 * len(inv_freq) features rotated by position."""
+    return apply_rope(x, *cos_sin(positions, inv_freq, scaling, x.dtype))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

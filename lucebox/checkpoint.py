@@ -173,7 +173,11 @@ def load_weights(
     dtype: torch.dtype,
     device: torch.device,
     unused_ok: frozenset[str] = frozenset(),
+    transform: Callable[[str, torch.Tensor], object] | None = None,
 ) -> dict[str, torch.Tensor]:
+    """Every tensor of `sources`, read into `dtype` on `device`; `transform(name, tensor)`, if
+    given, replaces each as soon as it is read (quantization), so only one full-precision tensor
+    is held at a time."""
     chosen = resolve_sources(sources, shapes, index, unused_ok)
     weights: dict[str, torch.Tensor] = {}
     with ExitStack() as stack:
@@ -198,5 +202,6 @@ def load_weights(
         for name, source in chosen.items():
             dest = torch.empty(shapes[name], dtype=dtype, device=device)
             _fill(dest, source, read, name)
-            weights[name] = dest
+            weights[name] = transform(name, dest) if transform is not None else dest
+            del dest
     return weights

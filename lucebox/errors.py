@@ -60,3 +60,7 @@ class DraftModelError(LuceboxError):
 
 class ContextLengthError(LuceboxError):
     """A request needs more tokens of context than the engine was opened with."""
+
+
+class BackendError(LuceboxError):
+    """The kernel backend asked for cannot run here (no Triton, no interpreter, unsupported dtype)."""

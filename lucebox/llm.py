@@ -13,12 +13,14 @@ from lucebox.caches import KV_POLICIES, CacheSettings, SequenceCache, Step
 from lucebox.device import resolve_device, resolve_dtype
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation
-from lucebox.loading import check_load_format, describe_model, load_model
+from lucebox.kernels.backend import kernels_for, resolve_backend
+from lucebox.loading import check_load_format, describe_model, load_model, quantizer
 from lucebox.memory_plan import check_fits
 from lucebox.models.hf_config import token_ids
 from lucebox.sampling import SamplingParams
 from lucebox.speculative import VERIFY_RULES, Draft, decide
 from lucebox.speculative.drafters import make_proposer, measure_verify_seconds
+from lucebox.speculative.proposer import tensor_bytes
 from lucebox.speculative.width import WidthPolicy
 from lucebox.stopping import StopStrings
 from lucebox.tokenizer import IncrementalDecoder, require_tokenizer
@@ -43,6 +45,12 @@ class LLM:
     one ships with it, else none). Output is the target's own either way. `draft_k` caps drafts per
     round (the width adapts below it), `verify` is "tokenwise" or "block" for sampled decoding,
     `draft_ctx` is the drafter's context ring in tokens.
+
+    `backend` picks the kernels: "auto" (Triton on CUDA, the torch references on the CPU),
+    "triton" (everywhere; on the CPU through Triton's interpreter, TRITON_INTERPRET=1) or "torch".
+    `quantization` ("int8" or "int4") quantizes the linear layers' weights as they load
+    (round-to-nearest, float16 scales per group: per row for int8, 128 inputs for int4); the
+    embeddings, output head and routers stay in `dtype`.
     """
 
     def __init__(
@@ -62,6 +70,8 @@ class LLM:
         verify: str = "tokenwise",
         draft_ctx: int = 4096,
         adaptive: bool = True,
+        backend: str = "auto",
+        quantization: str | None = None,
     ):
         check_load_format(load_format)
         if verify not in VERIFY_RULES:
@@ -72,14 +82,18 @@ class LLM:
             raise InvalidArgumentError(f"draft_ctx must be positive, got {draft_ctx}")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
+        self.backend = resolve_backend(backend, self.device, self.dtype)
+        self.quantization = quantization
         self.description = describe_model(model)
         self.config = self.description.cfg
         self.prefill_chunk = int(prefill_chunk if prefill_chunk is not None else
                                  (2048 if self.device.type == "cuda" else 512))
         self.cache_settings = self._cache_settings(max_context, kv_policy, kv_pool_tokens, kv_reselect_every)
         self.max_context = self.cache_settings.max_context
-        self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device)
-        loaded = load_model(self.description, self.dtype, self.device, load_format)
+        quantizer(quantization)  # an unknown scheme fails here, before any memory is planned
+        self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization)
+        loaded = load_model(self.description, self.dtype, self.device, load_format, kernels_for(self.backend),
+                            quantization)
         self.decoder = loaded.decoder
         self._tokenizer = loaded.tokenizer
         self.eos_token_ids = self._eos_ids()
@@ -167,7 +181,7 @@ class LLM:
     def memory(self) -> dict[str, int]:
         """Bytes: weights, ring caches, device KV pool, KVFlash chunk summaries, host KV now and
         at most, drafter. Before the first request the caches count as planned."""
-        weights = sum(t.numel() * t.element_size() for t in self.decoder.w.values())
+        weights = tensor_bytes(self.decoder.w.values())
         now = self._session[0].memory() if self._session else {
             "ring_caches": self._plan["ring_caches"], "kv_pool_device": self._plan["kv_pool_device"],
             "kv_chunk_summaries": 0, "kv_host": 0}

@@ -10,9 +10,11 @@ import torch
 from lucebox.checkpoint import CheckpointIndex, load_weights, locate_config, read_json, weight_files
 from lucebox.config import ModelConfig
 from lucebox.errors import InvalidArgumentError
+from lucebox.kernels.backend import Kernels
+from lucebox.kernels.quant import SCHEMES, quantize
 from lucebox.models import adapter_for, build_model_config
 from lucebox.models.decoder import Decoder
-from lucebox.models.layout import weight_shapes
+from lucebox.models.layout import quantizable, weight_shapes
 from lucebox.tokenizer import Tokenizer, load_tokenizer
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -43,7 +45,7 @@ def describe_model(path: str | Path) -> ModelDescription:
 
 
 def dummy_weights(
-    shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, device: torch.device, seed: int = 0
+    shapes: dict[str, tuple[int, ...]], dtype: torch.dtype, device: torch.device, seed: int = 0, transform=None
 ) -> dict[str, torch.Tensor]:
     """Random weights at the real shapes (vLLM's load_format='dummy'): N(0, 0.02) matrices, unit
     norms, zero router biases, so activations stay in a realistic range."""
@@ -55,6 +57,8 @@ def dummy_weights(
             weights[name] = fill(shape, dtype=dtype, device=device)
         else:
             weights[name] = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=generator)
+        if transform is not None:
+            weights[name] = transform(name, weights[name])
     return weights
 
 
@@ -63,18 +67,40 @@ def check_load_format(load_format: str) -> None:
         raise InvalidArgumentError(f"load_format '{load_format}' is not one of {', '.join(LOAD_FORMATS)}")
 
 
+def quantizer(scheme: str | None):
+    """The per-tensor transform that quantizes the linear layers' weights (None: keep them)."""
+    if scheme is None:
+        return None
+    if scheme not in SCHEMES:
+        raise InvalidArgumentError(f"quantization '{scheme}' is not one of {', '.join(SCHEMES)}")
+
+    def transform(name: str, tensor: torch.Tensor):
+        if not quantizable(name):
+            return tensor
+        try:
+            return quantize(tensor, scheme)
+        except ValueError as e:
+            raise InvalidArgumentError(f"cannot quantize {name} to {scheme}: {e}") from None
+
+    return transform
+
+
 def load_model(
-    desc: ModelDescription, dtype: torch.dtype, device: torch.device, load_format: str = "auto"
+    desc: ModelDescription, dtype: torch.dtype, device: torch.device, load_format: str = "auto",
+    kernels: Kernels | None = None, quantization: str | None = None,
 ) -> LoadedModel:
+    """Weights (quantized as they are read, with `quantization`), tokenizer and a `Decoder` that
+    runs on `kernels` (the torch references by default)."""
     check_load_format(load_format)
     shapes = weight_shapes(desc.cfg)
+    transform = quantizer(quantization)
     if load_format == "dummy":
-        weights = dummy_weights(shapes, dtype, device)
+        weights = dummy_weights(shapes, dtype, device, transform=transform)
     else:
         index = CheckpointIndex(weight_files(desc.folder))
         sources = adapter_for(desc.hf_config).sources(desc.cfg)
         # With tied embeddings an exported lm_head.weight is a copy of the embedding; like transformers, ignore it.
         unused_ok = frozenset({"lm_head.weight"}) if desc.cfg.tie_word_embeddings else frozenset()
-        weights = load_weights(index, sources, shapes, dtype, device, unused_ok)
+        weights = load_weights(index, sources, shapes, dtype, device, unused_ok, transform)
     tokenizer = load_tokenizer(desc.folder, desc.hf_config, desc.generation_config)
-    return LoadedModel(desc, Decoder(desc.cfg, weights), tokenizer)
+    return LoadedModel(desc, Decoder(desc.cfg, weights, kernels), tokenizer)

@@ -10,17 +10,24 @@ import torch
 from lucebox.caches import CacheSettings
 from lucebox.config import ModelConfig
 from lucebox.errors import ContextLengthError
-from lucebox.models.layout import weight_shapes
+from lucebox.kernels.quant import quantized_bytes
+from lucebox.models.layout import quantizable, weight_shapes
 
 HEADROOM = 0.9  # leave a tenth of what is free to the allocator, activations and everyone else
 
 
-def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype) -> dict[str, int]:
+def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None = None) -> int:
+    return sum(quantized_bytes(shape, quantization) if quantization and quantizable(name)
+               else math.prod(shape) * dtype.itemsize for name, shape in weight_shapes(cfg).items())
+
+
+def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
+         quantization: str | None = None) -> dict[str, int]:
     """Bytes of weights, ring caches, device KV pool (+ chunk summaries) and the most host KV."""
     size = dtype.itemsize
     row = cfg.kv_bytes_per_token(size)
     full = sum(1 for layer in cfg.layers if not layer.is_sliding)
-    weights = sum(math.prod(shape) for shape in weight_shapes(cfg).values()) * size
+    weights = weight_bytes(cfg, dtype, quantization)
     rings = sum((layer.window + settings.max_step) * (row + 8) for layer in cfg.layers if layer.is_sliding)
     kvf = settings.kvflash()
     chunks = -(-settings.max_context // kvf.chunk)
@@ -45,12 +52,13 @@ def _host_available() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, device: torch.device) -> dict[str, int]:
+def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, device: torch.device,
+               quantization: str | None = None) -> dict[str, int]:
     """The plan, or ContextLengthError naming the largest context that fits device + host memory.
 
     Weights, rings and the pool are fixed costs on the device; host KV and chunk summaries grow
     with max_context (on the CPU, device and host are the same memory)."""
-    need = plan(cfg, settings, dtype)
+    need = plan(cfg, settings, dtype, quantization)
     fixed = need["weights"] + need["ring_caches"] + need["kv_pool_device"]
     per_token_summary = need["kv_chunk_summaries_max"] / settings.max_context
     per_token_host = need["kv_host_max"] / settings.max_context
@@ -59,7 +67,7 @@ def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, de
     if fixed > free:
         raise ContextLengthError(
             f"weights + caches need {fixed / 2**30:.1f} GiB on {device} but about {free / 2**30:.1f} GiB is free; "
-            "lower kv_pool_tokens or prefill_chunk, or use a smaller dtype"
+            "lower kv_pool_tokens or prefill_chunk, or use a smaller dtype or quantization='int4'"
         )
     if device.type == "cuda":
         budgets = [(free - fixed, per_token_summary), (host, per_token_host)]
@@ -71,7 +79,7 @@ def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, de
     if largest < 64:
         raise ContextLengthError(
             f"weights and caches ({fixed / 2**30:.1f} GiB) leave no room for offloaded KV on this machine; "
-            "lower kv_pool_tokens or prefill_chunk, or use a smaller dtype"
+            "lower kv_pool_tokens or prefill_chunk, or use a smaller dtype or quantization='int4'"
         )
     grows = need["kv_host_max"] + need["kv_chunk_summaries_max"]
     raise ContextLengthError(

@@ -9,18 +9,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from lucebox.kernels.attention import attention_over_blocks
-from lucebox.kernels.moe import moe_experts, route, swiglu
-from lucebox.kernels.norm import rms_norm
-from lucebox.kernels.rope import RotaryTables, apply_rope
+from lucebox.kernels.backend import Kernels, kernels_for
+from lucebox.kernels.moe import route, swiglu
+from lucebox.kernels.rope import RotaryTables
 
 from lucebox.caches import SequenceCache, Step
 from lucebox.config import LayerSpec, ModelConfig
 
 
 class Decoder:
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]):
+    """`weights` maps internal names to tensors, or to `QuantizedTensor`s for quantized linear
+    layers; `kernels` is the backend's operator table (the torch references by default)."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict, kernels: Kernels | None = None):
         self.cfg = cfg
         self.w = weights
+        self.kernels = kernels or kernels_for("torch")
         first = weights["embed"]
         self.dtype, self.device = first.dtype, first.device
         self.rope = RotaryTables(self.device)
@@ -39,16 +43,19 @@ class Decoder:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(hidden (T, H) after the final norm, the outputs of decoder `layers` side by side
         (T, len(layers) * H), or None) from one forward: what a DFlash drafter reads."""
-        x = F.embedding(token_ids, self.w["embed"])
+        w, k, eps, n = self.w, self.kernels, self.cfg.rms_norm_eps, len(self.cfg.layers)
+        x = F.embedding(token_ids, w["embed"])
+        h = k.rms_norm(x, w["layers.0.attn_norm"], eps)
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.cfg.layers):
-            h = rms_norm(x, self.w[f"layers.{i}.attn_norm"], self.cfg.rms_norm_eps)
-            x = x + self._attention(i, layer, h, step, cache)
-            x = x + self._mlp(i, layer, rms_norm(x, self.w[f"layers.{i}.mlp_norm"], self.cfg.rms_norm_eps))
+            # Each residual add is fused with the norm that reads its result.
+            x, h = k.add_rms_norm(x, self._attention(i, layer, h, step, cache), w[f"layers.{i}.mlp_norm"], eps)
+            next_norm = f"layers.{i + 1}.attn_norm" if i + 1 < n else "norm"
+            x, h = k.add_rms_norm(x, self._mlp(i, layer, h), w[next_norm], eps)
             if i in layers:
                 captured[i] = x
         features = torch.cat([captured[i] for i in layers], dim=-1) if layers else None
-        return rms_norm(x, self.w["norm"], self.cfg.rms_norm_eps), features
+        return h, features
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (T, V)
         head = self.w["embed"] if self.cfg.tie_word_embeddings else self.w["lm_head"]
@@ -57,36 +64,36 @@ class Decoder:
     def _attention(
         self, i: int, layer: LayerSpec, h: torch.Tensor, step: Step, cache: SequenceCache
     ) -> torch.Tensor:
-        cfg, w, p = self.cfg, self.w, f"layers.{i}."
+        cfg, w, k, p = self.cfg, self.w, self.kernels, f"layers.{i}."
         T, D = h.shape[0], cfg.head_dim
         bias = cfg.attention_bias
-        q = F.linear(h, w[p + "wq"], w[p + "bq"] if bias else None).view(T, layer.num_heads, D)
-        k = F.linear(h, w[p + "wk"], w[p + "bk"] if bias else None).view(T, cfg.num_kv_heads, D)
-        v = F.linear(h, w[p + "wv"], w[p + "bv"] if bias else None).view(T, cfg.num_kv_heads, D)
+        q = k.linear(h, w[p + "wq"], w[p + "bq"] if bias else None).view(T, layer.num_heads, D)
+        key = k.linear(h, w[p + "wk"], w[p + "bk"] if bias else None).view(T, cfg.num_kv_heads, D)
+        value = k.linear(h, w[p + "wv"], w[p + "bv"] if bias else None).view(T, cfg.num_kv_heads, D)
         if cfg.qk_norm:
-            q = rms_norm(q, w[p + "q_norm"], cfg.rms_norm_eps)
-            k = rms_norm(k, w[p + "k_norm"], cfg.rms_norm_eps)
-        cos, sin = self.rope.cos_sin(layer.rope, step.positions, self.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q = k.rms_norm(q, w[p + "q_norm"], cfg.rms_norm_eps)
+            key = k.rms_norm(key, w[p + "k_norm"], cfg.rms_norm_eps)
+        inv_freq, scaling = self.rope.frequencies(layer.rope)
+        q = k.rotate(q, step.positions, inv_freq, scaling)
+        key = k.rotate(key, step.positions, inv_freq, scaling)
         layer_cache = cache.layers[i]
-        layer_cache.write(step, k, v)
+        layer_cache.write(step, key, value)
         blocks = layer_cache.blocks(q, step)
-        out = attention_over_blocks(q, step.positions, blocks, self.scale, layer.window)  # (T, Hq, D)
+        out = attention_over_blocks(q, step.positions, blocks, self.scale, layer.window,
+                                    k.attention_partial)  # (T, Hq, D)
         if cfg.attention_gate:
-            # softplus in float32, as the reference does; one gate per head or per element.
-            gate = F.softplus(F.linear(h, w[p + "wg"]).float()).to(out.dtype)
-            out = out * (gate[:, :, None] if cfg.attention_gate == "head" else gate.view(T, layer.num_heads, D))
-        return F.linear(out.reshape(T, layer.num_heads * D), w[p + "wo"], w[p + "bo"] if bias else None)
+            out = k.softplus_gate(out, k.linear(h, w[p + "wg"]))
+        return k.linear(out.reshape(T, layer.num_heads * D), w[p + "wo"], w[p + "bo"] if bias else None)
 
     def _mlp(self, i: int, layer: LayerSpec, h: torch.Tensor) -> torch.Tensor:
-        w, p = self.w, f"layers.{i}."
+        w, k, p = self.w, self.kernels, f"layers.{i}."
         if layer.mlp == "dense":
-            return swiglu(h, w[p + "w_gate_up"], w[p + "w_down"])
+            return swiglu(h, w[p + "w_gate_up"], w[p + "w_down"], k.linear)
         moe = self.cfg.moe
         weights, ids = route(F.linear(h, w[p + "router"]), moe, w.get(p + "router_bias"))
-        out = moe_experts(h, w[p + "experts_gate_up"], w[p + "experts_down"], weights, ids)
+        out = k.moe_experts(h, w[p + "experts_gate_up"], w[p + "experts_down"], weights, ids)
         if moe.routed_scaling != 1.0:
             out = out * moe.routed_scaling
         if moe.shared_expert_size:
-            out = out + swiglu(h, w[p + "shared_gate_up"], w[p + "shared_down"])
+            out = out + swiglu(h, w[p + "shared_gate_up"], w[p + "shared_down"], k.linear)
         return out

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from lucebox.kernels.attention import attention_partial, merge_partials
+from lucebox.kernels.attention import merge_partials
+from lucebox.kernels.backend import Kernels, kernels_for
 from lucebox.kernels.moe import swiglu
-from lucebox.kernels.norm import rms_norm
-from lucebox.kernels.rope import RotaryTables, apply_rope
+from lucebox.kernels.rope import RotaryTables
 from lucebox.models.hf_config import rope_parameters, rope_spec
 from lucebox.models.sources import AnyOf, Cat, Source
 
@@ -162,14 +162,15 @@ def sources(cfg: DFlashConfig) -> dict[str, Source]:
 
 
 class DFlashDrafter:
-    def __init__(self, cfg: DFlashConfig, weights: dict[str, torch.Tensor]):
+    def __init__(self, cfg: DFlashConfig, weights: dict[str, torch.Tensor], kernels: Kernels | None = None):
         self.cfg, self.w = cfg, weights
+        self.kernels = kernels or kernels_for("torch")
         self.dtype, self.device = weights["fc"].dtype, weights["fc"].device
         self.rope = RotaryTables(self.device)
         self.scale = cfg.head_dim**-0.5
 
     def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return rms_norm(x, self.w[name], self.cfg.rms_norm_eps)
+        return self.kernels.rms_norm(x, self.w[name], self.cfg.rms_norm_eps)
 
     def _split_qkv(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         cfg, p = self.cfg, f"layers.{layer}."
@@ -189,23 +190,23 @@ class DFlashDrafter:
             parts = x.view(x.shape[0], len(cfg.target_layer_ids), cfg.hidden_size).unbind(1)
             x = torch.cat([self._norm(part, f"aux_norms.{i}") for i, part in enumerate(parts)], dim=-1)
         ctx = self._norm(F.linear(x, self.w["fc"]), "hidden_norm")
-        cos, sin = self.rope.cos_sin(cfg.rope, step.positions, self.dtype)
+        inv_freq, scaling = self.rope.frequencies(cfg.rope)
         for layer, ring in enumerate(rings):
             src = self._norm(ctx, f"layers.{layer}.attn_norm") if cfg.laguna else ctx
             _, k, v = self._split_qkv(layer, src)
-            ring.write(step, apply_rope(k, cos, sin), v)
+            ring.write(step, self.kernels.rotate(k, step.positions, inv_freq, scaling), v)
 
     def draft(self, block_embeddings: torch.Tensor, positions: torch.Tensor, rings: list[SlidingRing]) -> torch.Tensor:
         """Hidden states (B, H) of the block after the final norm."""
-        cfg = self.cfg
+        cfg, kern = self.cfg, self.kernels
         x = block_embeddings.to(self.dtype)
-        cos, sin = self.rope.cos_sin(cfg.rope, positions, self.dtype)
+        inv_freq, scaling = self.rope.frequencies(cfg.rope)
         B = x.shape[0]
         for layer, ring in enumerate(rings):
             p = f"layers.{layer}."
             h = self._norm(x, p + "attn_norm")
             q, k, v = self._split_qkv(layer, h)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = kern.rotate(q, positions, inv_freq, scaling), kern.rotate(k, positions, inv_freq, scaling)
             window = cfg.windows[layer]
             causal = cfg.causal or window is not None
             # Inside a non-causal block every row sees every row: present the block keys as if
@@ -213,13 +214,13 @@ class DFlashDrafter:
             block_q_positions = positions if causal else torch.full_like(positions, int(positions[-1]))
             ring_block = next(iter(ring.blocks(q, Step(positions))))
             out = merge_partials([
-                attention_partial(q, ring_block.k, ring_block.v, positions, ring_block.positions, self.scale, window),
-                attention_partial(q, k.transpose(0, 1), v.transpose(0, 1), block_q_positions, positions, self.scale,
-                                  window),
+                kern.attention_partial(q, ring_block.k, ring_block.v, positions, ring_block.positions, self.scale,
+                                       window),
+                kern.attention_partial(q, k.transpose(0, 1), v.transpose(0, 1), block_q_positions, positions,
+                                       self.scale, window),
             ])
             if cfg.gate:
-                gate = F.softplus(F.linear(h, self.w[p + "wg"]).float()).to(out.dtype)
-                out = out * (gate[:, :, None] if cfg.gate == "head" else gate.view(B, cfg.num_heads, cfg.head_dim))
+                out = kern.softplus_gate(out, F.linear(h, self.w[p + "wg"]))
             x = x + F.linear(out.reshape(B, -1), self.w[p + "wo"])
-            x = x + swiglu(self._norm(x, p + "mlp_norm"), self.w[p + "w_gate_up"], self.w[p + "w_down"])
+            x = x + swiglu(self._norm(x, p + "mlp_norm"), self.w[p + "w_gate_up"], self.w[p + "w_down"], kern.linear)
         return self._norm(x, "norm")

@@ -129,3 +129,13 @@ def parameter_counts(cfg: ModelConfig) -> tuple[int, int]:
         moe_layers = sum(1 for layer in cfg.layers if layer.mlp == "moe")
         inactive += moe_layers * (cfg.moe.num_experts - cfg.moe.top_k) * per_expert
     return total, total - inactive
+
+
+# Linear layers whose weights `quantization=` turns into int8/int4 codes. Embeddings, the output
+# head, routers and norms stay in the model dtype: they are small or decide which experts run.
+_QUANTIZABLE = ("wq", "wk", "wv", "wo", "wg", "w_gate_up", "w_down", "shared_gate_up", "shared_down",
+                "experts_gate_up", "experts_down")
+
+
+def quantizable(name: str) -> bool:
+    return name.rsplit(".", 1)[-1] in _QUANTIZABLE

@@ -2,7 +2,6 @@
 
 import dataclasses
 
-import lucebox.kernels.attention as attention_module
 import pytest
 import torch
 from tiny_models import VOCAB, WINDOW
@@ -85,18 +84,18 @@ def test_select_policy_runs_with_bounded_device_memory(reference_models):
     assert llm.memory()["kv_host"] > 0
 
 
-def test_no_score_matrix_is_wider_than_the_pool_or_a_streamed_block(reference_models, monkeypatch):
+def test_no_score_matrix_is_wider_than_the_pool_or_a_streamed_block(reference_models):
     folder, _ = reference_models("laguna")
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", max_context=4096, kv_pool_tokens=256,
                       kv_policy="exact", prefill_chunk=64)
     widths = []
-    real = attention_module.attention_partial
+    real = llm.decoder.kernels.attention_partial
 
     def spy(q, k, *args, **kwargs):
         widths.append((q.shape[0], k.shape[0]))
         return real(q, k, *args, **kwargs)
 
-    monkeypatch.setattr(attention_module, "attention_partial", spy)
+    llm.decoder.kernels = dataclasses.replace(llm.decoder.kernels, attention_partial=spy)
     llm.logits(torch.randint(0, VOCAB, (3000,), generator=torch.Generator().manual_seed(5)).tolist())
     stream_block = llm.cache_settings.kvflash().stream_chunks * 64
     assert max(w for _, w in widths) <= max(256, stream_block, WINDOW + 64)

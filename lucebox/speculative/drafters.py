@@ -62,7 +62,8 @@ def make_proposer(draft: str | Path | None, llm, draft_ctx: int, max_width: int)
         _check_dflash(cfg, llm.config, folder)
         weights = load_weights(CheckpointIndex(weight_files(folder)), dflash.sources(cfg), dflash.weight_shapes(cfg),
                                llm.dtype, llm.device)
-        proposer = DFlashProposer(dflash.DFlashDrafter(cfg, weights), llm.decoder, llm.prefill_chunk, draft_ctx)
+        drafter = dflash.DFlashDrafter(cfg, weights, llm.decoder.kernels)
+        proposer = DFlashProposer(drafter, llm.decoder, llm.prefill_chunk, draft_ctx)
         proposer.max_width = min(proposer.max_width, max_width)
         return proposer
     from lucebox.loading import describe_model, load_model  # a target-style model used as drafter
@@ -71,7 +72,7 @@ def make_proposer(draft: str | Path | None, llm, draft_ctx: int, max_width: int)
     if desc.cfg.vocab_size != llm.config.vocab_size:
         raise DraftModelError(f"draft model {folder} has a vocabulary of {desc.cfg.vocab_size} tokens, the target "
                               f"{llm.config.vocab_size}; a draft model must share the target's vocabulary")
-    decoder: Decoder = load_model(desc, llm.dtype, llm.device).decoder
+    decoder: Decoder = load_model(desc, llm.dtype, llm.device, kernels=llm.decoder.kernels).decoder
     return DraftModelProposer(decoder, llm.max_context, llm.prefill_chunk, draft_ctx, max_width)
 
 

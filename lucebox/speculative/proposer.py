@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lucebox.kernels.quant import QuantizedTensor
 from lucebox.sampling import SamplingParams
 
 
@@ -47,4 +48,5 @@ class Proposer(ABC):
 
 
 def tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes of plain and quantized weights."""
+    return sum(t.nbytes() if isinstance(t, QuantizedTensor) else t.numel() * t.element_size() for t in tensors)

@@ -1,0 +1,132 @@
+"""Attention of a block of query rows over one block of cached keys, in Triton (flash attention
+with an online softmax), returning the partial result and its log-sum-exp like the reference.
+
+One kernel serves decode (1 row), verify (up to 16 rows, causal inside the block) and prefill
+(many rows): a program takes BLOCK_M (query row, head-of-the-group) pairs of one KV head, so the
+grouped query heads share every key load (GQA). Visibility comes from the keys' absolute
+positions, as in the reference, so rings, pages and host chunks need no layout of their own. For
+long blocks the keys are split across programs (split-K); the splits are merged by the same
+log-sum-exp rule that merges blocks, so host-streamed chunks (KVFlash `exact`) compose with it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from lucebox.kernels.attention import merge_stacked
+from lucebox.kernels.quant_triton import dot_precision
+
+
+@triton.jit
+def _attention_kernel(
+    q_ptr, k_ptr, v_ptr, qpos_ptr, kpos_ptr, pin_ptr, out_ptr, lse_ptr,
+    T, S, D, Hq, group, keys_per_split, window, recent, scale,
+    stride_qt, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs,
+    HAS_WINDOW: tl.constexpr, HAS_PINNED: tl.constexpr, ALL_VISIBLE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+):
+    kv_head, split = tl.program_id(1), tl.program_id(2)
+    r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (query row, head in group) pairs
+    row_ok = r < T * group
+    t = r // group
+    head = kv_head * group + r % group
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    q = tl.load(q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q_pos = tl.load(qpos_ptr + t, mask=row_ok, other=-1)
+    q_last = tl.max(q_pos, axis=0)
+    q_first = tl.min(tl.where(row_ok, q_pos, q_last), axis=0)
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    begin = split * keys_per_split
+    end = tl.minimum(S, begin + keys_per_split)
+    k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
+    v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
+    for n0 in range(begin, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = n < end
+        k_pos = tl.load(kpos_ptr + n, mask=n_ok, other=-1)
+        # Skip a tile no query can see (causal or out of window); ring slots are unordered, so
+        # this looks at the tile's positions rather than its index.
+        newest = tl.max(k_pos, axis=0)
+        oldest = tl.min(tl.where(k_pos >= 0, k_pos, newest), axis=0)
+        useful = (newest >= 0) & (oldest <= q_last)
+        if HAS_WINDOW:
+            useful = useful & (newest > q_first - window)
+        if useful | ALL_VISIBLE:
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(k_base + n[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
+            visible = row_ok[:, None] & n_ok[None, :]
+            if not ALL_VISIBLE:
+                visible = visible & (k_pos[None, :] >= 0) & (k_pos[None, :] <= q_pos[:, None])
+                if HAS_WINDOW:
+                    visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
+                if HAS_PINNED:
+                    pinned = tl.load(pin_ptr + n, mask=n_ok, other=0) != 0
+                    visible = visible & (pinned[None, :] | (k_pos[None, :] > q_pos[:, None] - recent))
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
+            alpha = tl.exp(m_i - m_safe)
+            p = tl.exp(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_base + n[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+            m_i = m_new
+    seen = l_i > 0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse = tl.where(seen, m_i + tl.log(tl.where(seen, l_i, 1.0)), float("-inf"))
+    rows_out = (split * T + t) * Hq + head  # out is (split, T, Hq, D)
+    tl.store(out_ptr + rows_out[:, None] * D + d[None, :], out, mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptr + rows_out, lse, mask=row_ok)
+
+
+def _splits(S: int, programs: int) -> int:
+    """Split long key blocks until there are about 256 programs, each with at least 256 keys."""
+    if programs >= 256:
+        return 1
+    return max(1, min(triton.cdiv(256, programs), S // 256))
+
+
+def attention_partial(
+    q: torch.Tensor,  # (T, Hq, D), RoPE applied
+    k: torch.Tensor,  # (KV, S, D)
+    v: torch.Tensor,  # (KV, S, D)
+    q_positions: torch.Tensor,  # (T,)
+    k_positions: torch.Tensor,  # (S,), -1 for empty slots
+    scale: float,
+    window: int | None = None,
+    pinned: torch.Tensor | None = None,
+    recent: int = 0,
+    all_visible: bool = False,
+    splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As `kernels.attention.attention_partial`: (out (T, Hq, D), lse (T, Hq) float32)."""
+    T, Hq, D = q.shape
+    kv_heads, S, _ = k.shape
+    group = Hq // kv_heads
+    if q.stride(2) != 1 or k.stride(2) != 1 or v.stride(2) != 1:
+        raise ValueError("attention needs unit stride along the head dimension")
+    block_m = 16 if T * group <= 16 else 64
+    m_blocks = triton.cdiv(T * group, block_m)
+    splits = splits or _splits(S, m_blocks * kv_heads)
+    keys_per_split = triton.cdiv(triton.cdiv(S, splits), 64) * 64
+    splits = triton.cdiv(S, keys_per_split) if S else 1
+    out = torch.empty((splits, T, Hq, D), dtype=torch.float32, device=q.device)
+    lse = torch.empty((splits, T, Hq), dtype=torch.float32, device=q.device)
+    pin = pinned if pinned is not None else k_positions
+    _attention_kernel[(m_blocks, kv_heads, splits)](
+        q, k, v, q_positions, k_positions, pin, out, lse,
+        T, S, D, Hq, group, keys_per_split, window or 0, recent, scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        HAS_WINDOW=window is not None, HAS_PINNED=pinned is not None, ALL_VISIBLE=all_visible,
+        BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=triton.next_power_of_2(D), PRECISION=dot_precision(q.dtype),
+    )
+    if splits == 1:
+        return out[0].to(q.dtype), lse[0]
+    merged, total = merge_stacked(out, lse)
+    return merged.to(q.dtype), total

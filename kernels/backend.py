@@ -1,0 +1,94 @@
+"""The one dispatch point between the Triton kernels and their torch references.
+
+`resolve_backend` turns the user's `backend=` into "torch" or "triton" ("auto": Triton on CUDA
+when it is installed, the references elsewhere); `kernels_for` returns the table of operators a
+model runs with. Triton modules are imported only here and only when chosen: `triton.jit` picks
+compiled or interpreted kernels when a module is imported, so on the CPU TRITON_INTERPRET=1 must
+be set before that.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+import torch.nn.functional as F
+
+from lucebox.errors import BackendError, InvalidArgumentError
+
+BACKENDS = ("auto", "torch", "triton")
+_TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    if backend not in BACKENDS:
+        raise InvalidArgumentError(f"backend '{backend}' is not one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and triton_installed() and dtype in _TRITON_DTYPES else "torch"
+    if backend == "torch":
+        return "torch"
+    if not triton_installed():
+        raise BackendError("backend='triton' needs the triton package (pip install triton), or use backend='torch'")
+    if dtype not in _TRITON_DTYPES:
+        raise BackendError(f"the Triton kernels take float32, float16 or bfloat16, not {dtype}; "
+                           "use backend='torch' for this dtype")
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise BackendError("backend='triton' on the CPU runs Triton's interpreter: start Python with "
+                               "TRITON_INTERPRET=1, or use backend='torch'")
+        if dtype == torch.bfloat16:
+            raise BackendError("Triton's CPU interpreter computes bfloat16 wrongly; use dtype float32 or float16 "
+                               "with backend='triton' on the CPU")
+    return "triton"
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The hot-path operators of one backend; each has the signature of its torch reference."""
+
+    name: str
+    rms_norm: Callable
+    add_rms_norm: Callable
+    rotate: Callable
+    softplus_gate: Callable
+    attention_partial: Callable
+    moe_experts: Callable
+    linear: Callable  # x @ w.T (+ bias) for plain or quantized weights
+
+
+@cache
+def kernels_for(backend: str) -> Kernels:
+    """Operators for a resolved backend ("torch" or "triton")."""
+    from lucebox.kernels import attention, gate, moe, norm, quant, rope
+
+    if backend == "torch":
+        return Kernels("torch", norm.rms_norm, norm.add_rms_norm, rope.rotate, gate.softplus_gate,
+                       attention.attention_partial, moe.moe_experts, quant.linear)
+    if backend != "triton":
+        raise InvalidArgumentError(f"kernels_for takes 'torch' or 'triton', got '{backend}'")
+    from lucebox.kernels import (
+        attention_triton,
+        gate_triton,
+        moe_triton,
+        norm_triton,
+        quant_triton,
+        rope_triton,
+    )
+
+    def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+        # Plain weights go to the vendor GEMM (already at the bandwidth roofline); quantized ones
+        # to the kernel that dequantizes in registers.
+        if isinstance(w, quant.QuantizedTensor):
+            return quant_triton.quantized_linear(x, w, bias)
+        return F.linear(x, w, bias)
+
+    return Kernels("triton", norm_triton.rms_norm, norm_triton.add_rms_norm, rope_triton.rotate,
+                   gate_triton.softplus_gate, attention_triton.attention_partial, moe_triton.moe_experts, linear)

@@ -1,0 +1,171 @@
+"""Fused MoE expert GEMMs in Triton: only the chosen experts' weights are read, each once per
+block of rows that chose it.
+
+Two kernels, each in two row layouts:
+- `_up_kernel`: for one expert and a tile of its intermediate features, gate and up projections
+  of the expert's rows, then silu(gate) * up -> `inter[pair]` (a pair is (row, choice j));
+- `_down_kernel`: for one expert and a tile of hidden features, the down projection of those
+  pairs, times the routing weight -> `out_pairs[pair]`; the k choices of a row are summed after,
+  in a fixed order, so results are deterministic (no atomics).
+
+Shapes: M rows, H hidden features, E experts of F intermediate features, K choices per row.
+
+Row layouts:
+- decode/verify (M <= 16 rows, DEDUP): one program per (row, choice) pair; a program whose expert
+  already appears in an earlier pair does nothing, the others gather every row that chose their
+  expert. No sorting, no host sync: the launch fits in a CUDA graph.
+- prefill (SORTED): pairs sorted by expert and cut into blocks of BLOCK_M rows of one expert
+  (moe-align style), a grouped GEMM over experts; the block table is built on the device with
+  a fixed upper bound on the block count, so it needs no host sync either.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from lucebox.kernels.quant import QuantizedTensor
+from lucebox.kernels.quant_triton import dot_precision, expert_strides, load_weight_tile, weight_args
+
+DECODE_ROWS = 16  # at most this many rows take the dedup layout (a verify block of 1 + 15 drafts)
+
+
+@triton.jit
+def _block_rows(b, ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, M, K,
+                DEDUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(expert, pair index (BLOCK_M,), token (BLOCK_M,), row mask (BLOCK_M,), active) of block b."""
+    r = tl.arange(0, BLOCK_M)
+    if DEDUP:
+        expert = tl.load(ids_ptr + b)
+        earlier = tl.arange(0, BLOCK_P)
+        seen = tl.load(ids_ptr + earlier, mask=earlier < b, other=-1)
+        active = tl.sum((seen == expert).to(tl.int32), axis=0) == 0
+        j = tl.arange(0, BLOCK_K)
+        chosen = tl.load(ids_ptr + r[:, None] * K + j[None, :], mask=(r[:, None] < M) & (j[None, :] < K), other=-1)
+        match = chosen == expert
+        valid = tl.sum(match.to(tl.int32), axis=1) > 0
+        pair = r * K + tl.sum(tl.where(match, j[None, :], 0), axis=1)
+        token = r
+    else:
+        expert = tl.load(block_expert_ptr + b)
+        rows = tl.load(block_rows_ptr + b)
+        active = rows > 0
+        valid = r < rows
+        pair = tl.load(order_ptr + tl.load(block_start_ptr + b) + r, mask=valid, other=0)
+        token = pair // K
+    return tl.maximum(expert, 0), pair, token, valid, active
+
+
+@triton.jit
+def _up_kernel(
+    x_ptr, inter_ptr, ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr,
+    w_ptr, s_ptr, z_ptr, stride_we, stride_se, stride_w, stride_s,
+    M, K, H, F,
+    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, DEDUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr,
+):
+    expert, pair, token, valid, active = _block_rows(
+        tl.program_id(0), ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, M, K,
+        DEDUP, BLOCK_M, BLOCK_P, BLOCK_K)
+    if active:
+        i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+        i_ok = i < F
+        w_e, s_e, z_e = w_ptr + expert * stride_we, s_ptr + expert * stride_se, z_ptr + expert * stride_se
+        gate = tl.zeros((BLOCK_M, BLOCK_I), tl.float32)
+        up = tl.zeros((BLOCK_M, BLOCK_I), tl.float32)
+        for h0 in range(0, H, BLOCK_H):
+            h = h0 + tl.arange(0, BLOCK_H)
+            h_ok = h < H
+            x = tl.load(x_ptr + token[:, None] * H + h[None, :], mask=valid[:, None] & h_ok[None, :], other=0.0)
+            w_mask = i_ok[:, None] & h_ok[None, :]
+            w_gate = load_weight_tile(w_e, s_e, z_e, i, h, w_mask, stride_w, stride_s, BITS, GROUP, HAS_ZEROS)
+            w_up = load_weight_tile(w_e, s_e, z_e, F + i, h, w_mask, stride_w, stride_s, BITS, GROUP, HAS_ZEROS)
+            gate += tl.dot(x, tl.trans(w_gate.to(x.dtype)), input_precision=PRECISION)
+            up += tl.dot(x, tl.trans(w_up.to(x.dtype)), input_precision=PRECISION)
+        act = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(inter_ptr + pair[:, None] * F + i[None, :], act.to(inter_ptr.dtype.element_ty),
+                 mask=valid[:, None] & i_ok[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    inter_ptr, out_ptr, weights_ptr, ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr,
+    w_ptr, s_ptr, z_ptr, stride_we, stride_se, stride_w, stride_s,
+    M, K, H, F,
+    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, DEDUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr,
+):
+    expert, pair, token, valid, active = _block_rows(
+        tl.program_id(0), ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, M, K,
+        DEDUP, BLOCK_M, BLOCK_P, BLOCK_K)
+    if active:
+        h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+        h_ok = h < H
+        w_e, s_e, z_e = w_ptr + expert * stride_we, s_ptr + expert * stride_se, z_ptr + expert * stride_se
+        acc = tl.zeros((BLOCK_M, BLOCK_H), tl.float32)
+        for i0 in range(0, F, BLOCK_I):
+            i = i0 + tl.arange(0, BLOCK_I)
+            i_ok = i < F
+            a = tl.load(inter_ptr + pair[:, None] * F + i[None, :], mask=valid[:, None] & i_ok[None, :], other=0.0)
+            w = load_weight_tile(w_e, s_e, z_e, h, i, h_ok[:, None] & i_ok[None, :], stride_w, stride_s,
+                                 BITS, GROUP, HAS_ZEROS)
+            acc += tl.dot(a, tl.trans(w.to(a.dtype)), input_precision=PRECISION)
+        weight = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
+        tl.store(out_ptr + pair[:, None] * H + h[None, :], acc * weight[:, None], mask=valid[:, None] & h_ok[None, :])
+
+
+def _sorted_blocks(ids: torch.Tensor, num_experts: int, block_m: int):
+    """Device-side block table of the prefill layout: pairs sorted by expert, each expert's run
+    cut into blocks of block_m. Returns (order, block_expert, block_start, block_rows); unused
+    blocks (the count is an upper bound, so no host sync) have 0 rows."""
+    flat = ids.reshape(-1)
+    pairs = flat.numel()
+    order = torch.argsort(flat, stable=True).to(torch.int32)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    blocks = (counts + block_m - 1) // block_m
+    block_end = torch.cumsum(blocks, 0)
+    b = torch.arange(pairs // block_m + min(num_experts, pairs), device=ids.device)
+    expert = torch.searchsorted(block_end, b, right=True)
+    used = expert < num_experts
+    expert = expert.clamp_max(num_experts - 1)
+    nth = b - (block_end[expert] - blocks[expert])  # which block of its expert's run
+    start = torch.cumsum(counts, 0)[expert] - counts[expert] + nth * block_m
+    rows = torch.where(used, (counts[expert] - nth * block_m).clamp(0, block_m), 0)
+    return order, expert.to(torch.int32), start.to(torch.int32), rows.to(torch.int32)
+
+
+def moe_experts(
+    x: torch.Tensor,  # (M, H)
+    gate_up: torch.Tensor | QuantizedTensor,  # (E, 2I, H)
+    down: torch.Tensor | QuantizedTensor,  # (E, H, F)
+    weights: torch.Tensor,  # (M, k)
+    ids: torch.Tensor,  # (M, k)
+) -> torch.Tensor:  # (M, H)
+    """As `kernels.moe.moe_experts`."""
+    M, H = x.shape
+    E, K, F = gate_up.shape[0], ids.shape[1], down.shape[2]
+    x = x.contiguous()
+    ids = ids.contiguous()
+    dedup = M <= DECODE_ROWS
+    block_m = DECODE_ROWS if dedup else 64
+    # The dedup layout reads the ids alone; the table arguments are then unused placeholders.
+    table = (ids, ids, ids, ids) if dedup else _sorted_blocks(ids, E, block_m)
+    n_blocks = M * K if dedup else table[1].numel()
+    inter = torch.empty((M * K, F), dtype=x.dtype, device=x.device)
+    out_pairs = torch.empty((M * K, H), dtype=torch.float32, device=x.device)
+    shape = dict(DEDUP=dedup, BLOCK_M=block_m, BLOCK_P=triton.next_power_of_2(M * K),
+                 BLOCK_K=triton.next_power_of_2(K), PRECISION=dot_precision(x.dtype))
+    gu_ptr, gu_s, gu_z, gu_stride, gu_sstride, bits, group, zeros = weight_args(gate_up)
+    _up_kernel[(n_blocks, triton.cdiv(F, 32))](
+        x, inter, ids, *table,
+        gu_ptr, gu_s, gu_z, *expert_strides(gate_up), gu_stride, gu_sstride, M, K, H, F,
+        bits, group, zeros, BLOCK_I=32, BLOCK_H=128, **shape)
+    d_ptr, d_s, d_z, d_stride, d_sstride, bits, group, zeros = weight_args(down)
+    _down_kernel[(n_blocks, triton.cdiv(H, 64))](
+        inter, out_pairs, weights.contiguous(), ids, *table,
+        d_ptr, d_s, d_z, *expert_strides(down), d_stride, d_sstride, M, K, H, F,
+        bits, group, zeros, BLOCK_I=64, BLOCK_H=64, **shape)
+    return out_pairs.view(M, K, H).sum(1).to(x.dtype)

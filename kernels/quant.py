@@ -1,0 +1,123 @@
+"""Weight-only quantization (int8, int4 with group scales), torch reference.
+
+A weight (N, K) (or experts (E, N, K)) becomes integer codes plus float16 scales, one per `group`
+consecutive input features of an output row:
+
+    w[n, k] = (code[n, k] - zero[n, k // group]) * scale[n, k // group]
+
+- int8: codes int8 in -127..127, zero 0 (symmetric);
+- int4: codes 0..15 packed two per byte along K (even k in the low nibble), zero 8 when
+  symmetric, or a float16 zero point per group when asymmetric (`zeros` is set).
+
+Activations stay in the model dtype; kernels dequantize a tile at a time, so a matmul reads
+1 (int8) or 0.5 (int4) bytes per weight plus the scales.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+SCHEMES = ("int8", "int4")
+
+
+@dataclass
+class QuantizedTensor:
+    """Quantized codes of a (..., N, K) weight; `shape` is the logical (dequantized) shape."""
+
+    codes: torch.Tensor  # int8 (..., N, K) or uint8 (..., N, K/2) for int4
+    scales: torch.Tensor  # float16 (..., N, K/group)
+    zeros: torch.Tensor | None  # float16 (..., N, K/group), int4 asymmetric only
+    bits: int
+    group: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype  # the activations' dtype, what dequantize returns
+
+    def __getitem__(self, index: int) -> QuantizedTensor:
+        """One expert of an (E, N, K) stack."""
+        zeros = None if self.zeros is None else self.zeros[index]
+        return QuantizedTensor(self.codes[index], self.scales[index], zeros, self.bits, self.group,
+                               self.shape[1:], self.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    def nbytes(self) -> int:
+        parts = [self.codes, self.scales] + ([self.zeros] if self.zeros is not None else [])
+        return sum(t.numel() * t.element_size() for t in parts)
+
+
+def default_group(K: int, scheme: str) -> int:
+    return K if scheme == "int8" else (128 if K % 128 == 0 else 64)
+
+
+def quantized_bytes(shape: tuple[int, ...], scheme: str) -> int:
+    """Bytes of codes and scales (symmetric) of a weight of this shape, before it is quantized."""
+    n = 1
+    for size in shape:
+        n *= size
+    return n // (1 if scheme == "int8" else 2) + n // default_group(shape[-1], scheme) * 2
+
+
+def quantize(w: torch.Tensor, scheme: str, group: int | None = None, asymmetric: bool = False) -> QuantizedTensor:
+    """Round-to-nearest quantization of w (..., N, K). int8 defaults to one group per row
+    (per-channel scales), int4 to groups of 128 (64 when K is not a multiple of 128)."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"quantization '{scheme}' is not one of {', '.join(SCHEMES)}")
+    K = w.shape[-1]
+    group = group or default_group(K, scheme)
+    if K % group or (scheme == "int4" and group % 2):
+        raise ValueError(f"a weight with {K} input features cannot be split into groups of {group}")
+    if asymmetric and scheme != "int4":
+        raise ValueError("asymmetric (zero point) quantization is int4 only")
+    if w.dim() == 3 and w.shape[0] > 16:  # expert stacks: bound the float32 temporaries
+        parts = [quantize(w[i : i + 16], scheme, group, asymmetric) for i in range(0, w.shape[0], 16)]
+        zeros = torch.cat([p.zeros for p in parts]) if asymmetric else None
+        return QuantizedTensor(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), zeros,
+                               parts[0].bits, group, tuple(w.shape), w.dtype)
+    grouped = w.to(torch.float32).reshape(*w.shape[:-1], K // group, group)
+    if scheme == "int8":
+        scale = grouped.abs().amax(-1).clamp_min(1e-8) / 127
+        codes = torch.round(grouped / scale[..., None]).clamp(-127, 127).to(torch.int8)
+        zeros = None
+    elif asymmetric:
+        low, high = grouped.amin(-1), grouped.amax(-1)
+        scale = ((high - low) / 15).clamp_min(1e-8)
+        zero = torch.round(-low / scale).clamp(0, 15)
+        codes = torch.round(grouped / scale[..., None] + zero[..., None]).clamp(0, 15).to(torch.uint8)
+        zeros = zero.to(torch.float16)
+    else:
+        scale = grouped.abs().amax(-1).clamp_min(1e-8) / 7
+        codes = (torch.round(grouped / scale[..., None]).clamp(-7, 7) + 8).to(torch.uint8)
+        zeros = None
+    codes = codes.reshape(w.shape)
+    if scheme == "int4":
+        codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    bits = 8 if scheme == "int8" else 4
+    return QuantizedTensor(codes.contiguous(), scale.to(torch.float16).contiguous(), zeros, bits, group,
+                           tuple(w.shape), w.dtype)
+
+
+def dequantize(q: QuantizedTensor) -> torch.Tensor:
+    if q.bits == 8:
+        codes = q.codes.to(torch.float32)
+    else:
+        codes = torch.stack((q.codes & 0xF, q.codes >> 4), dim=-1).reshape(q.shape).to(torch.float32)
+    zero = q.zeros.to(torch.float32) if q.zeros is not None else (8.0 if q.bits == 4 else 0.0)
+    grouped = codes.reshape(*q.shape[:-1], -1, q.group)
+    if isinstance(zero, torch.Tensor):
+        grouped = grouped - zero[..., None]
+    else:
+        grouped = grouped - zero
+    return (grouped * q.scales.to(torch.float32)[..., None]).reshape(q.shape).to(q.dtype)
+
+
+Weight = torch.Tensor | QuantizedTensor
+
+
+def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T (+ bias) for a plain or quantized weight."""
+    return F.linear(x, dequantize(w) if isinstance(w, QuantizedTensor) else w, bias)
