@@ -1,4 +1,5 @@
-"""Softplus output gate in Triton: out * softplus(g), per head or per element, one pass."""
+"""Softplus output gate in Triton: out * softplus(g), per head or per element, one pass over a
+flat range of elements."""
 
 from __future__ import annotations
 
@@ -8,23 +9,24 @@ import triton.language as tl
 
 
 @triton.jit
-def _gate_kernel(out_ptr, g_ptr, y_ptr, N, D, G, PER_HEAD: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < N
-    out = tl.load(out_ptr + row * N + cols, mask=mask, other=0.0)
-    g_cols = cols // D if PER_HEAD else cols
-    g = tl.load(g_ptr + row * G + g_cols, mask=mask, other=0.0).to(tl.float32)
+def _gate_kernel(out_ptr, g_ptr, y_ptr, total, N, D, G, PER_HEAD: tl.constexpr, BLOCK: tl.constexpr):
+    e = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = e < total
+    row, col = e // N, e % N
+    out = tl.load(out_ptr + e, mask=mask, other=0.0)
+    g_col = col // D if PER_HEAD else col
+    g = tl.load(g_ptr + row * G + g_col, mask=mask, other=0.0).to(tl.float32)
     # softplus = max(g, 0) + log1p(exp(-|g|)); log1p by its series where 1 + u would round to 1.
     u = tl.exp(-tl.abs(g))
     soft = tl.maximum(g, 0.0) + tl.where(u < 1e-4, u - 0.5 * u * u, tl.log(1.0 + u))
-    tl.store(y_ptr + row * N + cols, out * soft.to(out.dtype), mask=mask)
+    tl.store(y_ptr + e, out * soft.to(out.dtype), mask=mask)
 
 
 def softplus_gate(out: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
     T, Hq, D = out.shape
     out2, g = out.reshape(T, Hq * D).contiguous(), gate_logits.contiguous()
     y = torch.empty_like(out2)
-    grid = (T, triton.cdiv(Hq * D, 1024))
-    _gate_kernel[grid](out2, g, y, Hq * D, D, g.shape[1], PER_HEAD=g.shape[1] == Hq, BLOCK=1024)
+    total, block = out2.numel(), 4096
+    _gate_kernel[(triton.cdiv(total, block),)](out2, g, y, total, Hq * D, D, g.shape[1],
+                                               PER_HEAD=g.shape[1] == Hq, BLOCK=block)
     return y.view(T, Hq, D)

@@ -1,4 +1,4 @@
-"""RMSNorm, and residual add + RMSNorm in one pass, in Triton (one program per row)."""
+"""RMSNorm, and residual add + RMSNorm in one pass, in Triton (a tile of whole rows per program)."""
 
 from __future__ import annotations
 
@@ -8,30 +8,35 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, delta_ptr, sum_ptr, y_ptr, w_ptr, N, eps,
-                     ADD: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64) * N
-    cols = tl.arange(0, BLOCK)
-    mask = cols < N
-    x = tl.load(x_ptr + row + cols, mask=mask, other=0.0)
+def _rms_norm_kernel(x_ptr, delta_ptr, sum_ptr, y_ptr, w_ptr, R, N, eps,
+                     ADD: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows[:, None] < R) & (cols[None, :] < N)
+    offsets = rows[:, None].to(tl.int64) * N + cols[None, :]
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
     if ADD:
         # The sum is rounded to the activations' dtype before it is normalized, as `x + delta` is.
-        x = (x.to(tl.float32) + tl.load(delta_ptr + row + cols, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
-        tl.store(sum_ptr + row + cols, x, mask=mask)
+        x = (x.to(tl.float32) + tl.load(delta_ptr + offsets, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+        tl.store(sum_ptr + offsets, x, mask=mask)
     x32 = x.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=0) / N + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row + cols, ((x32 * rstd).to(x.dtype).to(tl.float32) * w).to(y_ptr.dtype.element_ty), mask=mask)
+    rstd = 1.0 / tl.sqrt(tl.sum(x32 * x32, axis=1) / N + eps)
+    w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+    y = (x32 * rstd[:, None]).to(x.dtype).to(tl.float32) * w[None, :]
+    tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float):
     N = x.shape[-1]
     x2 = x.reshape(-1, N).contiguous()
+    R = x2.shape[0]
     y = torch.empty_like(x2)
     total = torch.empty_like(x2) if delta is not None else y
     d2 = delta.reshape(-1, N).contiguous() if delta is not None else x2
-    _rms_norm_kernel[(x2.shape[0],)](x2, d2, total, y, weight, N, eps, ADD=delta is not None,
-                                     BLOCK=triton.next_power_of_2(N))
+    block_n = triton.next_power_of_2(N)
+    block_r = max(1, min(64, 8192 // block_n))  # about 8K elements a program: small rows share one
+    _rms_norm_kernel[(triton.cdiv(R, block_r),)](x2, d2, total, y, weight, R, N, eps, ADD=delta is not None,
+                                                 BLOCK_R=block_r, BLOCK_N=block_n)
     return total.view(x.shape), y.view(x.shape)
 
 

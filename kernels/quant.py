@@ -51,7 +51,11 @@ class QuantizedTensor:
 
 
 def default_group(K: int, scheme: str) -> int:
-    return K if scheme == "int8" else (128 if K % 128 == 0 else 64)
+    """int8: the whole row; int4: 128 inputs, or the largest of 64 and 32 that divides K (a whole
+    row for odd small widths)."""
+    if scheme == "int8":
+        return K
+    return next((g for g in (128, 64, 32) if K % g == 0), K)
 
 
 def quantized_bytes(shape: tuple[int, ...], scheme: str) -> int:
@@ -63,8 +67,7 @@ def quantized_bytes(shape: tuple[int, ...], scheme: str) -> int:
 
 
 def quantize(w: torch.Tensor, scheme: str, group: int | None = None, asymmetric: bool = False) -> QuantizedTensor:
-    """Round-to-nearest quantization of w (..., N, K). int8 defaults to one group per row
-    (per-channel scales), int4 to groups of 128 (64 when K is not a multiple of 128)."""
+    """Round-to-nearest quantization of w (..., N, K) in groups of `group` (`default_group`)."""
     if scheme not in SCHEMES:
         raise ValueError(f"quantization '{scheme}' is not one of {', '.join(SCHEMES)}")
     K = w.shape[-1]
@@ -79,18 +82,19 @@ def quantize(w: torch.Tensor, scheme: str, group: int | None = None, asymmetric:
         return QuantizedTensor(torch.cat([p.codes for p in parts]), torch.cat([p.scales for p in parts]), zeros,
                                parts[0].bits, group, tuple(w.shape), w.dtype)
     grouped = w.to(torch.float32).reshape(*w.shape[:-1], K // group, group)
+    # Codes are computed with the float16 scales (and zero points) that are stored, scales
+    # rounded up so the largest magnitude still fits the code range.
     if scheme == "int8":
-        scale = grouped.abs().amax(-1).clamp_min(1e-8) / 127
+        scale = _stored(grouped.abs().amax(-1) / 127)
         codes = torch.round(grouped / scale[..., None]).clamp(-127, 127).to(torch.int8)
         zeros = None
-    elif asymmetric:
+    elif asymmetric:  # a float zero point: the group's minimum maps to code 0 exactly
         low, high = grouped.amin(-1), grouped.amax(-1)
-        scale = ((high - low) / 15).clamp_min(1e-8)
-        zero = torch.round(-low / scale).clamp(0, 15)
-        codes = torch.round(grouped / scale[..., None] + zero[..., None]).clamp(0, 15).to(torch.uint8)
-        zeros = zero.to(torch.float16)
+        scale = _stored((high - low) / 15)
+        zeros = (-low / scale).to(torch.float16)
+        codes = torch.round(grouped / scale[..., None] + zeros.float()[..., None]).clamp(0, 15).to(torch.uint8)
     else:
-        scale = grouped.abs().amax(-1).clamp_min(1e-8) / 7
+        scale = _stored(grouped.abs().amax(-1) / 7)
         codes = (torch.round(grouped / scale[..., None]).clamp(-7, 7) + 8).to(torch.uint8)
         zeros = None
     codes = codes.reshape(w.shape)
@@ -99,6 +103,12 @@ def quantize(w: torch.Tensor, scheme: str, group: int | None = None, asymmetric:
     bits = 8 if scheme == "int8" else 4
     return QuantizedTensor(codes.contiguous(), scale.to(torch.float16).contiguous(), zeros, bits, group,
                            tuple(w.shape), w.dtype)
+
+
+def _stored(scale: torch.Tensor) -> torch.Tensor:
+    """The float16 value a scale is stored as, in float32: rounded up (never below the exact one,
+    to a relative 2**-10) and at least float16's smallest subnormal, so no scale is 0."""
+    return (scale * (1 + 2**-10)).clamp_min(2**-24).to(torch.float16).float()
 
 
 def dequantize(q: QuantizedTensor) -> torch.Tensor:

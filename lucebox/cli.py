@@ -27,6 +27,10 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=int, default=None,
                    help="rows per prefill forward (default 2048 CUDA, 512 CPU)")
     p.add_argument("--load-format", default="auto", help="auto | safetensors | dummy (random weights)")
+    p.add_argument("--backend", default="auto",
+                   help="kernels: auto (Triton on CUDA, torch on CPU) | triton | torch")
+    p.add_argument("--quantization", default=None,
+                   help="int8 | int4: quantize the linear layers' weights as they load (default: none)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,7 +107,8 @@ def _generate(args) -> int:
             raise InvalidArgumentError("--token-ids must be comma-separated integers, e.g. 1,2,3") from None
     llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format, max_context=args.ctx,
               kv_pool_tokens=args.kv_pool, kv_policy=args.kv_policy, prefill_chunk=args.prefill_chunk,
-              draft=args.draft, draft_k=args.draft_k, verify=args.verify)
+              draft=args.draft, draft_k=args.draft_k, verify=args.verify, backend=args.backend,
+              quantization=args.quantization)
     last = None
     for chunk in llm.stream(prompt, max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,

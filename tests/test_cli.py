@@ -62,6 +62,10 @@ def test_generate_on_dummy_weights(tmp_path, capsys):
     code, out, err = run_cli(["generate", str(tmp_path), "--load-format", "dummy", "--token-ids", "5,6",
                               "--max-tokens", "3", "--device", "cpu", "--ignore-eos"], capsys)
     assert code == 0 and len(out.split()) == 3
+    code, quantized, err = run_cli(["generate", str(tmp_path), "--load-format", "dummy", "--token-ids", "5,6",
+                                    "--max-tokens", "3", "--device", "cpu", "--ignore-eos", "--quantization", "int4",
+                                    "--backend", "triton", "--dtype", "float32"], capsys)
+    assert code == 0 and len(quantized.split()) == 3, err
 
 
 ERROR_CASES = {
@@ -84,6 +88,12 @@ ERROR_CASES = {
                           "does not use: extra.weight"),
     "misshaped_tensor": (lambda d: ["generate", str(d / "misshaped"), "--token-ids", "1", "--device", "cpu"],
                          "has shape [3]"),
+    "bad_backend": (lambda d: ["generate", str(d / "llama"), "--token-ids", "1", "--device", "cpu", "--backend",
+                               "cuda"], "backend 'cuda' is not one of auto, torch, triton"),
+    "triton_float64": (lambda d: ["generate", str(d / "llama"), "--token-ids", "1", "--device", "cpu", "--backend",
+                                  "triton", "--dtype", "float64"], "use backend='torch' for this dtype"),
+    "bad_quantization": (lambda d: ["generate", str(d / "llama"), "--token-ids", "1", "--device", "cpu",
+                                    "--quantization", "int2"], "quantization 'int2' is not one of int8, int4"),
 }
 
 

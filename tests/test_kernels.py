@@ -1,0 +1,237 @@
+"""Every Triton kernel against its torch reference on random inputs, several shapes (odd sizes,
+Laguna XS.2 shapes scaled down), poisoned outputs; on the CPU through Triton's interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import DEVICE, DTYPES, assert_close, random
+from lucebox.kernels import (
+    attention,
+    attention_triton,
+    gate,
+    gate_triton,
+    moe,
+    moe_triton,
+    norm,
+    norm_triton,
+    quant,
+    quant_triton,
+    rope,
+    rope_triton,
+)
+
+from lucebox.config import MoESpec, RopeSpec
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 64), (7, 2048 // 16), (3, 5, 24), (2, 130)])
+def test_rms_norm_and_fused_residual_add_match_the_reference(poisoned, dtype, shape):
+    x, delta = random(*shape, dtype=dtype, seed=1), random(*shape, dtype=dtype, seed=2)
+    weight = random(shape[-1], dtype=dtype, seed=3)
+    assert_close(norm_triton.rms_norm(x, weight, 1e-6), norm.rms_norm(x.double(), weight.double(), 1e-6), dtype)
+    total, normed = norm_triton.add_rms_norm(x, delta, weight, 1e-6)
+    want_total, want_normed = norm.add_rms_norm(x, delta, weight, 1e-6)
+    assert torch.equal(total, want_total)  # the sum is rounded exactly as `x + delta` is
+    assert_close(normed, norm.rms_norm(want_total.double(), weight.double(), 1e-6), dtype)
+
+
+ROPES = [
+    RopeSpec(kind="default", theta=10000.0, rotary_dim=32),
+    RopeSpec(kind="yarn", theta=500000.0, rotary_dim=16, factor=4.0, original_max_position=32),  # partial
+    RopeSpec(kind="llama3", theta=10000.0, rotary_dim=24, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+             original_max_position=16),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("spec", ROPES, ids=lambda s: s.kind)
+@pytest.mark.parametrize("T,heads", [(1, 3), (5, 8)])
+def test_rope_matches_the_reference(poisoned, dtype, spec, T, heads):
+    D = 32
+    inv_freq, scaling = rope.inverse_frequencies(spec)
+    inv_freq = inv_freq.to(DEVICE)
+    x = random(T, heads * D, dtype=dtype, seed=T).view(T, heads, D)  # a view of a projection's output
+    positions = torch.tensor([0, 7, 511, 4096, 70000][:T] + list(range(100, 100 + max(0, T - 5))), device=DEVICE)
+    got = rope_triton.rotate(x, positions, inv_freq, scaling)
+    want = rope.rotate(x.double(), positions, inv_freq, scaling)  # angles in float32 in both, as in the model
+    assert_close(got, want, dtype)
+    assert torch.equal(got[..., spec.rotary_dim:], x[..., spec.rotary_dim:])  # the pass-through features
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("per", ["head", "element"])
+def test_softplus_gate_matches_the_reference(poisoned, dtype, per):
+    T, Hq, D = 3, 6, 24
+    out = random(T, Hq, D, dtype=dtype, seed=4)
+    logits = random(T, Hq if per == "head" else Hq * D, dtype=dtype, seed=5, scale=8.0)  # reaches |g| > 20
+    assert_close(gate_triton.softplus_gate(out, logits), gate.softplus_gate(out.double(), logits.double()), dtype)
+
+
+def _attention_case(T, Hq, KV, S, D, seed, window=None, pinned=False, all_visible=False, empty=0.2, old=False):
+    g = torch.Generator().manual_seed(seed)
+    start = S + 3
+    q_positions = torch.arange(start, start + T)
+    if all_visible:
+        k_positions = torch.randperm(S, generator=g)
+    else:  # a ring: unordered slots, some empty, the block's own rows among them (causal inside it)
+        k_positions = torch.randperm(start + T, generator=g)[:S]
+        if old:
+            k_positions = torch.randperm(S, generator=g)  # every key older than any window
+        k_positions[torch.rand(S, generator=g) < empty] = -1
+    pins = (torch.rand(S, generator=g) < 0.3).to(DEVICE) if pinned else None
+    return q_positions.to(DEVICE), k_positions.to(DEVICE), pins
+
+
+ATTENTION_CASES = {
+    "decode": dict(T=1, Hq=12, KV=2, S=200, D=32),
+    "decode-odd-head-dim": dict(T=1, Hq=3, KV=1, S=77, D=24),
+    "verify-16-rows": dict(T=16, Hq=12, KV=2, S=150, D=32),
+    "verify-window": dict(T=8, Hq=8, KV=4, S=300, D=16, window=40),
+    "prefill-causal": dict(T=70, Hq=4, KV=2, S=90, D=16),
+    "prefill-window": dict(T=40, Hq=4, KV=1, S=70, D=16, window=10),
+    "select-pinned": dict(T=4, Hq=6, KV=3, S=260, D=16, pinned=True),
+    "all-visible": dict(T=3, Hq=4, KV=2, S=64, D=16, all_visible=True),
+    "nothing-visible": dict(T=2, Hq=4, KV=2, S=40, D=16, window=4, old=True),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=str)
+@pytest.mark.parametrize("splits", [None, 3])
+def test_attention_matches_the_reference(poisoned, dtype, case, splits):
+    spec = dict(ATTENTION_CASES[case])
+    T, Hq, KV, S, D = (spec.pop(k) for k in ("T", "Hq", "KV", "S", "D"))
+    window = spec.get("window")
+    q_pos, k_pos, pins = _attention_case(T, Hq, KV, S, D, seed=len(case), **spec)
+    q = random(T, Hq, D, dtype=dtype, seed=1)
+    k, v = random(KV, S, D, dtype=dtype, seed=2), random(KV, S, D, dtype=dtype, seed=3)
+    args = (q_pos, k_pos, 0.3, window, pins, 5, spec.get("all_visible", False))
+    out, lse = attention_triton.attention_partial(q, k, v, *args, splits=splits)
+    want_out, want_lse = attention.attention_partial(q.double(), k.double(), v.double(), *args)
+    if case == "nothing-visible":
+        assert torch.isneginf(lse).all() and (out == 0).all()
+        return
+    assert_close(out, want_out.to(torch.float64), dtype)
+    assert torch.allclose(lse.double(), want_lse, atol=1e-3 if dtype != torch.float32 else 1e-5)
+
+
+def test_attention_partials_merge_with_host_streamed_blocks(poisoned):
+    """Split-K partials and separately computed blocks (host chunks) merge into attention over all keys."""
+    T, Hq, KV, D = 2, 8, 2, 16
+    q = random(T, Hq, D, seed=1)
+    keys = [random(KV, n, D, seed=10 + n) for n in (130, 64, 64)]
+    values = [random(KV, n, D, seed=20 + n) for n in (130, 64, 64)]
+    positions = torch.randperm(258).to(DEVICE).split([130, 64, 64])
+    q_pos = torch.tensor([300, 301], device=DEVICE)
+    parts = [attention_triton.attention_partial(q, k, v, q_pos, p, 0.25, splits=2)
+             for k, v, p in zip(keys, values, positions, strict=True)]
+    whole = attention.attention_partial(q.double(), torch.cat(keys, 1).double(), torch.cat(values, 1).double(),
+                                        q_pos, torch.cat(positions), 0.25)[0]
+    assert_close(attention.merge_partials(parts), whole, torch.float32)
+
+
+def _experts(E, F, H, dtype, scheme=None, asymmetric=False):
+    gate_up = random(E, 2 * F, H, dtype=dtype, seed=7, scale=0.2)
+    down = random(E, H, F, dtype=dtype, seed=8, scale=0.2)
+    if scheme:
+        return tuple(quant.quantize(w, scheme, asymmetric=asymmetric) for w in (gate_up, down))
+    return gate_up, down
+
+
+def _routing(M, E, K, seed):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(M)]).to(DEVICE)
+    return torch.rand(M, K, generator=g).to(DEVICE), ids
+
+
+def _dense(w):
+    return quant.dequantize(w).double() if isinstance(w, quant.QuantizedTensor) else w.double()
+
+
+MOE_SHAPES = {  # Laguna XS.2 is hidden 2048, 256 experts of 512, top-8: scaled down, plus odd sizes
+    "laguna-scaled": dict(H=64, E=32, F=32, K=8),
+    "odd": dict(H=48, E=6, F=40, K=3),
+    "few-experts-many-repeats": dict(H=64, E=4, F=32, K=2),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", MOE_SHAPES, ids=str)
+@pytest.mark.parametrize("M", [1, 5, 16, 17, 40])  # decode/verify layout up to 16 rows, sorted blocks above
+def test_fused_moe_matches_the_reference(poisoned, dtype, shape, M):
+    H, E, F, K = (MOE_SHAPES[shape][k] for k in "HEFK")
+    gate_up, down = _experts(E, F, H, dtype)
+    weights, ids = _routing(M, E, K, seed=M)
+    x = random(M, H, dtype=dtype, seed=M)
+    want = moe.moe_experts(x.double(), gate_up.double(), down.double(), weights.double(), ids)
+    assert_close(moe_triton.moe_experts(x, gate_up, down, weights, ids), want, dtype)
+
+
+@pytest.mark.parametrize("scheme,asymmetric", [("int8", False), ("int4", False), ("int4", True)])
+@pytest.mark.parametrize("M", [1, 16, 33])
+def test_fused_moe_takes_quantized_experts(poisoned, scheme, asymmetric, M):
+    H, E, F, K = 128, 8, 64, 3
+    gate_up, down = _experts(E, F, H, torch.float16, scheme, asymmetric)
+    weights, ids = _routing(M, E, K, seed=M)
+    x = random(M, H, dtype=torch.float16, seed=M)
+    want = moe.moe_experts(x.double(), _dense(gate_up), _dense(down), weights.double(), ids)
+    assert_close(moe_triton.moe_experts(x, gate_up, down, weights, ids), want, torch.float16)
+
+
+def test_moe_block_table_needs_no_host_sync(monkeypatch):
+    """The prefill layout's block table is built from device tensors only (CUDA-graph safe)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("host sync")
+
+    for name in ("item", "tolist", "nonzero", "__bool__", "__int__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    monkeypatch.setattr(torch, "nonzero", refuse)
+    monkeypatch.setattr(torch, "unique", refuse)
+    ids = torch.tensor([[3, 1], [1, 0], [3, 2], [1, 3]], device=DEVICE)
+    order, expert, start, rows = moe_triton._sorted_blocks(ids, num_experts=5, block_m=2)
+    monkeypatch.undo()
+    used = rows > 0
+    assert expert[used].tolist() == [0, 1, 1, 2, 3, 3]  # expert 1 and 3 take 3 pairs: two blocks each
+    assert rows[used].tolist() == [1, 2, 1, 1, 2, 1]
+    flat = ids.reshape(-1)
+    for b in torch.nonzero(used).flatten().tolist():
+        pairs = order[start[b] : start[b] + rows[b]]
+        assert (flat[pairs.long()] == expert[b]).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scheme,group,asymmetric", [("int8", None, False), ("int4", 64, False), ("int4", 128, True),
+                                                     ("int4", 32, False)])
+@pytest.mark.parametrize("M,N,K", [(1, 70, 256), (3, 64, 128), (17, 33, 384), (70, 96, 128)])
+def test_quantized_matmul_matches_the_dequantized_reference(poisoned, dtype, scheme, group, asymmetric, M, N, K):
+    w = quant.quantize(random(N, K, dtype=dtype, seed=N), scheme, group, asymmetric)
+    x = random(M, K, dtype=dtype, seed=M)
+    bias = random(N, dtype=dtype, seed=3)
+    want = torch.nn.functional.linear(x.double(), quant.dequantize(w).double(), bias.double())
+    assert_close(quant_triton.quantized_linear(x, w, bias), want, dtype)
+
+
+@pytest.mark.parametrize("scheme,asymmetric", [("int8", False), ("int4", False), ("int4", True)])
+def test_quantization_error_is_within_half_a_step(scheme, asymmetric):
+    w = random(3, 40, 256, seed=1)  # an expert stack
+    q = quant.quantize(w, scheme, asymmetric=asymmetric)
+    step = q.scales.float().repeat_interleave(q.group, dim=-1)
+    assert ((quant.dequantize(q).float() - w).abs() <= step * 0.51).all()  # 0.01: float16 zero points
+    assert q.nbytes() == quant.quantized_bytes(w.shape, scheme) + (q.zeros.numel() * 2 if asymmetric else 0)
+
+
+def test_routing_is_a_fused_torch_op_without_host_sync(monkeypatch):
+    """Routing (softmax or sigmoid + bias, top-k, normalization, softcap) stays on the device."""
+    spec = MoESpec(num_experts=16, top_k=4, expert_size=8, router="sigmoid", normalize_topk=True,
+                   logit_softcap=2.0, correction_bias=True)
+    logits, bias = random(5, 16, seed=1), random(16, seed=2)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("host sync")
+
+    for name in ("item", "tolist", "nonzero", "__bool__", "__int__"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    weights, ids = moe.route(logits, spec, bias)
+    monkeypatch.undo()
+    assert weights.shape == ids.shape == (5, 4)

@@ -1,0 +1,94 @@
+"""The whole engine on the Triton kernels (the interpreter on the CPU) against the torch references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import DEVICE
+from lucebox.kernels.backend import resolve_backend
+from lucebox.kernels.quant import QuantizedTensor
+from tiny_models import VOCAB
+
+import lucebox
+from lucebox.errors import BackendError, InvalidArgumentError
+
+PROMPT = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+def _pair(folder, **options):
+    return (lucebox.LLM(folder, device=DEVICE.type, dtype="float32", backend="torch", **options),
+            lucebox.LLM(folder, device=DEVICE.type, dtype="float32", backend="triton", **options))
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+@pytest.mark.parametrize("quantization", [None, "int4"])
+def test_triton_engine_matches_the_torch_engine(reference_models, quantization):
+    """Laguna-shaped model (YaRN partial rotary, gating, sliding rings, MoE with a shared expert):
+    logits within 1e-3, and the same greedy tokens where the logits' margins are clear."""
+    folder, _ = reference_models("laguna")
+    torch_llm, triton_llm = _pair(folder, quantization=quantization)
+    assert triton_llm.backend == "triton" and torch_llm.backend == "torch"
+    if quantization:
+        assert isinstance(triton_llm.decoder.w["layers.1.experts_gate_up"], QuantizedTensor)
+    want = torch_llm.generate(PROMPT, max_tokens=16, ignore_eos=True).token_ids
+    got = triton_llm.generate(PROMPT, max_tokens=16, ignore_eos=True).token_ids
+    reference = torch_llm.logits(PROMPT + want)
+    logits = triton_llm.logits(PROMPT + want)
+    error = _relative(logits, reference)
+    assert error < 1e-3
+    top2 = reference[len(PROMPT) - 1 : -1].topk(2, dim=-1).values
+    margins = (top2[:, 0] - top2[:, 1]) / reference.abs().max()
+    assert margins.min() > 10 * error  # every greedy choice is clear of the kernels' rounding
+    assert got == want
+
+
+@pytest.mark.parametrize("policy,pool,length", [("exact", 192, 300), ("select", 512, 600)])
+def test_triton_attention_over_the_paged_pool_and_host_chunks(reference_models, policy, pool, length):
+    """A context past the device pool: resident blocks, host-streamed chunks (exact) or pinned
+    chunk selection (select), and their log-sum-exp merge."""
+    folder, _ = reference_models("laguna")
+    options = dict(max_context=1024, kv_pool_tokens=pool, kv_policy=policy, prefill_chunk=64)
+    torch_llm, triton_llm = _pair(folder, **options)
+    prompt = torch.randint(0, VOCAB, (length,), generator=torch.Generator().manual_seed(3)).tolist()
+    assert _relative(triton_llm.logits(prompt), torch_llm.logits(prompt)) < 1e-3
+    want = torch_llm.generate(prompt, max_tokens=8, ignore_eos=True)
+    got = triton_llm.generate(prompt, max_tokens=8, ignore_eos=True)
+    assert got.token_ids == want.token_ids
+
+
+def test_speculative_verify_on_triton_is_lossless(reference_models):
+    """Verify blocks of up to 16 rows (causal inside the block) through the Triton kernels."""
+    folder, _ = reference_models("laguna")
+    plain = lucebox.LLM(folder, device=DEVICE.type, dtype="float32", backend="triton")
+    # The target drafting for itself keeps (nearly) every draft, so every round verifies 16 rows.
+    spec = lucebox.LLM(folder, device=DEVICE.type, dtype="float32", backend="triton", draft=str(folder),
+                       draft_k=15, adaptive=False)
+    want = plain.generate(PROMPT, max_tokens=20, ignore_eos=True).token_ids
+    result = spec.generate(PROMPT, max_tokens=20, ignore_eos=True)
+    assert result.token_ids == want
+    assert result.stats["width_histogram"].get(15, 0) >= 1 and result.stats["acceptance_length"] > 8
+
+
+def test_backend_choice_and_its_errors(monkeypatch):
+    cpu = torch.device("cpu")
+    assert resolve_backend("auto", cpu, torch.float32) == "torch"
+    assert resolve_backend("torch", cpu, torch.float64) == "torch"
+    assert resolve_backend("triton", cpu, torch.float32) == "triton"  # TRITON_INTERPRET=1 in the tests
+    with pytest.raises(InvalidArgumentError, match="'cuda-graphs' is not one of auto, torch, triton"):
+        resolve_backend("cuda-graphs", cpu, torch.float32)
+    with pytest.raises(BackendError, match="float32, float16 or bfloat16"):
+        resolve_backend("triton", cpu, torch.float64)
+    with pytest.raises(BackendError, match="computes bfloat16 wrongly"):
+        resolve_backend("triton", cpu, torch.bfloat16)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(BackendError, match="TRITON_INTERPRET=1"):
+        resolve_backend("triton", cpu, torch.float32)
+
+
+def test_unquantizable_shapes_and_unknown_schemes_are_refused(reference_models):
+    folder, _ = reference_models("laguna")
+    with pytest.raises(InvalidArgumentError, match="quantization 'int3' is not one of int8, int4"):
+        lucebox.LLM(folder, device="cpu", quantization="int3")
