@@ -29,6 +29,7 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-format", default="auto", help="auto | safetensors | dummy (random weights)")
     p.add_argument("--backend", default="auto",
                    help="kernels: auto (Triton on CUDA, torch on CPU) | triton | torch")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly (for debugging)")
     p.add_argument("--quantization", default=None,
                    help="int8 | int4: quantize the linear layers' weights as they load (default: none)")
 
@@ -108,7 +109,7 @@ def _generate(args) -> int:
     llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format, max_context=args.ctx,
               kv_pool_tokens=args.kv_pool, kv_policy=args.kv_policy, prefill_chunk=args.prefill_chunk,
               draft=args.draft, draft_k=args.draft_k, verify=args.verify, backend=args.backend,
-              quantization=args.quantization)
+              quantization=args.quantization, cuda_graphs=False if args.no_cuda_graphs else None)
     last = None
     for chunk in llm.stream(prompt, max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,

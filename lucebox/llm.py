@@ -16,6 +16,7 @@ from lucebox.generation import Chunk, Generation
 from lucebox.kernels.backend import kernels_for, resolve_backend
 from lucebox.loading import check_load_format, describe_model, load_model, quantizer
 from lucebox.memory_plan import check_fits
+from lucebox.models.graphs import DecodeGraphs
 from lucebox.models.hf_config import token_ids
 from lucebox.sampling import SamplingParams
 from lucebox.speculative import VERIFY_RULES, Draft, decide
@@ -50,7 +51,8 @@ class LLM:
     "triton" (everywhere; on the CPU through Triton's interpreter, TRITON_INTERPRET=1) or "torch".
     `quantization` ("int8" or "int4") quantizes the linear layers' weights as they load
     (round-to-nearest, float16 scales per group: per row for int8, 128 inputs for int4); the
-    embeddings, output head and routers stay in `dtype`.
+    embeddings, output head and routers stay in `dtype`. `cuda_graphs` (default: on with CUDA
+    and Triton) replays decode and verify forwards from CUDA graphs captured per width.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class LLM:
         adaptive: bool = True,
         backend: str = "auto",
         quantization: str | None = None,
+        cuda_graphs: bool | None = None,
     ):
         check_load_format(load_format)
         if verify not in VERIFY_RULES:
@@ -95,6 +98,8 @@ class LLM:
         loaded = load_model(self.description, self.dtype, self.device, load_format, kernels_for(self.backend),
                             quantization)
         self.decoder = loaded.decoder
+        if self._use_cuda_graphs(cuda_graphs):
+            self.decoder.graphs = DecodeGraphs(self.decoder)
         self._tokenizer = loaded.tokenizer
         self.eos_token_ids = self._eos_ids()
         self._session: tuple[SequenceCache, list[int]] | None = None  # cache + the tokens it holds
@@ -103,6 +108,16 @@ class LLM:
         self.adaptive = adaptive
         self.proposer = make_proposer(draft, self, draft_ctx, draft_k)
         self._verify_seconds = measure_verify_seconds(self) if self.proposer is not None and adaptive else None
+
+    def _use_cuda_graphs(self, asked: bool | None) -> bool:
+        """Default: on wherever they can run, which is CUDA with the Triton kernels (the torch
+        reference MoE syncs with the host, which a graph cannot hold)."""
+        possible = self.device.type == "cuda" and self.backend == "triton"
+        if asked and not possible:
+            raise InvalidArgumentError("cuda_graphs=True needs device='cuda' and the Triton kernels "
+                                       f"(backend='triton' or 'auto'); this engine has {self.device.type}, "
+                                       f"backend '{self.backend}'")
+        return possible if asked is None else asked
 
     def _cache_settings(self, max_context, kv_policy, kv_pool_tokens, reselect_every) -> CacheSettings:
         max_context = int(max_context if max_context is not None else self.config.max_position_embeddings)

@@ -28,6 +28,7 @@ class Decoder:
         first = weights["embed"]
         self.dtype, self.device = first.dtype, first.device
         self.rope = RotaryTables(self.device)
+        self.graphs = None  # a `DecodeGraphs` replays decode/verify forwards on CUDA when attached
         self.scale = cfg.head_dim**-0.5
 
     def forward(
@@ -43,15 +44,13 @@ class Decoder:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(hidden (T, H) after the final norm, the outputs of decoder `layers` side by side
         (T, len(layers) * H), or None) from one forward: what a DFlash drafter reads."""
-        w, k, eps, n = self.w, self.kernels, self.cfg.rms_norm_eps, len(self.cfg.layers)
-        x = F.embedding(token_ids, w["embed"])
-        h = k.rms_norm(x, w["layers.0.attn_norm"], eps)
+        if self.graphs is not None and self.graphs.serves(token_ids, step):
+            return self.graphs.forward(token_ids, step, cache, layers)
+        x, h = self.embed(token_ids)
         captured: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.cfg.layers):
-            # Each residual add is fused with the norm that reads its result.
-            x, h = k.add_rms_norm(x, self._attention(i, layer, h, step, cache), w[f"layers.{i}.mlp_norm"], eps)
-            next_norm = f"layers.{i + 1}.attn_norm" if i + 1 < n else "norm"
-            x, h = k.add_rms_norm(x, self._mlp(i, layer, h), w[next_norm], eps)
+        for i in range(len(self.cfg.layers)):
+            q, key, value = self.pre_attention(i, h, step.positions)
+            x, h = self.post_attention(i, x, h, self.attend(i, q, key, value, step, cache))
             if i in layers:
                 captured[i] = x
         features = torch.cat([captured[i] for i in layers], dim=-1) if layers else None
@@ -61,10 +60,17 @@ class Decoder:
         head = self.w["embed"] if self.cfg.tie_word_embeddings else self.w["lm_head"]
         return F.linear(hidden, head)
 
-    def _attention(
-        self, i: int, layer: LayerSpec, h: torch.Tensor, step: Step, cache: SequenceCache
-    ) -> torch.Tensor:
+    # -- the pieces of one forward: what CUDA graphs capture (all but `attend`) and what they cannot
+
+    def embed(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(residual stream x, first layer's normed input h), both (T, H)."""
+        x = F.embedding(token_ids, self.w["embed"])
+        return x, self.kernels.rms_norm(x, self.w["layers.0.attn_norm"], self.cfg.rms_norm_eps)
+
+    def pre_attention(self, i: int, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q (T, Hq, D), k and v (T, KV, D) of layer i, QK-normed and rotated."""
         cfg, w, k, p = self.cfg, self.w, self.kernels, f"layers.{i}."
+        layer = cfg.layers[i]
         T, D = h.shape[0], cfg.head_dim
         bias = cfg.attention_bias
         q = k.linear(h, w[p + "wq"], w[p + "bq"] if bias else None).view(T, layer.num_heads, D)
@@ -74,16 +80,30 @@ class Decoder:
             q = k.rms_norm(q, w[p + "q_norm"], cfg.rms_norm_eps)
             key = k.rms_norm(key, w[p + "k_norm"], cfg.rms_norm_eps)
         inv_freq, scaling = self.rope.frequencies(layer.rope)
-        q = k.rotate(q, step.positions, inv_freq, scaling)
-        key = k.rotate(key, step.positions, inv_freq, scaling)
+        return k.rotate(q, positions, inv_freq, scaling), k.rotate(key, positions, inv_freq, scaling), value
+
+    def attend(self, i: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, step: Step,
+               cache: SequenceCache) -> torch.Tensor:
+        """Write this step's rows into layer i's cache and attend over what it hands out: (T, Hq, D).
+        The caches keep their bookkeeping on the host, so this part always runs eagerly."""
         layer_cache = cache.layers[i]
         layer_cache.write(step, key, value)
-        blocks = layer_cache.blocks(q, step)
-        out = attention_over_blocks(q, step.positions, blocks, self.scale, layer.window,
-                                    k.attention_partial)  # (T, Hq, D)
+        return attention_over_blocks(q, step.positions, layer_cache.blocks(q, step), self.scale,
+                                     self.cfg.layers[i].window, self.kernels.attention_partial)
+
+    def post_attention(self, i: int, x: torch.Tensor, h: torch.Tensor, out: torch.Tensor):
+        """Gate, output projection, residual + norm, MLP, residual + the next norm: (x, h)."""
+        cfg, w, k, p = self.cfg, self.w, self.kernels, f"layers.{i}."
+        layer, eps = cfg.layers[i], cfg.rms_norm_eps
         if cfg.attention_gate:
             out = k.softplus_gate(out, k.linear(h, w[p + "wg"]))
-        return k.linear(out.reshape(T, layer.num_heads * D), w[p + "wo"], w[p + "bo"] if bias else None)
+        T = out.shape[0]
+        bias = w[p + "bo"] if cfg.attention_bias else None
+        attn = k.linear(out.reshape(T, layer.num_heads * cfg.head_dim), w[p + "wo"], bias)
+        # Each residual add is fused with the norm that reads its result.
+        x, h = k.add_rms_norm(x, attn, w[p + "mlp_norm"], eps)
+        next_norm = f"layers.{i + 1}.attn_norm" if i + 1 < len(cfg.layers) else "norm"
+        return k.add_rms_norm(x, self._mlp(i, layer, h), w[next_norm], eps)
 
     def _mlp(self, i: int, layer: LayerSpec, h: torch.Tensor) -> torch.Tensor:
         w, k, p = self.w, self.kernels, f"layers.{i}."
