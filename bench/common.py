@@ -46,10 +46,11 @@ def commit() -> str:
         return "unknown"
 
 
-def write_result(name: str, payload: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def write_result(name: str, payload: dict, directory: Path | None = None) -> Path:
+    directory = directory or RESULTS
+    directory.mkdir(parents=True, exist_ok=True)
     record = {"benchmark": name, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit(),
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(), **payload}
-    path = RESULTS / f"{name}-{record['machine'].get('gpu', 'cpu').replace(' ', '_')}.json"
+    path = directory / f"{name}-{record['machine'].get('gpu', 'cpu').replace(' ', '_')}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
