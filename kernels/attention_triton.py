@@ -86,10 +86,11 @@ def _attention_kernel(
 
 
 def _splits(S: int, programs: int) -> int:
-    """Split long key blocks until there are about 256 programs, each with at least 256 keys."""
-    if programs >= 256:
+    """Split long key blocks until there are about 512 programs (a few per SM, so every SM keeps
+    loads in flight), each with at least 256 keys."""
+    if programs >= 512:
         return 1
-    return max(1, min(triton.cdiv(256, programs), S // 256))
+    return max(1, min(triton.cdiv(512, programs), S // 256))
 
 
 def attention_partial(

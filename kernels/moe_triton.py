@@ -159,13 +159,17 @@ def moe_experts(
     shape = dict(DEDUP=dedup, BLOCK_M=block_m, BLOCK_P=triton.next_power_of_2(M * K),
                  BLOCK_K=triton.next_power_of_2(K), PRECISION=dot_precision(x.dtype))
     gu_ptr, gu_s, gu_z, gu_stride, gu_sstride, bits, group, zeros = weight_args(gate_up)
-    _up_kernel[(n_blocks, triton.cdiv(F, 32))](
+    # Decode: narrow tiles, so the few active experts still spread over every SM (a program per
+    # 16 intermediate / 32 hidden features); prefill: square 64-wide tiles for the tensor cores.
+    # Untuned guesses until measured on a GPU (bench/kernels.py).
+    up_i, up_h, down_h, down_i = (16, 256, 32, 128) if dedup else (64, 64, 64, 64)
+    _up_kernel[(n_blocks, triton.cdiv(F, up_i))](
         x, inter, ids, *table,
         gu_ptr, gu_s, gu_z, *expert_strides(gate_up), gu_stride, gu_sstride, M, K, H, F,
-        bits, group, zeros, BLOCK_I=32, BLOCK_H=128, **shape)
+        bits, group, zeros, BLOCK_I=up_i, BLOCK_H=up_h, **shape)
     d_ptr, d_s, d_z, d_stride, d_sstride, bits, group, zeros = weight_args(down)
-    _down_kernel[(n_blocks, triton.cdiv(H, 64))](
+    _down_kernel[(n_blocks, triton.cdiv(H, down_h))](
         inter, out_pairs, weights.contiguous(), ids, *table,
         d_ptr, d_s, d_z, *expert_strides(down), d_stride, d_sstride, M, K, H, F,
-        bits, group, zeros, BLOCK_I=64, BLOCK_H=64, **shape)
+        bits, group, zeros, BLOCK_I=down_i, BLOCK_H=down_h, **shape)
     return out_pairs.view(M, K, H).sum(1).to(x.dtype)
