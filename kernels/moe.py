@@ -47,7 +47,20 @@ def moe_experts(
     down: Weight,  # (E, H, I)
     weights: torch.Tensor,  # (T, k)
     ids: torch.Tensor,  # (T, k)
-) -> torch.Tensor:  # (T, H): sum over the k chosen experts of weight * expert(x)
+    scaling: float = 1.0,
+    shared_gate_up: Weight | None = None,  # (2Is, H)
+    shared_down: Weight | None = None,  # (H, Is)
+) -> torch.Tensor:  # (T, H)
+    """scaling * (sum over the k chosen experts of weight * expert(x)) + shared_expert(x)."""
+    out = _routed(x, gate_up, down, weights, ids)
+    if scaling != 1.0:
+        out = out * scaling
+    if shared_gate_up is not None:
+        out = out + swiglu(x, shared_gate_up, shared_down)
+    return out
+
+
+def _routed(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     out = torch.zeros_like(x)
     flat_ids = ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)

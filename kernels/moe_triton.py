@@ -10,6 +10,11 @@ Two kernels, each in two row layouts:
 
 Shapes: M rows, H hidden features, E experts of F intermediate features, K choices per row.
 
+A shared expert (Laguna, Qwen2-MoE style) rides in the same launches: one more block (decode)
+or a few more blocks (prefill) whose rows are all M rows, with weight 1, reading the shared
+weights instead of an expert's, so it costs no extra launch and overlaps with the routed experts.
+Its results land in M extra pair rows after the M * K routed ones.
+
 Row layouts:
 - decode/verify (M <= 16 rows, DEDUP): one program per (row, choice) pair; a program whose expert
   already appears in an earlier pair does nothing, the others gather every row that chose their
@@ -33,45 +38,67 @@ DECODE_ROWS = 16  # at most this many rows take the dedup layout (a verify block
 @triton.jit
 def _block_rows(b, ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, M, K,
                 DEDUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(expert, pair index (BLOCK_M,), token (BLOCK_M,), row mask (BLOCK_M,), active) of block b."""
+    """(expert, pair index (BLOCK_M,), token (BLOCK_M,), row mask (BLOCK_M,), active, shared) of
+    block b. Pairs m * K + j are routed choices; pairs M * K + m are the shared expert's rows."""
     r = tl.arange(0, BLOCK_M)
+    P = M * K
     if DEDUP:
-        expert = tl.load(ids_ptr + b)
+        shared = b >= P  # the one block after the routed pairs
+        expert = tl.load(ids_ptr + tl.minimum(b, P - 1))
         earlier = tl.arange(0, BLOCK_P)
         seen = tl.load(ids_ptr + earlier, mask=earlier < b, other=-1)
-        active = tl.sum((seen == expert).to(tl.int32), axis=0) == 0
+        active = shared | (tl.sum((seen == expert).to(tl.int32), axis=0) == 0)
         j = tl.arange(0, BLOCK_K)
         chosen = tl.load(ids_ptr + r[:, None] * K + j[None, :], mask=(r[:, None] < M) & (j[None, :] < K), other=-1)
         match = chosen == expert
-        valid = tl.sum(match.to(tl.int32), axis=1) > 0
-        pair = r * K + tl.sum(tl.where(match, j[None, :], 0), axis=1)
+        valid = tl.where(shared, r < M, tl.sum(match.to(tl.int32), axis=1) > 0)
+        pair = tl.where(shared, P + r, r * K + tl.sum(tl.where(match, j[None, :], 0), axis=1))
         token = r
     else:
         expert = tl.load(block_expert_ptr + b)
+        shared = expert < 0
         rows = tl.load(block_rows_ptr + b)
         active = rows > 0
         valid = r < rows
         pair = tl.load(order_ptr + tl.load(block_start_ptr + b) + r, mask=valid, other=0)
-        token = pair // K
-    return tl.maximum(expert, 0), pair, token, valid, active
+        token = tl.where(pair >= P, pair - P, pair // K)
+    return tl.maximum(expert, 0).to(tl.int64), pair, token, valid, active, shared
+
+
+@triton.jit
+def _weight_tile(shared, expert, rows, cols, mask,
+                 w_ptr, s_ptr, z_ptr, stride_we, stride_se, stride_w, stride_s,
+                 sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
+                 BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                 S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_HAS_ZEROS: tl.constexpr):
+    """A float32 tile of the shared expert's weight or of `expert`'s (plain or quantized)."""
+    if shared:
+        tile = load_weight_tile(sw_ptr, ss_ptr, sz_ptr, rows, cols, mask, stride_sw, stride_ss,
+                                S_BITS, S_GROUP, S_HAS_ZEROS)
+    else:
+        tile = load_weight_tile(w_ptr + expert * stride_we, s_ptr + expert * stride_se, z_ptr + expert * stride_se,
+                                rows, cols, mask, stride_w, stride_s, BITS, GROUP, HAS_ZEROS)
+    return tile
 
 
 @triton.jit
 def _up_kernel(
     x_ptr, inter_ptr, ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr,
     w_ptr, s_ptr, z_ptr, stride_we, stride_se, stride_w, stride_s,
-    M, K, H, F,
-    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, DEDUP: tl.constexpr,
+    sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
+    M, K, H, F, F_SHARED, stride_inter,
+    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
+    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_HAS_ZEROS: tl.constexpr, DEDUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    expert, pair, token, valid, active = _block_rows(
+    expert, pair, token, valid, active, shared = _block_rows(
         tl.program_id(0), ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, M, K,
         DEDUP, BLOCK_M, BLOCK_P, BLOCK_K)
-    if active:
-        i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-        i_ok = i < F
-        w_e, s_e, z_e = w_ptr + expert * stride_we, s_ptr + expert * stride_se, z_ptr + expert * stride_se
+    width = tl.where(shared, F_SHARED, F)
+    i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    i_ok = i < width
+    if active & (tl.program_id(1) * BLOCK_I < width):
         gate = tl.zeros((BLOCK_M, BLOCK_I), tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_I), tl.float32)
         for h0 in range(0, H, BLOCK_H):
@@ -79,12 +106,16 @@ def _up_kernel(
             h_ok = h < H
             x = tl.load(x_ptr + token[:, None] * H + h[None, :], mask=valid[:, None] & h_ok[None, :], other=0.0)
             w_mask = i_ok[:, None] & h_ok[None, :]
-            w_gate = load_weight_tile(w_e, s_e, z_e, i, h, w_mask, stride_w, stride_s, BITS, GROUP, HAS_ZEROS)
-            w_up = load_weight_tile(w_e, s_e, z_e, F + i, h, w_mask, stride_w, stride_s, BITS, GROUP, HAS_ZEROS)
+            w_gate = _weight_tile(shared, expert, i, h, w_mask, w_ptr, s_ptr, z_ptr, stride_we, stride_se,
+                                  stride_w, stride_s, sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
+                                  BITS, GROUP, HAS_ZEROS, S_BITS, S_GROUP, S_HAS_ZEROS)
+            w_up = _weight_tile(shared, expert, width + i, h, w_mask, w_ptr, s_ptr, z_ptr, stride_we, stride_se,
+                                stride_w, stride_s, sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
+                                BITS, GROUP, HAS_ZEROS, S_BITS, S_GROUP, S_HAS_ZEROS)
             gate += tl.dot(x, tl.trans(w_gate.to(x.dtype)), input_precision=PRECISION)
             up += tl.dot(x, tl.trans(w_up.to(x.dtype)), input_precision=PRECISION)
         act = gate / (1.0 + tl.exp(-gate)) * up
-        tl.store(inter_ptr + pair[:, None] * F + i[None, :], act.to(inter_ptr.dtype.element_ty),
+        tl.store(inter_ptr + pair[:, None] * stride_inter + i[None, :], act.to(inter_ptr.dtype.element_ty),
                  mask=valid[:, None] & i_ok[None, :])
 
 
@@ -92,34 +123,41 @@ def _up_kernel(
 def _down_kernel(
     inter_ptr, out_ptr, weights_ptr, ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr,
     w_ptr, s_ptr, z_ptr, stride_we, stride_se, stride_w, stride_s,
-    M, K, H, F,
-    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr, DEDUP: tl.constexpr,
+    sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
+    M, K, H, F, F_SHARED, stride_inter, scaling,
+    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
+    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_HAS_ZEROS: tl.constexpr, DEDUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    expert, pair, token, valid, active = _block_rows(
+    expert, pair, token, valid, active, shared = _block_rows(
         tl.program_id(0), ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, M, K,
         DEDUP, BLOCK_M, BLOCK_P, BLOCK_K)
     if active:
+        width = tl.where(shared, F_SHARED, F)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
         h_ok = h < H
-        w_e, s_e, z_e = w_ptr + expert * stride_we, s_ptr + expert * stride_se, z_ptr + expert * stride_se
         acc = tl.zeros((BLOCK_M, BLOCK_H), tl.float32)
-        for i0 in range(0, F, BLOCK_I):
+        for i0 in range(0, width, BLOCK_I):
             i = i0 + tl.arange(0, BLOCK_I)
-            i_ok = i < F
-            a = tl.load(inter_ptr + pair[:, None] * F + i[None, :], mask=valid[:, None] & i_ok[None, :], other=0.0)
-            w = load_weight_tile(w_e, s_e, z_e, h, i, h_ok[:, None] & i_ok[None, :], stride_w, stride_s,
-                                 BITS, GROUP, HAS_ZEROS)
+            i_ok = i < width
+            a = tl.load(inter_ptr + pair[:, None] * stride_inter + i[None, :], mask=valid[:, None] & i_ok[None, :],
+                        other=0.0)
+            w = _weight_tile(shared, expert, h, i, h_ok[:, None] & i_ok[None, :], w_ptr, s_ptr, z_ptr, stride_we,
+                             stride_se, stride_w, stride_s, sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
+                             BITS, GROUP, HAS_ZEROS, S_BITS, S_GROUP, S_HAS_ZEROS)
             acc += tl.dot(a, tl.trans(w.to(a.dtype)), input_precision=PRECISION)
-        weight = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32)
+        routed = pair < M * K
+        weight = tl.load(weights_ptr + pair, mask=valid & routed, other=0.0).to(tl.float32) * scaling
+        weight = tl.where(routed, weight, 1.0)  # the shared expert is not weighted
         tl.store(out_ptr + pair[:, None] * H + h[None, :], acc * weight[:, None], mask=valid[:, None] & h_ok[None, :])
 
 
-def _sorted_blocks(ids: torch.Tensor, num_experts: int, block_m: int):
+def _sorted_blocks(ids: torch.Tensor, num_experts: int, block_m: int, shared_rows: int = 0):
     """Device-side block table of the prefill layout: pairs sorted by expert, each expert's run
-    cut into blocks of block_m. Returns (order, block_expert, block_start, block_rows); unused
-    blocks (the count is an upper bound, so no host sync) have 0 rows."""
+    cut into blocks of block_m, then blocks of the shared expert's `shared_rows` rows (expert
+    -1). Returns (order, block_expert, block_start, block_rows); unused blocks (the count is an
+    upper bound, so no host sync) have 0 rows."""
     flat = ids.reshape(-1)
     pairs = flat.numel()
     order = torch.argsort(flat, stable=True).to(torch.int32)
@@ -134,42 +172,64 @@ def _sorted_blocks(ids: torch.Tensor, num_experts: int, block_m: int):
     nth = b - (block_end[expert] - blocks[expert])  # which block of its expert's run
     start = torch.cumsum(counts, 0)[expert] - counts[expert] + nth * block_m
     rows = torch.where(used, (counts[expert] - nth * block_m).clamp(0, block_m), 0)
+    if shared_rows:
+        first = torch.arange(0, shared_rows, block_m, device=ids.device)
+        order = torch.cat((order, torch.arange(pairs, pairs + shared_rows, dtype=torch.int32, device=ids.device)))
+        expert = torch.cat((expert, torch.full_like(first, -1)))
+        start = torch.cat((start, pairs + first))
+        rows = torch.cat((rows, (shared_rows - first).clamp_max(block_m)))
     return order, expert.to(torch.int32), start.to(torch.int32), rows.to(torch.int32)
+
+
+Weight = torch.Tensor | QuantizedTensor
 
 
 def moe_experts(
     x: torch.Tensor,  # (M, H)
-    gate_up: torch.Tensor | QuantizedTensor,  # (E, 2I, H)
-    down: torch.Tensor | QuantizedTensor,  # (E, H, F)
+    gate_up: Weight,  # (E, 2F, H)
+    down: Weight,  # (E, H, F)
     weights: torch.Tensor,  # (M, k)
     ids: torch.Tensor,  # (M, k)
+    scaling: float = 1.0,
+    shared_gate_up: Weight | None = None,  # (2Fs, H)
+    shared_down: Weight | None = None,  # (H, Fs)
 ) -> torch.Tensor:  # (M, H)
     """As `kernels.moe.moe_experts`."""
     M, H = x.shape
     E, K, F = gate_up.shape[0], ids.shape[1], down.shape[2]
+    P = M * K
+    shared = shared_gate_up is not None
+    f_shared = shared_down.shape[1] if shared else 0
     x = x.contiguous()
     ids = ids.contiguous()
     dedup = M <= DECODE_ROWS
     block_m = DECODE_ROWS if dedup else 64
     # The dedup layout reads the ids alone; the table arguments are then unused placeholders.
-    table = (ids, ids, ids, ids) if dedup else _sorted_blocks(ids, E, block_m)
-    n_blocks = M * K if dedup else table[1].numel()
-    inter = torch.empty((M * K, F), dtype=x.dtype, device=x.device)
-    out_pairs = torch.empty((M * K, H), dtype=torch.float32, device=x.device)
-    shape = dict(DEDUP=dedup, BLOCK_M=block_m, BLOCK_P=triton.next_power_of_2(M * K),
+    table = (ids, ids, ids, ids) if dedup else _sorted_blocks(ids, E, block_m, M if shared else 0)
+    n_blocks = P + shared if dedup else table[1].numel()
+    width = max(F, f_shared)
+    inter = torch.empty((P + M * shared, width), dtype=x.dtype, device=x.device)
+    out_pairs = torch.empty((P + M * shared, H), dtype=torch.float32, device=x.device)
+    shape = dict(DEDUP=dedup, BLOCK_M=block_m, BLOCK_P=triton.next_power_of_2(P),
                  BLOCK_K=triton.next_power_of_2(K), PRECISION=dot_precision(x.dtype))
-    gu_ptr, gu_s, gu_z, gu_stride, gu_sstride, bits, group, zeros = weight_args(gate_up)
     # Decode: narrow tiles, so the few active experts still spread over every SM (a program per
     # 16 intermediate / 32 hidden features); prefill: square 64-wide tiles for the tensor cores.
     # Untuned guesses until measured on a GPU (bench/kernels.py).
     up_i, up_h, down_h, down_i = (16, 256, 32, 128) if dedup else (64, 64, 64, 64)
-    _up_kernel[(n_blocks, triton.cdiv(F, up_i))](
-        x, inter, ids, *table,
-        gu_ptr, gu_s, gu_z, *expert_strides(gate_up), gu_stride, gu_sstride, M, K, H, F,
-        bits, group, zeros, BLOCK_I=up_i, BLOCK_H=up_h, **shape)
-    d_ptr, d_s, d_z, d_stride, d_sstride, bits, group, zeros = weight_args(down)
-    _down_kernel[(n_blocks, triton.cdiv(H, down_h))](
-        inter, out_pairs, weights.contiguous(), ids, *table,
-        d_ptr, d_s, d_z, *expert_strides(down), d_stride, d_sstride, M, K, H, F,
-        bits, group, zeros, BLOCK_I=down_i, BLOCK_H=down_h, **shape)
-    return out_pairs.view(M, K, H).sum(1).to(x.dtype)
+    for kernel, grid, experts, shared_w, extra, blocks in (
+        (_up_kernel, (n_blocks, triton.cdiv(width, up_i)), gate_up, shared_gate_up, (x, inter),
+         dict(BLOCK_I=up_i, BLOCK_H=up_h)),
+        (_down_kernel, (n_blocks, triton.cdiv(H, down_h)), down, shared_down, (inter, out_pairs, weights.contiguous()),
+         dict(BLOCK_I=down_i, BLOCK_H=down_h)),
+    ):
+        w_ptr, s_ptr, z_ptr, stride_w, stride_s, bits, group, zeros = weight_args(experts)
+        sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss, s_bits, s_group, s_zeros = weight_args(
+            shared_w if shared else experts[0])
+        sizes = (M, K, H, F, f_shared, width) + ((scaling,) if kernel is _down_kernel else ())
+        kernel[grid](*extra, ids, *table, w_ptr, s_ptr, z_ptr, *expert_strides(experts), stride_w, stride_s,
+                     sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss, *sizes,
+                     bits, group, zeros, s_bits, s_group, s_zeros, **shape, **blocks)
+    out = out_pairs[:P].view(M, K, H).sum(1)
+    if shared:
+        out += out_pairs[P:]
+    return out.to(x.dtype)

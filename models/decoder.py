@@ -111,9 +111,6 @@ class Decoder:
             return swiglu(h, w[p + "w_gate_up"], w[p + "w_down"], k.linear)
         moe = self.cfg.moe
         weights, ids = route(F.linear(h, w[p + "router"]), moe, w.get(p + "router_bias"))
-        out = k.moe_experts(h, w[p + "experts_gate_up"], w[p + "experts_down"], weights, ids)
-        if moe.routed_scaling != 1.0:
-            out = out * moe.routed_scaling
-        if moe.shared_expert_size:
-            out = out + swiglu(h, w[p + "shared_gate_up"], w[p + "shared_down"], k.linear)
-        return out
+        shared = (w[p + "shared_gate_up"], w[p + "shared_down"]) if moe.shared_expert_size else ()
+        return k.moe_experts(h, w[p + "experts_gate_up"], w[p + "experts_down"], weights, ids, moe.routed_scaling,
+                             *shared)

@@ -179,6 +179,25 @@ def test_fused_moe_takes_quantized_experts(poisoned, scheme, asymmetric, M):
     assert_close(moe_triton.moe_experts(x, gate_up, down, weights, ids), want, torch.float16)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [1, 5, 16, 17, 40])
+@pytest.mark.parametrize("schemes", [(None, None), ("int4", "int8")], ids=["plain", "int4-experts-int8-shared"])
+def test_shared_expert_and_routed_scaling_ride_in_the_same_launches(poisoned, dtype, M, schemes):
+    """Laguna's layer: routed experts scaled by 2.5 plus a shared expert of another width."""
+    H, E, F, K, F_shared = 64, 8, 32, 3, 48
+    gate_up, down = _experts(E, F, H, dtype, schemes[0])
+    shared_gate_up = random(2 * F_shared, H, dtype=dtype, seed=9, scale=0.2)
+    shared_down = random(H, F_shared, dtype=dtype, seed=10, scale=0.2)
+    if schemes[1]:
+        shared_gate_up, shared_down = (quant.quantize(w, schemes[1]) for w in (shared_gate_up, shared_down))
+    weights, ids = _routing(M, E, K, seed=M)
+    x = random(M, H, dtype=dtype, seed=M)
+    want = moe.moe_experts(x.double(), _dense(gate_up), _dense(down), weights.double(), ids, 2.5,
+                           _dense(shared_gate_up), _dense(shared_down))
+    got = moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5, shared_gate_up, shared_down)
+    assert_close(got, want, dtype)
+
+
 def test_moe_block_table_needs_no_host_sync(monkeypatch):
     """The prefill layout's block table is built from device tensors only (CUDA-graph safe)."""
     def refuse(*args, **kwargs):
@@ -189,13 +208,15 @@ def test_moe_block_table_needs_no_host_sync(monkeypatch):
     monkeypatch.setattr(torch, "nonzero", refuse)
     monkeypatch.setattr(torch, "unique", refuse)
     ids = torch.tensor([[3, 1], [1, 0], [3, 2], [1, 3]], device=DEVICE)
-    order, expert, start, rows = moe_triton._sorted_blocks(ids, num_experts=5, block_m=2)
+    order, expert, start, rows = moe_triton._sorted_blocks(ids, num_experts=5, block_m=2, shared_rows=3)
     monkeypatch.undo()
     used = rows > 0
-    assert expert[used].tolist() == [0, 1, 1, 2, 3, 3]  # expert 1 and 3 take 3 pairs: two blocks each
-    assert rows[used].tolist() == [1, 2, 1, 1, 2, 1]
+    # Experts 1 and 3 take 3 pairs: two blocks each; then the shared expert's 3 rows (expert -1).
+    assert expert[used].tolist() == [0, 1, 1, 2, 3, 3, -1, -1]
+    assert rows[used].tolist() == [1, 2, 1, 1, 2, 1, 2, 1]
+    assert order[start[-2] :].tolist() == [8, 9, 10]  # shared pairs follow the 8 routed ones
     flat = ids.reshape(-1)
-    for b in torch.nonzero(used).flatten().tolist():
+    for b in torch.nonzero(used & (expert >= 0)).flatten().tolist():
         pairs = order[start[b] : start[b] + rows[b]]
         assert (flat[pairs.long()] == expert[b]).all()
 
