@@ -120,12 +120,16 @@ def attention_partial(
     out = torch.empty((splits, T, Hq, D), dtype=torch.float32, device=q.device)
     lse = torch.empty((splits, T, Hq), dtype=torch.float32, device=q.device)
     pin = pinned if pinned is not None else k_positions
+    # 4-byte keys take half-width tiles and two pipeline stages: three stages of 64 float32 K and V
+    # rows of 128 would not fit an RTX 3090's shared memory (tests/kernel_compile.py checks it).
+    wide = k.element_size() <= 2
     _attention_kernel[(m_blocks, kv_heads, splits)](
         q, k, v, q_positions, k_positions, pin, out, lse,
         T, S, D, Hq, group, keys_per_split, window or 0, recent, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         HAS_WINDOW=window is not None, HAS_PINNED=pinned is not None, ALL_VISIBLE=all_visible,
-        BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=triton.next_power_of_2(D), PRECISION=dot_precision(q.dtype),
+        BLOCK_M=block_m, BLOCK_N=64 if wide else 32, BLOCK_D=triton.next_power_of_2(D),
+        PRECISION=dot_precision(q.dtype), num_stages=3 if wide else 2,
     )
     if splits == 1:
         return out[0].to(q.dtype), lse[0]
