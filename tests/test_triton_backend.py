@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
+from conftest import EXAMPLES
 from kernel_cases import DEVICE
 from lucebox.kernels.backend import resolve_backend
 from lucebox.kernels.quant import QuantizedTensor
 from tiny_models import VOCAB
 
 import lucebox
+import lucebox.memory_plan
 from lucebox.errors import BackendError, InvalidArgumentError
 
 PROMPT = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -92,3 +96,15 @@ def test_unquantizable_shapes_and_unknown_schemes_are_refused(reference_models):
     folder, _ = reference_models("laguna")
     with pytest.raises(InvalidArgumentError, match="quantization 'int3' is not one of int8, int4"):
         lucebox.LLM(folder, device="cpu", quantization="int3")
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_memory_plan_counts_quantized_weights_exactly(tmp_path, quantization):
+    """What the plan reserves before loading is what the quantized weights take once loaded."""
+    shutil.copytree(EXAMPLES / "laguna-tiny", tmp_path / "model")
+    llm = lucebox.LLM(tmp_path / "model", device="cpu", dtype="float32", backend="torch", load_format="dummy",
+                      quantization=quantization, max_context=1024)
+    plain = lucebox.memory_plan.weight_bytes(llm.config, torch.float32)
+    assert llm.memory()["weights"] == lucebox.memory_plan.weight_bytes(llm.config, torch.float32, quantization)
+    # float32 embeddings and head stay; the linear layers shrink 4x (int8) or about 8x (int4).
+    assert llm.memory()["weights"] < (0.36 if quantization == "int8" else 0.25) * plain
