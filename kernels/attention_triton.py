@@ -29,7 +29,7 @@ def _attention_kernel(
     kv_head, split = tl.program_id(1), tl.program_id(2)
     r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (query row, head in group) pairs
     row_ok = r < T * group
-    t = r // group
+    t = (r // group).to(tl.int64)  # t * stride and (split, t, head) offsets can pass 2**31
     head = kv_head * group + r % group
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
@@ -119,7 +119,8 @@ def attention_partial(
     splits = triton.cdiv(S, keys_per_split) if S else 1
     out = torch.empty((splits, T, Hq, D), dtype=torch.float32, device=q.device)
     lse = torch.empty((splits, T, Hq), dtype=torch.float32, device=q.device)
-    pin = pinned if pinned is not None else k_positions
+    q_positions, k_positions = q_positions.contiguous(), k_positions.contiguous()
+    pin = pinned.contiguous() if pinned is not None else k_positions
     # 4-byte keys take half-width tiles and two pipeline stages: three stages of 64 float32 K and V
     # rows of 128 would not fit an RTX 3090's shared memory (tests/kernel_compile.py checks it).
     wide = k.element_size() <= 2

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from functools import cache
 
 import torch
-import torch.nn.functional as F
 
 from lucebox.errors import BackendError, InvalidArgumentError
 
@@ -32,7 +31,8 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"backend '{backend}' is not one of {', '.join(BACKENDS)}")
     if backend == "auto":
-        return "triton" if device.type == "cuda" and triton_installed() and dtype in _TRITON_DTYPES else "torch"
+        usable = device.type == "cuda" and triton_installed() and dtype in _TRITON_DTYPES
+        return "triton" if usable and not _bf16_unsupported(device, dtype) else "torch"
     if backend == "torch":
         return "torch"
     if not triton_installed():
@@ -40,6 +40,9 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
     if dtype not in _TRITON_DTYPES:
         raise BackendError(f"the Triton kernels take float32, float16 or bfloat16, not {dtype}; "
                            "use backend='torch' for this dtype")
+    if _bf16_unsupported(device, dtype):
+        raise BackendError("this GPU predates bfloat16 matrix units (compute capability 8.0), which the Triton "
+                           "kernels need for bfloat16; use dtype='float16' or backend='torch'")
     if device.type == "cpu":
         if os.environ.get("TRITON_INTERPRET") != "1":
             raise BackendError("backend='triton' on the CPU runs Triton's interpreter: start Python with "
@@ -48,6 +51,10 @@ def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> s
             raise BackendError("Triton's CPU interpreter computes bfloat16 wrongly; use dtype float32 or float16 "
                                "with backend='triton' on the CPU")
     return "triton"
+
+
+def _bf16_unsupported(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cuda" and dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) < (8, 0)
 
 
 @dataclass(frozen=True)
@@ -83,12 +90,6 @@ def kernels_for(backend: str) -> Kernels:
         rope_triton,
     )
 
-    def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
-        # Plain weights go to the vendor GEMM (already at the bandwidth roofline); quantized ones
-        # to the kernel that dequantizes in registers.
-        if isinstance(w, quant.QuantizedTensor):
-            return quant_triton.quantized_linear(x, w, bias)
-        return F.linear(x, w, bias)
-
     return Kernels("triton", norm_triton.rms_norm, norm_triton.add_rms_norm, rope_triton.rotate,
-                   gate_triton.softplus_gate, attention_triton.attention_partial, moe_triton.moe_experts, linear)
+                   gate_triton.softplus_gate, attention_triton.attention_partial, moe_triton.moe_experts,
+                   quant_triton.linear)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from lucebox.kernels.quant import QuantizedTensor
+from lucebox.kernels.quant import Weight
 from lucebox.kernels.quant_triton import dot_precision, expert_strides, load_weight_tile, weight_args
 
 DECODE_ROWS = 16  # at most this many rows take the dedup layout (a verify block of 1 + 15 drafts)
@@ -62,7 +62,8 @@ def _block_rows(b, ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_
         valid = r < rows
         pair = tl.load(order_ptr + tl.load(block_start_ptr + b) + r, mask=valid, other=0)
         token = tl.where(pair >= P, pair - P, pair // K)
-    return tl.maximum(expert, 0).to(tl.int64), pair, token, valid, active, shared
+    # int64 offsets: pair * H passes 2**31 for prefill chunks of ~100K rows at Laguna widths.
+    return tl.maximum(expert, 0).to(tl.int64), pair.to(tl.int64), token.to(tl.int64), valid, active, shared
 
 
 @triton.jit
@@ -179,9 +180,6 @@ def _sorted_blocks(ids: torch.Tensor, num_experts: int, block_m: int, shared_row
         start = torch.cat((start, pairs + first))
         rows = torch.cat((rows, (shared_rows - first).clamp_max(block_m)))
     return order, expert.to(torch.int32), start.to(torch.int32), rows.to(torch.int32)
-
-
-Weight = torch.Tensor | QuantizedTensor
 
 
 def moe_experts(

@@ -35,8 +35,8 @@ def _launch(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, e
     d2 = delta.reshape(-1, N).contiguous() if delta is not None else x2
     block_n = triton.next_power_of_2(N)
     block_r = max(1, min(64, 8192 // block_n))  # about 8K elements a program: small rows share one
-    _rms_norm_kernel[(triton.cdiv(R, block_r),)](x2, d2, total, y, weight, R, N, eps, ADD=delta is not None,
-                                                 BLOCK_R=block_r, BLOCK_N=block_n)
+    _rms_norm_kernel[(triton.cdiv(R, block_r),)](x2, d2, total, y, weight.contiguous(), R, N, eps,
+                                                 ADD=delta is not None, BLOCK_R=block_r, BLOCK_N=block_n)
     return total.view(x.shape), y.view(x.shape)
 
 

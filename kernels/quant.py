@@ -7,7 +7,7 @@ consecutive input features of an output row:
 
 - int8: codes int8 in -127..127, zero 0 (symmetric);
 - int4: codes 0..15 packed two per byte along K (even k in the low nibble), zero 8 when
-  symmetric, or a float16 zero point per group when asymmetric (`zeros` is set).
+  symmetric, or an integer zero point 0..15 per group (stored as float16) when asymmetric.
 
 Activations stay in the model dtype; kernels dequantize a tile at a time, so a matmul reads
 1 (int8) or 0.5 (int4) bytes per weight plus the scales.
@@ -88,11 +88,12 @@ def quantize(w: torch.Tensor, scheme: str, group: int | None = None, asymmetric:
         scale = _stored(grouped.abs().amax(-1) / 127)
         codes = torch.round(grouped / scale[..., None]).clamp(-127, 127).to(torch.int8)
         zeros = None
-    elif asymmetric:  # a float zero point: the group's minimum maps to code 0 exactly
-        low, high = grouped.amin(-1), grouped.amax(-1)
+    elif asymmetric:  # an integer zero point: the range [min(low, 0), max(high, 0)] spans codes 0..15
+        low, high = grouped.amin(-1).clamp_max(0), grouped.amax(-1).clamp_min(0)
         scale = _stored((high - low) / 15)
-        zeros = (-low / scale).to(torch.float16)
-        codes = torch.round(grouped / scale[..., None] + zeros.float()[..., None]).clamp(0, 15).to(torch.uint8)
+        zeros = torch.round(-low / scale).clamp(0, 15)
+        codes = torch.round(grouped / scale[..., None] + zeros[..., None]).clamp(0, 15).to(torch.uint8)
+        zeros = zeros.to(torch.float16)  # small integers: exact in float16
     else:
         scale = _stored(grouped.abs().amax(-1) / 7)
         codes = (torch.round(grouped / scale[..., None]).clamp(-7, 7) + 8).to(torch.uint8)

@@ -8,6 +8,7 @@ MoE kernels use it too, so experts can be quantized the same way.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from lucebox.kernels.quant import QuantizedTensor
@@ -20,9 +21,9 @@ def load_weight_tile(
     stride_row, stride_scale_row,
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
 ):
-    """Tile (R, C) of the weight in float32. BITS 16: plain weight; 8: int8 codes; 4: two codes
-    per byte along the input features (even feature in the low nibble)."""
-    if BITS == 16:
+    """Tile (R, C) of the weight in float32. BITS 0: a plain (unquantized) weight; 8: int8 codes;
+    4: two codes per byte along the input features (even feature in the low nibble)."""
+    if BITS == 0:
         return tl.load(w_ptr + rows[:, None] * stride_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if BITS == 8:
         codes = tl.load(w_ptr + rows[:, None] * stride_row + cols[None, :], mask=mask, other=0).to(tl.float32)
@@ -39,7 +40,9 @@ def load_weight_tile(
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """float32 models multiply in full float32 (not TF32), so they stay comparable to the reference."""
+    """`tl.dot`'s input precision: float32 models multiply in full float32 (not TF32), so they stay
+    comparable to the reference; for 16-bit inputs the setting has no effect ("tf32" is Triton's
+    default)."""
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
@@ -52,7 +55,7 @@ def weight_args(w: torch.Tensor | QuantizedTensor) -> tuple:
                 w.zeros is not None)
     if w.stride(-1) != 1:
         raise ValueError("weights must be contiguous along their input features")
-    return (w, w, w, w.stride(-2), 0, 16, 1, False)
+    return (w, w, w, w.stride(-2), 0, 0, 1, False)
 
 
 def expert_strides(w: torch.Tensor | QuantizedTensor) -> tuple[int, int]:
@@ -69,7 +72,7 @@ def _matmul_kernel(
     BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     outs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -81,6 +84,14 @@ def _matmul_kernel(
         acc += tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PRECISION)
     tl.store(y_ptr + rows[:, None] * stride_y + outs[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=(rows[:, None] < M) & (outs[None, :] < N))
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | QuantizedTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """As `kernels.quant.linear`: plain weights go to the vendor GEMM (already at the bandwidth
+    roofline), quantized ones to the kernel that dequantizes in registers."""
+    if isinstance(w, QuantizedTensor):
+        return quantized_linear(x, w, bias)
+    return F.linear(x, w, bias)
 
 
 def quantized_linear(x: torch.Tensor, w: QuantizedTensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -38,6 +38,7 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, sca
         x = x.contiguous()
     half = inv_freq.shape[0]
     y = torch.empty((T, heads, D), dtype=x.dtype, device=x.device)
+    positions, inv_freq = positions.contiguous(), inv_freq.contiguous()
     rows, block_r = T * heads, 64
     _rope_kernel[(triton.cdiv(rows, block_r),)](
         x, y, positions, inv_freq, rows, heads, D, scaling, x.stride(0), x.stride(1),

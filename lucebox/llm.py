@@ -84,6 +84,9 @@ class LLM:
         if draft_ctx <= 0:
             raise InvalidArgumentError(f"draft_ctx must be positive, got {draft_ctx}")
         self.device = resolve_device(device)
+        if self.device.type == "cuda":
+            # Triton launches and CUDA graph capture follow the current device, not a tensor's.
+            torch.cuda.set_device(self.device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.backend = resolve_backend(backend, self.device, self.dtype)
         self.quantization = quantization

@@ -32,6 +32,9 @@ MAX_WIDTH = 16  # a verify block: the last token and up to 15 drafts
 
 
 class _Segment:
+    """One stretch of device work: run eagerly, or captured once and replayed; `out` holds its
+    outputs (static tensors once captured), which the next segment reads."""
+
     def __init__(self, fn: Callable[[], tuple]):
         self.fn = fn
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -94,7 +97,7 @@ class WidthGraphs:
     def forward(self, token_ids: torch.Tensor, step: Step, cache: SequenceCache, layers: tuple[int, ...]):
         self.ids.copy_(token_ids)
         self.positions.copy_(step.positions)
-        captured = {}
+        captured: dict[int, torch.Tensor] = {}
         out = self.segments[0].run()
         for i in range(len(self.decoder.cfg.layers)):
             q, key, value = out[2:]

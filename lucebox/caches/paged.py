@@ -162,7 +162,9 @@ class PagedKV(LayerCache):
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         self._wait_for_loads()
-        self._last_q = (q, step.positions)  # recorded now, not when the blocks are consumed
+        # Recorded now, not when the blocks are consumed, and copied: q may be a CUDA graph's static
+        # output, which the next replay overwrites.
+        self._last_q = (q.clone(), step.positions.clone()) if self.select else None
         return self._blocks(step)
 
     def _blocks(self, step: Step) -> Iterator[KVBlock]:
