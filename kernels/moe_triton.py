@@ -182,6 +182,20 @@ def _sorted_blocks(ids: torch.Tensor, num_experts: int, block_m: int, shared_row
     return order, expert.to(torch.int32), start.to(torch.int32), rows.to(torch.int32)
 
 
+def _weight_args(experts: Weight, shared_weight: Weight | None, shared: bool) -> tuple:
+    """Pointers and strides of an expert stack and of the shared expert's matrix (the first
+    expert's when there is none: a placeholder the kernel never reads)."""
+    w_ptr, s_ptr, z_ptr, stride_w, stride_s = weight_args(experts)[:5]
+    sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss = weight_args(shared_weight if shared else experts[0])[:5]
+    return (w_ptr, s_ptr, z_ptr, *expert_strides(experts), stride_w, stride_s,
+            sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss)
+
+
+def _weight_flags(experts: Weight, shared_weight: Weight | None, shared: bool) -> tuple:
+    """(BITS, GROUP, HAS_ZEROS) of the experts, then of the shared expert."""
+    return (*weight_args(experts)[5:], *weight_args(shared_weight if shared else experts[0])[5:])
+
+
 def moe_experts(
     x: torch.Tensor,  # (M, H)
     gate_up: Weight,  # (E, 2F, H)
@@ -214,19 +228,13 @@ def moe_experts(
     # 16 intermediate / 32 hidden features); prefill: square 64-wide tiles for the tensor cores.
     # Untuned guesses until measured on a GPU (bench/kernels.py).
     up_i, up_h, down_h, down_i = (16, 256, 32, 128) if dedup else (64, 64, 64, 64)
-    for kernel, grid, experts, shared_w, extra, blocks in (
-        (_up_kernel, (n_blocks, triton.cdiv(width, up_i)), gate_up, shared_gate_up, (x, inter),
-         dict(BLOCK_I=up_i, BLOCK_H=up_h)),
-        (_down_kernel, (n_blocks, triton.cdiv(H, down_h)), down, shared_down, (inter, out_pairs, weights.contiguous()),
-         dict(BLOCK_I=down_i, BLOCK_H=down_h)),
-    ):
-        w_ptr, s_ptr, z_ptr, stride_w, stride_s, bits, group, zeros = weight_args(experts)
-        sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss, s_bits, s_group, s_zeros = weight_args(
-            shared_w if shared else experts[0])
-        sizes = (M, K, H, F, f_shared, width) + ((scaling,) if kernel is _down_kernel else ())
-        kernel[grid](*extra, ids, *table, w_ptr, s_ptr, z_ptr, *expert_strides(experts), stride_w, stride_s,
-                     sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss, *sizes,
-                     bits, group, zeros, s_bits, s_group, s_zeros, **shape, **blocks)
+    sizes = (M, K, H, F, f_shared, width)
+    _up_kernel[(n_blocks, triton.cdiv(width, up_i))](
+        x, inter, ids, *table, *_weight_args(gate_up, shared_gate_up, shared), *sizes,
+        *_weight_flags(gate_up, shared_gate_up, shared), BLOCK_I=up_i, BLOCK_H=up_h, **shape)
+    _down_kernel[(n_blocks, triton.cdiv(H, down_h))](
+        inter, out_pairs, weights.contiguous(), ids, *table, *_weight_args(down, shared_down, shared), *sizes, scaling,
+        *_weight_flags(down, shared_down, shared), BLOCK_I=down_i, BLOCK_H=down_h, **shape)
     out = out_pairs[:P].view(M, K, H).sum(1)
     if shared:
         out += out_pairs[P:]

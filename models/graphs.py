@@ -41,9 +41,14 @@ class _Segment:
         self.out: tuple = ()
 
     def capture(self, pool) -> None:
+        """Capture on the current (side) stream. `torch.cuda.graph` would do the same but also
+        synchronize and empty the allocator's cache for each of the ~41 segments of a width."""
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        self.graph.capture_begin(pool=pool)
+        try:
             self.out = self.fn()
+        finally:
+            self.graph.capture_end()
 
     def run(self) -> tuple:
         if self.graph is not None:
@@ -82,17 +87,20 @@ class WidthGraphs:
         return segment
 
     def _capture(self) -> None:
-        # One eager pass on a side stream first: Triton compiles and cuBLAS picks its kernels
-        # outside the capture, as CUDA graphs require.
-        side = torch.cuda.Stream(self.decoder.device)
-        side.wait_stream(torch.cuda.current_stream(self.decoder.device))
+        # One eager pass first, so Triton compiles and cuBLAS picks its kernels outside the
+        # capture; then every segment is captured on the same side stream (capture cannot run on
+        # the default stream) into one shared memory pool.
+        device = self.decoder.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for segment in self.segments:
                 segment.run()
-        torch.cuda.current_stream(self.decoder.device).wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()
-        for segment in self.segments:
-            segment.capture(pool)
+            side.synchronize()
+            pool = torch.cuda.graph_pool_handle()
+            for segment in self.segments:
+                segment.capture(pool)
+        torch.cuda.current_stream(device).wait_stream(side)
 
     def forward(self, token_ids: torch.Tensor, step: Step, cache: SequenceCache, layers: tuple[int, ...]):
         self.ids.copy_(token_ids)
