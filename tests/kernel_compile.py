@@ -15,51 +15,40 @@ import json
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 os.environ.pop("TRITON_INTERPRET", None)  # before any kernel module is imported
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from triton import knobs  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-from triton.runtime.jit import JITFunction  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
 
 # Shared memory one block may use: RTX 3090 (sm_86) and Hopper (sm_90).
 TARGETS = {86: 101376, 90: 232448}
-_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
-          torch.int64: "i64", torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
 
 
-def record_launches() -> list[tuple[str, str, dict, dict]]:
-    """(module, kernel name, signature, constexprs, launch options) of every launch the wrappers make."""
+def record_launches() -> list[tuple]:
+    """(module, kernel name, signature, constexprs, attributes, options) of every distinct launch
+    the wrappers make, specialized as Triton's launcher would on a GPU (integers equal to 1 and
+    16-byte alignment or divisibility by 16 of pointers and integers)."""
     launches = {}
+    backend = make_backend(GPUTarget("cuda", 90, 32))
 
     def run(self, *args, grid, warmup, **kwargs):
-        signature, constexprs = {}, {}
-        values = dict(zip(self.arg_names, args, strict=False)) | kwargs
-        for param in self.params:
-            value = values[param.name]
-            if param.is_constexpr:
-                signature[param.name], constexprs[param.name] = "constexpr", value
-            elif isinstance(value, torch.Tensor):
-                signature[param.name] = "*" + _TYPES[value.dtype]
-            elif isinstance(value, bool):
-                signature[param.name] = "i1"
-            elif isinstance(value, int):
-                if value == 1:  # Triton specializes integer arguments equal to 1
-                    signature[param.name], constexprs[param.name] = "constexpr", 1
-                else:
-                    signature[param.name] = "i64" if abs(value) >= 2**31 else "i32"
-            elif isinstance(value, float):
-                signature[param.name] = "fp32"
-            else:
-                raise TypeError(f"{self.fn.__name__}: argument {param.name} of type {type(value)}")
-        options = {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages")}
-        key = (self.fn.__module__, self.fn.__name__, json.dumps(signature, sort_keys=True),
-               json.dumps({k: v for k, v in constexprs.items()}, sort_keys=True, default=str),
-               json.dumps(options, sort_keys=True))
-        launches[key] = (self.fn.__module__, self.fn.__name__, signature, constexprs, options)
+        kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug
+        kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+        kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+        binder = create_function_from_signature(self.signature, self.params, backend)
+        bound, specialization, options = binder(*args, **kwargs)
+        options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, specialization, options)
+        # Launch options as given (num_warps, num_stages...): each target completes them itself.
+        given = {k: v for k, v in kwargs.items() if k in options.__dict__}
+        key = repr((self.fn.__module__, self.fn.__name__, specialization, sorted(given.items())))
+        launches[key] = (self.fn.__module__, self.fn.__name__, signature, constexprs, attrs, given)
 
     JITFunction.run = run
     exercise_wrappers()
@@ -104,10 +93,10 @@ def exercise_wrappers() -> None:
 
 
 def compile_one(job: tuple) -> dict:
-    module, name, signature, constexprs, options, capability = job
+    module, name, signature, constexprs, attrs, options, capability = job
     fn = getattr(sys.modules.get(module) or __import__(module, fromlist=[name]), name)
     try:
-        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                                 target=GPUTarget("cuda", capability, 32), options=options)
         shared = kernel.metadata.shared
         ok = shared <= TARGETS[capability]
@@ -115,14 +104,21 @@ def compile_one(job: tuple) -> dict:
     except Exception as e:  # noqa: BLE001 - report every failure, keep compiling the rest
         shared, ok, error = None, False, f"{type(e).__name__}: {str(e)[:800]}"
     return {"kernel": name, "sm": capability, "ok": ok, "shared_bytes": shared, "error": error,
-            "constexprs": {k: v for k, v in constexprs.items() if k.isupper()}}
+            "constexprs": {str(k): v for k, v in constexprs.items()}}
 
 
 def main() -> int:
     launches = record_launches()
     jobs = [(*launch, capability) for launch in launches for capability in TARGETS]
+    results = []
     with ProcessPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        results = list(pool.map(compile_one, jobs))
+        futures = [(job, pool.submit(compile_one, job)) for job in jobs]
+        for job, future in futures:
+            try:
+                results.append(future.result())
+            except BrokenProcessPool:  # the compiler aborted the process (an LLVM error)
+                results.append({"kernel": job[1], "sm": job[-1], "ok": False, "shared_bytes": None,
+                                "error": "the compiler crashed (see stderr)", "constexprs": {}})
     for result in results:
         print(json.dumps(result, default=str))
     failed = [r for r in results if not r["ok"]]
