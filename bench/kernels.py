@@ -302,20 +302,24 @@ def main() -> None:
     timer = Timer(device, reps=1 if dry else 20)
     peak = peak_bandwidth(device, shapes["copy_bytes"], timer)
     results = {"peak_gb_per_s": peak / 1e9, "dry_run": dry, "shapes": {k: v for k, v in shapes.items()}}
-    results["moe"] = bench_moe(shapes, dtype, None, device, timer, peak) + bench_moe(shapes, dtype, "int4", device,
-                                                                                     timer, peak)
-    results["attention"] = bench_attention(shapes, dtype, device, timer, peak)
-    results["linear"] = bench_linear(shapes, dtype, device, timer, peak)
-    results["small"] = bench_small(shapes, dtype, device, timer, peak)
+    out = Path(args.out) if args.out else None
+    sections = [
+        ("moe", lambda: bench_moe(shapes, dtype, None, device, timer, peak)
+         + bench_moe(shapes, dtype, "int4", device, timer, peak)),
+        ("attention", lambda: bench_attention(shapes, dtype, device, timer, peak)),
+        ("linear", lambda: bench_linear(shapes, dtype, device, timer, peak)),
+        ("small", lambda: bench_small(shapes, dtype, device, timer, peak)),
+    ]
     if not args.no_model:
-        if dry:
-            folder = dry_run_model()
-        else:
-            folder = Path(args.config)
-        results["model"] = bench_model(folder, dtype, device, peak, 8 if dry else args.decode_tokens, dry)
+        folder = dry_run_model() if dry else Path(args.config)
+        sections.append(("model", lambda: bench_model(folder, dtype, device, peak, 8 if dry else args.decode_tokens,
+                                                      dry)))
+    for name, run in sections:
+        results[name] = run()
+        path = write_result("kernels", results, out)  # after every section: a timeout keeps what was measured
+        print(f"{name}: done, {path}", flush=True)
     results["targets"] = targets(results, shapes)
-    path = write_result("kernels", results, Path(args.out) if args.out else None)
-    print(f"wrote {path}")
+    write_result("kernels", results, out)
     for name, value in results["targets"].items():
         print(f"{name}: {value}")
 
