@@ -97,12 +97,6 @@ def peak_bandwidth(device, nbytes: int, timer: Timer) -> float:
     return 2 * nbytes / timer([lambda: dst.copy_(src)])
 
 
-def nbytes(t) -> int:
-    from lucebox.kernels.quant import QuantizedTensor
-
-    return t.nbytes() if isinstance(t, QuantizedTensor) else t.numel() * t.element_size()
-
-
 def copies_for(one: int, shapes: dict) -> int:
     """How many input copies to rotate over so the set is bigger than the L2 cache."""
     return max(2, min(16, math.ceil(2 * shapes["l2_bytes"] / max(one, 1))))
@@ -113,12 +107,14 @@ def bench_moe(shapes, dtype, scheme, device, timer, peak) -> list[dict]:
     from lucebox.kernels.moe_triton import moe_experts
     from lucebox.kernels.quant import quantize
 
+    from lucebox.speculative.proposer import tensor_bytes
+
     H, E, F, K = shapes["hidden"], shapes["experts"], shapes["expert_width"], shapes["top_k"]
     gate_up = torch.empty(E, 2 * F, H, dtype=dtype, device=device).normal_(0, 0.02)
     down = torch.empty(E, H, F, dtype=dtype, device=device).normal_(0, 0.02)
     if scheme:
         gate_up, down = quantize(gate_up, scheme), quantize(down, scheme)
-    per_expert = (nbytes(gate_up) + nbytes(down)) // E
+    per_expert = tensor_bytes([gate_up, down]) // E
     rows = []
     g = torch.Generator().manual_seed(0)
     for M in ROWS:
@@ -177,12 +173,14 @@ def bench_linear(shapes, dtype, device, timer, peak) -> list[dict]:
     from lucebox.kernels.backend import kernels_for
     from lucebox.kernels.quant import quantize
 
+    from lucebox.speculative.proposer import tensor_bytes
+
     linear = kernels_for("triton").linear
     N, K = shapes["full_heads"] * shapes["head_dim"], shapes["hidden"]
     rows = []
     for scheme in (None, "int8", "int4"):
         plain = torch.empty(N, K, dtype=dtype, device=device).normal_(0, 0.02)
-        w_bytes = nbytes(quantize(plain, scheme) if scheme else plain)
+        w_bytes = tensor_bytes([quantize(plain, scheme) if scheme else plain])
         weights = [quantize(plain, scheme) if scheme else plain.clone() for _ in range(copies_for(w_bytes, shapes))]
         for M in ROWS:
             x = torch.randn(M, K, dtype=dtype, device=device)
@@ -211,7 +209,7 @@ def bench_small(shapes, dtype, device, timer, peak) -> list[dict]:
         size = x.element_size()
         for name, call, moved in (
             ("add_rms_norm", partial(norm_triton.add_rms_norm, x, delta, w[0], 1e-6), 5 * M * H * size),
-            ("rope", partial(rope_triton.rotate, q, positions, inv_freq, 1.0), 2 * q.numel() * size),
+            ("rope", partial(rope_triton.rotate, (q,), positions, inv_freq, 1.0), 2 * q.numel() * size),
             ("softplus_gate", partial(gate_triton.softplus_gate, q, logits), 2 * q.numel() * size),
         ):
             seconds = timer([call])

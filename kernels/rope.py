@@ -96,9 +96,12 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dty
     return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float) -> torch.Tensor:
-    """x (T, heads, D) with its first 2 * len(inv_freq) features rotated by position."""
-    return apply_rope(x, *cos_sin(positions, inv_freq, scaling, x.dtype))
+def rotate(xs: tuple[torch.Tensor, ...], positions: torch.Tensor, inv_freq: torch.Tensor,
+           scaling: float) -> tuple[torch.Tensor, ...]:
+    """Each x (T, heads, D) of xs (a layer's q and k) with its first 2 * len(inv_freq) features
+    rotated by position; the angles are computed once for all of them."""
+    cos, sin = cos_sin(positions, inv_freq, scaling, xs[0].dtype)
+    return tuple(apply_rope(x, cos, sin) for x in xs)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

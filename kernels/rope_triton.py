@@ -31,14 +31,19 @@ def _rope_kernel(x_ptr, y_ptr, pos_ptr, freq_ptr, R, heads, D, scaling, stride_t
     tl.store(dst + rest, tl.load(src + rest, mask=keep, other=0.0), mask=keep)
 
 
-def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float) -> torch.Tensor:
-    """x (T, heads, D) with its first 2 * len(inv_freq) features rotated by position."""
+def rotate(xs: tuple[torch.Tensor, ...], positions: torch.Tensor, inv_freq: torch.Tensor,
+           scaling: float) -> tuple[torch.Tensor, ...]:
+    """As `kernels.rope.rotate`; the kernel computes its angles itself, one launch per tensor."""
+    positions, inv_freq = positions.contiguous(), inv_freq.contiguous()
+    return tuple(_rotate(x, positions, inv_freq, scaling) for x in xs)
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float) -> torch.Tensor:
     T, heads, D = x.shape
     if x.stride(2) != 1:
         x = x.contiguous()
     half = inv_freq.shape[0]
     y = torch.empty((T, heads, D), dtype=x.dtype, device=x.device)
-    positions, inv_freq = positions.contiguous(), inv_freq.contiguous()
     rows, block_r = T * heads, 64
     _rope_kernel[(triton.cdiv(rows, block_r),)](
         x, y, positions, inv_freq, rows, heads, D, scaling, x.stride(0), x.stride(1),

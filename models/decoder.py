@@ -80,7 +80,7 @@ class Decoder:
             q = k.rms_norm(q, w[p + "q_norm"], cfg.rms_norm_eps)
             key = k.rms_norm(key, w[p + "k_norm"], cfg.rms_norm_eps)
         inv_freq, scaling = self.rope.frequencies(layer.rope)
-        return k.rotate(q, positions, inv_freq, scaling), k.rotate(key, positions, inv_freq, scaling), value
+        return (*k.rotate((q, key), positions, inv_freq, scaling), value)
 
     def attend(self, i: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, step: Step,
                cache: SequenceCache) -> torch.Tensor:

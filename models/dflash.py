@@ -194,7 +194,7 @@ class DFlashDrafter:
         for layer, ring in enumerate(rings):
             src = self._norm(ctx, f"layers.{layer}.attn_norm") if cfg.laguna else ctx
             _, k, v = self._split_qkv(layer, src)
-            ring.write(step, self.kernels.rotate(k, step.positions, inv_freq, scaling), v)
+            ring.write(step, self.kernels.rotate((k,), step.positions, inv_freq, scaling)[0], v)
 
     def draft(self, block_embeddings: torch.Tensor, positions: torch.Tensor, rings: list[SlidingRing]) -> torch.Tensor:
         """Hidden states (B, H) of the block after the final norm."""
@@ -206,7 +206,7 @@ class DFlashDrafter:
             p = f"layers.{layer}."
             h = self._norm(x, p + "attn_norm")
             q, k, v = self._split_qkv(layer, h)
-            q, k = kern.rotate(q, positions, inv_freq, scaling), kern.rotate(k, positions, inv_freq, scaling)
+            q, k = kern.rotate((q, k), positions, inv_freq, scaling)
             window = cfg.windows[layer]
             causal = cfg.causal or window is not None
             # Inside a non-causal block every row sees every row: present the block keys as if

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -21,3 +24,23 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> N
     assert torch.isfinite(got).all(), "non-finite values: an output element was never written"
     error = (got.double() - want.double()).abs().max() / want.double().abs().max().clamp_min(1e-30)
     assert error <= TOLERANCE[dtype], f"relative error {float(error):.3g} above {TOLERANCE[dtype]:g} for {dtype}"
+
+
+@contextmanager
+def no_host_sync() -> Iterator[None]:
+    """Inside, every torch call that makes the host wait for the device (reading a value back,
+    data-dependent shapes) raises: what a CUDA graph cannot hold."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("host sync")
+
+    patched = [(torch.Tensor, name) for name in ("item", "tolist", "nonzero", "__bool__", "__int__", "__float__",
+                                                 "cpu", "numpy")]
+    patched += [(torch, name) for name in ("nonzero", "unique", "bincount", "masked_select")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in patched]
+    for owner, name in patched:
+        setattr(owner, name, refuse)
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)

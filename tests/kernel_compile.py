@@ -83,8 +83,8 @@ def exercise_wrappers() -> None:
                                                    positions < 64, 256)
                 attention_triton.attention_partial(q, k, v, positions[-M:] + S, positions, D**-0.5, None,
                                                    all_visible=True)
-                rope_triton.rotate(q, positions[:M], torch.rand(D // 4), 1.0)  # partial rotary (full layers)
-                rope_triton.rotate(q, positions[:M], torch.rand(D // 2), 1.0)
+                rope_triton.rotate((q,), positions[:M], torch.rand(D // 4), 1.0)  # partial rotary (full layers)
+                rope_triton.rotate((q,), positions[:M], torch.rand(D // 2), 1.0)
                 gate_triton.softplus_gate(q, torch.randn(M, heads, dtype=dtype))
                 gate_triton.softplus_gate(q, torch.randn(M, heads * D, dtype=dtype))
             norm_triton.rms_norm(x, torch.randn(H, dtype=dtype), 1e-6)

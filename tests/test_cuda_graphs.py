@@ -11,6 +11,7 @@ import shutil
 import pytest
 import torch
 from conftest import EXAMPLES
+from kernel_cases import no_host_sync
 from lucebox.models.graphs import DecodeGraphs
 from tiny_models import VOCAB
 
@@ -59,7 +60,7 @@ def test_replayed_graphs_equal_eager_decoding_on_cuda(tmp_path, dtype):
     assert len(speculative.decoder.graphs.widths) >= 2
 
 
-def test_captured_segments_never_sync_with_the_host(reference_models, monkeypatch):
+def test_captured_segments_never_sync_with_the_host(reference_models):
     """What a graph captures (norms, projections, RoPE, gate, routing, MoE with a shared expert;
     Triton kernels through the interpreter) calls nothing that waits for the device."""
     from lucebox.models.graphs import WidthGraphs
@@ -67,15 +68,7 @@ def test_captured_segments_never_sync_with_the_host(reference_models, monkeypatc
     folder, _ = reference_models("laguna")
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", backend="triton")
     segments = WidthGraphs(llm.decoder, width=5, capture=False).segments
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("host sync inside a captured segment")
-
-    for name in ("item", "tolist", "nonzero", "__bool__", "__int__", "__float__", "cpu", "numpy"):
-        monkeypatch.setattr(torch.Tensor, name, refuse)
-    for name in ("nonzero", "unique", "bincount", "masked_select"):
-        monkeypatch.setattr(torch, name, refuse)
-    for segment in segments:  # the attention between them runs eagerly and is not part of this check
-        segment.run()
-    monkeypatch.undo()
+    with no_host_sync():
+        for segment in segments:  # the attention between them runs eagerly and is not part of this check
+            segment.run()
     assert segments[-1].out[1].shape == (5, llm.config.hidden_size)
