@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "for a newline use the shell's quoting, e.g. $'\\n\\n'")
     gen.add_argument("--stop-token-id", type=int, action="append", default=[], help="stop token id (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
+    from lucebox.training import distill_command, train_command
+
+    train_command.add_parser(sub)
+    distill_command.add_parser(sub)
     return parser
 
 
@@ -132,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return {"info": _info, "generate": _generate}[args.command](args)
+        from lucebox.training import distill_command, train_command
+
+        commands = {"info": _info, "generate": _generate, "train": train_command.command,
+                    "distill": distill_command.command}
+        return commands[args.command](args)
     except LuceboxError as e:
         print(f"lucebox: error: {e}", file=sys.stderr)
         return 2

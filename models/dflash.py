@@ -169,6 +169,15 @@ class DFlashDrafter:
         self.rope = RotaryTables(self.device)
         self.scale = cfg.head_dim**-0.5
 
+    def logits(self, target, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits (float32) of drafted rows through the target's LM head (`target`: its `Decoder`),
+        with the drafter's output scaling and soft cap."""
+        cfg = self.cfg
+        logits = target.logits(hidden).float() * cfg.output_multiplier
+        if cfg.logit_softcap > 0:
+            logits = torch.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
+        return logits
+
     def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return self.kernels.rms_norm(x, self.w[name], self.cfg.rms_norm_eps)
 

@@ -57,3 +57,17 @@ def first_available(source: Source, exists: Callable[[str], bool]) -> Source | N
     if any(p is None for p in parts):
         return None
     return Cat(parts, source.sizes) if isinstance(source, Cat) else Stack(parts)
+
+
+def to_checkpoint(tensor, source: Source) -> dict:
+    """The inverse of reading: our tensor split into the checkpoint tensors of `source` (for
+    `AnyOf`, its first option), so saved models use the published names and layouts."""
+    if isinstance(source, str):
+        return {source: tensor.contiguous()}
+    if isinstance(source, AnyOf):
+        return to_checkpoint(tensor, source.options[0])
+    pieces = tensor.split(list(source.sizes), dim=0) if isinstance(source, Cat) else tensor.unbind(0)
+    out = {}
+    for piece, part in zip(pieces, source.parts, strict=True):
+        out.update(to_checkpoint(piece, part))
+    return out

@@ -49,9 +49,7 @@ class DFlashProposer(Proposer):
         block[0] = context[-1]
         embeddings = F.embedding(block, self.target.w["embed"]) * cfg.embedding_scale
         hidden = self.drafter.draft(embeddings, torch.arange(start, start + cfg.block_size, device=device), self.rings)
-        logits = self.target.logits(hidden[1 : k + 1]).float() * cfg.output_multiplier
-        if cfg.logit_softcap > 0:
-            logits = torch.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
+        logits = self.drafter.logits(self.target, hidden[1 : k + 1])
         plain = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p)
         nothing = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
         q = torch.stack([distribution(row, plain, nothing) for row in logits]).double()

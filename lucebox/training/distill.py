@@ -1,0 +1,195 @@
+"""`lucebox distill`: train a DFlash block drafter for a target on text, reading the target's own
+hidden states from lucebox's forward, and write it in the public DFlash format (z-lab's
+`DFlashDraftModel`: config.json with `dflash_config`, safetensors).
+
+The drafter learns the target's distributions (soft labels) at every block position. Its data
+are windows of the given text, each followed by the target's own greedy continuation: what the
+drafter meets at inference is the target's text, and on it the target's argmax is the next token,
+so every block position is trained on the sequences verification will compare against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from lucebox.models import dflash
+from lucebox.models.decoder import Decoder
+from lucebox.models.sources import to_checkpoint
+from lucebox.training.drafter_forward import draft_hidden
+from lucebox.training.forward import forward_batch, greedy_continuations
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSettings:
+    layers: int = 2
+    block_size: int = 8
+    heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 384
+    target_layer_ids: tuple[int, ...] | None = None  # default: spread over the target's depth
+    mask_token_id: int | None = None  # default: the tokenizer's mask token
+    steps: int = 1500
+    batch: int = 16  # sequences per step
+    anchors: int = 16  # blocks per sequence per step
+    prompt_tokens: int = 128  # text each generated sequence starts from
+    generated_tokens: int = 128  # the target's greedy continuation after it
+    sequences: int = 1024  # sequences generated before training
+    lr: float = 2e-3
+    warmup: int = 50
+    position_decay: float = 4.0  # block position j weighs exp(-(j - 1) / decay)
+    seed: int = 0
+
+
+def default_target_layers(num_layers: int, count: int = 3) -> tuple[int, ...]:
+    """`count` decoder layers spread from the second to the second-to-last (shallow to deep features)."""
+    first, last = min(1, num_layers - 1), max(0, num_layers - 2)
+    count = min(count, last - first + 1)
+    if count <= 1:
+        return (last,)
+    return tuple(sorted({round(first + k * (last - first) / (count - 1)) for k in range(count)}))
+
+
+def drafter_config(target_hf: dict, target: Decoder, s: DistillSettings, mask_token_id: int) -> dict:
+    cfg = target.cfg
+    ids = list(s.target_layer_ids or default_target_layers(len(cfg.layers)))
+    return {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": cfg.hidden_size,
+        "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim,
+        "intermediate_size": s.intermediate_size, "num_hidden_layers": s.layers, "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": target_hf.get("max_position_embeddings", 32768),
+        "rope_theta": 10000.0, "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
+        "block_size": s.block_size, "num_target_layers": len(cfg.layers), "torch_dtype": "bfloat16",
+        "dflash_config": {"target_layer_ids": ids, "mask_token_id": mask_token_id, "block_size": s.block_size},
+    }
+
+
+def init_drafter(dcfg: dflash.DFlashConfig, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    out_scale = 1 / math.sqrt(2 * dcfg.num_layers)
+    weights = {}
+    for name, shape in dflash.weight_shapes(dcfg).items():
+        if len(shape) == 1:
+            weights[name] = torch.ones(shape)
+        else:
+            std = 0.02 * (out_scale if name.rsplit(".", 1)[-1] in ("wo", "w_down") else 1)
+            weights[name] = torch.randn(shape, generator=g) * std
+    return weights
+
+
+def save_drafter(folder: Path, hf: dict, weights: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    dcfg = dflash.build_config(hf)
+    tensors = {}
+    for name, source in dflash.sources(dcfg).items():
+        tensors.update(to_checkpoint(weights[name].detach().to(torch.bfloat16), source))
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+
+
+def generate_sequences(target: Decoder, stream: torch.Tensor, s: DistillSettings, batch: int = 64,
+                       on_batch=None) -> torch.Tensor:
+    """(sequences, prompt_tokens + generated_tokens): random windows of the text, each followed by
+    the target's greedy continuation."""
+    g = torch.Generator().manual_seed(s.seed + 1)
+    starts = torch.randint(0, len(stream) - s.prompt_tokens, (s.sequences,), generator=g)
+    out = []
+    for begin in range(0, s.sequences, batch):
+        rows = starts[begin : begin + batch]
+        prompts = stream[rows[:, None] + torch.arange(s.prompt_tokens)]
+        out.append(greedy_continuations(target, prompts, s.generated_tokens))
+        if on_batch is not None:
+            on_batch(min(begin + batch, s.sequences))
+    return torch.cat(out)
+
+
+def position_weights(s: DistillSettings) -> torch.Tensor:
+    """(block_size - 1,) weights of block positions 1.. : early positions matter most (a rejected
+    draft ends the round)."""
+    return torch.exp(-torch.arange(s.block_size - 1, dtype=torch.float32) / s.position_decay)
+
+
+def target_signals(target: Decoder, tokens: torch.Tensor, layers: tuple[int, ...]):
+    """(hidden after the final norm (B, T, H), the drafter's input features (B, T, n*H)): the
+    outputs of decoder `layers` that `DFlashProposer` reads from the verifying forward."""
+    with torch.no_grad():
+        return forward_batch(target, tokens, layers)
+
+
+def distill_loss(drafter, target: Decoder, tokens: torch.Tensor, anchors: torch.Tensor, weights: torch.Tensor):
+    """(loss, drafter-argmax == target-argmax rate per block position) for tokens (B, T), anchors (B, M).
+    Block row j of the block at a is trained toward the target's distribution for position a + j."""
+    layers = drafter.cfg.target_layer_ids
+    hidden, features = target_signals(target, tokens, layers)
+    with torch.no_grad():
+        rows = anchors[:, :, None] + torch.arange(drafter.cfg.block_size - 1)  # (B, M, bs-1): row a+j-1
+        target_hidden = hidden.gather(1, rows.reshape(len(tokens), -1, 1).expand(-1, -1, hidden.shape[-1]))
+        p = torch.softmax(target.logits(target_hidden).float(), dim=-1)  # (B, M*(bs-1), V)
+    drafted = draft_hidden(drafter, target, features, tokens, anchors)[:, :, 1:]  # (B, M, bs-1, H)
+    logq = torch.log_softmax(drafter.logits(target, drafted).flatten(1, 2), dim=-1)
+    per_row = -(p * logq).sum(-1).view(*rows.shape)  # (B, M, bs-1)
+    loss = (per_row * weights).sum(-1).mean() / weights.sum()
+    agree = (logq.argmax(-1) == p.argmax(-1)).float().view(*rows.shape).mean((0, 1))
+    return loss, agree
+
+
+def sample_anchors(n: int, T: int, s: DistillSettings, g: torch.Generator) -> torch.Tensor:
+    """(n, anchors) block starts, distinct per sequence, leaving room for a whole block."""
+    return torch.rand(n, T - s.block_size + 1, generator=g).argsort(dim=1)[:, : s.anchors].sort(dim=1).values
+
+
+def train_drafter(target: Decoder, hf: dict, sequences: torch.Tensor, s: DistillSettings, state_path: Path,
+                  on_step=None) -> tuple[dict, list[dict]]:
+    """Distill from scratch or resume from `state_path`; returns (drafter weights, log)."""
+    from lucebox.training.target import learning_rate
+
+    torch.manual_seed(s.seed)
+    dcfg = dflash.build_config(hf)
+    weights = {n: w.requires_grad_() for n, w in init_drafter(dcfg, s.seed).items()}
+    drafter = dflash.DFlashDrafter(dcfg, weights)
+    optimizer = torch.optim.AdamW([w for w in weights.values()], lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    g = torch.Generator().manual_seed(s.seed + 2)
+    start, log = 0, []
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=True)
+        with torch.no_grad():
+            for n, w in state["weights"].items():
+                weights[n].copy_(w)
+        optimizer.load_state_dict(state["optimizer"])
+        start, log = state["step"], state["log"]
+        g.set_state(state["generator"])
+    position_w = position_weights(s)
+    schedule = dataclasses.make_dataclass("Schedule", ["lr", "warmup", "steps", "min_lr_ratio"])(
+        s.lr, s.warmup, s.steps, 0.1)
+    t0 = time.perf_counter()
+    for step in range(start, s.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, schedule)
+        rows = torch.randint(0, len(sequences), (s.batch,), generator=g)
+        tokens = sequences[rows]
+        anchors = sample_anchors(s.batch, tokens.shape[1], s, g)
+        loss, agree = distill_loss(drafter, target, tokens, anchors, position_w)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(weights.values()), 1.0)
+        optimizer.step()
+        record = {"step": step + 1, "loss": round(loss.item(), 4),
+                  "agree_first": round(agree[0].item(), 3), "agree_mean": round(agree.mean().item(), 3),
+                  "s_per_step": round((time.perf_counter() - t0) / (step + 1 - start), 3)}
+        if step % 10 == 0 or step + 1 == s.steps:
+            log.append({**record, "agree_by_position": [round(a, 3) for a in agree.tolist()]})
+        if on_step is not None:
+            on_step(step + 1, record)
+        if (step + 1) % 100 == 0 or step + 1 == s.steps:
+            tmp = state_path.with_suffix(".tmp")
+            torch.save({"step": step + 1, "weights": {n: w.detach() for n, w in weights.items()},
+                        "optimizer": optimizer.state_dict(), "log": log, "generator": g.get_state()}, tmp)
+            tmp.replace(state_path)
+    return {n: w.detach() for n, w in weights.items()}, log

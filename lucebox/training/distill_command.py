@@ -1,0 +1,156 @@
+"""`lucebox distill TARGET --out DIR`: data, generation of the target's continuations, drafter
+training, export and a held-out acceptance measurement in one command; re-running resumes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from lucebox.errors import InvalidArgumentError
+from lucebox.training import corpus
+from lucebox.training.distill import DistillSettings, drafter_config, generate_sequences, save_drafter, train_drafter
+from lucebox.training.tokenizer_training import MASK_TOKEN
+
+
+def mask_token_id(tokenizer, given: int | None, vocab_size: int) -> int:
+    """The id that fills a draft block: given, or the tokenizer's own mask token."""
+    if given is None and tokenizer is not None:
+        for name in (MASK_TOKEN, "<|mask|>", "<|MASK|>", "[MASK]"):
+            if tokenizer.token_to_id(name) is not None:
+                given = tokenizer.token_to_id(name)
+                break
+    if given is None:
+        raise InvalidArgumentError("the target's tokenizer has no mask token (<mask>, <|mask|>, [MASK]); pass "
+                                   "--mask-token-id with an id the model never produces, e.g. a reserved token")
+    if not 0 <= given < vocab_size:
+        raise InvalidArgumentError(f"--mask-token-id {given} is outside the target's vocabulary (0..{vocab_size - 1})")
+    return given
+
+
+def held_out_prompts(tokenizer, texts: list[str], count: int, length: int) -> list[list[int]]:
+    """`count` prompts of `length` tokens, one from each of the first texts long enough (BOS first)."""
+    prompts = []
+    for t in texts:
+        ids = tokenizer.encode(t)
+        if len(ids) >= length:
+            prompts.append(ids[:length])
+        if len(prompts) == count:
+            break
+    return prompts
+
+
+def measure_acceptance(target_path: str, drafter: Path, prompts: list[list[int]], max_tokens: int) -> dict:
+    """Greedy speculative decoding of every prompt with the drafter: acceptance overall and by position."""
+    from lucebox import LLM
+
+    llm = LLM(target_path, draft=str(drafter), device="cpu", dtype="float32", adaptive=False)
+    committed = rounds = 0
+    drafted: list[float] = []
+    for p in prompts:
+        stats = llm.generate(p, max_tokens=max_tokens, temperature=0.0, ignore_eos=True).stats
+        committed += stats["acceptance_length"] * stats["rounds"]
+        rounds += stats["rounds"]
+        drafted.append(stats["acceptance_by_position"])
+    by_position = [round(sum(d[i] for d in drafted if i < len(d)) / sum(1 for d in drafted if i < len(d)), 3)
+                   for i in range(max(map(len, drafted)))]
+    return {"acceptance_length": round(committed / rounds, 3), "acceptance_by_position": by_position,
+            "prompts": len(prompts), "max_tokens": max_tokens}
+
+
+def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str] | None, s: DistillSettings,
+        threads: int | None, progress_factory) -> dict:
+    from lucebox.loading import describe_model, load_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    desc = describe_model(target_path)
+    loaded = load_model(desc, torch.float32, torch.device("cpu"))
+    target, tokenizer = loaded.decoder, loaded.tokenizer
+    if tokenizer is None:
+        raise InvalidArgumentError(f"{target_path} has no tokenizer files; distill reads text through the "
+                                   "target's own tokenizer")
+    mask = mask_token_id(tokenizer, s.mask_token_id, target.cfg.vocab_size)
+    hf = drafter_config(desc.hf_config, target, s, mask)
+    if not all(0 <= i < len(target.cfg.layers) for i in hf["dflash_config"]["target_layer_ids"]):
+        raise InvalidArgumentError(f"--target-layers must be decoder layers 0..{len(target.cfg.layers) - 1}")
+    work = out / "training"
+    work.mkdir(parents=True, exist_ok=True)
+    texts = corpus.read_texts(corpus.text_files(data) if data else corpus.stdlib_files("train"))
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_ids[0]
+    stream = torch.from_numpy(corpus.token_stream(
+        texts, lambda t: tokenizer.encode(t, add_special_tokens=False), bos, tokenizer.eos_token_ids[0])).long()
+    if len(stream) <= s.prompt_tokens:
+        raise InvalidArgumentError(f"the training text has {len(stream)} tokens; it needs more than {s.prompt_tokens}")
+    started = time.time()
+    generated = work / "sequences.pt"
+    if generated.is_file():
+        sequences = torch.load(generated, weights_only=True)
+    else:
+        with progress_factory("generating", s.sequences) as on_batch:
+            sequences = generate_sequences(target, stream, s, on_batch=lambda n: on_batch(n, {}))
+        torch.save(sequences, generated)
+    with progress_factory("distilling", s.steps) as on_step:
+        weights, log = train_drafter(target, hf, sequences, s, work / "state.pt", on_step)
+    save_drafter(out, hf, weights)
+    eval_texts = corpus.read_texts(corpus.text_files(eval_data) if eval_data else corpus.stdlib_files("held_out"))
+    prompts = held_out_prompts(tokenizer, eval_texts, 8, 64)
+    report = {
+        "command": "lucebox distill", "target": str(target_path), "settings": dataclasses.asdict(s),
+        "drafter_config": hf, "machine": platform.platform(), "cpu_threads": torch.get_num_threads(),
+        "train_tokens": int(len(stream)), "sequences": list(sequences.shape),
+        "held_out_acceptance": measure_acceptance(target_path, out, prompts, 128) if prompts else None,
+        "wall_s_this_run": round(time.time() - started, 1), "log": log,
+    }
+    (work / "distill_log.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("distill", help="train a DFlash block drafter for a target model on text files")
+    p.add_argument("target", help="target model folder (any supported architecture, with its tokenizer)")
+    p.add_argument("--out", required=True, help="drafter folder to write (re-running resumes)")
+    p.add_argument("--data", nargs="+", default=None,
+                   help="text files or folders of .py files (default: the Python standard library minus the "
+                        "held-out modules)")
+    p.add_argument("--eval-data", nargs="+", default=None,
+                   help="held-out files for the acceptance measurement (default: the held-out stdlib modules)")
+    d = DistillSettings()
+    for name in ("layers", "block_size", "heads", "kv_heads", "head_dim", "intermediate_size", "steps", "batch",
+                 "anchors", "prompt_tokens", "generated_tokens", "sequences", "seed"):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--mask-token-id", type=int, default=None, help="default: the tokenizer's mask token")
+    p.add_argument("--target-layers", default=None,
+                   help="comma-separated decoder layers whose outputs the drafter reads (default: 3 spread "
+                        "over the depth)")
+    p.add_argument("--threads", type=int, default=None)
+
+
+def command(args) -> int:
+    from lucebox.training.progress import training_progress
+
+    layers = None
+    if args.target_layers:
+        try:
+            layers = tuple(int(i) for i in args.target_layers.split(","))
+        except ValueError:
+            raise InvalidArgumentError("--target-layers must be comma-separated integers, e.g. 1,4,6") from None
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(DistillSettings) if hasattr(args, f.name)}
+    s = DistillSettings(**{**values, "target_layer_ids": layers, "mask_token_id": args.mask_token_id})
+    if s.block_size < 2 or min(s.steps, s.batch, s.anchors, s.sequences, s.prompt_tokens) <= 0:
+        raise InvalidArgumentError("--block-size must be at least 2; steps, batch, anchors, sequences and "
+                                   "prompt tokens positive")
+    if s.prompt_tokens + s.generated_tokens < s.block_size + s.anchors - 1:
+        raise InvalidArgumentError("sequences (--prompt-tokens + --generated-tokens) are too short for "
+                                   "--anchors distinct blocks of --block-size")
+    report = run(args.target, Path(args.out), args.data, args.eval_data, s, args.threads, training_progress)
+    acc = report["held_out_acceptance"]
+    if acc:
+        print(f"held-out acceptance length {acc['acceptance_length']:.2f} tokens per round; by position "
+              f"{acc['acceptance_by_position']}; log: {Path(args.out) / 'training' / 'distill_log.json'}")
+    return 0

@@ -1,0 +1,85 @@
+"""A DFlash drafter's forward over many blocks of a batch at once, differentiably: what `distill`
+trains. It is `DFlashDrafter.context_rows` + `draft` (the engine's inference code) with the
+ring and the per-block passes replaced by one masked attention:
+
+- the context rows are every position of each sequence, projected from the target's features
+  exactly as `context_rows` projects them;
+- a block anchored at position a is [token a, MASK x (block_size - 1)] at positions a.., and sees
+  the context rows before a (what the ring holds when the engine drafts after token a - 1 is
+  committed) and its own block (all of it, or causally), within the layer's window.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lucebox.kernels.moe import swiglu
+from lucebox.models.decoder import Decoder
+from lucebox.models.dflash import DFlashDrafter
+from lucebox.training.forward import batch_attention
+
+
+def context_features(drafter: DFlashDrafter, features: torch.Tensor) -> torch.Tensor:
+    """Target features (N, n*H) -> the drafter's context rows (N, H), as `context_rows` computes them."""
+    cfg = drafter.cfg
+    x = features.to(drafter.dtype)
+    if cfg.laguna:
+        parts = x.view(x.shape[0], len(cfg.target_layer_ids), cfg.hidden_size).unbind(1)
+        x = torch.cat([drafter._norm(part, f"aux_norms.{i}") for i, part in enumerate(parts)], dim=-1)
+    return drafter._norm(F.linear(x, drafter.w["fc"]), "hidden_norm")
+
+
+def block_mask(anchors: torch.Tensor, T: int, block: int, window: int | None, causal: bool) -> torch.Tensor:
+    """(B, M*block, T + M*block) bool for anchors (B, M): which context and block keys each block row sees."""
+    B, M = anchors.shape
+    device = anchors.device
+    q_pos = (anchors[:, :, None] + torch.arange(block, device=device)).reshape(B, M * block)  # (B, R)
+    ctx_pos = torch.arange(T, device=device)
+    first = anchors.repeat_interleave(block, dim=1)  # (B, R): each row's block anchor
+    sees_ctx = ctx_pos[None, None, :] < first[:, :, None]
+    if window is not None:
+        sees_ctx &= ctx_pos[None, None, :] > q_pos[:, :, None] - window
+    which = torch.arange(M, device=device).repeat_interleave(block)  # (R,) each row's block
+    j = torch.arange(block, device=device).repeat(M)  # (R,) each row's place in its block
+    sees_block = which[:, None] == which[None, :]
+    if causal or window is not None:  # sliding drafter layers are causal inside the block too
+        sees_block = sees_block & (j[None, :] <= j[:, None])
+    return torch.cat([sees_ctx, sees_block[None].expand(B, -1, -1)], dim=2)
+
+
+def draft_hidden(drafter: DFlashDrafter, target: Decoder, features: torch.Tensor, tokens: torch.Tensor,
+                 anchors: torch.Tensor) -> torch.Tensor:
+    """features (B, T, n*H) and tokens (B, T) of whole sequences, anchors (B, M) ->
+    the drafter's hidden states of every block row (B, M, block, H), after its final norm."""
+    cfg, kern = drafter.cfg, drafter.kernels
+    B, T = tokens.shape
+    M, bs = anchors.shape[1], cfg.block_size
+    device = tokens.device
+    ctx = context_features(drafter, features.reshape(B * T, -1))  # (B*T, H)
+    ctx_pos = torch.arange(T, device=device).repeat(B)
+    ids = torch.full((B, M, bs), cfg.mask_token_id, device=device)
+    ids[:, :, 0] = tokens.gather(1, anchors)
+    x = F.embedding(ids.reshape(-1), target.w["embed"]).to(drafter.dtype) * cfg.embedding_scale  # (B*M*bs, H)
+    q_pos = (anchors[:, :, None] + torch.arange(bs, device=device)).reshape(-1)
+    inv_freq, scaling = drafter.rope.frequencies(cfg.rope)
+    R = M * bs
+    for layer in range(cfg.num_layers):
+        p = f"layers.{layer}."
+        h = drafter._norm(x, p + "attn_norm")
+        q, k, v = drafter._split_qkv(layer, h)
+        q, k = kern.rotate((q, k), q_pos, inv_freq, scaling)
+        src = drafter._norm(ctx, p + "attn_norm") if cfg.laguna else ctx
+        _, kc, vc = drafter._split_qkv(layer, src)
+        kc = kern.rotate((kc,), ctx_pos, inv_freq, scaling)[0]
+        keys = torch.cat([kc.view(B, T, *kc.shape[1:]), k.view(B, R, *k.shape[1:])], dim=1)
+        values = torch.cat([vc.view(B, T, *vc.shape[1:]), v.view(B, R, *v.shape[1:])], dim=1)
+        mask = block_mask(anchors, T, bs, cfg.windows[layer], cfg.causal)
+        out = batch_attention(q.view(B, R, *q.shape[1:]), keys, values, mask, drafter.scale)
+        out = out.reshape(B * R, *q.shape[1:])
+        if cfg.gate:
+            out = kern.softplus_gate(out, F.linear(h, drafter.w[p + "wg"]))
+        x = x + F.linear(out.reshape(B * R, -1), drafter.w[p + "wo"])
+        x = x + swiglu(drafter._norm(x, p + "mlp_norm"), drafter.w[p + "w_gate_up"], drafter.w[p + "w_down"],
+                       kern.linear)
+    return drafter._norm(x, "norm").view(B, M, bs, -1)

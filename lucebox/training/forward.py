@@ -1,0 +1,104 @@
+"""The engine's own decoder run over a batch of whole sequences, differentiably: the forward that
+trains a target and that captures target features for a drafter.
+
+Everything but attention is the decoder's own code (`Decoder.embed`, `pre_attention`,
+`post_attention`) on the (B*T, H) rows of the batch; attention is one masked scaled-dot-product
+over each sequence (causal, and windowed on sliding layers), which is what the engine's caches
+compute step by step. So a model trained here runs unchanged in the engine, and the features a
+drafter learns from are the ones the engine hands it at inference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lucebox.models.decoder import Decoder
+
+
+def visibility(T: int, window: int | None, device: torch.device, start: int = 0) -> torch.Tensor:
+    """(T, start + T) bool: query row r (at position start + r) sees the key at position k when
+    k <= start + r (and start + r - k < window)."""
+    q = torch.arange(start, start + T, device=device)
+    k = torch.arange(start + T, device=device)
+    seen = k[None, :] <= q[:, None]
+    if window is not None:
+        seen &= k[None, :] > q[:, None] - window
+    return seen
+
+
+def batch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float):
+    """q (B, T, Hq, D), k and v (B, S, KV, D), mask (T, S) or (B, T, S) bool -> (B, T, Hq, D)."""
+    group = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    mask = mask if mask.dim() == 2 else mask[:, None]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         attn_mask=mask, scale=scale)
+    return out.transpose(1, 2)
+
+
+def forward_batch(decoder: Decoder, token_ids: torch.Tensor, layers: tuple[int, ...] = ()):
+    """token_ids (B, T) -> (hidden after the final norm (B, T, H), the outputs of decoder `layers`
+    side by side (B, T, len(layers) * H) or None): `Decoder.forward_capturing` for a batch."""
+    cfg = decoder.cfg
+    B, T = token_ids.shape
+    positions = torch.arange(T, device=token_ids.device).repeat(B)  # (B*T,) each row's position
+    masks = {}
+    x, h = decoder.embed(token_ids.reshape(-1))
+    captured = {}
+    for i, layer in enumerate(cfg.layers):
+        q, key, value = decoder.pre_attention(i, h, positions)
+        if layer.window not in masks:
+            masks[layer.window] = visibility(T, layer.window, token_ids.device)
+        out = batch_attention(q.view(B, T, *q.shape[1:]), key.view(B, T, *key.shape[1:]),
+                              value.view(B, T, *value.shape[1:]), masks[layer.window], decoder.scale)
+        x, h = decoder.post_attention(i, x, h, out.reshape(B * T, *q.shape[1:]))
+        if i in layers:
+            captured[i] = x
+    features = torch.cat([captured[i] for i in layers], dim=-1).view(B, T, -1) if layers else None
+    return h.view(B, T, -1), features
+
+
+class BatchCache:
+    """K/V of every layer for a batch of equally long sequences, for batched greedy generation."""
+
+    def __init__(self, layers: int):
+        self.k: list[torch.Tensor | None] = [None] * layers
+        self.v: list[torch.Tensor | None] = [None] * layers
+        self.length = 0
+
+    def extend(self, i: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append (B, t, KV, D) rows to layer i; returns all of its keys and values so far."""
+        self.k[i] = key if self.k[i] is None else torch.cat([self.k[i], key], dim=1)
+        self.v[i] = value if self.v[i] is None else torch.cat([self.v[i], value], dim=1)
+        return self.k[i], self.v[i]
+
+
+@torch.no_grad()
+def forward_cached(decoder: Decoder, token_ids: torch.Tensor, cache: BatchCache) -> torch.Tensor:
+    """token_ids (B, t) following the cache's rows -> hidden after the final norm (B, t, H)."""
+    B, t = token_ids.shape
+    start = cache.length
+    positions = torch.arange(start, start + t, device=token_ids.device).repeat(B)
+    x, h = decoder.embed(token_ids.reshape(-1))
+    for i, layer in enumerate(decoder.cfg.layers):
+        q, key, value = decoder.pre_attention(i, h, positions)
+        keys, values = cache.extend(i, key.view(B, t, *key.shape[1:]), value.view(B, t, *value.shape[1:]))
+        mask = visibility(t, layer.window, token_ids.device, start)
+        out = batch_attention(q.view(B, t, *q.shape[1:]), keys, values, mask, decoder.scale)
+        x, h = decoder.post_attention(i, x, h, out.reshape(B * t, *q.shape[1:]))
+    cache.length += t
+    return h.view(B, t, -1)
+
+
+@torch.no_grad()
+def greedy_continuations(decoder: Decoder, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """prompts (B, P) -> (B, P + new_tokens): each prompt followed by the model's greedy continuation."""
+    cache = BatchCache(len(decoder.cfg.layers))
+    hidden = forward_cached(decoder, prompts, cache)
+    out = [prompts]
+    for n in range(new_tokens):
+        out.append(decoder.logits(hidden[:, -1]).argmax(-1, keepdim=True))  # (B, 1)
+        if n + 1 < new_tokens:
+            hidden = forward_cached(decoder, out[-1], cache)
+    return torch.cat(out, dim=1)

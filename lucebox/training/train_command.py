@@ -1,0 +1,120 @@
+"""`lucebox train OUT`: tokenizer, corpus, training, held-out measurement and export in one
+command. Without --data it trains on the standard library minus `corpus.HELD_OUT` and measures
+on the held-out files: the built-in model's recipe. Re-running with the same OUT resumes."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import platform
+import time
+from pathlib import Path
+
+import sentencepiece
+import torch
+
+from lucebox.training import corpus
+from lucebox.training.target import BUILTIN_CONFIG, TrainSettings, evaluate_bits, save_model, train
+from lucebox.training.tokenizer_training import train_tokenizer
+
+
+def xz_bits_per_char(texts: list[str]) -> float:
+    """What `xz -9e` spends on the concatenated texts, per character: a tokenizer-free yardstick."""
+    raw = "".join(texts)
+    packed = lzma.compress(raw.encode("utf-8"), preset=9 | lzma.PRESET_EXTREME)
+    return 8 * len(packed) / len(raw)
+
+
+def run(out: Path, data: list[str] | None, eval_data: list[str] | None, settings: TrainSettings,
+        vocab_size: int, threads: int | None, progress=None, architecture: dict | None = None) -> dict:
+    """Train `architecture` (a Laguna config.json; default `BUILTIN_CONFIG`) into `out`; returns the report."""
+    if threads:
+        torch.set_num_threads(threads)
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "training"
+    work.mkdir(exist_ok=True)
+    train_files = corpus.text_files(data) if data else corpus.stdlib_files("train")
+    eval_files = corpus.text_files(eval_data) if eval_data else corpus.stdlib_files("held_out")
+    train_texts, eval_texts = corpus.read_texts(train_files), corpus.read_texts(eval_files)
+    if not (out / "tokenizer.model").is_file():
+        train_tokenizer(train_texts, out, vocab_size)
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
+    hf = dict(architecture or BUILTIN_CONFIG, vocab_size=sp.get_piece_size(), bos_token_id=sp.bos_id(),
+              eos_token_id=sp.eos_id())
+    stream = corpus.token_stream(train_texts, sp.encode, sp.bos_id(), sp.eos_id())
+    held_out = [[sp.bos_id(), *sp.encode(t), sp.eos_id()] for t in eval_texts]
+    chars = sum(len(t) for t in eval_texts)
+    # Between-times figures read the first held-out files (about 40K tokens); the final one reads all.
+    quick = 1
+    while quick < len(held_out) and sum(len(d) for d in held_out[: quick + 1]) <= 40_000:
+        quick += 1
+
+    def evaluate(decoder, final: bool) -> dict:
+        docs, n_chars = (held_out, chars) if final else (held_out[:quick], sum(len(t) for t in eval_texts[:quick]))
+        bits = evaluate_bits(decoder, docs, settings.length)
+        key = "held_out" if final else "held_out_sample"
+        return {f"{key}_bits_per_char": round(bits / n_chars, 4),
+                f"{key}_perplexity": round(2 ** (bits / sum(len(d) - 1 for d in docs)), 3)}
+
+    started = time.time()
+    weights, log = train(hf, stream, evaluate, settings, work / "state.pt", progress)
+    save_model(out, hf, weights)
+    final = next(r for r in reversed(log) if "held_out_bits_per_char" in r)
+    report = {
+        "command": "lucebox train", "settings": settings.__dict__, "machine": platform.platform(),
+        "cpu_threads": torch.get_num_threads(), "train_files": len(train_texts), "train_tokens": int(len(stream)),
+        "held_out_files": [str(f) for f in eval_files], "held_out_chars": chars,
+        "held_out_bits_per_char": final["held_out_bits_per_char"],
+        "held_out_perplexity": final["held_out_perplexity"],
+        "xz_9e_bits_per_char": round(xz_bits_per_char(eval_texts), 4),
+        "wall_s_this_run": round(time.time() - started, 1), "log": log,
+    }
+    (work / "train_log.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train a small Laguna-architecture model from scratch (the built-in recipe)")
+    p.add_argument("out", help="model folder to write (re-running resumes from its training/state.pt)")
+    p.add_argument("--data", nargs="+", default=None,
+                   help="training files or folders of .py files (default: the Python standard library "
+                        "minus the held-out modules)")
+    p.add_argument("--eval-data", nargs="+", default=None,
+                   help="held-out files or folders (default: the held-out standard library modules)")
+    defaults = TrainSettings()
+    p.add_argument("--steps", type=int, default=defaults.steps)
+    p.add_argument("--batch", type=int, default=defaults.batch, help="sequences per step")
+    p.add_argument("--length", type=int, default=defaults.length, help="tokens per sequence")
+    p.add_argument("--lr", type=float, default=defaults.lr)
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--eval-every", type=int, default=defaults.eval_every)
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
+    p.add_argument("--config", default=None,
+                   help="a LagunaForCausalLM config.json to train instead of the built-in model's (its vocab_size, "
+                        "bos and eos ids are set from the trained tokenizer)")
+
+
+def command(args) -> int:
+    from lucebox.errors import InvalidArgumentError
+    from lucebox.training.progress import training_progress
+
+    if args.steps <= 0 or args.batch <= 0 or args.length <= 1:
+        raise InvalidArgumentError("--steps and --batch must be positive and --length above 1")
+    settings = TrainSettings(steps=args.steps, batch=args.batch, length=args.length, lr=args.lr, seed=args.seed,
+                             eval_every=args.eval_every, save_every=args.eval_every)
+    architecture = None
+    if args.config:
+        from lucebox.checkpoint import read_json
+        from lucebox.models import build_model_config
+
+        architecture = read_json(Path(args.config))
+        if (architecture.get("architectures") or [None])[0] != "LagunaForCausalLM":
+            raise InvalidArgumentError(f"{args.config}: lucebox train builds LagunaForCausalLM models")
+        build_model_config({**architecture, "vocab_size": args.vocab_size})  # a bad config fails before any work
+    with training_progress("training", args.steps) as progress:
+        report = run(Path(args.out), args.data, args.eval_data, settings, args.vocab_size, args.threads, progress,
+                     architecture)
+    print(f"held-out: {report['held_out_bits_per_char']:.4f} bits/char (xz -9e: {report['xz_9e_bits_per_char']:.4f}), "
+          f"perplexity {report['held_out_perplexity']:.2f}; log: {Path(args.out) / 'training' / 'train_log.json'}")
+    return 0
