@@ -46,8 +46,10 @@ def commit() -> str:
         return "unknown"
 
 
-def write_result(name: str, payload: dict, directory: Path | None = None) -> Path:
-    directory = directory or RESULTS
+def write_result(name: str, payload: dict, directory: Path | str | None = None) -> Path:
+    """Write the record under `directory`; by default under bench/results/local/ (not committed), so a
+    run never replaces the committed results unless asked to with --out bench/results."""
+    directory = Path(directory) if directory else RESULTS / "local"
     directory.mkdir(parents=True, exist_ok=True)
     record = {"benchmark": name, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit(),
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(), **payload}

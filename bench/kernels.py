@@ -46,7 +46,8 @@ def parse_args():
     p.add_argument("--config", default=str(ROOT / "examples" / "laguna-xs2"), help="model folder for the decode run")
     p.add_argument("--no-model", action="store_true", help="skip the whole-model decode")
     p.add_argument("--decode-tokens", type=int, default=128)
-    p.add_argument("--out", default=None, help="directory for the JSON (default bench/results)")
+    p.add_argument("--out", default=None, help="directory for the JSON (default bench/results/local; "
+                                                              "bench/results replaces the committed result)")
     return p.parse_args()
 
 

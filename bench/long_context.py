@@ -140,6 +140,8 @@ def main() -> None:
     p.add_argument("--no-peer", action="store_true", help="skip transformers")
     p.add_argument("--peer-timeout", type=int, default=900)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="directory for the JSON (default bench/results/local; "
+                                               "bench/results replaces the committed result)")
     args = p.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")] + ([262144] if args.with_256k else [])
 
@@ -167,7 +169,7 @@ def main() -> None:
         "device": args.device, "dtype": args.dtype, "kv_pool_tokens": args.kv_pool,
         "decode_tokens": args.decode_tokens, "contexts": contexts,
         "lucebox": results, "transformers": peer, "summary": summary,
-    })
+    }, args.out)
     print(json.dumps(summary, indent=2))
     print(f"wrote {path}")
 

@@ -10,7 +10,8 @@ from lucebox.errors import LuceboxError
 
 
 def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="Hugging Face model folder (config.json + *.safetensors)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="Hugging Face model folder (config.json + *.safetensors); default: the built-in model")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
     p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32 | float64")
     p.add_argument("--ctx", type=int, default=None, help="max context in tokens (default: the model's)")
@@ -19,8 +20,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-policy", choices=["exact", "select"], default=None,
                    help="exact: attend to every chunk; select: sink + recent + top-scoring chunks, bounded cost "
                         "(default: exact when the context fits the pool, else select)")
-    p.add_argument("--draft", default=None,
-                   help="speculative decoding: ngram | auto | a drafter folder (DFlash or a small model)")
+    p.add_argument("--draft", default="auto",
+                   help="speculative decoding: auto (the model's paired drafter, if it ships one) | ngram | none | "
+                        "a drafter folder (DFlash or a small model); default: auto")
     p.add_argument("--draft-k", type=int, default=15, help="most drafts per round (1..15; the width adapts)")
     p.add_argument("--verify", choices=["tokenwise", "block"], default="tokenwise",
                    help="how sampled drafts are verified (both keep the target's distribution)")
@@ -38,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lucebox", description="Single-GPU inference for big open MoE models.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     info = sub.add_parser("info", help="describe a model from its config.json: parameters, layers, KV bytes")
-    info.add_argument("model", help="model folder, or a config.json file (no weights are needed)")
+    info.add_argument("model", nargs="?", default=None,
+                      help="model folder, or a config.json file (no weights are needed); default: the built-in model")
     info.add_argument("--kv-dtype", default="bfloat16", help="dtype of cached K/V for the byte counts")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -72,6 +75,10 @@ def _info(args) -> int:
     from lucebox.info import model_summary
     from lucebox.loading import describe_model
 
+    if args.model is None:
+        from lucebox.builtin import builtin_model
+
+        args.model = builtin_model()
     cfg = describe_model(args.model).cfg
     summary = model_summary(cfg, resolve_dtype(args.kv_dtype, torch.device("cpu")).itemsize)
     if args.json:
@@ -112,7 +119,8 @@ def _generate(args) -> int:
             raise InvalidArgumentError("--token-ids must be comma-separated integers, e.g. 1,2,3") from None
     llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format, max_context=args.ctx,
               kv_pool_tokens=args.kv_pool, kv_policy=args.kv_policy, prefill_chunk=args.prefill_chunk,
-              draft=args.draft, draft_k=args.draft_k, verify=args.verify, backend=args.backend,
+              draft=None if args.draft == "none" else args.draft, draft_k=args.draft_k, verify=args.verify,
+              backend=args.backend,
               quantization=args.quantization, cuda_graphs=False if args.no_cuda_graphs else None)
     last = None
     for chunk in llm.stream(prompt, max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,

@@ -30,7 +30,7 @@ Prompt = str | Sequence[int]
 
 
 class LLM:
-    """A loaded model and its engine.
+    """A loaded model and its engine; without `model`, the built-in code model (`lucebox.builtin`).
 
     `max_context` bounds prompt + generated tokens of one sequence (default: the model's
     max_position_embeddings). Full-attention layers keep `kv_pool_tokens` tokens of K/V on the
@@ -41,11 +41,11 @@ class LLM:
     prompts (default 2048 on CUDA, 512 on CPU). A prompt that extends the previous request's
     tokens reuses their cache and prefills only the new tokens.
 
-    `draft` turns on speculative decoding: "ngram" (prompt lookup), a drafter folder (a DFlash
-    drafter or a smaller model sharing the vocabulary), or "auto" (the model's paired drafter if
-    one ships with it, else none). Output is the target's own either way. `draft_k` caps drafts per
-    round (the width adapts below it), `verify` is "tokenwise" or "block" for sampled decoding,
-    `draft_ctx` is the drafter's context ring in tokens.
+    `draft` picks speculative decoding: "auto" (the default: the model's paired drafter if one
+    ships with it, as the built-in model's does, else none), None (off), "ngram" (prompt lookup),
+    or a drafter folder (a DFlash drafter or a smaller model sharing the vocabulary). Output is
+    the target's own either way. `draft_k` caps drafts per round (the width adapts below it),
+    `verify` is "tokenwise" or "block" for sampled decoding, `draft_ctx` is the drafter's context ring in tokens.
 
     `backend` picks the kernels: "auto" (Triton on CUDA, the torch references on the CPU),
     "triton" (everywhere; on the CPU through Triton's interpreter, TRITON_INTERPRET=1) or "torch".
@@ -57,9 +57,9 @@ class LLM:
 
     def __init__(
         self,
-        model: str | Path,
+        model: str | Path | None = None,
         *,
-        draft: str | None = None,
+        draft: str | None = "auto",
         device: str = "auto",
         dtype: str = "auto",
         load_format: str = "auto",
@@ -90,6 +90,10 @@ class LLM:
         self.dtype = resolve_dtype(dtype, self.device)
         self.backend = resolve_backend(backend, self.device, self.dtype)
         self.quantization = quantization
+        if model is None:
+            from lucebox.builtin import builtin_model
+
+            model = builtin_model()
         self.description = describe_model(model)
         self.config = self.description.cfg
         self.prefill_chunk = int(prefill_chunk if prefill_chunk is not None else
@@ -241,7 +245,8 @@ class LLM:
         text = IncrementalDecoder(self._tokenizer, prompt_ids) if self._tokenizer is not None else None
         stops = StopStrings(stop_strings)
         spec = {"rounds": 0, "committed": 0, "draft_time_s": 0.0, "verify_time_s": 0.0,
-                "drafted": [0] * 16, "accepted": [0] * 16, "widths": [0] * 16, "kept": [0] * 16}
+                "drafted": [0] * 16, "accepted": [0] * 16, "widths": [0] * 16, "kept": [0] * 16,
+                "confidence": [0.0] * 16, "confident": [0] * 16}
 
         start = self._clock()
         *_, hidden = self._prefill(prompt_ids, cache, proposer)
@@ -293,6 +298,9 @@ class LLM:
             if proposer is not None:
                 proposer.commit(tokens, n + 1, None if features is None else features[: n + 1])
             verify_seconds = self._clock() - t1
+            for i, c in enumerate(draft.confidence):
+                spec["confidence"][i] += c
+                spec["confident"][i] += 1
             self._record_round(spec, width, len(draft.tokens), n, draft_seconds, verify_seconds)
             pending, last = [*draft.tokens[:n], verdict.next_token], verdict.next_token
         # Tokens after a stop inside a round were committed to the cache: forget them too.
@@ -333,6 +341,9 @@ class LLM:
             # Mean tokens committed per verify round (1.0 without drafts).
             "acceptance_length": spec["committed"] / spec["rounds"] if spec["rounds"] else 0.0,
             "acceptance_by_position": positions,  # share of drafted i-th positions that were kept
+            # The drafter's mean confidence in its i-th drafts (its own probability of the token, when it
+            # reports one), beside acceptance_by_position: how well confidence predicts acceptance.
+            "confidence_by_position": [c / n for c, n in zip(spec["confidence"], spec["confident"], strict=True) if n],
             "draft_time_s": spec["draft_time_s"],
             "verify_time_s": spec["verify_time_s"],
             "width_histogram": {k: c for k, c in enumerate(spec["widths"]) if c},  # drafts verified -> rounds

@@ -69,3 +69,64 @@ def test_drafter_training_forward_is_the_engines_drafter(laguna, tmp_path, layou
         trained = torch.softmax(drafter.logits(llm.decoder, hidden[0, m, 1:]).double(), dim=-1)
         engine = _engine_draft(llm, tokens[0].tolist(), anchor)
         assert torch.allclose(trained, engine, atol=1e-9), f"anchor {anchor}"
+
+
+TINY_LAGUNA = {
+    "architectures": ["LagunaForCausalLM"], "model_type": "laguna", "vocab_size": 300, "hidden_size": 32,
+    "intermediate_size": 48, "num_hidden_layers": 4, "num_attention_heads": 2,
+    "num_attention_heads_per_layer": [2, 4, 4, 4], "num_key_value_heads": 1, "head_dim": 8,
+    "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "num_experts": 4, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16, "moe_routed_scaling_factor": 2.5,
+    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "sliding_window": 16, "gating": True,
+    "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"],
+    "tie_word_embeddings": True,
+}
+
+
+@pytest.fixture(scope="module")
+def trained_tiny(tmp_path_factory):
+    """A tiny Laguna and a DFlash drafter made by `lucebox train` and `lucebox distill` (a few steps each)."""
+    from lucebox.cli import main
+    from lucebox.training.corpus import stdlib_root
+
+    root = tmp_path_factory.mktemp("trained")
+    data = [str(stdlib_root() / name) for name in ("bisect.py", "colorsys.py", "keyword.py", "glob.py")]
+    held_out = str(stdlib_root() / "heapq.py")
+    (root / "config.json").write_text(json.dumps(TINY_LAGUNA))
+    target, drafter = root / "target", root / "drafter"
+    assert main(["train", str(target), "--data", *data, "--eval-data", held_out, "--config", str(root / "config.json"),
+                 "--steps", "3", "--batch", "2", "--length", "32", "--vocab-size", "400", "--eval-every", "2"]) == 0
+    distill = ["distill", str(target), "--out", str(drafter), "--data", *data, "--eval-data", held_out,
+               "--batch", "2", "--anchors", "4", "--sequences", "4", "--prompt-tokens", "16",
+               "--generated-tokens", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
+               "--intermediate-size", "32", "--block-size", "4", "--eval-prompts", "1", "--eval-tokens", "16"]
+    assert main([*distill, "--steps", "2"]) == 0
+    assert main([*distill, "--steps", "4"]) == 0  # resumes from step 2
+    return target, drafter
+
+
+def test_train_writes_a_model_folder_with_its_measurements(trained_tiny):
+    target, _ = trained_tiny
+    for name in ("config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json",
+                 "generation_config.json"):
+        assert (target / name).is_file(), name
+    report = json.loads((target / "training" / "train_log.json").read_text())
+    assert report["log"][-1]["step"] == 3 and report["held_out_bits_per_char"] > 0
+    assert 0 < report["xz_9e_bits_per_char"] < 8
+    assert lucebox.LLM(target, device="cpu").tokenizer.decode(lucebox.LLM(target).tokenizer.encode(
+        "def f(x):\n    return x  # ok\n")) == "def f(x):\n    return x  # ok\n"
+
+
+def test_distill_resumes_and_its_drafter_is_lossless(trained_tiny):
+    target, drafter = trained_tiny
+    report = json.loads((drafter / "training" / "distill_log.json").read_text())
+    assert [r["step"] for r in report["log"]] == [1, 2, 4]  # the second run went on from step 2
+    assert report["held_out_acceptance"]["acceptance_length"] >= 1.0
+    config = json.loads((drafter / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["dflash_config"]["block_size"] == 4
+    prompt = "def main(argv):\n    "
+    plain = lucebox.LLM(target, device="cpu", dtype="float64").generate(prompt, max_tokens=40, ignore_eos=True)
+    llm = lucebox.LLM(target, device="cpu", dtype="float64", draft=str(drafter), adaptive=False)
+    fast = llm.generate(prompt, max_tokens=40, ignore_eos=True)
+    assert fast.token_ids == plain.token_ids
+    assert fast.stats["rounds"] < 40 or fast.stats["acceptance_length"] == 1.0

@@ -168,13 +168,17 @@ class PagedKV(LayerCache):
         return self._blocks(step)
 
     def _blocks(self, step: Step) -> Iterator[KVBlock]:
-        pool_k, pool_v = self.pk, self.pv
-        slots = self._slot_chunks()
+        # Free slots are handed out lowest first, so the slots past the highest one in use hold
+        # nothing: attention reads the pool up to there (a short context reads a short pool).
+        used = 1 + max((s for s, c in enumerate(self.slot_chunk) if c >= 0), default=-1)
+        rows = used * self.s.chunk
+        pool_k, pool_v = self.pk[:, :rows], self.pv[:, :rows]
+        slots = self._slot_chunks()[:used]
         positions = slots[:, None] * self.s.chunk + torch.arange(self.s.chunk, device=self.device)[None, :]
         valid = (slots[:, None] >= 0) & (positions < self.length)
         positions = torch.where(valid, positions, -1).flatten()
         if self.select and not step.prefill:
-            pinned = torch.zeros(len(self.slot_chunk), dtype=torch.bool, device=self.device)
+            pinned = torch.zeros(used, dtype=torch.bool, device=self.device)
             chosen = [self.chunk_slot[c] for c in [0, *self.selected] if c in self.chunk_slot]
             pinned[chosen] = True
             yield KVBlock(pool_k, pool_v, positions, pinned.repeat_interleave(self.s.chunk), self.s.tail_tokens)

@@ -39,7 +39,10 @@ class SlidingRing(LayerCache):
         self.highest = max(self.highest, step.end)
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
-        yield KVBlock(self.k, self.v, self.positions)
+        # Until the ring wraps, slots past the highest position written hold nothing: leave them out
+        # (a drafter ring of 4096 slots at a 200-token context would otherwise attend 20x the keys).
+        used = min(self.highest, self.capacity)
+        yield KVBlock(self.k[:, :used], self.v[:, :used], self.positions[:used])
 
     def can_rewind_to(self, position: int) -> bool:
         """Whether every row a query at `position` or later needs is still intact."""

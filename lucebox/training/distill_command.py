@@ -63,7 +63,7 @@ def measure_acceptance(target_path: str, drafter: Path, prompts: list[list[int]]
 
 
 def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str] | None, s: DistillSettings,
-        threads: int | None, progress_factory) -> dict:
+        threads: int | None, progress_factory, eval_prompts: int = 8, eval_tokens: int = 128) -> dict:
     from lucebox.loading import describe_model, load_model
 
     if threads:
@@ -98,12 +98,12 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
         weights, log = train_drafter(target, hf, sequences, s, work / "state.pt", on_step)
     save_drafter(out, hf, weights)
     eval_texts = corpus.read_texts(corpus.text_files(eval_data) if eval_data else corpus.stdlib_files("held_out"))
-    prompts = held_out_prompts(tokenizer, eval_texts, 8, 64)
+    prompts = held_out_prompts(tokenizer, eval_texts, eval_prompts, 64)
     report = {
         "command": "lucebox distill", "target": str(target_path), "settings": dataclasses.asdict(s),
         "drafter_config": hf, "machine": platform.platform(), "cpu_threads": torch.get_num_threads(),
         "train_tokens": int(len(stream)), "sequences": list(sequences.shape),
-        "held_out_acceptance": measure_acceptance(target_path, out, prompts, 128) if prompts else None,
+        "held_out_acceptance": measure_acceptance(target_path, out, prompts, eval_tokens) if prompts else None,
         "wall_s_this_run": round(time.time() - started, 1), "log": log,
     }
     (work / "distill_log.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -128,6 +128,8 @@ def add_parser(sub) -> None:
     p.add_argument("--target-layers", default=None,
                    help="comma-separated decoder layers whose outputs the drafter reads (default: 3 spread "
                         "over the depth)")
+    p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for the acceptance measurement")
+    p.add_argument("--eval-tokens", type=int, default=128, help="greedy tokens generated per held-out prompt")
     p.add_argument("--threads", type=int, default=None)
 
 
@@ -148,7 +150,8 @@ def command(args) -> int:
     if s.prompt_tokens + s.generated_tokens < s.block_size + s.anchors - 1:
         raise InvalidArgumentError("sequences (--prompt-tokens + --generated-tokens) are too short for "
                                    "--anchors distinct blocks of --block-size")
-    report = run(args.target, Path(args.out), args.data, args.eval_data, s, args.threads, training_progress)
+    report = run(args.target, Path(args.out), args.data, args.eval_data, s, args.threads, training_progress,
+                 args.eval_prompts, args.eval_tokens)
     acc = report["held_out_acceptance"]
     if acc:
         print(f"held-out acceptance length {acc['acceptance_length']:.2f} tokens per round; by position "
