@@ -44,13 +44,13 @@ def test_batched_greedy_generation_equals_the_engine(laguna):
                                                       ignore_eos=True).token_ids
 
 
-def _engine_draft(llm, tokens: list[int], anchor: int) -> torch.Tensor:
-    """The engine's draft distribution (k, V) for the block after `tokens[:anchor + 1]` (temperature 1)."""
+def _engine_draft(llm, tokens: list[int], anchor: int, temperature: float = 1.0):
+    """The engine's draft for the block after `tokens[:anchor + 1]`."""
     proposer = llm.proposer
     for _ in llm._prefill(tokens[:anchor], llm._new_cache(), proposer):
         pass
     k = proposer.max_width
-    return proposer.propose(tokens[: anchor + 1], k, SamplingParams(temperature=1.0), torch.Generator()).q
+    return proposer.propose(tokens[: anchor + 1], k, SamplingParams(temperature=temperature), torch.Generator())
 
 
 @pytest.mark.parametrize("layout", ["zlab", "laguna"])
@@ -67,8 +67,12 @@ def test_drafter_training_forward_is_the_engines_drafter(laguna, tmp_path, layou
     hidden = draft_hidden(drafter, llm.decoder, features, tokens, anchors)  # (1, 3, block, H)
     for m, anchor in enumerate(anchors[0].tolist()):
         trained = torch.softmax(drafter.logits(llm.decoder, hidden[0, m, 1:]).double(), dim=-1)
-        engine = _engine_draft(llm, tokens[0].tolist(), anchor)
+        engine = _engine_draft(llm, tokens[0].tolist(), anchor).q
         assert torch.allclose(trained, engine, atol=1e-9), f"anchor {anchor}"
+        greedy = _engine_draft(llm, tokens[0].tolist(), anchor, temperature=0.0)
+        assert greedy.tokens == trained.argmax(-1).tolist()
+        # greedy confidence is the drafter's own belief (its softmax), not the one-hot it drafts from
+        assert greedy.confidence == pytest.approx(trained.max(-1).values.tolist(), abs=1e-6)
 
 
 TINY_LAGUNA = {
@@ -130,3 +134,21 @@ def test_distill_resumes_and_its_drafter_is_lossless(trained_tiny):
     fast = llm.generate(prompt, max_tokens=40, ignore_eos=True)
     assert fast.token_ids == plain.token_ids
     assert fast.stats["rounds"] < 40 or fast.stats["acceptance_length"] == 1.0
+
+
+def test_held_out_bits_score_every_token_once_with_context_carried_across_windows():
+    from lucebox.models import build_model_config
+    from lucebox.models.decoder import Decoder
+
+    from lucebox.training.target import evaluate_bits, init_weights
+
+    hf = {**TINY_LAGUNA, "vocab_size": 64}
+    cfg = build_model_config(hf)
+    weights = init_weights(hf, 0)
+    docs = [list(range(1, 40)), [5, 6, 7], [1]]
+    uniform = Decoder(cfg, {n: torch.zeros_like(w) for n, w in weights.items()})  # every token costs 6 bits
+    assert evaluate_bits(uniform, docs, 8) == pytest.approx((38 + 2) * 6)
+    model = Decoder(cfg, weights)
+    whole = evaluate_bits(model, docs, 64)  # one window holds each document
+    assert evaluate_bits(model, docs, 64, batch=1) == pytest.approx(whole)
+    assert evaluate_bits(model, docs, 8) != pytest.approx(whole, rel=1e-9)  # shorter context, other bits

@@ -11,7 +11,7 @@ from lucebox.caches import SlidingRing, Step
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashDrafter
 from lucebox.sampling import SamplingParams, distribution, draw
-from lucebox.speculative.proposer import Draft, Proposer, tensor_bytes
+from lucebox.speculative.proposer import Draft, Proposer, confidence, tensor_bytes
 
 
 class DFlashProposer(Proposer):
@@ -50,11 +50,10 @@ class DFlashProposer(Proposer):
         embeddings = F.embedding(block, self.target.w["embed"]) * cfg.embedding_scale
         hidden = self.drafter.draft(embeddings, torch.arange(start, start + cfg.block_size, device=device), self.rings)
         logits = self.drafter.logits(self.target, hidden[1 : k + 1])
+        if params.greedy:
+            return Draft(logits.argmax(-1).tolist(), None, confidence(logits, None))
         plain = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p)
         nothing = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
         q = torch.stack([distribution(row, plain, nothing) for row in logits]).double()
-        if params.greedy:
-            tokens = q.argmax(-1).tolist()
-        else:
-            tokens = [int(draw(row, generator)) for row in q]
-        return Draft(tokens, None if params.greedy else q, q.max(-1).values.tolist())
+        tokens = [int(draw(row, generator)) for row in q]
+        return Draft(tokens, q, confidence(logits, q))

@@ -11,7 +11,7 @@ import torch
 from lucebox.caches import CacheSettings, SequenceCache, Step
 from lucebox.models.decoder import Decoder
 from lucebox.sampling import SamplingParams, distribution, draw
-from lucebox.speculative.proposer import Draft, Proposer, tensor_bytes
+from lucebox.speculative.proposer import Draft, Proposer, confidence, tensor_bytes
 
 
 class DraftModelProposer(Proposer):
@@ -61,13 +61,13 @@ class DraftModelProposer(Proposer):
         logits = self._catch_up(context)
         plain = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p)  # no penalty: q is ours
         nothing = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-        tokens, rows, confidence = [], [], []
+        tokens, rows, beliefs = [], [], []
         for i in range(k):
             q = distribution(logits, plain, nothing).double()
             token = int(q.argmax()) if params.greedy else int(draw(q, generator))
             tokens.append(token)
             rows.append(q)
-            confidence.append(float(q.max()))
+            beliefs += confidence(logits[None], None if params.greedy else q[None])
             if i + 1 < k:  # the last draft's own logits are never needed
                 position = len(self.cached)
                 hidden = self.decoder.forward(torch.tensor([token], device=logits.device),
@@ -75,4 +75,4 @@ class DraftModelProposer(Proposer):
                 self.cache.commit(position + 1)
                 self.cached.append(token)
                 logits = self.decoder.logits(hidden)[0]
-        return Draft(tokens, None if params.greedy else torch.stack(rows), confidence)
+        return Draft(tokens, None if params.greedy else torch.stack(rows), beliefs)

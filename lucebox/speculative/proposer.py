@@ -50,3 +50,11 @@ class Proposer(ABC):
 def tensor_bytes(tensors) -> int:
     """Bytes of plain and quantized weights."""
     return sum(t.nbytes() if isinstance(t, QuantizedTensor) else t.numel() * t.element_size() for t in tensors)
+
+
+def confidence(logits: torch.Tensor, q: torch.Tensor | None) -> list[float]:
+    """The drafter's belief in each of its drafts, for the width policy: the top-1 mass of the
+    distribution a sampled draft was drawn from (`q`, (k, V)), or for greedy drafts (q None: the
+    sampling distribution is one-hot there) of the drafter's own softmax over its logits (k, V)."""
+    probs = torch.softmax(logits.float(), dim=-1) if q is None else q
+    return probs.max(dim=-1).values.reshape(-1).tolist()

@@ -114,18 +114,34 @@ def lm_loss(decoder: Decoder, inputs: torch.Tensor, labels: torch.Tensor) -> tor
 @torch.no_grad()
 def evaluate_bits(decoder: Decoder, documents: list[list[int]], length: int, batch: int = 8) -> float:
     """Total bits (-log2 p) the model spends on `documents` ([BOS] ... [EOS] each), every token after
-    BOS predicted from its own document, read in windows of `length` tokens."""
-    windows = [doc[b : b + length + 1] for doc in documents for b in range(0, len(doc) - 1, length)]
-    windows = sorted((w for w in windows if len(w) >= 2), key=len)
+    BOS predicted from its own document only. Windows of `length` tokens advance by half a window
+    and score their second half, so every token but the first window's has at least length / 2
+    tokens of context (the usual sliding-window perplexity)."""
+    stride = max(1, length // 2)
+    jobs = []  # (window of at most length + 1 ids, how many of its last predictions are scored)
+    for doc in (d for d in documents if len(d) >= 2):
+        done = min(len(doc), length + 1)
+        jobs.append((doc[:done], done - 1))
+        while done < len(doc):
+            end = min(len(doc), done + stride)
+            jobs.append((doc[end - length - 1 : end], end - done))
+            done = end
+    return _score(decoder, jobs, batch)
+
+
+def _score(decoder: Decoder, jobs: list[tuple[list[int], int]], batch: int) -> float:
+    jobs = sorted(jobs, key=lambda j: len(j[0]))
     bits = 0.0
-    for begin in range(0, len(windows), batch):
-        group = windows[begin : begin + batch]
-        n = min(len(w) for w in group)  # same-length windows share a forward; sorted, so few are split
-        for part in ([group] if all(len(w) == n for w in group) else [[w] for w in group]):
-            ids = torch.tensor(part)
+    for begin in range(0, len(jobs), batch):
+        group = jobs[begin : begin + batch]
+        same = all(len(w) == len(group[0][0]) for w, _ in group)
+        for part in ([group] if same else [[j] for j in group]):  # sorted: few windows run alone
+            ids = torch.tensor([w for w, _ in part])
             hidden, _ = forward_batch(decoder, ids[:, :-1])
             logp = torch.log_softmax(decoder.logits(hidden).double(), dim=-1)
-            bits -= logp.gather(2, ids[:, 1:, None]).sum().item() / math.log(2)
+            token_bits = -logp.gather(2, ids[:, 1:, None])[..., 0] / math.log(2)  # (b, n)
+            bits += sum(token_bits[r, token_bits.shape[1] - scored :].sum().item()
+                        for r, (_, scored) in enumerate(part))
     return bits
 
 
