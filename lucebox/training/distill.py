@@ -123,11 +123,24 @@ def target_signals(target: Decoder, tokens: torch.Tensor, layers: tuple[int, ...
         return forward_batch(target, tokens, layers)
 
 
-def distill_loss(drafter, target: Decoder, tokens: torch.Tensor, anchors: torch.Tensor, weights: torch.Tensor):
+class TargetSignals:
+    """`target_signals` of every sequence, computed once (the target is frozen) in batches."""
+
+    def __init__(self, target: Decoder, sequences: torch.Tensor, layers: tuple[int, ...], batch: int = 32):
+        parts = [target_signals(target, sequences[i : i + batch], layers) for i in range(0, len(sequences), batch)]
+        self.hidden = torch.cat([h for h, _ in parts])  # (N, T, H)
+        self.features = torch.cat([f for _, f in parts])  # (N, T, n*H)
+
+    def __getitem__(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.hidden[rows], self.features[rows]
+
+
+def distill_loss(drafter, target: Decoder, tokens: torch.Tensor, anchors: torch.Tensor, weights: torch.Tensor,
+                 signals: tuple[torch.Tensor, torch.Tensor] | None = None):
     """(loss, drafter-argmax == target-argmax rate per block position) for tokens (B, T), anchors (B, M).
-    Block row j of the block at a is trained toward the target's distribution for position a + j."""
-    layers = drafter.cfg.target_layer_ids
-    hidden, features = target_signals(target, tokens, layers)
+    Block row j of the block at a is trained toward the target's distribution for position a + j.
+    `signals`: the tokens' `target_signals`, if already computed."""
+    hidden, features = signals or target_signals(target, tokens, drafter.cfg.target_layer_ids)
     with torch.no_grad():
         rows = anchors[:, :, None] + torch.arange(drafter.cfg.block_size - 1)  # (B, M, bs-1): row a+j-1
         target_hidden = hidden.gather(1, rows.reshape(len(tokens), -1, 1).expand(-1, -1, hidden.shape[-1]))
@@ -166,6 +179,7 @@ def train_drafter(target: Decoder, hf: dict, sequences: torch.Tensor, s: Distill
         start, log = state["step"], state["log"]
         g.set_state(state["generator"])
     position_w = position_weights(s)
+    signals = TargetSignals(target, sequences, dcfg.target_layer_ids)
     schedule = dataclasses.make_dataclass("Schedule", ["lr", "warmup", "steps", "min_lr_ratio"])(
         s.lr, s.warmup, s.steps, 0.1)
     t0 = time.perf_counter()
@@ -175,7 +189,7 @@ def train_drafter(target: Decoder, hf: dict, sequences: torch.Tensor, s: Distill
         rows = torch.randint(0, len(sequences), (s.batch,), generator=g)
         tokens = sequences[rows]
         anchors = sample_anchors(s.batch, tokens.shape[1], s, g)
-        loss, agree = distill_loss(drafter, target, tokens, anchors, position_w)
+        loss, agree = distill_loss(drafter, target, tokens, anchors, position_w, signals[rows])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(weights.values()), 1.0)
