@@ -36,12 +36,12 @@ class DistillSettings:
     intermediate_size: int = 384
     target_layer_ids: tuple[int, ...] | None = None  # default: spread over the target's depth
     mask_token_id: int | None = None  # default: the tokenizer's mask token
-    steps: int = 1500
+    steps: int = 2000
     batch: int = 16  # sequences per step
     anchors: int = 16  # blocks per sequence per step
     prompt_tokens: int = 128  # text each generated sequence starts from
     generated_tokens: int = 128  # the target's greedy continuation after it
-    sequences: int = 1024  # sequences generated before training
+    sequences: int = 2048  # sequences generated before training
     lr: float = 2e-3
     warmup: int = 50
     position_decay: float = 4.0  # block position j weighs exp(-(j - 1) / decay)

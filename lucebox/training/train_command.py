@@ -18,11 +18,15 @@ from lucebox.training.target import BUILTIN_CONFIG, TrainSettings, evaluate_bits
 from lucebox.training.tokenizer_training import train_tokenizer
 
 
-def xz_bits_per_char(texts: list[str]) -> float:
-    """What `xz -9e` spends on the concatenated texts, per character: a tokenizer-free yardstick."""
-    raw = "".join(texts)
-    packed = lzma.compress(raw.encode("utf-8"), preset=9 | lzma.PRESET_EXTREME)
-    return 8 * len(packed) / len(raw)
+def xz_bits_per_char(texts: list[str], per_file: bool = True) -> float:
+    """What `xz -9e` spends per character: a tokenizer-free yardstick. Per file (each compressed on
+    its own, as the model reads each file on its own) or on the texts concatenated (xz then also
+    reuses one file's text in another, which the model cannot)."""
+    def packed(text: str) -> int:
+        return len(lzma.compress(text.encode("utf-8"), preset=9 | lzma.PRESET_EXTREME))
+
+    chars = sum(len(t) for t in texts)
+    return 8 * (sum(map(packed, texts)) if per_file else packed("".join(texts))) / chars
 
 
 def run(out: Path, data: list[str] | None, eval_data: list[str] | None, settings: TrainSettings,
@@ -67,6 +71,7 @@ def run(out: Path, data: list[str] | None, eval_data: list[str] | None, settings
         "held_out_bits_per_char": final["held_out_bits_per_char"],
         "held_out_perplexity": final["held_out_perplexity"],
         "xz_9e_bits_per_char": round(xz_bits_per_char(eval_texts), 4),
+        "xz_9e_bits_per_char_concatenated": round(xz_bits_per_char(eval_texts, per_file=False), 4),
         "wall_s_this_run": round(time.time() - started, 1), "log": log,
     }
     (work / "train_log.json").write_text(json.dumps(report, indent=1) + "\n")
