@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from lucebox.models import dflash
 from lucebox.models.decoder import Decoder
 from lucebox.models.sources import to_checkpoint
+from lucebox.training.checkpointing import load_state, save_state
 from lucebox.training.drafter_forward import draft_hidden
 from lucebox.training.forward import forward_batch, greedy_continuations
 
@@ -169,14 +170,8 @@ def train_drafter(target: Decoder, hf: dict, sequences: torch.Tensor, s: Distill
     drafter = dflash.DFlashDrafter(dcfg, weights)
     optimizer = torch.optim.AdamW([w for w in weights.values()], lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
     g = torch.Generator().manual_seed(s.seed + 2)
-    start, log = 0, []
-    if state_path.is_file():
-        state = torch.load(state_path, weights_only=True)
-        with torch.no_grad():
-            for n, w in state["weights"].items():
-                weights[n].copy_(w)
-        optimizer.load_state_dict(state["optimizer"])
-        start, log = state["step"], state["log"]
+    start, log, state = load_state(state_path, weights, optimizer)
+    if state:
         g.set_state(state["generator"])
     position_w = position_weights(s)
     signals = TargetSignals(target, sequences, dcfg.target_layer_ids)
@@ -202,8 +197,5 @@ def train_drafter(target: Decoder, hf: dict, sequences: torch.Tensor, s: Distill
         if on_step is not None:
             on_step(step + 1, record)
         if (step + 1) % 100 == 0 or step + 1 == s.steps:
-            tmp = state_path.with_suffix(".tmp")
-            torch.save({"step": step + 1, "weights": {n: w.detach() for n, w in weights.items()},
-                        "optimizer": optimizer.state_dict(), "log": log, "generator": g.get_state()}, tmp)
-            tmp.replace(state_path)
+            save_state(state_path, step + 1, weights, optimizer, log, generator=g.get_state())
     return {n: w.detach() for n, w in weights.items()}, log

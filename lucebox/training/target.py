@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from lucebox.kernels.backend import kernels_for
 from lucebox.kernels.moe import moe_experts
@@ -23,6 +23,7 @@ from lucebox.models import adapter_for, build_model_config
 from lucebox.models.decoder import Decoder
 from lucebox.models.layout import weight_shapes
 from lucebox.models.sources import to_checkpoint
+from lucebox.training.checkpointing import load_state, save_state
 from lucebox.training.forward import forward_batch
 
 # The built-in model: every feature of Laguna XS.2 at a size that trains on two CPU cores.
@@ -158,12 +159,6 @@ def save_model(folder: Path, hf: dict, weights: dict, generation: dict | None = 
     (folder / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
 
 
-def save_state(path: Path, step: int, weights: dict, optimizer, log: list[dict]) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"step": step, "weights": weights, "optimizer": optimizer.state_dict(), "log": log}, tmp)
-    tmp.replace(path)
-
-
 def train(hf: dict, stream, evaluate, s: TrainSettings, state_path: Path, on_step=None) -> tuple[dict, list[dict]]:
     """Train from scratch (or resume from `state_path`); returns (weights, log). `evaluate(decoder,
     final)` returns the held-out figures logged every `eval_every` steps (final: on all of it);
@@ -179,16 +174,9 @@ def train(hf: dict, stream, evaluate, s: TrainSettings, state_path: Path, on_ste
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=s.lr, betas=(0.9, 0.95))
     batches = Batches(stream, s.batch, s.length, s.seed)
-    start, log = 0, []
-    if state_path.is_file():  # resume: weights, optimizer and the batch sampler's position
-        state = torch.load(state_path, weights_only=True)
-        with torch.no_grad():
-            for n, w in state["weights"].items():
-                weights[n].copy_(w)
-        optimizer.load_state_dict(state["optimizer"])
-        start, log = state["step"], state["log"]
-        for _ in range(start):
-            batches.next()
+    start, log, _ = load_state(state_path, weights, optimizer)
+    for _ in range(start):  # resume: the batch sampler where it was
+        batches.next()
     counter = RoutingCounter()
     decoder = Decoder(cfg, weights, counter.kernels)
     t0, tokens = time.perf_counter(), 0
@@ -214,12 +202,5 @@ def train(hf: dict, stream, evaluate, s: TrainSettings, state_path: Path, on_ste
         if on_step is not None:
             on_step(step + 1, record)
         if (step + 1) % s.save_every == 0 or last:
-            save_state(state_path, step + 1, {n: w.detach() for n, w in weights.items()}, optimizer, log)
+            save_state(state_path, step + 1, weights, optimizer, log)
     return {n: w.detach() for n, w in weights.items()}, log
-
-
-def load_state_weights(state_path: Path) -> dict:
-    return torch.load(state_path, weights_only=True)["weights"]
-
-
-__all__ = ["BUILTIN_CONFIG", "TrainSettings", "train", "save_model", "evaluate_bits", "load_file"]
