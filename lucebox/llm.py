@@ -298,10 +298,7 @@ class LLM:
             if proposer is not None:
                 proposer.commit(tokens, n + 1, None if features is None else features[: n + 1])
             verify_seconds = self._clock() - t1
-            for i, c in enumerate(draft.confidence):
-                spec["confidence"][i] += c
-                spec["confident"][i] += 1
-            self._record_round(spec, width, len(draft.tokens), n, draft_seconds, verify_seconds)
+            self._record_round(spec, width, draft, n, draft_seconds, verify_seconds)
             pending, last = [*draft.tokens[:n], verdict.next_token], verdict.next_token
         # Tokens after a stop inside a round were committed to the cache: forget them too.
         keep = len(prompt_ids) + len(generated) - 1
@@ -321,7 +318,11 @@ class LLM:
         return WidthPolicy(15, self._verify_seconds, timed=timed)
 
     @staticmethod
-    def _record_round(spec: dict, width: WidthPolicy, k: int, n: int, draft_s: float, verify_s: float) -> None:
+    def _record_round(spec: dict, width: WidthPolicy, draft: Draft, n: int, draft_s: float, verify_s: float) -> None:
+        k = len(draft.tokens)
+        for i, c in enumerate(draft.confidence):
+            spec["confidence"][i] += c
+            spec["confident"][i] += 1
         spec["rounds"] += 1
         spec["committed"] += n + 1
         spec["draft_time_s"] += draft_s
@@ -331,7 +332,7 @@ class LLM:
         for i in range(k):
             spec["drafted"][i] += 1
             spec["accepted"][i] += int(i < n)
-        width.record(n + 1, draft_s + verify_s, verify_s, k + 1, proposed=draft_s > 0)
+        width.record(n + 1, draft_s + verify_s, verify_s, k + 1, proposed=draft_s > 0, confidence=draft.confidence)
 
     @staticmethod
     def _spec_stats(spec: dict) -> dict:

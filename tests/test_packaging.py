@@ -1,4 +1,5 @@
-"""The built wheel ships lucebox, lucebox.models and lucebox.kernels, and no top-level models/kernels."""
+"""The built wheel ships lucebox, lucebox.models and lucebox.kernels (and the built-in model's files),
+and no top-level models/kernels."""
 
 import shutil
 import subprocess
@@ -20,6 +21,10 @@ def test_wheel_installs_and_imports_cleanly(tmp_path):
     top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top_level == {"lucebox"}
     assert "lucebox/models/laguna.py" in names and "lucebox/kernels/attention.py" in names
+    # the built-in model and its drafter are package data: every file of the folder is in the wheel
+    builtin = ROOT / "lucebox" / "data" / "laguna-code-6m"
+    shipped = {"lucebox/" + str(f.relative_to(ROOT / "lucebox")) for f in builtin.rglob("*") if f.is_file()}
+    assert len(shipped) >= 7 and shipped <= set(names)
 
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],

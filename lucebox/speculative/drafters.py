@@ -82,7 +82,8 @@ def measure_verify_seconds(llm, widths=(1, 2, 4, 8, 16)) -> dict[int, float]:
     from lucebox.caches import Step
 
     cache = llm._new_cache()
-    ids = torch.zeros(max(widths) + 8, dtype=torch.long, device=llm.device)
+    # Distinct tokens, so MoE rows spread over experts as real ones do (identical rows share two).
+    ids = torch.arange(max(widths) + 8, dtype=torch.long, device=llm.device) * 7919 % llm.config.vocab_size
     llm.decoder.forward(ids[:8], Step(torch.arange(8, device=llm.device), prefill=True), cache)
     cache.commit(8)
     seconds = {}

@@ -30,6 +30,16 @@ class WidthPolicy:
     # drafters that give none (n-gram), the same for every position so that widths never tried
     # still learn from the ones that were. Starts hopeful, then follows what happens.
     kept_rate: float = 0.7
+    # Drafters' confidences are beliefs, not keep rates: a greedy draft is kept whenever its top
+    # token is the target's, which happens more often than its top-1 mass says. Measured keep rate
+    # over mean confidence, both averaged over the drafts judged so far, scales confidences into
+    # keep probabilities (1.0 until drafts have been judged).
+    _kept_mean: float = 1.0
+    _confidence_mean: float = 1.0
+
+    @property
+    def calibration(self) -> float:
+        return self._kept_mean / max(self._confidence_mean, 1e-6)
 
     def cost(self, rows: int) -> float:
         """Seconds of a forward of `rows` rows, interpolated between measured widths."""
@@ -48,6 +58,8 @@ class WidthPolicy:
             return 0
         if not confidence:
             confidence = [self.kept_rate] * available
+        else:
+            confidence = [min(1.0, c * self.calibration) for c in confidence]
         if not self.timed:
             k, reach = 0, 1.0
             for c in confidence[: min(limit, self.max_width)]:
@@ -65,16 +77,22 @@ class WidthPolicy:
                 best_k, best_rate = k, rate
         return best_k
 
-    def record(self, committed: int, round_seconds: float, verify_seconds: float, rows: int, proposed: bool) -> None:
+    def record(self, committed: int, round_seconds: float, verify_seconds: float, rows: int, proposed: bool,
+               confidence: list[float] | None = None) -> None:
         """One round's outcome (draft + verify); turns speculation off if it does not pay. A
-        round that drafted and then verified nothing still counts: its drafting was spent."""
+        round that drafted and then verified nothing still counts: its drafting was spent.
+        `confidence`: what the drafter said of the drafts verified this round."""
         measured = self.verify_seconds.get(rows)
         if measured is not None and self.timed:  # refine the cost model with what this width really took
             self.verify_seconds[rows] = 0.9 * measured + 0.1 * verify_seconds
         if not proposed:
             return
         for i in range(min(rows - 1, committed)):  # drafts judged: all kept but a rejected last one
-            self.kept_rate = 0.9 * self.kept_rate + 0.1 * float(i < committed - 1)
+            kept = float(i < committed - 1)
+            self.kept_rate = 0.9 * self.kept_rate + 0.1 * kept
+            if confidence:
+                self._kept_mean = 0.95 * self._kept_mean + 0.05 * kept
+                self._confidence_mean = 0.95 * self._confidence_mean + 0.05 * confidence[i]
         if not self.timed:
             return
         self._tokens += committed
