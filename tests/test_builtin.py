@@ -36,7 +36,7 @@ def test_builtin_model_fits_its_budget_and_is_a_normal_model_folder():
 
 def test_llm_without_a_model_is_the_builtin_and_auto_draft_picks_its_drafter(builtin, drafted):
     assert builtin.description.folder == BUILTIN_MODEL and builtin.proposer is None
-    assert builtin.config.layers[0].kind == "full" and builtin.config.moe.shared_expert_size > 0
+    assert builtin.config.layers[0].attention == "full" and builtin.config.moe.shared_expert_size > 0
     assert isinstance(drafted.proposer, DFlashProposer)
     text = builtin.generate("import os\n\n\ndef ", max_tokens=48).text
     assert "(" in text and ":" in text  # Python-shaped
@@ -61,18 +61,20 @@ def test_builtin_compresses_held_out_code_better_than_xz(builtin):
     assert model_bpc < xz_bpc
 
 
-def test_trained_drafter_is_accepted_and_lossless_on_held_out_code(builtin, drafted):
-    prompt = builtin.tokenizer.encode((stdlib_root() / "textwrap.py").read_text())[:96]
-    plain = builtin.generate(prompt, max_tokens=96, ignore_eos=True)
-    fast = drafted.generate(prompt, max_tokens=96, ignore_eos=True)
+def test_trained_drafter_is_accepted_and_lossless_on_held_out_code(builtin):
+    drafted = lucebox.LLM(device="cpu", dtype="float32", adaptive=False)  # every round drafts the full block
+    prompt = builtin.tokenizer.encode((stdlib_root() / "textwrap.py").read_text())[:128]
+    plain = builtin.generate(prompt, max_tokens=128, ignore_eos=True)
+    fast = drafted.generate(prompt, max_tokens=128, ignore_eos=True)
     assert fast.token_ids == plain.token_ids
-    assert fast.stats["acceptance_length"] > 1.5  # a trained drafter: most rounds keep drafts
+    assert fast.stats["acceptance_length"] > 2.0  # a trained drafter: most rounds keep several drafts
     assert BUILTIN_DRAFTER.is_dir()
 
 
 def test_sampling_with_the_trained_drafter_keeps_the_targets_distribution(builtin, drafted):
     """T=0.8, top-k 3: the first two tokens' exact joint law (9 outcomes, from the target's logits)
-    against 1200 seeded speculative samples (total variation < 0.06)."""
+    against 800 seeded speculative samples (total variation < 0.07; sampling noise alone stays under
+    about 0.05 for 9 outcomes)."""
     prompt = builtin.tokenizer.encode("def parse(line):\n    ")
 
     def probs(ids):
@@ -83,11 +85,11 @@ def test_sampling_with_the_trained_drafter_keeps_the_targets_distribution(builti
     for x1, p1 in probs(prompt).items():
         for x2, p2 in probs(prompt + [x1]).items():
             joint[(x1, x2)] = p1 * p2
-    samples = 1200
+    samples = 800
     # Three tokens: the second is decided by verifying a draft (the first comes from the prefill).
     counts = Counter(tuple(drafted.generate(prompt, max_tokens=3, temperature=0.8, top_k=3, seed=s,
                                             ignore_eos=True).token_ids[:2]) for s in range(samples))
     tv = 0.5 * sum(abs(counts.get(k, 0) / samples - p) for k, p in joint.items())
     tv += 0.5 * sum(c / samples for k, c in counts.items() if k not in joint)
-    assert tv < 0.06, tv
+    assert tv < 0.07, tv
     assert math.isclose(sum(joint.values()), 1.0)
