@@ -20,9 +20,9 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-policy", choices=["exact", "select"], default=None,
                    help="exact: attend to every chunk; select: sink + recent + top-scoring chunks, bounded cost "
                         "(default: exact when the context fits the pool, else select)")
-    p.add_argument("--draft", default="auto",
+    p.add_argument("--draft", default=None,
                    help="speculative decoding: auto (the model's paired drafter, if it ships one) | ngram | none | "
-                        "a drafter folder (DFlash or a small model); default: auto")
+                        "a drafter folder (DFlash or a small model); default: none")
     p.add_argument("--draft-k", type=int, default=15, help="most drafts per round (1..15; the width adapts)")
     p.add_argument("--verify", choices=["tokenwise", "block"], default="tokenwise",
                    help="how sampled drafts are verified (both keep the target's distribution)")

@@ -41,9 +41,9 @@ class LLM:
     prompts (default 2048 on CUDA, 512 on CPU). A prompt that extends the previous request's
     tokens reuses their cache and prefills only the new tokens.
 
-    `draft` picks speculative decoding: "auto" (the default: the model's paired drafter if one
-    ships with it, as the built-in model's does, else none), None (off), "ngram" (prompt lookup),
-    or a drafter folder (a DFlash drafter or a smaller model sharing the vocabulary). Output is
+    `draft` picks speculative decoding: None (off, the default), "auto" (the model's paired
+    drafter if one ships with it, as the built-in model's does, else none), "ngram" (prompt
+    lookup), or a drafter folder (a DFlash drafter or a smaller model sharing the vocabulary). Output is
     the target's own either way. `draft_k` caps drafts per round (the width adapts below it),
     `verify` is "tokenwise" or "block" for sampled decoding, `draft_ctx` is the drafter's context ring in tokens.
 
@@ -59,7 +59,7 @@ class LLM:
         self,
         model: str | Path | None = None,
         *,
-        draft: str | None = "auto",
+        draft: str | None = None,
         device: str = "auto",
         dtype: str = "auto",
         load_format: str = "auto",

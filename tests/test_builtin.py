@@ -23,7 +23,7 @@ def builtin():
 
 @pytest.fixture(scope="module")
 def drafted():
-    return lucebox.LLM(device="cpu", dtype="float32")  # draft="auto" is the default
+    return lucebox.LLM(device="cpu", dtype="float32", draft="auto")
 
 
 def test_builtin_model_fits_its_budget_and_is_a_normal_model_folder():
@@ -62,7 +62,7 @@ def test_builtin_compresses_held_out_code_better_than_xz(builtin):
 
 
 def test_trained_drafter_is_accepted_and_lossless_on_held_out_code(builtin):
-    drafted = lucebox.LLM(device="cpu", dtype="float32", adaptive=False)  # every round drafts the full block
+    drafted = lucebox.LLM(device="cpu", dtype="float32", draft="auto", adaptive=False)  # full blocks every round
     prompt = builtin.tokenizer.encode((stdlib_root() / "textwrap.py").read_text())[:128]
     plain = builtin.generate(prompt, max_tokens=128, ignore_eos=True)
     fast = drafted.generate(prompt, max_tokens=128, ignore_eos=True)
