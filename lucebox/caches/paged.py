@@ -89,6 +89,7 @@ class PagedKV(LayerCache):
         self.slot_chunk = [-1] * settings.pool_chunks  # which chunk each slot holds
         self.chunk_slot: dict[int, int] = {}
         self._slot_chunk_t: torch.Tensor | None = None  # device copy of slot_chunk, rebuilt on change
+        self._used_slots = 0  # 1 + the highest slot holding a chunk, rebuilt with it
         max_chunks = -(-settings.max_context // C)
         self.host = HostChunks(C, kv_heads, head_dim, max_chunks, dtype, device) if settings.offload else None
         self.length = 0  # rows written (drafts included)
@@ -170,10 +171,11 @@ class PagedKV(LayerCache):
     def _blocks(self, step: Step) -> Iterator[KVBlock]:
         # Free slots are handed out lowest first, so the slots past the highest one in use hold
         # nothing: attention reads the pool up to there (a short context reads a short pool).
-        used = 1 + max((s for s, c in enumerate(self.slot_chunk) if c >= 0), default=-1)
+        slots = self._slot_chunks()
+        used = self._used_slots
         rows = used * self.s.chunk
         pool_k, pool_v = self.pk[:, :rows], self.pv[:, :rows]
-        slots = self._slot_chunks()[:used]
+        slots = slots[:used]
         positions = slots[:, None] * self.s.chunk + torch.arange(self.s.chunk, device=self.device)[None, :]
         valid = (slots[:, None] >= 0) & (positions < self.length)
         positions = torch.where(valid, positions, -1).flatten()
@@ -260,6 +262,7 @@ class PagedKV(LayerCache):
     def _slot_chunks(self) -> torch.Tensor:
         if self._slot_chunk_t is None:
             self._slot_chunk_t = torch.tensor(self.slot_chunk, dtype=torch.int64, device=self.device)
+            self._used_slots = 1 + max((s for s, c in enumerate(self.slot_chunk) if c >= 0), default=-1)
         return self._slot_chunk_t
 
     def rollback(self, to_position: int) -> None:
