@@ -1,5 +1,6 @@
 """Decode speed against context length: lucebox `select` and `exact` KVFlash, and transformers'
-`generate` on the same checkpoint as the peer, all in one run.
+`generate` on the same checkpoint as the peer, all in one run. The lucebox rows come from the runner
+of `lucebox bench` (`lucebox.benchmark.runner`); transformers runs in a subprocess of its own.
 
     python bench/long_context.py                      # CPU: a small Laguna-shaped model, 1K..64K
     python bench/long_context.py --with-256k          # adds 256K
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,7 +57,7 @@ start = time.perf_counter()
 with torch.no_grad():
     model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, streamer=clock, pad_token_id=0)
 first, last = clock.times[1], clock.times[-1]   # times[0] is the prompt
-print(json.dumps({"context": ctx, "decode_tokens_per_s": (n - 1) / (last - first),
+print(json.dumps({"depth": ctx, "decode_tokens_per_s": (n - 1) / (last - first),
                   "prefill_s": first - start, "generated_tokens": n}))
 """
 
@@ -70,34 +70,17 @@ def make_checkpoint(folder: Path) -> None:
 
 
 def run_lucebox(model, policy, contexts, args) -> list[dict]:
-    """One engine per context, each prefilled once; then decode runs go round-robin over the
-    contexts, so drifts in machine speed hit every context alike instead of biasing the ratio."""
-    import lucebox
+    """The rows of `lucebox bench` (one code path measures): plain decoding, one row per context,
+    each prefilled from an empty cache and decoded `--decode-tokens` tokens, `--repeats` times."""
+    from lucebox.benchmark.runner import BenchSettings, run_benchmark
 
-    engines, samples, first = {}, {ctx: [] for ctx in contexts}, {}
-    prompt = None
-    for ctx in contexts:
-        llm = lucebox.LLM(model, device=args.device, dtype=args.dtype, load_format=args.load_format,
-                          max_context=max(contexts) + args.decode_tokens + 64, kv_policy=policy,
-                          kv_pool_tokens=args.kv_pool, prefill_chunk=args.prefill_chunk)
-        if prompt is None:
-            vocab = llm.config.vocab_size
-            g = torch.Generator().manual_seed(args.seed)
-            prompt = torch.randint(0, vocab, (max(contexts),), generator=g).tolist()
-        first[ctx] = llm.generate(prompt[:ctx], max_tokens=8, ignore_eos=True).stats  # prefill (+ warm-up)
-        engines[ctx] = llm
-    for _ in range(args.repeats):
-        for ctx in contexts:  # the prompt's rows are cached: each run decodes only
-            stats = engines[ctx].generate(prompt[:ctx], max_tokens=args.decode_tokens, ignore_eos=True).stats
-            samples[ctx].append(stats["decode_tokens_per_s"])
-    rows = []
-    for ctx in contexts:
-        rates = sorted(samples[ctx])
-        rows.append({"context": ctx, "decode_tokens_per_s": statistics.median(rates), "decode_samples": rates,
-                     "prefill_tokens_per_s": first[ctx]["prefill_tokens_per_s"],
-                     "memory_bytes": engines[ctx].memory()})
-        print(f"lucebox {policy:6s} ctx {ctx:>7}: decode {statistics.median(rates):8.2f} tok/s (median of "
-              f"{len(rates)}, interleaved)", flush=True)
+    engine = dict(device=args.device, dtype=args.dtype, load_format=args.load_format, kv_policy=policy,
+                  kv_pool_tokens=args.kv_pool, prefill_chunk=args.prefill_chunk, draft=None)
+    settings = BenchSettings(depths=tuple(contexts), gen=args.decode_tokens, repeat=args.repeats, seed=args.seed)
+    rows = run_benchmark(model, engine, settings)["rows"]
+    for row in rows:
+        print(f"lucebox {policy:6s} ctx {row['depth']:>7}: decode {row['decode_tokens_per_s']:8.2f} tok/s (median of "
+              f"{args.repeats}), prefill {row['prefill_tokens_per_s']:8.1f} tok/s", flush=True)
     return rows
 
 
@@ -112,12 +95,12 @@ def run_peer(folder, contexts, args) -> list[dict]:
             if out.returncode == 0:
                 row = json.loads(out.stdout.strip().splitlines()[-1])
             elif out.returncode == -9:
-                row = {"context": ctx, "error": "killed by the kernel (SIGKILL): out of memory on this machine"}
+                row = {"depth": ctx, "error": "killed by the kernel (SIGKILL): out of memory on this machine"}
             else:
                 tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-                row = {"context": ctx, "error": f"exit {out.returncode}: {tail[:300]}"}
+                row = {"depth": ctx, "error": f"exit {out.returncode}: {tail[:300]}"}
         except subprocess.TimeoutExpired:
-            row = {"context": ctx, "error": f"did not finish within {args.peer_timeout} s"}
+            row = {"depth": ctx, "error": f"did not finish within {args.peer_timeout} s"}
         row["wall_s"] = time.perf_counter() - started
         rows.append(row)
         rate = row.get("decode_tokens_per_s")
@@ -130,7 +113,8 @@ def main() -> None:
     p.add_argument("--contexts", default="1024,4096,16384,65536")
     p.add_argument("--with-256k", action="store_true", help="add a 262144-token context")
     p.add_argument("--decode-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=5, help="decode runs per context (lucebox); the median is kept")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="requests per context (lucebox), each prefilled afresh; the median is kept")
     p.add_argument("--kv-pool", type=int, default=1024, help="device KV pool in tokens (select and exact)")
     p.add_argument("--prefill-chunk", type=int, default=None)
     p.add_argument("--config", default=None, help="a model folder or config.json (default: a small Laguna-shaped one)")
@@ -154,7 +138,7 @@ def main() -> None:
         peer = [] if args.no_peer or args.load_format == "dummy" else run_peer(model, contexts, args)
 
     def rate(rows, ctx):
-        return next((r.get("decode_tokens_per_s") for r in rows if r["context"] == ctx), None)
+        return next((r.get("decode_tokens_per_s") for r in rows if r["depth"] == ctx), None)
 
     summary = {
         "select_flatness_last_over_first": rate(results["select"], contexts[-1]) / rate(results["select"], contexts[0]),

@@ -9,6 +9,7 @@ and stacked tensors), one tensor at a time.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
@@ -174,11 +175,14 @@ def load_weights(
     device: torch.device,
     unused_ok: frozenset[str] = frozenset(),
     transform: Callable[[str, torch.Tensor], object] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every tensor of `sources`, read into `dtype` on `device`; `transform(name, tensor)`, if
     given, replaces each as soon as it is read (quantization), so only one full-precision tensor
-    is held at a time."""
+    is held at a time. `progress(done, total)` is told the bytes read so far after each tensor."""
     chosen = resolve_sources(sources, shapes, index, unused_ok)
+    total = sum(math.prod(shapes[name]) for name in chosen) * dtype.itemsize
+    done = 0
     weights: dict[str, torch.Tensor] = {}
     with ExitStack() as stack:
         opened: dict[Path, SafetensorsFile] = {}
@@ -203,5 +207,8 @@ def load_weights(
             dest = torch.empty(shapes[name], dtype=dtype, device=device)
             _fill(dest, source, read, name)
             weights[name] = transform(name, dest) if transform is not None else dest
+            done += dest.numel() * dest.element_size()
             del dest
+            if progress is not None:
+                progress(done, total)
     return weights

@@ -6,38 +6,15 @@ import argparse
 import json
 import sys
 
+from lucebox import __version__
+from lucebox.engine_flags import add_engine_flags, open_engine
 from lucebox.errors import LuceboxError
-
-
-def _add_engine_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", default=None,
-                   help="Hugging Face model folder (config.json + *.safetensors); default: the built-in model")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
-    p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32 | float64")
-    p.add_argument("--ctx", type=int, default=None, help="max context in tokens (default: the model's)")
-    p.add_argument("--kv-pool", type=int, default=None,
-                   help="full-attention KV tokens kept on the device; the rest lives in host memory (default 8192)")
-    p.add_argument("--kv-policy", choices=["exact", "select"], default=None,
-                   help="exact: attend to every chunk; select: sink + recent + top-scoring chunks, bounded cost "
-                        "(default: exact when the context fits the pool, else select)")
-    p.add_argument("--draft", default=None,
-                   help="speculative decoding: auto (the model's paired drafter, if it ships one) | ngram | none | "
-                        "a drafter folder (DFlash or a small model); default: none")
-    p.add_argument("--draft-k", type=int, default=15, help="most drafts per round (1..15; the width adapts)")
-    p.add_argument("--verify", choices=["tokenwise", "block"], default="tokenwise",
-                   help="how sampled drafts are verified (both keep the target's distribution)")
-    p.add_argument("--prefill-chunk", type=int, default=None,
-                   help="rows per prefill forward (default 2048 CUDA, 512 CPU)")
-    p.add_argument("--load-format", default="auto", help="auto | safetensors | dummy (random weights)")
-    p.add_argument("--backend", default="auto",
-                   help="kernels: auto (Triton on CUDA, torch on CPU) | triton | torch")
-    p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly (for debugging)")
-    p.add_argument("--quantization", default=None,
-                   help="int8 | int4: quantize the linear layers' weights as they load (default: none)")
+from lucebox.stats_line import stats_line
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lucebox", description="Single-GPU inference for big open MoE models.")
+    parser.add_argument("--version", action="version", version=f"lucebox {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     info = sub.add_parser("info", help="describe a model from its config.json: parameters, layers, KV bytes")
     info.add_argument("model", nargs="?", default=None,
@@ -46,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     gen = sub.add_parser("generate", help="generate text (or token ids) from a prompt")
-    _add_engine_flags(gen)
+    add_engine_flags(gen)
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--token-ids", help="prompt as comma-separated token ids (for models without a tokenizer)")
@@ -61,10 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
                      "for a newline use the shell's quoting, e.g. $'\\n\\n'")
     gen.add_argument("--stop-token-id", type=int, action="append", default=[], help="stop token id (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--stats", action="store_true",
+                     help="add context used and device/host KV memory to the closing line of figures")
+    from lucebox import chat_command
+    from lucebox.benchmark import command as bench_command
     from lucebox.training import distill_command, train_command
 
     train_command.add_parser(sub)
     distill_command.add_parser(sub)
+    chat_command.add_parser(sub)
+    bench_command.add_parser(sub)
     return parser
 
 
@@ -108,7 +91,6 @@ def _info(args) -> int:
 
 
 def _generate(args) -> int:
-    from lucebox import LLM
     from lucebox.errors import InvalidArgumentError
 
     prompt = args.prompt
@@ -117,11 +99,7 @@ def _generate(args) -> int:
             prompt = [int(t) for t in args.token_ids.replace(" ", "").split(",") if t]
         except ValueError:
             raise InvalidArgumentError("--token-ids must be comma-separated integers, e.g. 1,2,3") from None
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, load_format=args.load_format, max_context=args.ctx,
-              kv_pool_tokens=args.kv_pool, kv_policy=args.kv_policy, prefill_chunk=args.prefill_chunk,
-              draft=None if args.draft == "none" else args.draft, draft_k=args.draft_k, verify=args.verify,
-              backend=args.backend,
-              quantization=args.quantization, cuda_graphs=False if args.no_cuda_graphs else None)
+    llm = open_engine(args)
     last = None
     for chunk in llm.stream(prompt, max_tokens=args.max_tokens, temperature=args.temp, top_k=args.top_k,
                             top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
@@ -130,10 +108,7 @@ def _generate(args) -> int:
         sys.stdout.write(piece)
         sys.stdout.flush()
         last = chunk
-    s = last.stats
-    spec = f", acceptance length {s['acceptance_length']:.2f}" if llm.proposer is not None else ""
-    print(f"\n[{s['generated_tokens']} tokens, finish: {last.finish_reason}, prefill {s['prefill_tokens_per_s']:.1f} "
-          f"tok/s, decode {s['decode_tokens_per_s']:.1f} tok/s{spec}]", file=sys.stderr)
+    print(f"\n[{stats_line(last.stats, last.finish_reason, llm, full=args.stats)}]", file=sys.stderr)
     return 0
 
 
@@ -144,10 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        from lucebox import chat_command
+        from lucebox.benchmark import command as bench_command
         from lucebox.training import distill_command, train_command
 
         commands = {"info": _info, "generate": _generate, "train": train_command.command,
-                    "distill": distill_command.command}
+                    "distill": distill_command.command, "chat": chat_command.command,
+                    "bench": bench_command.command}
         return commands[args.command](args)
     except LuceboxError as e:
         print(f"lucebox: error: {e}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from lucebox.errors import TokenizerError
@@ -29,3 +30,16 @@ class Generation:
         if self._text is None:
             raise TokenizerError("this model has no tokenizer files, so there is no text; use .token_ids")
         return self._text
+
+
+def collect(chunks: Iterable[Chunk], has_text: bool) -> Generation:
+    """The Generation a stream of chunks adds up to (the last chunk carries finish_reason and stats)."""
+    token_ids: list[int] = []
+    texts: list[str] = []
+    last = None
+    for chunk in chunks:
+        token_ids.extend(chunk.token_ids)
+        if chunk.text is not None:
+            texts.append(chunk.text)
+        last = chunk
+    return Generation(token_ids, last.finish_reason, last.stats, "".join(texts) if has_text else None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -12,7 +12,7 @@ import torch
 from lucebox.caches import KV_POLICIES, CacheSettings, SequenceCache, Step
 from lucebox.device import resolve_device, resolve_dtype
 from lucebox.errors import ContextLengthError, InvalidArgumentError
-from lucebox.generation import Chunk, Generation
+from lucebox.generation import Chunk, Generation, collect
 from lucebox.kernels.backend import kernels_for, resolve_backend
 from lucebox.loading import check_load_format, describe_model, load_model, quantizer
 from lucebox.memory_plan import check_fits
@@ -53,6 +53,7 @@ class LLM:
     (round-to-nearest, float16 scales per group: per row for int8, 128 inputs for int4); the
     embeddings, output head and routers stay in `dtype`. `cuda_graphs` (default: on with CUDA
     and Triton) replays decode and verify forwards from CUDA graphs captured per width.
+    `load_progress(done, total)` is called with bytes of weights read as they load.
     """
 
     def __init__(
@@ -75,12 +76,12 @@ class LLM:
         backend: str = "auto",
         quantization: str | None = None,
         cuda_graphs: bool | None = None,
+        load_progress: Callable[[int, int], None] | None = None,
     ):
         check_load_format(load_format)
         if verify not in VERIFY_RULES:
             raise InvalidArgumentError(f"verify '{verify}' is not one of {', '.join(VERIFY_RULES)}")
-        if not 1 <= draft_k <= 15:
-            raise InvalidArgumentError(f"draft_k must be in 1..15 (a verify step holds at most 16 rows), got {draft_k}")
+        self.draft_k = draft_k
         if draft_ctx <= 0:
             raise InvalidArgumentError(f"draft_ctx must be positive, got {draft_ctx}")
         self.device = resolve_device(device)
@@ -103,13 +104,14 @@ class LLM:
         quantizer(quantization)  # an unknown scheme fails here, before any memory is planned
         self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization)
         loaded = load_model(self.description, self.dtype, self.device, load_format, kernels_for(self.backend),
-                            quantization)
+                            quantization, load_progress)
         self.decoder = loaded.decoder
         if self._use_cuda_graphs(cuda_graphs):
             self.decoder.graphs = DecodeGraphs(self.decoder)
         self._tokenizer = loaded.tokenizer
         self.eos_token_ids = self._eos_ids()
         self._session: tuple[SequenceCache, list[int]] | None = None  # cache + the tokens it holds
+        self._drafter_follows_session = False
         self._open_streams = 0
         self.verify_rule = verify
         self.adaptive = adaptive
@@ -146,6 +148,18 @@ class LLM:
         return settings
 
     @property
+    def draft_k(self) -> int:
+        """The most drafts a round verifies (the width adapts below it); settable between requests."""
+        return self._draft_k
+
+    @draft_k.setter
+    def draft_k(self, k: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 15:
+            raise InvalidArgumentError(f"draft_k must be an integer in 1..15 (a verify step holds at most 16 rows), "
+                                       f"got {k!r}")
+        self._draft_k = k
+
+    @property
     def tokenizer(self):
         """The model's tokenizer; raises TokenizerError when the folder has no tokenizer files."""
         return require_tokenizer(self._tokenizer, self.description.folder)
@@ -154,16 +168,33 @@ class LLM:
 
     def generate(self, prompt: Prompt, *, max_tokens: int, **options) -> Generation:
         """Generate up to `max_tokens` tokens; options as in `stream`."""
-        token_ids: list[int] = []
-        texts: list[str] = []
-        last = None
-        for chunk in self.stream(prompt, max_tokens=max_tokens, **options):
-            token_ids.extend(chunk.token_ids)
-            if chunk.text is not None:
-                texts.append(chunk.text)
-            last = chunk
-        text = "".join(texts) if self._tokenizer is not None else None
-        return Generation(token_ids, last.finish_reason, last.stats, text)
+        return collect(self.stream(prompt, max_tokens=max_tokens, **options), self._tokenizer is not None)
+
+    def chat(self, system: str | None = None, **sampling):
+        """A multi-turn conversation (`lucebox.chat.ChatSession`) in the model's chat template; each
+        turn reuses the cache of the ones before, so only the new turn is prefilled. `sampling`: the
+        defaults of every turn (`max_tokens`, `temperature`, `top_p`, `stop`, ...)."""
+        from lucebox.chat import ChatSession
+
+        return ChatSession(self, system, **sampling)
+
+    @torch.inference_mode()
+    def prefill(self, prompt: Prompt, on_progress: Callable[[int, int], None] | None = None) -> int:
+        """Put the prompt's rows in the cache now (reusing a prefix already there), so that the next
+        request extending it prefills only its new tokens; `on_progress(done, total)` after each
+        chunk. Returns the number of tokens prefilled."""
+        ids = self._prompt_ids(prompt)
+        self._check_context(len(ids), f"{len(ids)} prompt tokens")
+        cache, proposer, _ = self._open_session(ids, private=False)
+        reused = cache.length
+        for done, _ in enumerate(self._prefill(ids, cache, proposer), 1):
+            if on_progress is not None:
+                on_progress(min(reused + done * self.prefill_chunk, len(ids)), len(ids))
+        return len(ids) - reused
+
+    def drop_cache(self) -> None:
+        """Forget the cached conversation (and free its memory): the next request prefills from scratch."""
+        self._session = None
 
     def stream(
         self,
@@ -178,10 +209,13 @@ class LLM:
         seed: int | None = None,
         stop: str | Sequence[str | int] | None = None,
         ignore_eos: bool = False,
+        speculate: bool = True,
     ) -> Iterator[Chunk]:
         """Yield chunks of new tokens as they are produced; the last one carries finish_reason and stats.
 
         `stop` holds stop strings (never emitted) and/or stop token ids (emitted, like EOS).
+        `speculate=False` decodes this request without the engine's drafter (to compare the two
+        on one set of weights); the output is the same either way.
         """
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
         prompt_ids = self._prompt_ids(prompt)
@@ -190,7 +224,7 @@ class LLM:
         self._check_context(len(prompt_ids) + max_tokens, f"{len(prompt_ids)} prompt tokens + max_tokens {max_tokens}")
         stop_strings, stop_ids = self._split_stops(stop)
         stop_ids |= set() if ignore_eos else set(self.eos_token_ids)
-        return self._run(prompt_ids, params, max_tokens, stop_strings, stop_ids)
+        return self._run(prompt_ids, params, max_tokens, stop_strings, stop_ids, speculate)
 
     @torch.inference_mode()
     def logits(self, token_ids: Sequence[int]) -> torch.Tensor:
@@ -213,16 +247,16 @@ class LLM:
     # -- the loop ---------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def _run(self, prompt_ids, params, max_tokens, stop_strings, stop_ids) -> Iterator[Chunk]:
+    def _run(self, prompt_ids, params, max_tokens, stop_strings, stop_ids, speculate) -> Iterator[Chunk]:
         # A second stream opened while one is still running gets a cache of its own.
         private = self._open_streams > 0
         self._open_streams += 1
         try:
-            yield from self._decode(prompt_ids, params, max_tokens, stop_strings, stop_ids, private)
+            yield from self._decode(prompt_ids, params, max_tokens, stop_strings, stop_ids, private, speculate)
         finally:
             self._open_streams -= 1
 
-    def _decode(self, prompt_ids, params, max_tokens, stop_strings, stop_ids, private) -> Iterator[Chunk]:
+    def _decode(self, prompt_ids, params, max_tokens, stop_strings, stop_ids, private, speculate) -> Iterator[Chunk]:
         """One loop for plain and speculative decoding: each round forwards [last, d1..dk] (k = 0
         without a drafter), verifies, commits n + 1 tokens and rolls back the rest."""
         verify_gen = draft_gen = None
@@ -233,14 +267,8 @@ class LLM:
             draft_gen = torch.Generator(device=self.device).manual_seed(seed ^ 0x5DEECE66D)  # its own stream
         seen = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.device)
         seen[torch.tensor(prompt_ids, device=self.device)] = True
-        cache = self._new_cache() if private else self._session_cache(prompt_ids)
-        proposer = None if private else self.proposer  # a drafter's state serves one stream at a time
-        if proposer is not None and proposer.feature_layers:
-            cache.rollback(0)  # reused rows carry no target features for the drafter: prefill them again
+        cache, proposer, tokens = self._open_session(prompt_ids, private, speculate)
         reused = cache.length
-        tokens = list(prompt_ids)  # the cache holds rows of tokens[:cache.length], as commits advance
-        if not private:
-            self._session = (cache, tokens)
         width = self._width_policy(timed=params.greedy or params.seed is None)
         text = IncrementalDecoder(self._tokenizer, prompt_ids) if self._tokenizer is not None else None
         stops = StopStrings(stop_strings)
@@ -277,7 +305,7 @@ class LLM:
             c = cache.length
             draft, draft_seconds = Draft([]), 0.0
             limit = min(max_tokens - len(generated) - 1, cache.rows_before_reselect(c) - 1,
-                        self.cache_settings.max_step - 1, self.cache_settings.decode_rows - 1)
+                        self.cache_settings.max_step - 1, self.cache_settings.decode_rows - 1, self.draft_k)
             if proposer is not None and limit > 0 and width.speculating:
                 t0 = self._clock()
                 draft = proposer.propose(tokens + [last], min(limit, proposer.max_width), params, draft_gen)
@@ -353,11 +381,9 @@ class LLM:
 
     def _prefill(self, ids: list[int], cache: SequenceCache, proposer=None) -> Iterator[torch.Tensor]:
         """Forward ids[cache.length:] in chunks of `prefill_chunk` rows; yields each chunk's hidden
-        states. A proposer restarts and is given every chunk (and its features) as it commits."""
+        states. A proposer is given every chunk (and its features) as it commits."""
         all_ids = torch.tensor(ids, device=self.device)
         layers = proposer.feature_layers if proposer is not None else ()
-        if proposer is not None:
-            proposer.start(ids, None)
         for begin in range(cache.length, len(ids), self.prefill_chunk):
             end = min(begin + self.prefill_chunk, len(ids))
             step = Step(torch.arange(begin, end, device=self.device), prefill=True)
@@ -366,6 +392,22 @@ class LLM:
             if proposer is not None:
                 proposer.commit(ids[:end], end - begin, features)
             yield hidden
+
+    def _open_session(self, prompt_ids: list[int], private: bool, speculate: bool = True):
+        """The cache for a request (the session's, rolled back to what the prompt shares with it, or a
+        private one), the drafter ready for it, and the token list whose rows the cache holds."""
+        cache = self._new_cache() if private else self._session_cache(prompt_ids)
+        proposer = None if private or not speculate else self.proposer  # a drafter serves one stream at a time
+        if proposer is not None and not (self._drafter_follows_session and proposer.resume(cache.length)):
+            if proposer.feature_layers:
+                cache.rollback(0)  # the drafter needs target features of every row: prefill them again
+            proposer.start(prompt_ids, None)
+        tokens = list(prompt_ids)  # the cache holds rows of tokens[:cache.length], as commits advance
+        if not private:
+            self._session = (cache, tokens)
+            # whether the drafter has seen every row the session's cache holds (resume can trust it)
+            self._drafter_follows_session = proposer is not None
+        return cache, proposer, tokens
 
     def _new_cache(self) -> SequenceCache:
         return SequenceCache(self.config, self.cache_settings, self.dtype, self.device)

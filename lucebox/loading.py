@@ -87,10 +87,10 @@ def quantizer(scheme: str | None):
 
 def load_model(
     desc: ModelDescription, dtype: torch.dtype, device: torch.device, load_format: str = "auto",
-    kernels: Kernels | None = None, quantization: str | None = None,
+    kernels: Kernels | None = None, quantization: str | None = None, progress=None,
 ) -> LoadedModel:
     """Weights (quantized as they are read, with `quantization`), tokenizer and a `Decoder` that
-    runs on `kernels` (the torch references by default)."""
+    runs on `kernels` (the torch references by default); `progress(done, total)` in bytes read."""
     check_load_format(load_format)
     shapes = weight_shapes(desc.cfg)
     transform = quantizer(quantization)
@@ -101,6 +101,6 @@ def load_model(
         sources = adapter_for(desc.hf_config).sources(desc.cfg)
         # With tied embeddings an exported lm_head.weight is a copy of the embedding; like transformers, ignore it.
         unused_ok = frozenset({"lm_head.weight"}) if desc.cfg.tie_word_embeddings else frozenset()
-        weights = load_weights(index, sources, shapes, dtype, device, unused_ok, transform)
+        weights = load_weights(index, sources, shapes, dtype, device, unused_ok, transform, progress)
     tokenizer = load_tokenizer(desc.folder, desc.hf_config, desc.generation_config)
     return LoadedModel(desc, Decoder(desc.cfg, weights, kernels), tokenizer)

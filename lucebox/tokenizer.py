@@ -157,14 +157,33 @@ class Tokenizer:
             elif part and (k == 0 or self._legacy):
                 ids += self._sp.encode(part)
             elif part:
-                # Text after an added token gets no dummy-prefix space (transformers' legacy=False Llama):
-                # encode it behind "<unk>" and drop the ids that "<unk>" alone encodes to.
-                full, n = self._sp.encode(self._unk_text + part), len(self._unk_ids)
-                ids += full[n:] if full[:n] == self._unk_ids else self._sp.encode(part)
+                # Text after an added token gets no dummy-prefix space (transformers' legacy=False Llama)
+                ids += self._sp_inner(part)
         if add_special_tokens and self._add_bos and self.bos_token_id is not None:
             ids.insert(0, self.bos_token_id)
         if add_special_tokens and self._add_eos:
             ids += self._named_id("eos_token")  # the tokenizer's own EOS, not generation_config's stop ids
+        return ids
+
+    def _sp_inner(self, text: str) -> list[int]:
+        """sentencepiece ids of text that continues other text: encoded behind "<unk>", dropping the
+        ids "<unk>" alone encodes to, so no dummy-prefix space is added."""
+        full, n = self._sp.encode(self._unk_text + text), len(self._unk_ids)
+        return full[n:] if full[:n] == self._unk_ids else self._sp.encode(text)
+
+    def encode_continuation(self, text: str) -> list[int]:
+        """Ids of `text` as it continues a sequence already tokenized (a chat's next turn): no BOS or
+        EOS, no leading space added, added tokens (<|im_start|>, ...) recognized."""
+        if not text:
+            return []
+        if self._tk is not None:
+            return self._tk.encode(text, add_special_tokens=False).ids
+        ids: list[int] = []
+        for k, part in enumerate(self._split.split(text) if self._split else [text]):
+            if k % 2:
+                ids.append(self._added[part])
+            elif part:
+                ids += self._sp_inner(part)
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

@@ -1,4 +1,6 @@
+import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -12,7 +14,10 @@ if not torch.cuda.is_available():
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_models import BUILDERS, save_reference  # noqa: E402
+from tiny_models import BUILDERS, VOCAB, save_reference  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+
+import lucebox  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"  # real configs (no weights) shipped in the repo
 
@@ -47,3 +52,27 @@ def poisoned(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(real_empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(real_like(*a, **k)))
+
+
+CORPUS = ["hello world, this is a tiny corpus.", "the quick brown fox jumps over the lazy dog!",
+          "stop here? or go on and on, said the model."] * 20
+TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+            "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def text_model(reference_models, tmp_path_factory):
+    """A tiny Mistral with a trained BPE tokenizer.json and a chat template."""
+    folder, _ = reference_models("mistral")
+    dest = tmp_path_factory.mktemp("with_tokenizer")
+    shutil.copytree(folder, dest, dirs_exist_ok=True)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"])
+    tok.train_from_iterator(CORPUS, trainer)
+    assert tok.get_vocab_size() <= VOCAB
+    tok.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>",
+                                                            "chat_template": TEMPLATE}))
+    return lucebox.LLM(dest, device="cpu", dtype="float32")

@@ -10,6 +10,8 @@ import torch
 from conftest import EXAMPLES
 from safetensors.torch import load_file, save_file
 
+import lucebox
+import lucebox.cli
 from lucebox.cli import main
 
 LAGUNA_XS2 = EXAMPLES / "laguna-xs2" / "config.json"
@@ -49,7 +51,20 @@ def test_generate_streams_token_ids(reference_models, capsys):
     code, out, err = run_cli(["generate", str(folder), "--token-ids", "1,2,3", "--max-tokens", "5",
                               "--device", "cpu", "--ignore-eos"], capsys)
     assert code == 0
-    assert len(out.split()) == 5 and "finish: length" in err
+    assert len(out.split()) == 5 and "5 tokens (length)" in err
+    assert "KV device" not in err
+
+
+def test_generate_stats_adds_context_and_kv_memory_and_version_prints(capsys):
+    code, out, err = run_cli(["generate", "--prompt", "def f(", "--max-tokens", "6", "--ignore-eos", "--stats",
+                              "--draft", "auto"], capsys)
+    assert code == 0
+    figures = err.strip().splitlines()[-1]
+    for part in ("6 tokens (length)", "decode ", "prefill ", "acceptance ", "context ", "/4096", "KV device "):
+        assert part in figures
+    with pytest.raises(SystemExit) as exit_:
+        lucebox.cli.main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"lucebox {lucebox.__version__}"
 
 
 def test_generate_on_dummy_weights(tmp_path, capsys):

@@ -1,35 +1,5 @@
 """Text in, text out: a tiny model with a real tokenizer; stop strings end generation unseen."""
 
-import json
-import shutil
-
-import pytest
-from tiny_models import VOCAB
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-import lucebox
-
-CORPUS = ["hello world, this is a tiny corpus.", "the quick brown fox jumps over the lazy dog!",
-          "stop here? or go on and on, said the model."] * 20
-TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
-            "{% if add_generation_prompt %}<s>assistant:{% endif %}")
-
-
-@pytest.fixture(scope="module")
-def text_model(reference_models, tmp_path_factory):
-    folder, _ = reference_models("mistral")
-    dest = tmp_path_factory.mktemp("with_tokenizer")
-    shutil.copytree(folder, dest, dirs_exist_ok=True)
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"])
-    tok.train_from_iterator(CORPUS, trainer)
-    assert tok.get_vocab_size() <= VOCAB
-    tok.save(str(dest / "tokenizer.json"))
-    (dest / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>",
-                                                            "chat_template": TEMPLATE}))
-    return lucebox.LLM(dest, device="cpu", dtype="float32")
 
 
 def test_text_is_the_continuation_of_the_prompt_text(text_model):

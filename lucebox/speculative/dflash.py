@@ -32,6 +32,17 @@ class DFlashProposer(Proposer):
                                   self.drafter.dtype, self.drafter.device) for _ in range(cfg.num_layers)]
         self.length = 0
 
+    def resume(self, position: int) -> bool:
+        # The rings hold context rows of the committed tokens; a chat's next turn keeps them all.
+        if not self.rings or not 0 < position <= self.length:
+            return False
+        if not all(ring.can_rewind_to(position) for ring in self.rings):
+            return False
+        for ring in self.rings:
+            ring.rollback(position)
+        self.length = position
+        return True
+
     def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:
         start = len(committed) - new
         positions = torch.arange(start, len(committed), device=self.drafter.device)

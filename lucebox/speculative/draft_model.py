@@ -30,8 +30,8 @@ class DraftModelProposer(Proposer):
         caches = 0 if self.cache is None else self.cache.memory()["ring_caches"]
         return tensor_bytes(self.decoder.w.values()) + caches
 
-    def start(self, prompt: list[int], features: torch.Tensor | None) -> None:
-        self.cache, self.cached = None, []
+    def resume(self, position: int) -> bool:
+        return True  # _catch_up keeps whatever prefix of its cache the next context shares
 
     def _catch_up(self, context: list[int]) -> torch.Tensor:
         """Make the draft cache hold context[:-1] and forward the rest; logits after context[-1]."""

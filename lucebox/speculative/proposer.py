@@ -42,6 +42,12 @@ class Proposer(ABC):
     def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:  # noqa: B027
         """The last `new` tokens of `committed` were just committed (features: their rows)."""
 
+    def resume(self, position: int) -> bool:
+        """A new request keeps the previous one's first `position` committed tokens (the engine's
+        prefix reuse): True when this drafter's state for them is intact and now ends there, so
+        `start` is skipped and only the rest is committed to it; False (the default) restarts it."""
+        return False
+
     def device_bytes(self) -> int:
         """Weights and caches the drafter holds (0 for weightless drafters)."""
         return 0

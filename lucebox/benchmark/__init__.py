@@ -1,0 +1,1 @@
+"""`lucebox bench`: the long-context benchmark runner (one row per context depth)."""

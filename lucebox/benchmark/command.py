@@ -1,0 +1,159 @@
+"""`lucebox bench [MODEL]`: prefill and decode speed (plain and speculative) by context depth.
+
+    lucebox bench --quick                                  # the built-in model at 1k, 2k, 4k: < 3 min on a CPU
+    lucebox bench MODEL --depths 1k,4k,16k,64k --json r.json --plot r.png
+    lucebox bench --compare before.json after.json         # B / A for every figure, by depth
+
+Each request prefills a depth-long prompt from an empty cache, then decodes --gen tokens; the engines
+are opened for the deepest depth + --gen tokens unless --ctx says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from lucebox.engine_flags import add_engine_flags, engine_options
+from lucebox.errors import InvalidArgumentError
+
+QUICK = {"depths": "1k,2k,4k", "gen": 64, "repeat": 3}
+DEFAULTS = {"gen": 128, "repeat": 3}
+SUFFIXES = {"": 1, "k": 1024, "m": 1024 * 1024}
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    add_engine_flags(p, draft_default="auto")
+    p.add_argument("--depths", default=None,
+                   help="context depths, e.g. 1k,4k,16k,64k,256k or 512,2048 (default: that ladder, cut to what "
+                        "fits memory; on a CPU at most 16k)")
+    p.add_argument("--gen", type=int, default=None, help=f"tokens decoded per request (default {DEFAULTS['gen']})")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="requests per depth and engine; rows show the median and min-max "
+                        f"(default {DEFAULTS['repeat']})")
+    p.add_argument("--prompt-file", default=None, help="a text file tokenized and tiled to each depth "
+                                                        "(default: random token ids)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
+    p.add_argument("--quick", action="store_true",
+                   help=f"depths {QUICK['depths']}, --gen {QUICK['gen']}, --repeat {QUICK['repeat']} "
+                        "(flags given beside it win)")
+    p.add_argument("--json", metavar="FILE", help="write the result as JSON")
+    p.add_argument("--csv", metavar="FILE", help="write the rows as CSV")
+    p.add_argument("--md", metavar="FILE", help="write the rows as a Markdown table")
+    p.add_argument("--plot", metavar="FILE.png", help="plot tokens/s against depth (needs matplotlib: "
+                                                      "pip install 'lucebox[plot]')")
+    p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
+                   help="print B / A for each figure of two results, by depth (loads no model)")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="long-context benchmark: prefill and decode speed by context depth",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_arguments(p)
+
+
+def parse_depths(text: str) -> tuple[int, ...]:
+    """"1k,4k,256k" -> (1024, 4096, 262144); plain token counts too. Sorted, without repeats."""
+    depths = set()
+    for word in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*([kKmM]?)\s*", word)
+        value = int(match[1]) * SUFFIXES[match[2].lower()] if match else 0
+        if value <= 0:
+            raise InvalidArgumentError(f"--depths: '{word.strip()}' is not a positive token count; "
+                                       "write e.g. --depths 1k,4k,16k or --depths 512,2048")
+        depths.add(value)
+    return tuple(sorted(depths))
+
+
+def settings_from(args: argparse.Namespace):
+    """The `BenchSettings` the flags describe (--quick fills in what was not given)."""
+    from lucebox.benchmark.runner import BenchSettings
+
+    preset = QUICK if args.quick else {}
+    depths = args.depths or preset.get("depths")
+    gen = args.gen if args.gen is not None else preset.get("gen", DEFAULTS["gen"])
+    repeat = args.repeat if args.repeat is not None else preset.get("repeat", DEFAULTS["repeat"])
+    if gen < 2:
+        raise InvalidArgumentError(f"--gen must be at least 2 (the first token comes from the prefill), got {gen}")
+    if repeat < 1:
+        raise InvalidArgumentError(f"--repeat must be at least 1, got {repeat}")
+    prompt_file = None
+    if args.prompt_file is not None:
+        prompt_file = Path(args.prompt_file)
+        if not prompt_file.is_file():
+            raise InvalidArgumentError(f"--prompt-file {args.prompt_file}: no such file")
+    return BenchSettings(depths=parse_depths(depths) if depths else None, gen=gen, repeat=repeat,
+                         prompt_file=prompt_file, seed=args.seed)
+
+
+def equivalent_command(args: argparse.Namespace) -> str:
+    """The command line that repeats this run: `lucebox bench` and every flag not at its default."""
+    p = argparse.ArgumentParser(add_help=False)
+    _add_arguments(p)
+    words = ["lucebox", "bench"]
+    for action in p._actions:
+        value = getattr(args, action.dest, action.default)
+        if value == action.default:
+            continue
+        if not action.option_strings:
+            words.append(str(value))
+        elif isinstance(action, argparse._StoreTrueAction):
+            words.append(action.option_strings[-1])
+        else:
+            words += [action.option_strings[-1], *map(str, value if isinstance(value, list) else [value])]
+    return shlex.join(words)
+
+
+def command(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from lucebox.benchmark import report
+
+    out = Console(highlight=False)
+    if not out.is_terminal:
+        out.width = 160  # a file or a pipe: no terminal to fit, so keep each row on one line
+    if args.compare:
+        a, b = (report.load_result(path) for path in args.compare)
+        out.print(report.compare_table(a, b, *args.compare))
+        return 0
+    settings = settings_from(args)
+    if args.plot:
+        from lucebox.benchmark.plot import require_matplotlib
+
+        require_matplotlib()
+    result = measure(args, settings)
+    out.print(report.table(result))
+    for problem in report.problems(result):  # never expected: a figure that is not a positive finite number
+        print(f"lucebox: warning: {problem}", file=sys.stderr)
+    written = []
+    for path, write in ((args.json, report.write_json), (args.csv, report.write_csv),
+                        (args.md, report.write_markdown), (args.plot, _write_plot)):
+        if path:
+            write(result, path)
+            written.append(path)
+    if written:
+        print(f"wrote {', '.join(written)}", file=sys.stderr)
+    return 0
+
+
+def measure(args: argparse.Namespace, settings) -> dict:
+    """Run the benchmark and wrap its rows in the record of the run."""
+    from lucebox import __version__
+    from lucebox.benchmark.progress import bench_progress
+    from lucebox.benchmark.record import commit, machine, utc_now
+    from lucebox.benchmark.report import SCHEMA
+    from lucebox.benchmark.runner import run_benchmark
+
+    started = utc_now()
+    with bench_progress() as progress:
+        measured = run_benchmark(args.model, engine_options(args), settings, progress)
+    return {"schema": SCHEMA, "date": started, "commit": commit(), "lucebox": __version__,
+            "command": equivalent_command(args), "machine": machine(), **measured}
+
+
+def _write_plot(result: dict, path: str) -> None:
+    from lucebox.benchmark.plot import write_plot
+
+    write_plot(result, path)

@@ -1,0 +1,255 @@
+"""A multi-turn conversation over one `LLM`: the model's chat template, a history that can be saved
+and loaded, and a token context that only ever grows, so each turn prefills just its own tokens.
+
+The context the model holds is not re-tokenized each turn. A turn appends the text the template adds
+after what is already held (the user's message, the assistant header: the template rendered now
+minus the template rendered before, as llama.cpp's chat does), tokenized as a continuation; the answer
+adds the tokens the model generated, exactly as it generated them, then the template's closing text
+(e.g. `<|im_end|>\\n`) unless the model wrote it itself. A template that rewrites earlier turns (some
+drop past reasoning) breaks that prefix: the whole conversation is then tokenized again and the
+engine still reuses the longest prefix of tokens it shares with what it holds.
+
+A model without a chat template (the built-in code model) gets the plain template: the conversation
+is one document (each user message on a line of its own, each answer continuing the text), so a
+completion model continues it; its answers stop by default at two blank lines (the end of a
+top-level Python definition).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+
+from lucebox.errors import ContextLengthError, InvalidArgumentError
+from lucebox.generation import Chunk, Generation, collect
+from lucebox.sampling import SamplingParams
+
+CHAT_FORMAT = "lucebox-chat"
+ROLES = ("system", "user", "assistant")
+PLAIN_STOP = ["\n\n\n"]
+# Per-turn settings a session keeps, with their defaults (`LLM.stream`'s keywords).
+DEFAULTS = {"max_tokens": 512, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+            "repetition_penalty": 1.0, "seed": None, "stop": None}
+
+
+class ChatSession:
+    """A conversation with `llm`; build it with `LLM.chat(system=None, **sampling)`."""
+
+    def __init__(self, llm, system: str | None = None, **sampling) -> None:
+        self.llm = llm
+        self.tokenizer = llm.tokenizer  # a chat needs text: TokenizerError here when the model has none
+        self.plain = not self.tokenizer.has_chat_template
+        self.settings = {**DEFAULTS, **model_defaults(llm.description.generation_config),
+                         "stop": list(PLAIN_STOP) if self.plain else None}
+        self.set(**sampling)
+        self.system = system
+        self.messages: list[dict] = []
+        self.last_stats: dict | None = None
+        self._ids: list[int] | None = None  # the token context that stands for `_rendered`
+        self._rendered = ""
+
+    # -- what the conversation holds ----------------------------------------------------------------
+
+    @property
+    def history(self) -> list[dict]:
+        """Every message so far, the system prompt first; a cut answer carries `"cut": True`."""
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return system + [dict(m) for m in self.messages]
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens of context the conversation holds now."""
+        return len(self._ids) if self._ids is not None else len(self._encode_all())
+
+    def set(self, **settings) -> None:
+        """Change the defaults of the next turns (`max_tokens`, `temperature`, `top_p`, `stop`, ...)."""
+        unknown = sorted(set(settings) - set(DEFAULTS))
+        if unknown:
+            raise InvalidArgumentError(f"unknown chat setting {unknown[0]!r}; settings are {', '.join(DEFAULTS)}")
+        merged = {**self.settings, **settings}
+        _check(merged)
+        self.settings = merged
+
+    def reset(self) -> None:
+        """Forget every message (the system prompt stays) and the cache that held them."""
+        self.messages, self._ids, self._rendered, self.last_stats = [], None, "", None
+        self.llm.drop_cache()
+
+    # -- turns --------------------------------------------------------------------------------------
+
+    def send(self, text: str, **overrides) -> Generation:
+        """One user turn; returns the whole answer (which joins the history)."""
+        return collect(self.stream(text, **overrides), has_text=True)
+
+    def stream(self, text: str, **overrides) -> Iterator[Chunk]:
+        """One user turn, its answer yielded as it is generated. Stopping early (closing the
+        iterator, or an exception such as Ctrl-C's) keeps what was said so far, marked as cut."""
+        if not isinstance(text, str):
+            raise InvalidArgumentError(f"a chat message is text, got {type(text).__name__}")
+        settings = {**self.settings, **overrides}
+        _check(settings)
+        self.messages.append({"role": "user", "content": text})
+        try:
+            prompt_text = self._render(add_generation_prompt=True)
+            prompt_ids = self._continue(prompt_text)
+            room = self.llm.max_context - len(prompt_ids)
+            if room < 1:
+                raise ContextLengthError(
+                    f"the conversation and this message need {len(prompt_ids)} tokens of context, max_context is "
+                    f"{self.llm.max_context}; start over (reset(), /reset) or open the model with a larger "
+                    "max_context (--ctx)")
+        except BaseException:
+            self.messages.pop()
+            raise
+        settings["max_tokens"] = min(settings["max_tokens"], room)
+        return self._answer(prompt_text, prompt_ids, settings)
+
+    def _answer(self, prompt_text: str, prompt_ids: list[int], settings: dict) -> Iterator[Chunk]:
+        generated: list[int] = []
+        pieces: list[str] = []
+        last: Chunk | None = None
+        finished = False
+        try:
+            with closing(self.llm.stream(prompt_ids, **settings)) as chunks:
+                for chunk in chunks:
+                    generated += chunk.token_ids
+                    pieces.append(chunk.text or "")
+                    last = chunk
+                    yield chunk
+            finished = True
+        except GeneratorExit:  # the caller stopped reading between two chunks: the engine is consistent
+            raise
+        except BaseException:
+            # Raised inside a forward (Ctrl-C), the cache may be half-written: it starts over next turn.
+            self.llm.drop_cache()
+            raise
+        finally:
+            self._record(prompt_text, prompt_ids, generated, "".join(pieces), last if finished else None)
+
+    def _record(self, prompt_text: str, prompt_ids: list[int], generated: list[int], answer: str,
+                last: Chunk | None) -> None:
+        message = {"role": "assistant", "content": answer}
+        if last is None:
+            message["cut"] = True
+        self.messages.append(message)
+        self.last_stats = last.stats if last is not None else None
+        rendered = self._render(add_generation_prompt=False)
+        # The template's text after the answer closes the turn. What it puts around the answer that the
+        # prompt lacked (some add a space after "assistant:") is left out: the model's tokens stand.
+        after = rendered[len(prompt_text):].find(answer) if rendered.startswith(prompt_text) else -1
+        if after < 0:
+            self._ids, self._rendered = None, ""  # the template rewrote the turn: tokenize it all next time
+            return
+        closing = rendered[len(prompt_text) + after + len(answer):]
+        if generated and last is not None and last.finish_reason == "stop":
+            written = self.tokenizer.decode(generated[-1:], skip_special_tokens=False)
+            if written and closing.startswith(written):
+                closing = closing[len(written):]  # the model wrote the template's end marker itself
+        self._ids = prompt_ids + generated + self.tokenizer.encode_continuation(closing)
+        self._rendered = rendered
+
+    # -- saving and loading -------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> None:
+        """The conversation as JSON: system prompt, messages, settings."""
+        record = {"format": CHAT_FORMAT, "version": 1, "model": str(self.llm.description.folder),
+                  "system": self.system, "settings": self.settings, "messages": self.messages}
+        try:
+            Path(path).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        except OSError as e:
+            raise InvalidArgumentError(f"cannot write {path}: {e.strerror or e}") from None
+
+    def load(self, path: str | Path, on_progress: Callable[[int, int], None] | None = None) -> None:
+        """Replace the conversation with a saved one and prefill it (`on_progress(done, total)`)."""
+        record = _read_conversation(path)
+        settings = {**DEFAULTS, **record.get("settings", {})}
+        _check(settings)
+        old = (self.system, self.messages, self.settings)
+        self.system, self.messages, self.settings = record.get("system"), record["messages"], settings
+        try:
+            ids = self._encode_all()
+            self.llm.prefill(ids, on_progress)
+        except BaseException:
+            self.system, self.messages, self.settings = old
+            self._ids, self._rendered = None, ""
+            raise
+        self._ids, self._rendered = ids, self._render(add_generation_prompt=False)
+
+    # -- the template -------------------------------------------------------------------------------
+
+    def _render(self, add_generation_prompt: bool) -> str:
+        history = [{"role": m["role"], "content": m["content"]} for m in self.history]
+        if self.plain:
+            text = ""
+            for m in history:  # a user's message starts on a line of its own; an answer continues the text
+                newline = m["role"] != "assistant" and text and not text.endswith("\n")
+                text += "\n" * bool(newline) + m["content"]
+            return text
+        return self.tokenizer.apply_chat_template(history, add_generation_prompt=add_generation_prompt)
+
+    def _encode_all(self) -> list[int]:
+        # A template writes its own BOS; the plain template is a document that starts with one.
+        return self.tokenizer.encode(self._render(add_generation_prompt=False), add_special_tokens=self.plain)
+
+    def _continue(self, prompt_text: str) -> list[int]:
+        if self._ids is not None and prompt_text.startswith(self._rendered):
+            return self._ids + self.tokenizer.encode_continuation(prompt_text[len(self._rendered):])
+        return self.tokenizer.encode(prompt_text, add_special_tokens=self.plain)
+
+
+def model_defaults(generation_config: dict) -> dict:
+    """The sampling defaults a model folder's generation_config.json asks for (as vLLM serves them):
+    its temperature, top_p, ... when `do_sample` is true; greedy otherwise."""
+    if generation_config.get("do_sample") is not True:
+        return {}
+    keys = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "repetition_penalty": float}
+    found = {k: kind(generation_config[k]) for k, kind in keys.items()
+             if isinstance(generation_config.get(k), (int, float)) and not isinstance(generation_config[k], bool)}
+    try:
+        _check({**DEFAULTS, **found})
+    except InvalidArgumentError:
+        return {}  # a broken generation_config.json leaves the plain defaults
+    return found
+
+
+def _check(settings: dict) -> None:
+    """Settings valid for `LLM.stream`, or an InvalidArgumentError naming the bad one."""
+    max_tokens = settings["max_tokens"]
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InvalidArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    seed = settings["seed"]
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise InvalidArgumentError(f"seed must be an integer or None, got {seed!r}")
+    stop = settings["stop"]
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        raise InvalidArgumentError(f"stop must be a list of non-empty strings or None, got {stop!r}")
+    try:
+        SamplingParams(*(settings[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")))
+    except TypeError as e:
+        raise InvalidArgumentError(f"a sampling setting has the wrong type: {e}") from None
+
+
+def _read_conversation(path: str | Path) -> dict:
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InvalidArgumentError(f"{path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidArgumentError(f"{path} is not a saved chat ({e})") from None
+    if not isinstance(record, dict) or record.get("format") != CHAT_FORMAT:
+        raise InvalidArgumentError(f"{path} is not a saved chat (no \"format\": \"{CHAT_FORMAT}\")")
+    messages = record.get("messages")
+    if not isinstance(messages, list):
+        raise InvalidArgumentError(f"{path}: \"messages\" must be a list")
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and m.get("role") in ROLES[1:] and isinstance(m.get("content"), str)):
+            raise InvalidArgumentError(f"{path}: message {i} must be {{\"role\": \"user\"|\"assistant\", "
+                                       "\"content\": text}")
+    system = record.get("system")
+    if system is not None and not isinstance(system, str):
+        raise InvalidArgumentError(f"{path}: \"system\" must be text or null")
+    if not isinstance(record.get("settings", {}), dict):
+        raise InvalidArgumentError(f"{path}: \"settings\" must be an object")
+    return record

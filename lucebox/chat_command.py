@@ -1,0 +1,186 @@
+"""`lucebox chat [MODEL]`: a terminal chat over `LLM.chat`. On a terminal: streamed answers, input
+history and multi-line editing (prompt_toolkit), slash commands, Ctrl-C to cut an answer short. With
+stdin not a terminal: plain mode, one user turn per input line, answers as plain text (for scripts)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from lucebox.chat_commands import ChatCommands
+from lucebox.engine_flags import add_engine_flags, engine_options
+from lucebox.errors import LuceboxError
+from lucebox.stats_line import stats_line
+
+HISTORY_FILE = Path.home() / ".local" / "state" / "lucebox" / "chat_history"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("chat", help="chat with a model in the terminal (streaming, history, /commands)",
+                       description="Chat with a model. On a terminal: Enter sends, Alt-Enter (or Esc then Enter) "
+                                   "adds a line, Ctrl-C cuts an answer short, Ctrl-D or /exit leaves; /help lists "
+                                   "the commands. With stdin not a terminal, each input line is one user turn.")
+    add_engine_flags(p)
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--max-tokens", type=int, default=None, help="most tokens per answer (default 512)")
+    p.add_argument("--temp", type=float, default=None,
+                   help="temperature; 0 is greedy (default: the model's generation_config.json, else 0)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--plain", action="store_true", help="plain mode even on a terminal")
+
+
+def command(args: argparse.Namespace) -> int:
+    interactive = sys.stdin.isatty() and sys.stdout.isatty() and not args.plain
+    out = Console(highlight=False, soft_wrap=True, force_terminal=None if interactive else False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    llm = _open(args, err)
+    sampling = {k: v for k, v in (("max_tokens", args.max_tokens), ("temperature", args.temp),
+                                  ("top_k", args.top_k), ("top_p", args.top_p), ("min_p", args.min_p),
+                                  ("repetition_penalty", args.repetition_penalty), ("seed", args.seed))
+                if v is not None}
+    session = llm.chat(args.system, **sampling)
+    commands = ChatCommands(session, out, err)
+    if interactive:
+        return _interactive(session, commands, out)
+    return _plain(session, commands, out)
+
+
+def _open(args, err: Console):
+    from lucebox import LLM
+
+    if not err.is_terminal:
+        return LLM(args.model, **engine_options(args))
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    with Progress(TextColumn("[bold]loading weights"), BarColumn(), DownloadColumn(), console=err,
+                  transient=True) as bar:
+        task = bar.add_task("load", total=None)
+        return LLM(args.model, **engine_options(args),
+                   load_progress=lambda done, total: bar.update(task, completed=done, total=total))
+
+
+# -- plain mode ---------------------------------------------------------------------------------------
+
+
+def _plain(session, commands: ChatCommands, out: Console) -> int:
+    for line in sys.stdin:
+        text = line.rstrip("\n")
+        if not text.strip():
+            continue
+        if commands.is_command(text):
+            if not commands.run(text):
+                break
+            continue
+        for chunk in session.stream(commands.message(text)):
+            out.file.write(chunk.text or "")
+            out.file.flush()
+        out.file.write("\n")
+        out.file.flush()
+    return 0
+
+
+# -- on a terminal ------------------------------------------------------------------------------------
+
+
+def _interactive(session, commands: ChatCommands, out: Console) -> int:
+    prompt = _prompt_session()
+    llm = session.llm
+    draft = "off" if llm.proposer is None else type(llm.proposer).__name__.removesuffix("Proposer")
+    out.print(f"[bold]lucebox chat[/bold]  {escape(llm.description.folder.name)} on {llm.device.type} "
+              f"({str(llm.dtype).removeprefix('torch.')}), context {llm.max_context} tokens, drafter {draft}"
+              + (", plain template (no chat template: the conversation is one document)" if session.plain else ""))
+    out.print("[dim]Enter sends · Alt-Enter adds a line · Ctrl-C cuts an answer · /help · Ctrl-D exits[/dim]")
+    while True:
+        try:
+            text = prompt.prompt(">>> ")
+        except (KeyboardInterrupt, EOFError):
+            return 0
+        if not text.strip():
+            continue
+        if commands.is_command(text):
+            if not commands.run(text):
+                return 0
+            continue
+        try:
+            _answer(session, commands.message(text), out)
+        except LuceboxError as e:
+            out.print(f"[red]error:[/red] {escape(str(e))}")
+
+
+def _answer(session, text: str, out: Console) -> None:
+    cut = False
+    with _interrupts() as asked:
+        chunks = session.stream(text)
+        try:
+            for chunk in chunks:
+                out.file.write(chunk.text or "")
+                out.file.flush()
+                if asked():
+                    cut = True
+                    break
+        except KeyboardInterrupt:  # a second Ctrl-C, inside a forward: the session starts its cache over
+            cut = True
+        finally:
+            chunks.close()
+    out.file.write("\n")
+    stats = session.last_stats
+    if cut or stats is None:
+        out.print("[yellow]\\[cut: the partial answer stays in the history][/yellow]")
+        return
+    out.print(f"[dim]{escape(stats_line(stats, chunk.finish_reason, session.llm, full=False))}[/dim]")
+
+
+@contextmanager
+def _interrupts():
+    """While an answer streams, the first Ctrl-C asks it to stop at the next chunk (the engine stays
+    consistent); a second one interrupts at once."""
+    count = [0]
+
+    def on_sigint(signum, frame):
+        count[0] += 1
+        if count[0] > 1:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield lambda: count[0] > 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _prompt_session():
+    from prompt_toolkit import PromptSession
+    from prompt_toolkit.history import FileHistory, InMemoryHistory
+    from prompt_toolkit.key_binding import KeyBindings
+
+    keys = KeyBindings()
+
+    @keys.add("escape", "enter")
+    def _newline(event):
+        event.current_buffer.insert_text("\n")
+
+    @keys.add("c-c")
+    def _interrupt(event):
+        # Ctrl-C clears a line being typed; on an empty line it leaves, as Ctrl-D does.
+        if event.current_buffer.text:
+            event.current_buffer.reset()
+        else:
+            event.app.exit(exception=KeyboardInterrupt())
+
+    try:
+        HISTORY_FILE.parent.mkdir(parents=True, exist_ok=True)
+        history = FileHistory(str(HISTORY_FILE))
+    except OSError:
+        history = InMemoryHistory()
+    return PromptSession(history=history, key_bindings=keys, multiline=False,
+                         prompt_continuation=lambda width, line, wrap: "... ".rjust(width))

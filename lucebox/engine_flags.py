@@ -1,0 +1,52 @@
+"""The engine flags every CLI command shares (`generate`, `chat`, `bench`), mapped 1:1 onto `LLM`'s
+keyword arguments, so each command opens its engine the same way."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_engine_flags(p: argparse.ArgumentParser, draft_default: str = "none") -> None:
+    """The MODEL argument and the flags that choose how it runs."""
+    p.add_argument("model", nargs="?", default=None,
+                   help="Hugging Face model folder (config.json + *.safetensors); default: the built-in model")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
+    p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32 | float64")
+    p.add_argument("--ctx", type=int, default=None, help="max context in tokens (default: the model's)")
+    p.add_argument("--kv-pool", type=int, default=None,
+                   help="full-attention KV tokens kept on the device; the rest lives in host memory (default 8192)")
+    p.add_argument("--kv-policy", choices=["exact", "select"], default=None,
+                   help="exact: attend to every chunk; select: sink + recent + top-scoring chunks, bounded cost "
+                        "(default: exact when the context fits the pool, else select)")
+    p.add_argument("--draft", default=draft_default,
+                   help="speculative decoding: auto (the model's paired drafter, if it ships one) | ngram | none | "
+                        f"a drafter folder (DFlash or a small model); default: {draft_default}")
+    p.add_argument("--draft-k", type=int, default=15, help="most drafts per round (1..15; the width adapts)")
+    p.add_argument("--verify", choices=["tokenwise", "block"], default="tokenwise",
+                   help="how sampled drafts are verified (both keep the target's distribution)")
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="rows per prefill forward (default 2048 CUDA, 512 CPU)")
+    p.add_argument("--load-format", default="auto", help="auto | safetensors | dummy (random weights)")
+    p.add_argument("--backend", default="auto",
+                   help="kernels: auto (Triton on CUDA, torch on CPU) | triton | torch")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly (for debugging)")
+    p.add_argument("--quantization", default=None,
+                   help="int8 | int4: quantize the linear layers' weights as they load (default: none)")
+
+
+def engine_options(args: argparse.Namespace, **overrides) -> dict:
+    """`LLM` keyword arguments from the parsed engine flags (`overrides` win)."""
+    options = dict(device=args.device, dtype=args.dtype, load_format=args.load_format, max_context=args.ctx,
+                   kv_pool_tokens=args.kv_pool, kv_policy=args.kv_policy, prefill_chunk=args.prefill_chunk,
+                   draft=None if args.draft in (None, "none") else args.draft, draft_k=args.draft_k,
+                   verify=args.verify, backend=args.backend, quantization=args.quantization,
+                   cuda_graphs=False if args.no_cuda_graphs else None)
+    options.update(overrides)
+    return options
+
+
+def open_engine(args: argparse.Namespace, **overrides):
+    """The `LLM` the flags describe."""
+    from lucebox import LLM
+
+    return LLM(args.model, **engine_options(args, **overrides))

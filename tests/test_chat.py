@@ -1,0 +1,142 @@
+"""`LLM.chat` sessions: each turn prefills only its own tokens, the answers are the ones plain
+generation gives on the same context, and a saved conversation loads back to the same state."""
+
+import json
+
+import pytest
+
+import lucebox
+from lucebox.errors import ContextLengthError, InvalidArgumentError
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    return lucebox.LLM()
+
+
+@pytest.fixture(scope="module")
+def builtin_drafted():
+    return lucebox.LLM(draft="auto")
+
+
+def _plain_answer(llm, context_ids, max_tokens):
+    """What plain greedy generation gives on the same context, from an empty cache."""
+    llm.drop_cache()
+    return llm.generate(context_ids, max_tokens=max_tokens, temperature=0.0, stop=["\n\n\n"]).token_ids
+
+
+@pytest.mark.parametrize("engine", ["builtin", "builtin_drafted"])
+def test_each_turn_prefills_only_its_own_tokens_and_answers_as_plain_generation(engine, request, builtin):
+    llm = request.getfixturevalue(engine)
+    chat = llm.chat(temperature=0.0, max_tokens=40)
+    first = chat.send("def parse(text):")
+    held = chat.context_tokens
+    second = chat.send("class Point:")
+    stats = second.stats
+    # everything the first turn left in the context is reused; only the new turn is prefilled
+    assert stats["cached_prompt_tokens"] >= held - 1
+    assert stats["prompt_tokens"] - stats["cached_prompt_tokens"] <= stats["prompt_tokens"] - held + 1
+    if engine == "builtin_drafted":
+        assert stats["rounds"] < stats["generated_tokens"]  # the drafter was used (and was right sometimes)
+    # the answer is the target's own: plain decoding from scratch on the same context gives it
+    context = chat._ids[: stats["prompt_tokens"]]
+    assert _plain_answer(builtin, context, 40) == second.token_ids
+    assert [m["role"] for m in chat.history] == ["user", "assistant", "user", "assistant"]
+    assert chat.history[1]["content"] == first.text
+
+
+def test_a_cut_answer_stays_in_the_history_and_the_next_turn_reuses_the_cache(builtin):
+    chat = builtin.chat(temperature=0.0, max_tokens=200)
+    stream = chat.stream("def main():")
+    said = "".join(next(stream).text for _ in range(3))
+    stream.close()
+    assert chat.history[-1] == {"role": "assistant", "content": said, "cut": True}
+    held = chat.context_tokens
+    g = chat.send("import os", max_tokens=8)
+    assert g.stats["cached_prompt_tokens"] >= held - 1
+    assert _plain_answer(builtin, chat._ids[: g.stats["prompt_tokens"]], 8) == g.token_ids
+
+
+def test_save_then_load_round_trips_the_conversation_and_its_next_answer(builtin, tmp_path):
+    chat = builtin.chat(system="# utilities\n", temperature=0.0, max_tokens=24)
+    chat.send("def clamp(x, lo, hi):")
+    chat.send("def mean(xs):")
+    chat.save(tmp_path / "a.json")
+    expected = chat.send("def median(xs):", max_tokens=12)
+
+    other = lucebox.LLM().chat()
+    other.load(tmp_path / "a.json")
+    assert other.history == chat.history[:5] and other.system == "# utilities\n"
+    other.save(tmp_path / "b.json")
+    assert json.loads((tmp_path / "a.json").read_text()) == json.loads((tmp_path / "b.json").read_text())
+    loaded = other.context_tokens
+    again = other.send("def median(xs):", max_tokens=12)
+    assert again.token_ids == expected.token_ids
+    assert again.stats["cached_prompt_tokens"] >= loaded - 1  # /load prefilled it: the turn reuses it
+
+
+def test_a_chat_template_model_grows_its_context_by_the_template_s_new_text(text_model):
+    chat = text_model.chat(temperature=0.0, max_tokens=6)
+    chat.send("hello world")
+    before = list(chat._ids)
+    g = chat.send("the quick brown fox")
+    assert g.stats["prompt_tokens"] > len(before)
+    assert chat._ids[: len(before)] == before  # the context only grows: nothing is re-tokenized
+    # the first answer (cut by max_tokens) was closed by the template's </s>; the turn added the user's
+    # message and the assistant header; then come the answer's own tokens
+    tok = text_model.tokenizer
+    assert before[-1] == tok.token_to_id("</s>")
+    added = chat._ids[len(before): g.stats["prompt_tokens"]]
+    assert added == tok.encode_continuation("<s>user: the quick brown fox</s><s>assistant:")
+    assert chat._ids[g.stats["prompt_tokens"]:][: len(g.token_ids)] == g.token_ids
+    assert chat._rendered == tok.apply_chat_template(
+        [{"role": m["role"], "content": m["content"]} for m in chat.history], add_generation_prompt=False)
+
+
+def test_bad_settings_and_files_are_typed_errors(builtin, tmp_path):
+    chat = builtin.chat()
+    for bad in ({"temperature": -1.0}, {"top_p": 2.0}, {"max_tokens": 0}, {"seed": "x"}, {"stop": "abc"},
+                {"warmth": 1}):
+        with pytest.raises(InvalidArgumentError):
+            chat.set(**bad)
+    (tmp_path / "x.json").write_text('{"hello": 1}')
+    for path in (tmp_path / "x.json", tmp_path / "missing.json"):
+        with pytest.raises(InvalidArgumentError):
+            chat.load(path)
+    with pytest.raises(InvalidArgumentError):
+        chat.send(["not", "text"])
+    assert chat.history == []
+
+
+def test_the_model_s_generation_config_gives_the_chat_s_defaults(builtin):
+    chat = builtin.chat()
+    config = builtin.description.generation_config
+    assert config["do_sample"] is True
+    assert chat.settings["temperature"] == config["temperature"]
+    assert chat.settings["stop"] == ["\n\n\n"]  # the plain template's answers end at two blank lines
+    assert builtin.chat(temperature=0.0).settings["temperature"] == 0.0
+
+
+def test_a_conversation_past_the_context_is_refused_and_answers_are_capped_by_it():
+    llm = lucebox.LLM(max_context=64)
+    chat = llm.chat(temperature=0.0, max_tokens=500)
+    g = chat.send("def f(x):", stop=None)
+    assert g.finish_reason == "length" and chat.context_tokens <= 64  # capped by the room left, not refused
+    with pytest.raises(ContextLengthError, match="max_context is 64"):
+        chat.send("x" * 400)
+    assert chat.history[-1]["role"] == "assistant"  # the refused message did not join the history
+
+
+def test_plain_and_speculative_requests_interleave_on_one_engine(builtin, builtin_drafted):
+    """speculate=False skips the drafter for one request; the drafter then catches up (or starts over)
+    instead of drafting from rows it never saw, and every output is the target's own."""
+    prompt = builtin.tokenizer.encode("import sys\n\n\ndef main(argv):\n")
+    expected = builtin.generate(prompt, max_tokens=30, temperature=0.0).token_ids
+    longer = prompt + expected[:10]
+    expected_longer = builtin.generate(longer, max_tokens=30, temperature=0.0).token_ids
+    spec = builtin_drafted.generate(prompt, max_tokens=30, temperature=0.0)
+    plain = builtin_drafted.generate(longer, max_tokens=30, temperature=0.0, speculate=False)
+    again = builtin_drafted.generate(longer, max_tokens=30, temperature=0.0)
+    assert spec.token_ids == expected and plain.token_ids == again.token_ids == expected_longer
+    assert set(plain.stats["width_histogram"]) == {0}  # no round verified a draft
+    assert max(again.stats["width_histogram"]) > 0
