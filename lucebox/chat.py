@@ -1,19 +1,8 @@
-"""A multi-turn conversation over one `LLM`: the model's chat template, a history that can be saved
-and loaded, and a token context that only ever grows, so each turn prefills just its own tokens.
-
-The context the model holds is not re-tokenized each turn. A turn appends the text the template adds
-after what is already held (the user's message, the assistant header: the template rendered now
-minus the template rendered before, as llama.cpp's chat does), tokenized as a continuation; the answer
-adds the tokens the model generated, exactly as it generated them, then the template's closing text
-(e.g. `<|im_end|>\\n`) unless the model wrote it itself. A template that rewrites earlier turns (some
-drop past reasoning) breaks that prefix: the whole conversation is then tokenized again and the
-engine still reuses the longest prefix of tokens it shares with what it holds.
-
-A model without a chat template (the built-in code model) gets the plain template: the conversation
-is one document (each user message on a line of its own, each answer continuing the text), so a
-completion model continues it; its answers stop by default at two blank lines (the end of a
-top-level Python definition).
-"""
+"""A multi-turn conversation over one `LLM` (`LLM.chat`): the model's chat template, a history that
+can be saved and loaded, and a token context that only grows (`conversation.GrowingContext`), so
+each turn prefills just its own tokens. With the plain template (models without a chat template,
+like the built-in code model), answers stop by default at two blank lines (the end of a top-level
+Python definition)."""
 
 from __future__ import annotations
 
@@ -22,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 
+from lucebox.conversation import GrowingContext, encode_all, render
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.sampling import SamplingParams
@@ -40,15 +30,14 @@ class ChatSession:
     def __init__(self, llm, system: str | None = None, **sampling) -> None:
         self.llm = llm
         self.tokenizer = llm.tokenizer  # a chat needs text: TokenizerError here when the model has none
-        self.plain = not self.tokenizer.has_chat_template
+        self.plain = not self.tokenizer.has_chat_template  # the plain template (see `conversation`)
         self.settings = {**DEFAULTS, **model_defaults(llm.description.generation_config),
                          "stop": list(PLAIN_STOP) if self.plain else None}
         self.set(**sampling)
         self.system = system
         self.messages: list[dict] = []
         self.last_stats: dict | None = None
-        self._ids: list[int] | None = None  # the token context that stands for `_rendered`
-        self._rendered = ""
+        self.context = GrowingContext(self.tokenizer)
 
     # -- what the conversation holds ----------------------------------------------------------------
 
@@ -61,7 +50,8 @@ class ChatSession:
     @property
     def context_tokens(self) -> int:
         """Tokens of context the conversation holds now."""
-        return len(self._ids) if self._ids is not None else len(self._encode_all())
+        held = self.context.ids
+        return len(held) if held is not None else len(encode_all(self.tokenizer, self._render(False)))
 
     def set(self, **settings) -> None:
         """Change the defaults of the next turns (`max_tokens`, `temperature`, `top_p`, `stop`, ...)."""
@@ -74,7 +64,8 @@ class ChatSession:
 
     def reset(self) -> None:
         """Forget every message (the system prompt stays) and the cache that held them."""
-        self.messages, self._ids, self._rendered, self.last_stats = [], None, "", None
+        self.messages, self.last_stats = [], None
+        self.context.reset()
         self.llm.drop_cache()
 
     # -- turns --------------------------------------------------------------------------------------
@@ -93,7 +84,7 @@ class ChatSession:
         self.messages.append({"role": "user", "content": text})
         try:
             prompt_text = self._render(add_generation_prompt=True)
-            prompt_ids = self._continue(prompt_text)
+            prompt_ids = self.context.prompt_ids(prompt_text)
             room = self.llm.max_context - len(prompt_ids)
             if room < 1:
                 raise ContextLengthError(
@@ -135,20 +126,9 @@ class ChatSession:
             message["cut"] = True
         self.messages.append(message)
         self.last_stats = last.stats if last is not None else None
-        rendered = self._render(add_generation_prompt=False)
-        # The template's text after the answer closes the turn. What it puts around the answer that the
-        # prompt lacked (some add a space after "assistant:") is left out: the model's tokens stand.
-        after = rendered[len(prompt_text):].find(answer) if rendered.startswith(prompt_text) else -1
-        if after < 0:
-            self._ids, self._rendered = None, ""  # the template rewrote the turn: tokenize it all next time
-            return
-        closing = rendered[len(prompt_text) + after + len(answer):]
-        if generated and last is not None and last.finish_reason == "stop":
-            written = self.tokenizer.decode(generated[-1:], skip_special_tokens=False)
-            if written and closing.startswith(written):
-                closing = closing[len(written):]  # the model wrote the template's end marker itself
-        self._ids = prompt_ids + generated + self.tokenizer.encode_continuation(closing)
-        self._rendered = rendered
+        stopped_by_token = last is not None and last.finish_reason == "stop"
+        self.context.record(prompt_text, prompt_ids, generated, answer, stopped_by_token,
+                            self._render(add_generation_prompt=False))
 
     # -- saving and loading -------------------------------------------------------------------------
 
@@ -169,34 +149,19 @@ class ChatSession:
         old = (self.system, self.messages, self.settings)
         self.system, self.messages, self.settings = record.get("system"), record["messages"], settings
         try:
-            ids = self._encode_all()
+            rendered = self._render(add_generation_prompt=False)
+            ids = encode_all(self.tokenizer, rendered)
             self.llm.prefill(ids, on_progress)
         except BaseException:
             self.system, self.messages, self.settings = old
-            self._ids, self._rendered = None, ""
+            self.context.reset()
             raise
-        self._ids, self._rendered = ids, self._render(add_generation_prompt=False)
+        self.context.reset(ids, rendered)
 
     # -- the template -------------------------------------------------------------------------------
 
     def _render(self, add_generation_prompt: bool) -> str:
-        history = [{"role": m["role"], "content": m["content"]} for m in self.history]
-        if self.plain:
-            text = ""
-            for m in history:  # a user's message starts on a line of its own; an answer continues the text
-                newline = m["role"] != "assistant" and text and not text.endswith("\n")
-                text += "\n" * bool(newline) + m["content"]
-            return text
-        return self.tokenizer.apply_chat_template(history, add_generation_prompt=add_generation_prompt)
-
-    def _encode_all(self) -> list[int]:
-        # A template writes its own BOS; the plain template is a document that starts with one.
-        return self.tokenizer.encode(self._render(add_generation_prompt=False), add_special_tokens=self.plain)
-
-    def _continue(self, prompt_text: str) -> list[int]:
-        if self._ids is not None and prompt_text.startswith(self._rendered):
-            return self._ids + self.tokenizer.encode_continuation(prompt_text[len(self._rendered):])
-        return self.tokenizer.encode(prompt_text, add_special_tokens=self.plain)
+        return render(self.tokenizer, self.history, add_generation_prompt)
 
 
 def model_defaults(generation_config: dict) -> dict:

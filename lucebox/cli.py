@@ -42,12 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="add context used and device/host KV memory to the closing line of figures")
     from lucebox import chat_command
     from lucebox.benchmark import command as bench_command
+    from lucebox.server import command as serve_command
     from lucebox.training import distill_command, train_command
 
     train_command.add_parser(sub)
     distill_command.add_parser(sub)
     chat_command.add_parser(sub)
     bench_command.add_parser(sub)
+    serve_command.add_parser(sub)
     return parser
 
 
@@ -121,11 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from lucebox import chat_command
         from lucebox.benchmark import command as bench_command
+        from lucebox.server import command as serve_command
         from lucebox.training import distill_command, train_command
 
         commands = {"info": _info, "generate": _generate, "train": train_command.command,
                     "distill": distill_command.command, "chat": chat_command.command,
-                    "bench": bench_command.command}
+                    "bench": bench_command.command, "serve": serve_command.command}
         return commands[args.command](args)
     except LuceboxError as e:
         print(f"lucebox: error: {e}", file=sys.stderr)

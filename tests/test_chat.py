@@ -39,7 +39,7 @@ def test_each_turn_prefills_only_its_own_tokens_and_answers_as_plain_generation(
     if engine == "builtin_drafted":
         assert stats["rounds"] < stats["generated_tokens"]  # the drafter was used (and was right sometimes)
     # the answer is the target's own: plain decoding from scratch on the same context gives it
-    context = chat._ids[: stats["prompt_tokens"]]
+    context = chat.context.ids[: stats["prompt_tokens"]]
     assert _plain_answer(builtin, context, 40) == second.token_ids
     assert [m["role"] for m in chat.history] == ["user", "assistant", "user", "assistant"]
     assert chat.history[1]["content"] == first.text
@@ -54,7 +54,7 @@ def test_a_cut_answer_stays_in_the_history_and_the_next_turn_reuses_the_cache(bu
     held = chat.context_tokens
     g = chat.send("import os", max_tokens=8)
     assert g.stats["cached_prompt_tokens"] >= held - 1
-    assert _plain_answer(builtin, chat._ids[: g.stats["prompt_tokens"]], 8) == g.token_ids
+    assert _plain_answer(builtin, chat.context.ids[: g.stats["prompt_tokens"]], 8) == g.token_ids
 
 
 def test_save_then_load_round_trips_the_conversation_and_its_next_answer(builtin, tmp_path):
@@ -78,18 +78,18 @@ def test_save_then_load_round_trips_the_conversation_and_its_next_answer(builtin
 def test_a_chat_template_model_grows_its_context_by_the_template_s_new_text(text_model):
     chat = text_model.chat(temperature=0.0, max_tokens=6)
     chat.send("hello world")
-    before = list(chat._ids)
+    before = list(chat.context.ids)
     g = chat.send("the quick brown fox")
     assert g.stats["prompt_tokens"] > len(before)
-    assert chat._ids[: len(before)] == before  # the context only grows: nothing is re-tokenized
+    assert chat.context.ids[: len(before)] == before  # the context only grows: nothing is re-tokenized
     # the first answer (cut by max_tokens) was closed by the template's </s>; the turn added the user's
     # message and the assistant header; then come the answer's own tokens
     tok = text_model.tokenizer
     assert before[-1] == tok.token_to_id("</s>")
-    added = chat._ids[len(before): g.stats["prompt_tokens"]]
+    added = chat.context.ids[len(before): g.stats["prompt_tokens"]]
     assert added == tok.encode_continuation("<s>user: the quick brown fox</s><s>assistant:")
-    assert chat._ids[g.stats["prompt_tokens"]:][: len(g.token_ids)] == g.token_ids
-    assert chat._rendered == tok.apply_chat_template(
+    assert chat.context.ids[g.stats["prompt_tokens"]:][: len(g.token_ids)] == g.token_ids
+    assert chat.context.rendered == tok.apply_chat_template(
         [{"role": m["role"], "content": m["content"]} for m in chat.history], add_generation_prompt=False)
 
 

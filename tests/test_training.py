@@ -47,6 +47,7 @@ def test_batched_greedy_generation_equals_the_engine(laguna):
 def _engine_draft(llm, tokens: list[int], anchor: int, temperature: float = 1.0):
     """The engine's draft for the block after `tokens[:anchor + 1]`."""
     proposer = llm.proposer
+    proposer.start(tokens[:anchor], None)
     for _ in llm._prefill(tokens[:anchor], llm._new_cache(), proposer):
         pass
     k = proposer.max_width

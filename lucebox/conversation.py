@@ -1,0 +1,69 @@
+"""A conversation as the model sees it: messages rendered by the chat template (or the plain
+template), and a token context that only grows from one request to the next.
+
+The context is not re-tokenized each turn. A turn appends the text the template adds after what is
+already held (the template rendered now minus the template rendered before, as llama.cpp's chat
+does), tokenized as a continuation; an answer adds the tokens the model generated, exactly as it
+generated them, then the template's closing text (e.g. `<|im_end|>\\n`) unless the model wrote it
+itself. So the engine's prefix reuse covers everything before the new turn. A template that
+rewrites earlier turns (some drop past reasoning) breaks that prefix: the conversation is then
+tokenized again, and the engine still reuses the longest prefix of tokens it shares with what it holds.
+
+A model without a chat template (the built-in code model) gets the plain template: the conversation
+is one document (each user or system message on a line of its own, each answer continuing the
+text), so a completion model continues it.
+"""
+
+from __future__ import annotations
+
+
+def render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+    """The prompt text of `messages` ({"role", "content"} dicts)."""
+    messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    if tokenizer.has_chat_template:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    text = ""
+    for m in messages:  # a user's message starts on a line of its own; an answer continues the text
+        newline = m["role"] != "assistant" and text and not text.endswith("\n")
+        text += "\n" * bool(newline) + m["content"]
+    return text
+
+
+def encode_all(tokenizer, text: str) -> list[int]:
+    """Token ids of a whole rendered conversation: a template writes its own BOS; the plain template
+    is a document that starts with one."""
+    return tokenizer.encode(text, add_special_tokens=not tokenizer.has_chat_template)
+
+
+class GrowingContext:
+    """The token ids that stand for a rendered conversation; see the module docstring."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] | None = None  # stands for `rendered`; None: tokenize the next prompt whole
+        self.rendered = ""
+
+    def reset(self, ids: list[int] | None = None, rendered: str = "") -> None:
+        self.ids, self.rendered = ids, rendered
+
+    def prompt_ids(self, prompt_text: str) -> list[int]:
+        """Ids of a rendered prompt: what is held plus the new text, or the whole text tokenized."""
+        if self.ids is not None and prompt_text.startswith(self.rendered):
+            return self.ids + self.tokenizer.encode_continuation(prompt_text[len(self.rendered):])
+        return encode_all(self.tokenizer, prompt_text)
+
+    def record(self, prompt_text: str, prompt_ids: list[int], generated: list[int], answer: str,
+               stopped_by_token: bool, rendered: str) -> None:
+        """After an answer: `rendered` is the conversation with it (no generation prompt)."""
+        # The template's text after the answer closes the turn. What it puts around the answer that the
+        # prompt lacked (some add a space after "assistant:") is left out: the model's tokens stand.
+        after = rendered[len(prompt_text):].find(answer) if rendered.startswith(prompt_text) else -1
+        if after < 0:
+            self.reset()  # the template rewrote the turn: tokenize it all next time
+            return
+        closing = rendered[len(prompt_text) + after + len(answer):]
+        if generated and stopped_by_token:
+            written = self.tokenizer.decode(generated[-1:], skip_special_tokens=False)
+            if written and closing.startswith(written):
+                closing = closing[len(written):]  # the model wrote the template's end marker itself
+        self.reset(prompt_ids + generated + self.tokenizer.encode_continuation(closing), rendered)

@@ -1,0 +1,1 @@
+"""`lucebox serve`: an OpenAI-compatible HTTP server over one engine (starlette + uvicorn)."""

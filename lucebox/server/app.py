@@ -1,0 +1,249 @@
+"""The ASGI app of `lucebox serve` (starlette): OpenAI's /v1/models, /v1/chat/completions and
+/v1/completions, streaming as server-sent events, plus /health and /metrics (Prometheus text)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+
+from lucebox.chat import PLAIN_STOP, model_defaults
+from lucebox.conversation import encode_all, render
+from lucebox.errors import LuceboxError
+from lucebox.server import openai_api as api
+from lucebox.server.worker import EngineWorker, Job
+
+POLL_SECONDS = 0.25  # how often a waiting request checks that its client is still there
+
+
+class ClientLeft(Exception):
+    """The client closed its connection while its request waited or ran."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str
+    api_key: str | None = None
+    max_queue: int = 32
+    max_body_bytes: int = 4 * 2**20
+
+
+def build_app(llm, settings: ServerSettings) -> Starlette:
+    """The app serving `llm`; its worker starts with the app and stops (cancelling what waits) with it."""
+    state = _State(llm, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        state.worker = EngineWorker(llm, settings.max_queue)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(state.worker.stop)
+
+    routes = [Route("/health", state.health), Route("/metrics", state.metrics_text),
+              Route("/v1/models", state.models), Route("/v1/chat/completions", state.chat, methods=["POST"]),
+              Route("/v1/completions", state.completions, methods=["POST"])]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={404: _not_found, 405: _not_allowed, api.APIError: _api_error})
+    app.state.lucebox = state
+    return app
+
+
+async def _api_error(request: Request, e: api.APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def _not_found(request: Request, e) -> JSONResponse:
+    return await _api_error(request, api.APIError(404, f"no route {request.url.path}; the API is under /v1"))
+
+
+async def _not_allowed(request: Request, e) -> JSONResponse:
+    return await _api_error(request, api.APIError(405, f"{request.method} is not allowed on {request.url.path}"))
+
+
+class _State:
+    def __init__(self, llm, settings: ServerSettings):
+        self.llm, self.settings = llm, settings
+        self.worker: EngineWorker | None = None
+        self.defaults = model_defaults(llm.description.generation_config)
+
+    # -- plain endpoints -------------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> JSONResponse:
+        status = "stopping" if self.worker.stopping else "ok"
+        return JSONResponse({"status": status, "queue_depth": self.worker.depth}, status_code=200 if
+                            status == "ok" else 503)
+
+    async def models(self, request: Request) -> JSONResponse:
+        self._authorize(request)
+        return JSONResponse({"object": "list", "data": [{
+            "id": self.settings.model_name, "object": "model", "created": 0, "owned_by": "lucebox",
+            "max_model_len": self.llm.max_context}]})
+
+    async def metrics_text(self, request: Request) -> PlainTextResponse:
+        m, memory = self.worker.metrics, self.worker.metrics.memory
+        device_kv = memory["ring_caches"] + memory["kv_pool_device"] + memory["kv_chunk_summaries"]
+        lines = []
+        for name, kind, value, what in (
+            ("requests_total", "counter", m.requests, "requests the engine finished or failed"),
+            ("requests_failed_total", "counter", m.failed, "requests that ended in an error"),
+            ("requests_cancelled_total", "counter", m.cancelled, "requests whose client left mid-answer"),
+            ("prompt_tokens_total", "counter", m.prompt_tokens, "prompt tokens of finished requests"),
+            ("cached_prompt_tokens_total", "counter", m.cached_prompt_tokens, "prompt tokens reused from the cache"),
+            ("generated_tokens_total", "counter", m.generated_tokens, "tokens generated"),
+            ("queue_depth", "gauge", self.worker.depth, "requests waiting or running"),
+            ("decode_tokens_per_second", "gauge", m.last_decode_tokens_per_s, "decode speed of the last request"),
+            ("prefill_tokens_per_second", "gauge", m.last_prefill_tokens_per_s, "prefill speed of the last request"),
+            ("acceptance_length", "gauge", m.last_acceptance_length, "tokens per verify round, last request"),
+            ("kv_device_bytes", "gauge", device_kv, "KV cache bytes on the device"),
+            ("kv_host_bytes", "gauge", memory["kv_host"], "KV cache bytes in host memory"),
+            ("weights_bytes", "gauge", memory["weights"], "weight bytes"),
+        ):
+            lines += [f"# HELP lucebox_{name} {what}", f"# TYPE lucebox_{name} {kind}", f"lucebox_{name} {value}"]
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    # -- completions -------------------------------------------------------------------------------------
+
+    async def chat(self, request: Request):
+        return await self._complete(request, "chat")
+
+    async def completions(self, request: Request):
+        return await self._complete(request, "completion")
+
+    async def _complete(self, request: Request, kind: str):
+        self._authorize(request)
+        body = await self._read_json(request)
+        req = api.parse_request(body, kind, self.llm.config.vocab_size)
+        if req.model is not None and req.model != self.settings.model_name:
+            raise api.APIError(404, f"model '{req.model}' is not served here; this server has "
+                                    f"'{self.settings.model_name}' (GET /v1/models)", "model", "model_not_found")
+        prompt_ids = await run_in_threadpool(self._prompt_ids, req)
+        room = self.llm.max_context - len(prompt_ids)
+        if room < 1:
+            raise api.APIError(400, f"the prompt has {len(prompt_ids)} tokens; this server's context is "
+                                    f"{self.llm.max_context} tokens (prompt + answer)", "messages" if
+                               kind == "chat" else "prompt", "context_length_exceeded")
+        max_tokens = min(req.max_tokens or room, room)
+        stop = req.stop or (list(PLAIN_STOP) if kind == "chat" and not self.llm.tokenizer.has_chat_template else [])
+        options = {"max_tokens": max_tokens, **{"temperature": 1.0, **self.defaults, **req.sampling},
+                   "stop": stop or None}
+        job = Job(prompt_ids, options, asyncio.get_running_loop())
+        self.worker.submit(job)
+        rid = api.new_id(kind)
+        try:
+            first = await self._first_event(job, request)
+        except BaseException:
+            job.cancelled.set()
+            raise
+        if req.stream:
+            return StreamingResponse(self._events(req, job, rid, first), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return await self._whole(req, job, rid, first, request)
+
+    def _prompt_ids(self, req: api.GenerationRequest) -> list[int]:
+        try:
+            if req.kind == "chat":
+                tokenizer = self.llm.tokenizer
+                return encode_all(tokenizer, render(tokenizer, req.messages, add_generation_prompt=True))
+            if isinstance(req.prompt, str):
+                return self.llm.tokenizer.encode(req.prompt)
+            return list(req.prompt)
+        except LuceboxError as e:  # no tokenizer, a template that fails on these messages
+            raise api.APIError(400, str(e)) from None
+
+    async def _first_event(self, job: Job, request: Request):
+        """The first chunk, so that an error the engine meets before any output (a prompt it refuses)
+        is still a proper error response, not a broken stream."""
+        try:
+            return await self._wait(job, request)
+        except LuceboxError as e:
+            raise api.APIError(400, str(e)) from None
+
+    async def _wait(self, job: Job, request: Request):
+        """The job's next event, watching the client: one that left cancels the job (ClientLeft)."""
+        getter = asyncio.ensure_future(job.next())
+        while True:
+            done, _ = await asyncio.wait({getter}, timeout=POLL_SECONDS)
+            if done:
+                return getter.result()
+            if await request.is_disconnected():
+                job.cancelled.set()
+                getter.cancel()
+                raise ClientLeft
+
+    async def _whole(self, req, job: Job, rid: str, first, request: Request) -> JSONResponse:
+        texts, chunk = [], first
+        while chunk is not None:
+            texts.append(chunk.text or "")
+            last = chunk
+            try:
+                chunk = await self._wait(job, request)
+            except ClientLeft:
+                return JSONResponse({}, status_code=499)  # nobody reads it: the client closed the connection
+        text = "".join(texts)
+        if req.kind == "completion" and req.echo and isinstance(req.prompt, str):
+            text = req.prompt + text
+        return JSONResponse(api.completion(req, rid, self.settings.model_name, text, last.finish_reason,
+                                           last.stats))
+
+    async def _events(self, req, job: Job, rid: str, first):
+        model = self.settings.model_name
+        try:
+            if req.kind == "completion" and req.echo and isinstance(req.prompt, str):
+                yield _sse(api.chunk(req, rid, model, req.prompt, None))
+            if req.kind == "chat":
+                yield _sse(api.chunk(req, rid, model, "", None, first=True))
+            chunk = first
+            while chunk is not None:
+                if chunk.text:
+                    yield _sse(api.chunk(req, rid, model, chunk.text, None))
+                last = chunk
+                chunk = await job.next()
+            yield _sse(api.chunk(req, rid, model, None, last.finish_reason))
+            if req.include_usage:
+                yield _sse(api.usage_chunk(req, rid, model, last.stats))
+            yield b"data: [DONE]\n\n"
+        except LuceboxError as e:  # mid-stream: the status line is gone, so the error is an event
+            yield _sse(api.APIError(500, str(e)).body())
+            yield b"data: [DONE]\n\n"
+        finally:
+            job.cancelled.set()  # a client that left (this generator closed) cancels at the next token
+
+    # -- the request itself ------------------------------------------------------------------------------
+
+    def _authorize(self, request: Request) -> None:
+        key = self.settings.api_key
+        if key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise api.APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                               headers={"WWW-Authenticate": "Bearer"})
+
+    async def _read_json(self, request: Request):
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise api.APIError(413, f"the request body has {declared} bytes; this server takes at most {limit}")
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise api.APIError(413, f"the request body is over {limit} bytes, the most this server takes")
+        try:
+            return json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise api.APIError(400, f"the request body is not valid JSON: {e}") from None
+
+
+def _sse(event: dict) -> bytes:
+    return b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"

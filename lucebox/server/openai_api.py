@@ -1,0 +1,233 @@
+"""The OpenAI API's request and response shapes: requests checked field by field into what
+`LLM.stream` takes, errors in OpenAI's JSON, and the completion objects and stream chunks."""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from dataclasses import dataclass, field
+
+ROLES = ("system", "developer", "user", "assistant")
+MAX_STOPS = 4  # as OpenAI's API
+SEED_RANGE = (-(2**63), 2**63 - 1)
+
+
+class APIError(Exception):
+    """An error the client gets as OpenAI's error JSON with this HTTP status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers or {}
+        self.kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                             413: "invalid_request_error", 422: "invalid_request_error",
+                             429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+
+
+def invalid(param: str, message: str) -> APIError:
+    return APIError(422, f"{param}: {message}", param)
+
+
+@dataclass
+class GenerationRequest:
+    """One completion request, checked: the prompt (messages or text or ids) and `LLM.stream` options."""
+
+    kind: str  # "chat" | "completion"
+    model: str | None
+    messages: list[dict] | None = None
+    prompt: str | list[int] | None = None
+    max_tokens: int | None = None  # None: what the context leaves
+    stream: bool = False
+    include_usage: bool = False
+    echo: bool = False
+    sampling: dict = field(default_factory=dict)  # temperature, top_p, top_k, min_p, repetition_penalty, seed
+    stop: list[str] = field(default_factory=list)
+
+
+def _number(body: dict, name: str, low: float, high: float, integer: bool = False):
+    value = body.get(name)
+    if value is None:
+        return None
+    kind_ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not kind_ok:
+        raise invalid(name, f"must be {'an integer' if integer else 'a number'}, got {type(value).__name__}")
+    if not (math.isfinite(value) and low <= value <= high):
+        raise invalid(name, f"must be in [{low}, {high}], got {value}")
+    return value
+
+
+def _stops(value) -> list[str]:
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise invalid("stop", "must be a non-empty string or a list of them")
+    if len(stops) > MAX_STOPS:
+        raise invalid("stop", f"at most {MAX_STOPS} stop strings, got {len(stops)}")
+    return stops
+
+
+def _content(message: dict, i: int) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if content is None and message.get("role") == "assistant":
+        return ""
+    if isinstance(content, list):  # content parts: only text ones
+        parts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                raise invalid(f"messages[{i}].content", "only text content parts are supported")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise invalid(f"messages[{i}].content", "must be a string or a list of text parts")
+
+
+def _messages(value) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise invalid("messages", "must be a non-empty list of {role, content} objects")
+    messages = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise invalid(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}")
+        if m.get("tool_calls"):
+            raise invalid(f"messages[{i}]", "tool calls are not supported")
+        role = "system" if m["role"] == "developer" else m["role"]
+        messages.append({"role": role, "content": _content(m, i)})
+    return messages
+
+
+def _unsupported(body: dict) -> None:
+    """Fields that would change the output in ways lucebox does not implement are refused, not ignored."""
+    n = body.get("n", 1)
+    if n != 1 or isinstance(n, bool):
+        raise invalid("n", "only n=1 is supported (one engine, one stream)")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name) not in (None, 0, 0.0):
+            raise invalid(name, "is not supported; use repetition_penalty")
+    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
+        raise invalid("logprobs", "log-probabilities are not supported by lucebox yet")
+    if body.get("tools") or body.get("functions"):
+        raise invalid("tools", "tools are not supported by lucebox yet")
+    if body.get("best_of") not in (None, 1):
+        raise invalid("best_of", "only best_of=1 is supported")
+
+
+def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
+    """A checked request from a decoded JSON body (`kind`: "chat" or "completion")."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    _unsupported(body)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise invalid("model", "must be a string")
+    request = GenerationRequest(kind, model)
+    if kind == "chat":
+        if "messages" not in body:
+            raise APIError(400, "messages is required", "messages")
+        request.messages = _messages(body["messages"])
+    else:
+        if "prompt" not in body:
+            raise APIError(400, "prompt is required", "prompt")
+        request.prompt = _prompt(body["prompt"], vocab_size)
+        echo = body.get("echo", False)
+        if not isinstance(echo, bool):
+            raise invalid("echo", "must be true or false")
+        request.echo = echo
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = _number(body, name, 1, 2**31, integer=True)
+        if value is not None:
+            request.max_tokens = value
+            break
+    if request.max_tokens is None and kind == "completion":
+        request.max_tokens = 16  # OpenAI's default for completions
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise invalid("stream", "must be true or false")
+    request.stream = stream
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+            raise invalid("stream_options", "must be an object like {\"include_usage\": true}")
+        request.include_usage = options.get("include_usage", False)
+    limits = {"temperature": (0, 2, False), "top_p": (0, 1, False), "top_k": (-1, 2**31, True),
+              "min_p": (0, 1, False), "repetition_penalty": (0, 10, False), "seed": (*SEED_RANGE, True)}
+    for name, (low, high, integer) in limits.items():
+        value = _number(body, name, low, high, integer)
+        if value is not None:
+            request.sampling[name] = value
+    if request.sampling.get("top_p") == 0:
+        raise invalid("top_p", "must be above 0")
+    if request.sampling.get("repetition_penalty") == 0:
+        raise invalid("repetition_penalty", "must be above 0")
+    if request.sampling.get("top_k") == -1:
+        request.sampling["top_k"] = 0  # vLLM's "off"
+    if "seed" in request.sampling:
+        request.sampling["seed"] %= 2**63  # the engine's generators take non-negative seeds
+    request.stop = _stops(body.get("stop"))
+    return request
+
+
+def _prompt(value, vocab_size: int) -> str | list[int]:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]  # a batch of one
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        bad = [t for t in value if not 0 <= t < vocab_size]
+        if bad:
+            raise invalid("prompt", f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        return value
+    raise invalid("prompt", "must be a non-empty string or a list of token ids (one prompt per request)")
+
+
+# -- responses --------------------------------------------------------------------------------------
+
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
+
+
+def usage(stats: dict) -> dict:
+    prompt, generated = stats["prompt_tokens"], stats["generated_tokens"]
+    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated,
+            "prompt_tokens_details": {"cached_tokens": stats["cached_prompt_tokens"]}}
+
+
+def completion(request: GenerationRequest, rid: str, model: str, text: str, finish: str, stats: dict) -> dict:
+    created = int(time.time())
+    if request.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": finish}
+        return {"id": rid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
+                "usage": usage(stats)}
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice],
+            "usage": usage(stats)}
+
+
+def chunk(request: GenerationRequest, rid: str, model: str, text: str | None, finish: str | None,
+          first: bool = False) -> dict:
+    """One stream event: a piece of text, or (finish set) the closing one."""
+    created = int(time.time())
+    if request.kind == "chat":
+        delta = {} if text is None else ({"role": "assistant", "content": text} if first else {"content": text})
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        event = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                 "choices": [choice]}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        event = {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+    if request.include_usage:
+        event["usage"] = None
+    return event
+
+
+def usage_chunk(request: GenerationRequest, rid: str, model: str, stats: dict) -> dict:
+    kind = "chat.completion.chunk" if request.kind == "chat" else "text_completion"
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": model, "choices": [],
+            "usage": usage(stats)}

@@ -1,0 +1,142 @@
+"""One engine, one stream at a time: requests wait in a bounded FIFO queue and a worker thread runs
+each to completion (or to its cancellation, checked at every chunk), off the event loop, so the
+server answers /health and /metrics during a long generation."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from contextlib import closing
+from dataclasses import dataclass, field
+
+from lucebox.server.openai_api import APIError
+
+_END = object()
+
+
+@dataclass
+class Job:
+    """A request for the worker; its events (chunks, then an exception or the end) reach the event
+    loop through `events`."""
+
+    prompt_ids: list[int]
+    options: dict  # LLM.stream keywords
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def send(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+    async def next(self):
+        """The next chunk, or None at the end; an error the worker met is raised here."""
+        item = await self.events.get()
+        if item is _END:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+@dataclass
+class Metrics:
+    requests: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    busy_seconds: float = 0.0
+    last_decode_tokens_per_s: float = 0.0
+    last_prefill_tokens_per_s: float = 0.0
+    last_acceptance_length: float = 0.0
+    memory: dict = field(default_factory=dict)
+
+
+class EngineWorker:
+    def __init__(self, llm, max_queue: int):
+        self.llm, self.max_queue = llm, max_queue
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.running: Job | None = None
+        self.stopping = False
+        self.metrics = Metrics(memory=llm.memory())
+        self._lock = threading.Lock()  # submit vs stop
+        self._thread = threading.Thread(target=self._run, name="lucebox-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting or running."""
+        return self.jobs.qsize() + (self.running is not None)
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self.stopping:
+                raise APIError(503, "the server is shutting down")
+            if self.jobs.qsize() >= self.max_queue:
+                per_job = self.metrics.busy_seconds / max(self.metrics.requests, 1)
+                wait = max(1, round(per_job * self.depth))
+                raise APIError(429, f"{self.depth} requests are ahead (the queue holds {self.max_queue}); "
+                                    f"retry in about {wait} s", headers={"Retry-After": str(wait)})
+            self.jobs.put(job)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Refuse new requests, cancel the waiting ones and the running one (at its next token), and
+        wait for the worker to finish."""
+        with self._lock:
+            self.stopping = True
+            while True:
+                try:
+                    job = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job.send(APIError(503, "the server is shutting down"))
+            if self.running is not None:
+                self.running.cancelled.set()
+            self.jobs.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            if job.cancelled.is_set():
+                job.send(_END)
+                continue
+            self.running = job
+            started = time.perf_counter()
+            try:
+                self._generate(job)
+            except Exception as e:  # reaches the client as an error response; the worker goes on
+                self.metrics.failed += 1
+                job.send(e)
+            finally:
+                self.metrics.busy_seconds += time.perf_counter() - started
+                self.metrics.requests += 1
+                self.metrics.memory = self.llm.memory()
+                self.running = None
+                job.send(_END)
+
+    def _generate(self, job: Job) -> None:
+        with closing(self.llm.stream(job.prompt_ids, **job.options)) as chunks:
+            for chunk in chunks:
+                job.send(chunk)
+                if chunk.stats is not None:
+                    self._record(chunk.stats)
+                if job.cancelled.is_set():  # the client left: stop between chunks, the engine stays consistent
+                    self.metrics.cancelled += 1
+                    return
+
+    def _record(self, stats: dict) -> None:
+        m = self.metrics
+        m.prompt_tokens += stats["prompt_tokens"]
+        m.cached_prompt_tokens += stats["cached_prompt_tokens"]
+        m.generated_tokens += stats["generated_tokens"]
+        m.last_decode_tokens_per_s = stats["decode_tokens_per_s"]
+        m.last_prefill_tokens_per_s = stats["prefill_tokens_per_s"]
+        m.last_acceptance_length = stats.get("acceptance_length", 0.0)

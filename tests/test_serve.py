@@ -1,0 +1,196 @@
+"""`lucebox serve` as its users meet it: a server in a subprocess on a free localhost port, spoken to
+with the official `openai` client (and raw HTTP for the faults a client library would not send)."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import lucebox
+from lucebox.chat import model_defaults
+from lucebox.conversation import encode_all, render
+from lucebox.server.process import ServerProcess
+
+openai = pytest.importorskip("openai")
+KEY = "sk-lucebox-test"
+
+
+class Server(ServerProcess):
+    def __init__(self, *flags):
+        super().__init__(*flags, api_key=KEY)
+
+    def client(self, key=KEY):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server("--max-body-bytes", "65536")
+    yield s
+    assert s.stop() == 0  # Ctrl-C ends it cleanly
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return lucebox.LLM()
+
+
+def _generate(llm, prompt, **options):
+    """What LLM.generate gives with the sampling defaults the server applies (the model's
+    generation_config.json, under what the request sets)."""
+    return llm.generate(prompt, **{**model_defaults(llm.description.generation_config), **options})
+
+
+def _chat_ids(llm, messages):
+    return encode_all(llm.tokenizer, render(llm.tokenizer, messages, add_generation_prompt=True))
+
+
+MESSAGES = [{"role": "system", "content": "# string helpers"}, {"role": "user", "content": "def reverse(s):"}]
+
+
+def test_chat_and_completions_streamed_or_not_are_llm_generate(server, llm):
+    client = server.client()
+    ids = _chat_ids(llm, MESSAGES)
+    expected = _generate(llm, ids, max_tokens=24, temperature=0.0, stop=["\n\n\n"])
+    reply = client.chat.completions.create(model="laguna-code-6m", messages=MESSAGES, max_tokens=24, temperature=0)
+    assert reply.choices[0].message.content == expected.text
+    assert reply.choices[0].finish_reason == expected.finish_reason
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(ids), len(expected.token_ids))
+    assert reply.usage.total_tokens == len(ids) + len(expected.token_ids)
+    events = list(client.chat.completions.create(model="laguna-code-6m", messages=MESSAGES, max_tokens=24,
+                                                 temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert "".join(e.choices[0].delta.content or "" for e in events if e.choices) == expected.text
+    assert events[-1].usage.completion_tokens == len(expected.token_ids)
+    assert [e.choices[0].finish_reason for e in events if e.choices][-1] == expected.finish_reason
+
+    prompt = "import os\n\n\ndef walk(top):\n"
+    expected = _generate(llm, prompt, max_tokens=20, temperature=0.0)
+    text = client.completions.create(model="laguna-code-6m", prompt=prompt, max_tokens=20, temperature=0)
+    assert text.choices[0].text == expected.text and text.usage.completion_tokens == 20
+    streamed = client.completions.create(model="laguna-code-6m", prompt=prompt, max_tokens=20, temperature=0,
+                                         stream=True)
+    assert "".join(e.choices[0].text for e in streamed) == expected.text
+    assert [m.id for m in client.models.list()] == ["laguna-code-6m"]
+
+
+def test_stop_strings_and_seeds(server, llm):
+    client = server.client()
+    free = client.completions.create(model="laguna-code-6m", prompt="class Node:\n", max_tokens=30,
+                                     temperature=0).choices[0].text
+    stop = free[10:13]
+    cut = client.completions.create(model="laguna-code-6m", prompt="class Node:\n", max_tokens=30, temperature=0,
+                                    stop=[stop]).choices[0]
+    assert cut.text == free[: free.index(stop)] and cut.finish_reason == "stop"
+
+    def sampled(seed):
+        return client.chat.completions.create(model="laguna-code-6m", messages=MESSAGES, max_tokens=24,
+                                              temperature=0.9, seed=seed).choices[0].message.content
+
+    assert sampled(7) == sampled(7)
+    assert len({sampled(7), sampled(8), sampled(9)}) > 1
+
+
+def test_the_second_turn_of_a_conversation_reuses_the_cache(server):
+    client = server.client()
+    first = client.chat.completions.create(model="laguna-code-6m", messages=MESSAGES, max_tokens=16, temperature=0)
+    turn2 = [*MESSAGES, {"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "def upper(s):"}]
+    second = client.chat.completions.create(model="laguna-code-6m", messages=turn2, max_tokens=8, temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens  # at least all of the first prompt: only the new turn is prefilled
+    assert cached < second.usage.prompt_tokens
+
+
+def test_faults_get_their_status_codes_and_the_server_goes_on(server):
+    body = json.dumps({"model": "laguna-code-6m", "prompt": "x", "max_tokens": 2}).encode()
+    cases = [
+        (b"{not json", KEY, 400, None),
+        (json.dumps({"model": "laguna-code-6m"}).encode(), KEY, 400, "prompt"),
+        (json.dumps({"prompt": "x", "max_tokens": "2"}).encode(), KEY, 422, "max_tokens"),
+        (json.dumps({"prompt": "x", "max_tokens": -1}).encode(), KEY, 422, "max_tokens"),
+        (json.dumps({"prompt": "x", "temperature": True}).encode(), KEY, 422, "temperature"),
+        (json.dumps({"prompt": "x", "n": 2}).encode(), KEY, 422, "n"),
+        (json.dumps({"prompt": [1, 99999]}).encode(), KEY, 422, "prompt"),
+        (json.dumps({"prompt": "x", "model": "gpt-4"}).encode(), KEY, 404, "model"),
+        (json.dumps({"prompt": "x" * 70000}).encode(), KEY, 413, None),
+        (json.dumps({"prompt": "def f():\n" * 2000}).encode(), KEY, 400, "prompt"),  # past the 4096-token context
+        (body, "sk-wrong", 401, None),
+    ]
+    for data, key, status, param in cases:
+        code, reply, _ = server.post("/v1/completions", data, key=key)
+        assert code == status, (data[:60], reply)
+        assert set(reply["error"]) == {"message", "type", "param", "code"} and reply["error"]["param"] == param
+    code, reply, _ = server.post("/v1/completions", body)
+    assert code == 200 and reply["usage"]["completion_tokens"] == 2
+    with pytest.raises(openai.AuthenticationError):
+        server.client(key="sk-wrong").models.list()
+
+
+def test_eight_clients_at_once_each_get_their_answer_alone_and_a_client_that_leaves_disturbs_none(server, llm):
+    prompts = [f"def task_{i}(x):\n" for i in range(8)]
+    alone = [_generate(llm, p, max_tokens=24, temperature=0.0).text for p in prompts]
+    results, errors = [None] * 8, []
+
+    def ask(i):
+        try:
+            reply = server.client().completions.create(model="laguna-code-6m", prompt=prompts[i], max_tokens=24,
+                                                       temperature=0, stream=i % 2 == 0)
+            results[i] = "".join(c.choices[0].text for c in reply) if i % 2 == 0 else reply.choices[0].text
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    cancelled = server.metric("requests_cancelled_total")
+    leaver = server.client().completions.create(model="laguna-code-6m", prompt="while True:\n", max_tokens=2000,
+                                                temperature=0, stream=True)
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    next(iter(leaver))
+    leaver.close()  # a client that leaves mid-stream: its request stops at the next token
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and results == alone
+    deadline = time.time() + 10
+    while server.metric("requests_cancelled_total") == cancelled and time.time() < deadline:
+        time.sleep(0.1)
+    assert server.metric("requests_cancelled_total") == cancelled + 1
+    assert server.metric("queue_depth") == 0 and server.metric("generated_tokens_total") > 8 * 24
+
+
+def test_a_full_queue_answers_429_and_a_drafter_server_is_lossless(llm):
+    s = Server("--draft", "auto", "--max-queue", "1")
+    try:
+        client = s.client()
+        ids = _chat_ids(llm, MESSAGES)
+        expected = _generate(llm, ids, max_tokens=40, temperature=0.0, stop=["\n\n\n"]).text
+        reply = client.chat.completions.create(model="laguna-code-6m", messages=MESSAGES, max_tokens=40,
+                                               temperature=0)
+        assert reply.choices[0].message.content == expected
+        codes = []
+        body = json.dumps({"prompt": "x = 1\n", "max_tokens": 100, "temperature": 0}).encode()
+
+        def post():
+            codes.append(s.post("/v1/completions", body))
+
+        threads = [threading.Thread(target=post) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        statuses = sorted(code for code, _, _ in codes)
+        assert statuses.count(200) >= 2 and 429 in statuses  # one runs, one waits, the rest are turned away
+        retry = next(headers for code, _, headers in codes if code == 429)["Retry-After"]
+        assert int(retry) >= 1
+    finally:
+        assert s.stop() == 0
+
+
+def test_serve_flags_are_checked(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "lucebox.cli", "serve", "--max-queue", "0"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)})
+    assert out.returncode == 2 and out.stderr.strip() == "lucebox: error: --max-queue must be at least 1, got 0"
