@@ -3,6 +3,7 @@ with the official `openai` client (and raw HTTP for the faults a client library 
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -162,8 +163,8 @@ def test_eight_clients_at_once_each_get_their_answer_alone_and_a_client_that_lea
     assert server.metric("queue_depth") == 0 and server.metric("generated_tokens_total") > 8 * 24
 
 
-def test_a_full_queue_answers_429_and_a_drafter_server_is_lossless(llm):
-    s = Server("--draft", "auto", "--max-queue", "1")
+def test_a_full_queue_answers_429_a_drafter_server_is_lossless_and_sigterm_ends_it_cleanly(llm):
+    s = Server("--draft", "auto", "--max-queue", "1", "--shutdown-timeout", "1")
     try:
         client = s.client()
         ids = _chat_ids(llm, MESSAGES)
@@ -186,8 +187,21 @@ def test_a_full_queue_answers_429_and_a_drafter_server_is_lossless(llm):
         assert statuses.count(200) >= 2 and 429 in statuses  # one runs, one waits, the rest are turned away
         retry = next(headers for code, _, headers in codes if code == 429)["Retry-After"]
         assert int(retry) >= 1
+
+        long = client.completions.create(model="laguna-code-6m", prompt="while True:\n", max_tokens=3000,
+                                         temperature=0, stream=True)
+        pieces = iter(long)
+        next(pieces)
+        started = time.time()
+        assert s.stop(sig=signal.SIGTERM) == 0  # in the middle of an answer: cancelled after --shutdown-timeout
+        assert time.time() - started < 15
+        with pytest.raises(Exception):  # noqa: B017 - the stream ends early, however the client reports it
+            for _ in pieces:
+                pass
+            raise ConnectionError("the stream ended without the answer's 3000 tokens")
     finally:
-        assert s.stop() == 0
+        if s.proc.poll() is None:
+            assert s.stop() == 0
 
 
 def test_serve_flags_are_checked(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from lucebox.engine_flags import add_engine_flags, open_engine
@@ -45,6 +46,14 @@ def command(args: argparse.Namespace) -> int:
     app = build_app(llm, ServerSettings(name, args.api_key, args.max_queue, args.max_body_bytes))
     print(f"lucebox serve: '{name}' at http://{args.host}:{args.port}/v1 (OpenAI API); Ctrl-C stops",
           file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                timeout_graceful_shutdown=args.shutdown_timeout)
+    # uvicorn turns Ctrl-C and SIGTERM into a graceful shutdown, then raises the signal again for the
+    # handler it found; with these no-op handlers that re-raise ends nothing and the exit status is 0.
+    quiet = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                    timeout_graceful_shutdown=args.shutdown_timeout)
+    finally:
+        for sig, handler in quiet.items():
+            signal.signal(sig, handler)
+    print("lucebox serve: stopped", file=sys.stderr)
     return 0

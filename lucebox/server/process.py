@@ -59,9 +59,9 @@ class ServerProcess:
         text = urllib.request.urlopen(self.url + "/metrics", timeout=10).read().decode()
         return float(next(line.split()[1] for line in text.splitlines() if line.startswith(f"lucebox_{name} ")))
 
-    def stop(self, timeout: float = 30.0) -> int:
-        """Ctrl-C, then the exit status."""
-        self.proc.send_signal(signal.SIGINT)
+    def stop(self, timeout: float = 30.0, sig: int = signal.SIGINT) -> int:
+        """Ctrl-C (or `sig`), then the exit status."""
+        self.proc.send_signal(sig)
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
