@@ -17,10 +17,12 @@ from pathlib import Path
 import torch
 
 from lucebox.errors import (
+    CheckpointError,
     ConfigError,
     MissingTensorError,
     ModelNotFoundError,
     PickleCheckpointError,
+    TensorDtypeError,
     TensorShapeError,
     UnexpectedTensorError,
 )
@@ -55,35 +57,63 @@ def read_json(path: Path, required: bool = True) -> dict | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text; re-download it") from None
+    except (json.JSONDecodeError, RecursionError) as e:
         raise ConfigError(f"{path} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object")
     return data
 
 
+def inside_folder(folder: Path, name: str, named_by: Path | str) -> Path:
+    """`folder / name`, for a file name read from a config (`named_by`), once it is known to stay
+    inside the model folder: a relative name without `..`, and, following links, a file inside the
+    folder or, when the folder is a Hugging Face cache snapshot (`<repo>/snapshots/<revision>`), a
+    blob of that repository (`<repo>/blobs/`), where the cache's links point. The folder itself may
+    be a link. Anything else is refused: a model folder is untrusted input."""
+    if not isinstance(name, str) or not name:
+        raise CheckpointError(f"{named_by} names a file that is not a non-empty string; re-download the model")
+    parts = Path(name).parts
+    if Path(name).is_absolute() or "\\" in name or ".." in parts:
+        raise CheckpointError(f"{named_by} names {name[:200]!r}, which is outside the model folder {folder}; "
+                              "lucebox only reads files inside the folder")
+    real_folder = Path(folder).resolve()
+    target = (real_folder / name).resolve()
+    allowed = [real_folder]
+    if real_folder.parent.name == "snapshots":
+        allowed.append(real_folder.parent.parent / "blobs")
+    if not any(target.is_relative_to(root) for root in allowed):
+        raise CheckpointError(f"{folder / name} is a link to {target}, outside the model folder {folder}; "
+                              "lucebox only reads files inside the folder (or its Hugging Face cache's blobs/)")
+    return Path(folder) / name
+
+
 def weight_files(folder: Path) -> list[Path]:
-    """The safetensors files of a folder: the index's shards, or model.safetensors, or all *.safetensors."""
+    """The safetensors files of a folder: the index's shards, or model.safetensors, or all *.safetensors,
+    each checked to stay inside the folder (`inside_folder`)."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         data = read_json(index)
         weight_map = data.get("weight_map")
         if not isinstance(weight_map, dict):
             raise ConfigError(f"{index} has no 'weight_map' object")
-        shards = sorted(set(weight_map.values()))
-        missing = [s for s in shards if not (folder / s).is_file()]
+        if not all(isinstance(s, str) for s in weight_map.values()):
+            raise ConfigError(f"{index}: every 'weight_map' value must be a file name")
+        shards = [inside_folder(folder, s, index) for s in sorted(set(weight_map.values()))]
+        missing = [s.name for s in shards if not s.is_file()]
         if missing:
             raise ModelNotFoundError(
                 f"{index} lists shard(s) that are not in {folder}: {', '.join(missing[:5])}; "
                 "the download is incomplete"
             )
-        return [folder / s for s in shards]
+        return shards
     single = folder / "model.safetensors"
     if single.is_file():
-        return [single]
+        return [inside_folder(folder, single.name, folder)]
     found = sorted(folder.glob("*.safetensors"))
     if found:
-        return found
+        return [inside_folder(folder, p.name, folder) for p in found]
     pickles = sorted(p.name for p in folder.iterdir() if p.suffix in _PICKLE_SUFFIXES)
     if pickles:
         raise PickleCheckpointError(
@@ -192,6 +222,13 @@ def load_weights(
             if path not in opened:
                 opened[path] = stack.enter_context(SafetensorsFile(path))
             f = opened[path]
+            if not f.entries[ckpt_name].dtype.is_floating_point:
+                # lucebox reads float checkpoints only (it quantizes them itself), so integer codes
+                # here would be converted to floats as if they were weights
+                raise TensorDtypeError(
+                    f"{path.name}: tensor {ckpt_name} is {f.entries[ckpt_name].dtype}, but it is a float weight; "
+                    "pre-quantized checkpoints are not supported: load the float checkpoint with quantization="
+                )
             found = f.entries[ckpt_name].shape
             if tuple(found) != tuple(dest.shape):
                 raise TensorShapeError(

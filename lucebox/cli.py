@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 
 from lucebox import __version__
-from lucebox.engine_flags import add_engine_flags, open_engine
+from lucebox.engine_flags import add_engine_flags, in_flag_terms, open_engine
 from lucebox.errors import LuceboxError
 from lucebox.stats_line import stats_line
 
@@ -131,11 +133,20 @@ def main(argv: list[str] | None = None) -> int:
                     "bench": bench_command.command, "serve": serve_command.command}
         return commands[args.command](args)
     except LuceboxError as e:
-        print(f"lucebox: error: {e}", file=sys.stderr)
+        print(f"lucebox: error: {in_flag_terms(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("lucebox: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`lucebox generate ... | head`): stop quietly, like other Unix tools.
+        # Python's own flush of stdout at exit would fail again and print a warning: point it at
+        # /dev/null first.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout is not a file (tests capture it)
+            pass
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

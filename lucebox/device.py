@@ -17,6 +17,8 @@ _DTYPES = {
 def resolve_device(device: str | torch.device) -> torch.device:
     if isinstance(device, torch.device):
         return device
+    if not isinstance(device, str):
+        raise InvalidArgumentError(f"device must be 'auto', 'cpu', 'cuda' or a torch.device, got {device!r}")
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -38,7 +40,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
         return dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in _DTYPES:
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
         choices = ", ".join(sorted(_DTYPES))
         raise InvalidArgumentError(f"dtype '{dtype}' is not supported; use 'auto' or one of {choices}")
     return _DTYPES[dtype]

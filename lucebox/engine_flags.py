@@ -4,6 +4,7 @@ keyword arguments, so each command opens its engine the same way."""
 from __future__ import annotations
 
 import argparse
+import re
 
 
 def add_engine_flags(p: argparse.ArgumentParser, draft_default: str = "none") -> None:
@@ -22,6 +23,8 @@ def add_engine_flags(p: argparse.ArgumentParser, draft_default: str = "none") ->
                    help="speculative decoding: auto (the model's paired drafter, if it ships one) | ngram | none | "
                         f"a drafter folder (DFlash or a small model); default: {draft_default}")
     p.add_argument("--draft-k", type=int, default=15, help="most drafts per round (1..15; the width adapts)")
+    p.add_argument("--draft-ctx", type=int, default=4096,
+                   help="tokens of context a drafter keeps (its ring; default 4096)")
     p.add_argument("--verify", choices=["tokenwise", "block"], default="tokenwise",
                    help="how sampled drafts are verified (both keep the target's distribution)")
     p.add_argument("--prefill-chunk", type=int, default=None,
@@ -39,8 +42,8 @@ def engine_options(args: argparse.Namespace, **overrides) -> dict:
     options = dict(device=args.device, dtype=args.dtype, load_format=args.load_format, max_context=args.ctx,
                    kv_pool_tokens=args.kv_pool, kv_policy=args.kv_policy, prefill_chunk=args.prefill_chunk,
                    draft=None if args.draft in (None, "none") else args.draft, draft_k=args.draft_k,
-                   verify=args.verify, backend=args.backend, quantization=args.quantization,
-                   cuda_graphs=False if args.no_cuda_graphs else None)
+                   draft_ctx=args.draft_ctx, verify=args.verify, backend=args.backend,
+                   quantization=args.quantization, cuda_graphs=False if args.no_cuda_graphs else None)
     options.update(overrides)
     return options
 
@@ -50,3 +53,33 @@ def open_engine(args: argparse.Namespace, **overrides):
     from lucebox import LLM
 
     return LLM(args.model, **engine_options(args, **overrides))
+
+
+# The flag of each keyword argument the CLI sets (engine flags above, sampling flags of `generate`
+# and `chat`), so that an error reads in the user's terms: `kv_pool_tokens=128` -> `--kv-pool 128`.
+FLAGS = {
+    "max_context": "--ctx", "kv_pool_tokens": "--kv-pool", "kv_policy": "--kv-policy", "draft_k": "--draft-k",
+    "draft_ctx": "--draft-ctx", "prefill_chunk": "--prefill-chunk", "load_format": "--load-format",
+    "max_tokens": "--max-tokens", "temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p",
+    "min_p": "--min-p", "repetition_penalty": "--repetition-penalty", "seed": "--seed",
+    "stop token id": "--stop-token-id",
+    "device": "--device", "dtype": "--dtype", "draft": "--draft", "verify": "--verify", "backend": "--backend",
+    "quantization": "--quantization",
+}
+# Plain words ("the draft model", "a smaller dtype") become flags only in the form `name=value`.
+_ALWAYS = {name for name in FLAGS if "_" in name} | {"temperature", "seed", "stop token id"}
+_NAMED = re.compile(r"(?<![\w./-])(?P<name>" + "|".join(sorted(FLAGS, key=len, reverse=True))
+                    + r")(?:=(?P<value>'[^']*'|[^\s'\",;:)]+))?(?![\w/-]|\.\w)")
+
+
+def in_flag_terms(message: str) -> str:
+    """`message` with each keyword argument named as its CLI flag (`max_context=4096` -> `--ctx 4096`,
+    `prefill_chunk` -> `--prefill-chunk`); paths and other words are left alone."""
+
+    def flag(m: re.Match) -> str:
+        name, value = m.group("name"), m.group("value")
+        if value is not None:
+            return FLAGS[name] + " " + value.strip("'")
+        return FLAGS[name] if name in _ALWAYS else m.group(0)
+
+    return _NAMED.sub(flag, message)

@@ -50,6 +50,10 @@ class TensorShapeError(CheckpointError):
     """A tensor's shape differs from what config.json implies."""
 
 
+class TensorDtypeError(CheckpointError):
+    """A tensor has a dtype its weight cannot have (an integer tensor where a float weight belongs)."""
+
+
 class TokenizerError(LuceboxError):
     """The tokenizer files are missing or unusable."""
 
@@ -58,8 +62,19 @@ class DraftModelError(LuceboxError):
     """A drafter cannot serve this target (format, vocabulary, shapes, captured layers)."""
 
 
+class NonFiniteLogitsError(LuceboxError):
+    """The model produced NaN or inf logits: broken weights or impossible config values."""
+
+
 class ContextLengthError(LuceboxError):
-    """A request needs more tokens of context than the engine was opened with."""
+    """A request needs more tokens of context than the engine was opened with, or the context asked
+    for needs more memory (offloaded KV) than the machine has."""
+
+
+class InsufficientMemoryError(LuceboxError, MemoryError):
+    """The weights (the target's and a drafter's) or the fixed-size caches (rings, the device KV
+    pool, a drafter's `draft_ctx` rings) need more memory than is free; found by the memory plan
+    before anything is allocated."""
 
 
 class BackendError(LuceboxError):

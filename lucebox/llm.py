@@ -9,7 +9,9 @@ from pathlib import Path
 
 import torch
 
+from lucebox.arguments import callback, choice, flag, integer, path, stops, token_id_list
 from lucebox.caches import KV_POLICIES, CacheSettings, SequenceCache, Step
+from lucebox.checkpoint import weight_files
 from lucebox.device import resolve_device, resolve_dtype
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
@@ -20,13 +22,16 @@ from lucebox.models.graphs import DecodeGraphs
 from lucebox.models.hf_config import token_ids
 from lucebox.sampling import SamplingParams
 from lucebox.speculative import VERIFY_RULES, Draft, decide
-from lucebox.speculative.drafters import make_proposer, measure_verify_seconds
+from lucebox.speculative.drafters import drafter_cost, make_proposer, measure_verify_seconds, resolve_drafter
 from lucebox.speculative.proposer import tensor_bytes
 from lucebox.speculative.width import WidthPolicy
 from lucebox.stopping import StopStrings
 from lucebox.tokenizer import IncrementalDecoder, require_tokenizer
 
 Prompt = str | Sequence[int]
+# Drafters are built for the widest round a verify step holds; `draft_k` caps each round, and can
+# change between requests.
+DRAFT_WIDTH = 15
 
 
 class LLM:
@@ -79,11 +84,13 @@ class LLM:
         load_progress: Callable[[int, int], None] | None = None,
     ):
         check_load_format(load_format)
-        if verify not in VERIFY_RULES:
-            raise InvalidArgumentError(f"verify '{verify}' is not one of {', '.join(VERIFY_RULES)}")
+        model, draft = path("model", model, optional=True), path("draft", draft, optional=True)
+        verify = choice("verify", verify, VERIFY_RULES)
         self.draft_k = draft_k
-        if draft_ctx <= 0:
-            raise InvalidArgumentError(f"draft_ctx must be positive, got {draft_ctx}")
+        draft_ctx = integer("draft_ctx", draft_ctx, 1)
+        adaptive = flag("adaptive", adaptive)
+        cuda_graphs = flag("cuda_graphs", cuda_graphs, optional=True)
+        callback("load_progress", load_progress)
         self.device = resolve_device(device)
         if self.device.type == "cuda":
             # Triton launches and CUDA graph capture follow the current device, not a tensor's.
@@ -97,12 +104,16 @@ class LLM:
             model = builtin_model()
         self.description = describe_model(model)
         self.config = self.description.cfg
-        self.prefill_chunk = int(prefill_chunk if prefill_chunk is not None else
-                                 (2048 if self.device.type == "cuda" else 512))
+        prefill_chunk = integer("prefill_chunk", prefill_chunk, 1, optional=True)
+        self.prefill_chunk = prefill_chunk or (2048 if self.device.type == "cuda" else 512)
         self.cache_settings = self._cache_settings(max_context, kv_policy, kv_pool_tokens, kv_reselect_every)
         self.max_context = self.cache_settings.max_context
         quantizer(quantization)  # an unknown scheme fails here, before any memory is planned
-        self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization)
+        if load_format != "dummy":
+            weight_files(self.description.folder)  # a folder without weights says so before any memory figure
+        drafter = resolve_drafter(draft, self.description)
+        cost = drafter_cost(drafter, self.dtype, self.max_context, self.prefill_chunk, draft_ctx, DRAFT_WIDTH)
+        self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization, cost)
         loaded = load_model(self.description, self.dtype, self.device, load_format, kernels_for(self.backend),
                             quantization, load_progress)
         self.decoder = loaded.decoder
@@ -115,7 +126,7 @@ class LLM:
         self._open_streams = 0
         self.verify_rule = verify
         self.adaptive = adaptive
-        self.proposer = make_proposer(draft, self, draft_ctx, draft_k)
+        self.proposer = make_proposer(drafter, self, draft_ctx, DRAFT_WIDTH)
         self._verify_seconds = measure_verify_seconds(self) if self.proposer is not None and adaptive else None
 
     def _use_cuda_graphs(self, asked: bool | None) -> bool:
@@ -129,16 +140,11 @@ class LLM:
         return possible if asked is None else asked
 
     def _cache_settings(self, max_context, kv_policy, kv_pool_tokens, reselect_every) -> CacheSettings:
-        max_context = int(max_context if max_context is not None else self.config.max_position_embeddings)
+        max_context = integer("max_context", max_context, 1, optional=True) or self.config.max_position_embeddings
         prefill = self.prefill_chunk
-        for name, value in (("max_context", max_context), ("prefill_chunk", prefill),
-                            ("kv_reselect_every", reselect_every)):
-            if value <= 0:
-                raise InvalidArgumentError(f"{name} must be a positive number of tokens, got {value}")
-        if kv_pool_tokens is not None and kv_pool_tokens <= 0:
-            raise InvalidArgumentError(f"kv_pool_tokens must be positive, got {kv_pool_tokens}")
-        if kv_policy is not None and kv_policy not in KV_POLICIES:
-            raise InvalidArgumentError(f"kv_policy '{kv_policy}' is not one of {', '.join(KV_POLICIES)}")
+        reselect_every = integer("kv_reselect_every", reselect_every, 1)
+        kv_pool_tokens = integer("kv_pool_tokens", kv_pool_tokens, 1, optional=True)
+        kv_policy = choice("kv_policy", kv_policy, KV_POLICIES, optional=True)
         rounded = -(-max_context // 64) * 64
         minimum = (-(-prefill // 64) + 2) * 64
         pool = kv_pool_tokens if kv_pool_tokens is not None else max(min(8192, rounded), minimum)
@@ -154,10 +160,7 @@ class LLM:
 
     @draft_k.setter
     def draft_k(self, k: int) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 15:
-            raise InvalidArgumentError(f"draft_k must be an integer in 1..15 (a verify step holds at most 16 rows), "
-                                       f"got {k!r}")
-        self._draft_k = k
+        self._draft_k = integer("draft_k", k, 1, DRAFT_WIDTH)  # a verify step holds at most 16 rows
 
     @property
     def tokenizer(self):
@@ -184,7 +187,11 @@ class LLM:
         request extending it prefills only its new tokens; `on_progress(done, total)` after each
         chunk. Returns the number of tokens prefilled."""
         ids = self._prompt_ids(prompt)
+        callback("on_progress", on_progress)
         self._check_context(len(ids), f"{len(ids)} prompt tokens")
+        if self._open_streams:
+            raise InvalidArgumentError("prefill() while a stream is open would rewrite the cache that stream "
+                                       "reads; finish or close the stream first")
         cache, proposer, _ = self._open_session(ids, private=False)
         reused = cache.length
         for done, _ in enumerate(self._prefill(ids, cache, proposer), 1):
@@ -193,7 +200,8 @@ class LLM:
         return len(ids) - reused
 
     def drop_cache(self) -> None:
-        """Forget the cached conversation (and free its memory): the next request prefills from scratch."""
+        """Forget the cached conversation (freeing its KV cache; a drafter keeps its own buffers): the
+        next request prefills from scratch."""
         self._session = None
 
     def stream(
@@ -215,12 +223,13 @@ class LLM:
 
         `stop` holds stop strings (never emitted) and/or stop token ids (emitted, like EOS).
         `speculate=False` decodes this request without the engine's drafter (to compare the two
-        on one set of weights); the output is the same either way.
+        on one set of weights): greedy output is the same token for token, sampled output has the
+        same distribution (the draws differ).
         """
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
         prompt_ids = self._prompt_ids(prompt)
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InvalidArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        max_tokens = integer("max_tokens", max_tokens, 1)
+        ignore_eos, speculate = flag("ignore_eos", ignore_eos), flag("speculate", speculate)
         self._check_context(len(prompt_ids) + max_tokens, f"{len(prompt_ids)} prompt tokens + max_tokens {max_tokens}")
         stop_strings, stop_ids = self._split_stops(stop)
         stop_ids |= set() if ignore_eos else set(self.eos_token_ids)
@@ -229,19 +238,23 @@ class LLM:
     @torch.inference_mode()
     def logits(self, token_ids: Sequence[int]) -> torch.Tensor:
         """Teacher-forced logits (len, vocab) through the engine's own chunked prefill path."""
-        ids = self._prompt_ids(list(token_ids))
+        ids = token_id_list("token_ids", token_ids, self.config.vocab_size)
+        if not ids:
+            raise InvalidArgumentError("token_ids is empty; give at least one token")
         self._check_context(len(ids), f"{len(ids)} tokens")
         cache = self._new_cache()
         return torch.cat([self.decoder.logits(h) for h in self._prefill(ids, cache)]).to(self._logits_dtype)
 
     def memory(self) -> dict[str, int]:
         """Bytes: weights, ring caches, device KV pool, KVFlash chunk summaries, host KV now and
-        at most, drafter. Before the first request the caches count as planned."""
+        at most, drafter (weights and caches). Before the first request the caches count as planned."""
         weights = tensor_bytes(self.decoder.w.values())
         now = self._session[0].memory() if self._session else {
             "ring_caches": self._plan["ring_caches"], "kv_pool_device": self._plan["kv_pool_device"],
             "kv_chunk_summaries": 0, "kv_host": 0}
-        drafter = self.proposer.device_bytes() if self.proposer is not None else 0
+        drafter = self._plan["drafter"]
+        if self._session is not None and self.proposer is not None:
+            drafter = self.proposer.device_bytes()
         return {"weights": weights, **now, "kv_host_max": self._plan["kv_host_max"], "drafter": drafter}
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -452,12 +465,7 @@ class LLM:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
         else:
-            ids = [int(t) for t in prompt]
-            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-            if bad:
-                raise InvalidArgumentError(
-                    f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})"
-                )
+            ids = token_id_list("the prompt (text or token ids)", prompt, self.config.vocab_size)
         if not ids:
             raise InvalidArgumentError("the prompt is empty; give at least one token")
         return ids
@@ -470,11 +478,7 @@ class LLM:
             )
 
     def _split_stops(self, stop) -> tuple[list[str], set[int]]:
-        if stop is None:
-            return [], set()
-        items = [stop] if isinstance(stop, (str, int)) else list(stop)
-        strings = [s for s in items if isinstance(s, str)]
-        ids = {int(s) for s in items if not isinstance(s, str)}
+        strings, ids = stops(stop, self.config.vocab_size)
         if strings and self._tokenizer is None:
             require_tokenizer(None, self.description.folder)
         return strings, ids

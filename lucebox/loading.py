@@ -102,5 +102,5 @@ def load_model(
         # With tied embeddings an exported lm_head.weight is a copy of the embedding; like transformers, ignore it.
         unused_ok = frozenset({"lm_head.weight"}) if desc.cfg.tie_word_embeddings else frozenset()
         weights = load_weights(index, sources, shapes, dtype, device, unused_ok, transform, progress)
-    tokenizer = load_tokenizer(desc.folder, desc.hf_config, desc.generation_config)
+    tokenizer = load_tokenizer(desc.folder, desc.hf_config, desc.generation_config, desc.cfg.vocab_size)
     return LoadedModel(desc, Decoder(desc.cfg, weights, kernels), tokenizer)

@@ -4,16 +4,32 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 
 from lucebox.caches import CacheSettings
 from lucebox.config import ModelConfig
-from lucebox.errors import ContextLengthError
+from lucebox.errors import ContextLengthError, InsufficientMemoryError
 from lucebox.kernels.quant import quantized_bytes
 from lucebox.models.layout import quantizable, weight_shapes
 
 HEADROOM = 0.9  # leave a tenth of what is free to the allocator, activations and everyone else
+
+
+@dataclass(frozen=True)
+class DrafterCost:
+    """Device bytes a drafter holds once it has drafted: its weights and its caches, which grow by
+    `per_ctx_token` bytes with each token of its context ring (`draft_ctx`)."""
+
+    weights: int = 0
+    caches: int = 0
+    per_ctx_token: int = 0
+    draft_ctx: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.caches
 
 
 def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None = None) -> int:
@@ -21,24 +37,35 @@ def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None 
                else math.prod(shape) * dtype.itemsize for name, shape in weight_shapes(cfg).items())
 
 
+def ring_bytes(window: int, max_step: int, row: int) -> int:
+    """A `SlidingRing`: `window + max_step` slots of K and V (`row` bytes) and an int64 position."""
+    return (window + max_step) * (row + 8)
+
+
+def cache_ring_bytes(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype) -> int:
+    """The rings of a `SequenceCache`: every sliding layer's, and with `full_attention_window`
+    (a draft model's cache) every full layer's too."""
+    row = cfg.kv_bytes_per_token(dtype.itemsize)
+    return sum(ring_bytes(layer.window if layer.is_sliding else settings.full_attention_window, settings.max_step, row)
+               for layer in cfg.layers if layer.is_sliding or settings.full_attention_window)
+
+
 def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
-         quantization: str | None = None) -> dict[str, int]:
-    """Bytes of weights, ring caches, device KV pool (+ chunk summaries) and the most host KV."""
+         quantization: str | None = None, drafter: DrafterCost = DrafterCost()) -> dict[str, int]:
+    """Bytes of weights, ring caches, device KV pool (+ chunk summaries), the most host KV, drafter."""
     size = dtype.itemsize
     row = cfg.kv_bytes_per_token(size)
     full = sum(1 for layer in cfg.layers if not layer.is_sliding)
-    weights = weight_bytes(cfg, dtype, quantization)
-    rings = sum((layer.window + settings.max_step) * (row + 8) for layer in cfg.layers if layer.is_sliding)
     kvf = settings.kvflash()
     chunks = -(-settings.max_context // kvf.chunk)
     summaries = full * chunks * 3 * cfg.num_kv_heads * cfg.head_dim * size if kvf.policy == "select" else 0
     return {
-        "weights": weights,
-        "ring_caches": rings,
+        "weights": weight_bytes(cfg, dtype, quantization),
+        "ring_caches": cache_ring_bytes(cfg, settings, dtype),
         "kv_pool_device": full * kvf.pool_chunks * kvf.chunk * row,
         "kv_chunk_summaries_max": summaries,
         "kv_host_max": full * chunks * kvf.chunk * row if kvf.offload else 0,
-        "drafter": 0,
+        "drafter": drafter.total,
     }
 
 
@@ -52,23 +79,33 @@ def _host_available() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, device: torch.device,
-               quantization: str | None = None) -> dict[str, int]:
-    """The plan, or ContextLengthError naming the largest context that fits device + host memory.
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
 
-    Weights, rings and the pool are fixed costs on the device; host KV and chunk summaries grow
-    with max_context (on the CPU, device and host are the same memory)."""
-    need = plan(cfg, settings, dtype, quantization)
-    fixed = need["weights"] + need["ring_caches"] + need["kv_pool_device"]
+
+def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, device: torch.device,
+               quantization: str | None = None, drafter: DrafterCost = DrafterCost()) -> dict[str, int]:
+    """The plan, or the first thing that does not fit: InsufficientMemoryError for the weights or
+    the fixed-size caches (naming the largest `draft_ctx` that fits when the drafter's rings are
+    what overflows), ContextLengthError naming the largest context whose offloaded KV fits.
+
+    Weights, rings, the pool and the drafter are fixed costs on the device; host KV and chunk
+    summaries grow with max_context (on the CPU, device and host are the same memory)."""
+    need = plan(cfg, settings, dtype, quantization, drafter)
+    fixed = need["weights"] + need["ring_caches"] + need["kv_pool_device"] + need["drafter"]
     per_token_summary = need["kv_chunk_summaries_max"] / settings.max_context
     per_token_host = need["kv_host_max"] / settings.max_context
     host = HEADROOM * _host_available()
     free = HEADROOM * torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else host
-    if fixed > free:
-        raise ContextLengthError(
-            f"weights + caches need {fixed / 2**30:.1f} GiB on {device} but about {free / 2**30:.1f} GiB is free; "
-            "lower kv_pool_tokens or prefill_chunk, or use a smaller dtype or quantization='int4'"
+    weights = need["weights"] + drafter.weights
+    if weights > free:
+        drafter_part = f" ({_gib(drafter.weights)} of them the drafter's)" if drafter.weights else ""
+        raise InsufficientMemoryError(
+            f"the weights need {_gib(weights)}{drafter_part} on {device} but about {_gib(free)} is free; use a "
+            "smaller dtype or quantization='int8' or 'int4'" + (", or a smaller drafter" if drafter.weights else "")
         )
+    if fixed > free:
+        raise InsufficientMemoryError(_caches_do_not_fit(fixed, free, drafter, device))
     if device.type == "cuda":
         budgets = [(free - fixed, per_token_summary), (host, per_token_host)]
     else:
@@ -78,12 +115,27 @@ def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, de
     largest = min(int(max(spare, 0) // per_token) for spare, per_token in budgets if per_token > 0) // 64 * 64
     if largest < 64:
         raise ContextLengthError(
-            f"weights and caches ({fixed / 2**30:.1f} GiB) leave no room for offloaded KV on this machine; "
+            f"weights and caches ({_gib(fixed)}) leave no room for offloaded KV on this machine; "
             "lower kv_pool_tokens or prefill_chunk, or use a smaller dtype or quantization='int4'"
         )
     grows = need["kv_host_max"] + need["kv_chunk_summaries_max"]
     raise ContextLengthError(
-        f"max_context={settings.max_context} needs {grows / 2**30:.1f} GiB for offloaded KV and its summaries "
-        f"on top of {fixed / 2**30:.1f} GiB of weights and caches, more than this machine has free; the largest "
+        f"max_context={settings.max_context} needs {_gib(grows)} for offloaded KV and its summaries "
+        f"on top of {_gib(fixed)} of weights and caches, more than this machine has free; the largest "
         f"context that fits is about {largest} tokens (pass max_context={largest} or less)"
     )
+
+
+def _caches_do_not_fit(fixed: int, free: float, drafter: DrafterCost, device: torch.device) -> str:
+    if drafter.per_ctx_token:
+        rings = drafter.per_ctx_token * drafter.draft_ctx
+        largest = int((free - (fixed - rings)) // drafter.per_ctx_token)
+        largest = largest // 64 * 64 if largest >= 64 else largest
+        if largest >= 1:
+            return (f"draft_ctx={drafter.draft_ctx}: the drafter's context rings need {_gib(rings)} on top of "
+                    f"{_gib(fixed - rings)} of weights and caches, more than the {_gib(free)} free on {device}; "
+                    f"the largest draft_ctx that fits is about {largest} (pass draft_ctx={largest} or less)")
+    drafter_part = f", {_gib(drafter.caches)} of them the drafter's" if drafter.caches else ""
+    return (f"weights + caches need {_gib(fixed)} on {device}{drafter_part} but about {_gib(free)} is free; "
+            "lower kv_pool_tokens or prefill_chunk" + (" or draft_ctx" if drafter.per_ctx_token else "")
+            + ", or use a smaller dtype or quantization='int4'")

@@ -9,6 +9,7 @@ loading never holds the weights twice: once in their final tensors, once as mapp
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
@@ -51,8 +52,30 @@ def _corrupt(path: Path, why: str) -> CorruptCheckpointError:
     )
 
 
+def _quoted(text: object) -> str:
+    """A name read from a header, shortened, for messages (never more than 60 characters of it)."""
+    text = str(text)
+    return repr(text if len(text) <= 60 else text[:57] + "...")
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("a key appears twice")
+    return dict(pairs)
+
+
 def read_header(path: Path) -> dict[str, TensorEntry]:
-    """Parse and validate the header; every tensor's byte range must fit its shape and the file."""
+    """Parse and validate the header as the safetensors library does: every entry names a known
+    dtype, a shape of non-negative integers and in-bounds offsets whose length fits the shape, and
+    the entries tile the data area exactly (contiguous, no overlap, no trailing bytes).
+
+    Messages never quote the file's bytes: a file that is not safetensors at all (a text file, a
+    pickle) must not have its first bytes printed as a "header length"."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         raw = f.read(8)
@@ -60,40 +83,59 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
             raise _corrupt(path, "file shorter than its 8-byte header length")
         (header_len,) = struct.unpack("<Q", raw)
         if header_len > _HEADER_LIMIT or 8 + header_len > size:
-            raise _corrupt(path, f"header length {header_len} does not fit a file of {size} bytes")
-        try:
-            header = json.loads(f.read(header_len))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise _corrupt(path, f"header is not JSON: {e}") from None
+            raise _corrupt(path, f"its first 8 bytes are not a header length that fits a file of {size} bytes")
+        text = f.read(header_len)
+    if not text.startswith(b"{"):
+        raise _corrupt(path, "the header is not a JSON object")
+    try:
+        header = json.loads(text.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except UnicodeDecodeError:
+        raise _corrupt(path, "the header is not UTF-8 text") from None
+    except (json.JSONDecodeError, ValueError, RecursionError) as e:
+        why = f"line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else str(e)
+        raise _corrupt(path, f"the header is not valid JSON ({why})") from None
     if not isinstance(header, dict):
-        raise _corrupt(path, "header is not a JSON object")
+        raise _corrupt(path, "the header is not a JSON object")
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not (isinstance(metadata, dict)
+                                     and all(isinstance(v, str) for v in metadata.values())):
+        raise _corrupt(path, "__metadata__ is not a map of strings")
     base = 8 + header_len
     entries: dict[str, TensorEntry] = {}
     for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if isinstance(info, dict) and isinstance(info.get("dtype"), str) and info["dtype"] not in DTYPES:
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise _corrupt(path, f"tensor {_quoted(name)} is not an entry of dtype, shape and data_offsets")
+        kind, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(kind, str):
+            raise _corrupt(path, f"tensor {_quoted(name)} has a dtype that is not a string")
+        if kind not in DTYPES:
             raise CorruptCheckpointError(
-                f"{path}: tensor {name!r} has dtype {info['dtype']}, which lucebox cannot read "
+                f"{path}: tensor {_quoted(name)} has dtype {_quoted(kind)}, which lucebox cannot read "
                 f"(supported: {', '.join(DTYPES)}); convert the checkpoint to bf16/fp16/fp32"
             )
-        try:
-            dtype = DTYPES[info["dtype"]]
-            shape = tuple(int(d) for d in info["shape"])
-            start, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise _corrupt(path, f"tensor {name!r} has a malformed entry ({e!r})") from None
-        numel = 1
-        for d in shape:
-            numel *= d
-        expected = numel * dtype.itemsize
-        if start < 0 or end - start != expected or base + end > size:
-            raise _corrupt(
-                path,
-                f"tensor {name!r} ({info['dtype']}{list(shape)}) needs {expected} bytes but its "
-                f"offsets [{start}, {end}) {'pass the end of the file' if base + end > size else 'disagree'}",
-            )
-        entries[name] = TensorEntry(name, dtype, shape, base + start, base + end)
+        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+            raise _corrupt(path, f"tensor {_quoted(name)} has a shape that is not a list of non-negative integers")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(x) for x in offsets)
+                and offsets[0] <= offsets[1]):
+            raise _corrupt(path, f"tensor {_quoted(name)} has data_offsets that are not two ordered non-negative "
+                                 "integers")
+        dtype, (start, end) = DTYPES[kind], offsets
+        expected = math.prod(shape) * dtype.itemsize
+        if end - start != expected:
+            raise _corrupt(path, f"tensor {_quoted(name)} ({kind}{shape}) needs {expected} bytes but its offsets "
+                                 f"[{start}, {end}) hold {end - start}")
+        if base + end > size:
+            raise _corrupt(path, f"the offsets [{start}, {end}) of tensor {_quoted(name)} pass the end of the file")
+        entries[name] = TensorEntry(name, dtype, tuple(shape), base + start, base + end)
+    # The entries, in offset order, must tile the data area: each starts where the previous ended.
+    position = base
+    for e in sorted(entries.values(), key=lambda e: (e.start, e.end)):
+        if e.start != position:
+            how = "overlaps the tensor before it" if e.start < position else "leaves a gap before it"
+            raise _corrupt(path, f"tensor {_quoted(e.name)} {how} (offsets must be contiguous)")
+        position = e.end
+    if position != size:
+        raise _corrupt(path, f"{size - position} bytes after the last tensor belong to none")
     return entries
 
 

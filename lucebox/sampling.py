@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lucebox.errors import InvalidArgumentError
+from lucebox.arguments import SEED_MAX, integer, number
 
 
 @dataclass(frozen=True)
@@ -24,16 +24,17 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.temperature >= 0, f"temperature must be >= 0 (0 is greedy), got {self.temperature}"),
-            (self.top_k >= 0, f"top_k must be >= 0 (0 turns it off), got {self.top_k}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.repetition_penalty > 0, f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise InvalidArgumentError(message)
+        # Checked and normalized (a numpy float becomes a float) once, here, for every caller.
+        checked = {
+            "temperature": number("temperature", self.temperature, 0),  # 0 is greedy
+            "top_k": integer("top_k", self.top_k, 0),  # 0 turns it off
+            "top_p": number("top_p", self.top_p, 0, 1, low_open=True),
+            "min_p": number("min_p", self.min_p, 0, 1),
+            "repetition_penalty": number("repetition_penalty", self.repetition_penalty, 0, low_open=True),
+            "seed": integer("seed", self.seed, 0, SEED_MAX, optional=True),  # None: from the OS
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)  # frozen: the documented way to normalize in __post_init__
 
     @property
     def greedy(self) -> bool:

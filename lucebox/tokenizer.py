@@ -6,8 +6,11 @@ tokenizer.json runs on `tokenizers` (what transformers' fast tokenizers wrap), t
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import re
+import threading
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -19,8 +22,10 @@ import jinja2.sandbox
 import sentencepiece
 import tokenizers
 
+from lucebox.checkpoint import inside_folder
 from lucebox.errors import ModelNotFoundError, TokenizerError
 
+_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 _ADDED_TOKEN_FIELDS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
 
@@ -54,9 +59,72 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
+# A chat template comes from a stranger's model folder: it renders in a sandbox (no attribute
+# escapes), within a time limit and an output size, and no single operation may build a value
+# larger than the output could hold ('a' * 10**10, 10 ** 10 ** 10, '%999999999d' % 1).
+TEMPLATE_SECONDS = 5.0
+TEMPLATE_MAX_CHARS = 16 * 2**20
+
+
+class _TemplateTimeout(Exception):
+    """Raised inside a rendering thread whose template ran past TEMPLATE_SECONDS."""
+
+
+def _too_big(size: int) -> None:
+    if size > TEMPLATE_MAX_CHARS:
+        raise jinja2.exceptions.SecurityError(f"the template builds a value of {size} items "
+                                              f"(the limit is {TEMPLATE_MAX_CHARS})")
+
+
+_WIDE_FORMAT = re.compile(r"%[-#0 +]*(\*|\d{5,})|%[-#0 +]*\d*\.(\*|\d{5,})|\{[^}]*\d{5,}")
+
+
+class _BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    intercepted_binops = frozenset(["*", "**", "%"])
+
+    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(times, int):
+                    _too_big(len(seq) * times)
+        elif (operator == "**" and isinstance(left, int) and isinstance(right, int)
+              and max(abs(left).bit_length(), 1) * abs(right) > 2**20):
+            raise jinja2.exceptions.SecurityError("the template computes a number of more than 2**20 bits")
+        elif operator == "%" and isinstance(left, str) and _WIDE_FORMAT.search(left):
+            raise jinja2.exceptions.SecurityError("the template formats with a field width of 10000 or more")
+        return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context, __obj, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's signature)
+        _check_sizes(args, kwargs)  # 'x'.ljust(10**9), 'x'.zfill(10**9), range(...) is already bounded
+        return super().call(__context, __obj, *args, **kwargs)
+
+
+def _check_sizes(args: tuple, kwargs: dict) -> None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, int) and not isinstance(value, bool):
+            _too_big(abs(value))
+
+
+def _bounded_filter(f):
+    """A filter that refuses integer arguments beyond the output limit (center(10**9), indent(10**9))."""
+    @functools.wraps(f)  # keeps jinja's pass_context/pass_eval_context marks
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        _check_sizes(args[1:], kwargs)
+        return f(*args, **kwargs)
+
+    return bounded
+
+
+def _format(value: Any, *args: Any, **kwargs: Any) -> str:
+    if _WIDE_FORMAT.search(str(value)):
+        raise jinja2.exceptions.SecurityError("the template formats with a field width of 10000 or more")
+    return str(value) % (kwargs or args)
+
+
 # The same environment transformers builds: templates come from the Hub, hence the sandbox.
-_JINJA = jinja2.sandbox.ImmutableSandboxedEnvironment(
-    trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+_JINJA = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+_JINJA.filters["format"] = _format
+_JINJA.filters.update({name: _bounded_filter(f) for name, f in _JINJA.filters.items()})
 # jinja's own tojson HTML-escapes <, >, & and '; templates expect plain JSON, as transformers gives them
 _JINJA.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: (
     json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys))
@@ -126,6 +194,19 @@ class Tokenizer:
         if self._tk is not None:
             return self._tk.get_vocab_size(with_added_tokens=True)
         return max([self._sp.get_piece_size(), *(i + 1 for i in self._added_by_id)])
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Refuse a tokenizer that can produce ids >= the model's `vocab_size` (they have no embedding row)."""
+        if self._tk is not None:
+            highest = max(self._tk.get_vocab(with_added_tokens=True).values(), default=-1)
+        else:
+            highest = self.vocab_size - 1
+        if self.bos_token_id is not None:
+            highest = max(highest, self.bos_token_id)
+        if highest >= vocab_size:
+            raise TokenizerError(
+                f"the tokenizer in {self.folder} has token id {highest}, but the model's vocabulary is "
+                f"{vocab_size} tokens (config.json vocab_size); the tokenizer files do not belong to this model")
 
     @property
     def has_chat_template(self) -> bool:
@@ -228,20 +309,67 @@ class Tokenizer:
                 r = next((m[k] for k in ("reasoning_content", "thinking", "reasoning") if k in m), None)
                 chat.append(m if r is None else {"thinking": r, **m, "reasoning_content": r})
             variables = {**{k: v or "" for k, v in self._special.items()}, "tools": None, "documents": None}
-            return self._compiled[name].render(
-                {**variables, **kwargs}, messages=chat, add_generation_prompt=add_generation_prompt)
+            return _render_bounded(self._compiled[name], {**variables, **kwargs, "messages": chat,
+                                                          "add_generation_prompt": add_generation_prompt})
         except jinja2.exceptions.TemplateError as e:
             raise TokenizerError(f"chat template from {self._template_source}: {e}") from e
+        except _TemplateTimeout:
+            raise TokenizerError(f"chat template from {self._template_source} ran longer than {TEMPLATE_SECONDS} s; "
+                                 "the template is broken or hostile: fix or replace it") from None
+        except (TypeError, ValueError, LookupError, ArithmeticError, AttributeError, MemoryError,
+                RecursionError) as e:
+            # templates can fail in plain Python ways too (a number added to a string, a huge range)
+            raise TokenizerError(f"chat template from {self._template_source} failed: "
+                                 f"{type(e).__name__}: {str(e)[:200]}") from None
 
 
-def load_tokenizer(folder: Path, config: dict, generation_config: dict | None) -> Tokenizer | None:
-    """The folder's tokenizer, or None when it has neither tokenizer.json nor tokenizer.model."""
+def _render_bounded(template: jinja2.Template, variables: dict) -> str:
+    """Render with the output cut at TEMPLATE_MAX_CHARS and the time at TEMPLATE_SECONDS. The time
+    limit is a timer that raises _TemplateTimeout in the rendering thread (between two Python
+    bytecodes, so also inside a loop that writes nothing); single operations are bounded by the
+    sandbox's operator checks."""
+    thread, lock, state = threading.get_ident(), threading.Lock(), {"rendering": True, "fired": False}
+
+    def expire() -> None:
+        with lock:
+            if state["rendering"]:
+                state["fired"] = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
+                                                           ctypes.py_object(_TemplateTimeout))
+
+    timer = threading.Timer(TEMPLATE_SECONDS, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        pieces, size = [], 0
+        for piece in template.generate(variables):
+            size += len(piece)
+            if size > TEMPLATE_MAX_CHARS:
+                raise jinja2.exceptions.SecurityError(f"the template writes more than {TEMPLATE_MAX_CHARS} "
+                                                      "characters")
+            pieces.append(piece)
+        return "".join(pieces)
+    finally:
+        with lock:
+            state["rendering"] = False
+            if state["fired"]:  # the exception may still be pending: cancel it
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None)
+        timer.cancel()
+
+
+def load_tokenizer(folder: Path, config: dict, generation_config: dict | None,
+                   vocab_size: int | None = None) -> Tokenizer | None:
+    """The folder's tokenizer, or None when it has neither tokenizer.json nor tokenizer.model. With
+    `vocab_size` (the model's), a tokenizer that can produce an id the model has no row for is refused."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelNotFoundError(f"model folder {folder} does not exist")
     json_file, sp_file = folder / "tokenizer.json", folder / "tokenizer.model"
     if not json_file.is_file() and not sp_file.is_file():
         return None  # token ids still work; require_tokenizer explains when text is needed
+    for name in (*_FILES, "chat_template.jinja"):
+        if (folder / name).exists():
+            inside_folder(folder, name, folder)  # a link out of the folder is refused
     tok_config = _read_json(folder / "tokenizer_config.json")
     special_map = _read_json(folder / "special_tokens_map.json")
     # transformers reads special_tokens_map.json only for configs without added_tokens_decoder, and lets it
@@ -268,7 +396,14 @@ def load_tokenizer(folder: Path, config: dict, generation_config: dict | None) -
     elif isinstance(tok_config.get("chat_template"), list):
         templates = {t["name"]: t["template"] for t in tok_config["chat_template"]
                      if isinstance(t, dict) and isinstance(t.get("template"), str)}
-    return Tokenizer(folder, backend, tok_config, config, generation_config, templates, str(source))
+    try:
+        tokenizer = Tokenizer(folder, backend, tok_config, config, generation_config, templates, str(source))
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
+        raise TokenizerError(f"the tokenizer files in {folder} hold a value of the wrong type or form "
+                             f"({type(e).__name__}: {str(e)[:200]}); re-download them") from None
+    if vocab_size is not None:
+        tokenizer.check_vocabulary(vocab_size)
+    return tokenizer
 
 
 def require_tokenizer(tok: Tokenizer | None, folder: str | Path | None = None) -> Tokenizer:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from lucebox.models import laguna, llama, mistral, mixtral, qwen3, qwen3_moe
+from lucebox.models.hf_config import check_values
 
 from lucebox.config import ModelConfig
 from lucebox.errors import ConfigError, UnsupportedArchitectureError
@@ -31,6 +32,7 @@ def adapter_for(hf_config: dict) -> ModuleType:
 def build_model_config(hf_config: dict) -> ModelConfig:
     """The normalized config of a config.json; any malformed value becomes a ConfigError."""
     adapter = adapter_for(hf_config)
+    check_values(hf_config)
     try:
         return adapter.build_config(hf_config)
     except (TypeError, ValueError, KeyError, AttributeError) as e:

@@ -2,12 +2,82 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from lucebox.config import LayerSpec, MoESpec, RopeSpec
 from lucebox.errors import ConfigError
 
 _ROPE_KINDS = ("default", "linear", "llama3", "yarn")
+
+# Every size config.json may state, with the range lucebox accepts. They are checked before
+# anything is built from them: a layer count of 10**7 must fail at once, not after minutes of
+# building layers and gigabytes of plans. The upper bounds are far beyond any released model.
+_SIZES: dict[str, tuple[int, int]] = {
+    "vocab_size": (1, 2**22),
+    "hidden_size": (1, 2**17),
+    "intermediate_size": (0, 2**20),
+    "num_hidden_layers": (1, 1024),
+    "num_attention_heads": (1, 4096),
+    "num_key_value_heads": (1, 4096),
+    "head_dim": (1, 4096),
+    "max_position_embeddings": (1, 2**26),
+    "original_max_position_embeddings": (1, 2**26),
+    "sliding_window": (0, 2**26),
+    "num_experts": (0, 4096),
+    "num_local_experts": (0, 4096),
+    "num_experts_per_tok": (1, 4096),
+    "moe_intermediate_size": (1, 2**20),
+    "shared_expert_intermediate_size": (0, 2**20),
+    "max_window_layers": (0, 2**20),
+    "decoder_sparse_step": (0, 1024),
+}
+_PER_LAYER_SIZES = {"num_attention_heads_per_layer": (1, 4096), "mlp_only_layers": (0, 1024)}
+
+
+def integer(value: Any, what: str, lowest: int, highest: int) -> int:
+    """`value` as an int in lowest..highest, or a ConfigError naming `what`: no bools, no fractions
+    truncated (an integral float such as 4096.0 is accepted as the integer it is)."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"config.json: {what} has the wrong type: it must be an integer, got {str(value)[:40]!r}")
+    if not lowest <= value <= highest:
+        raise ConfigError(f"config.json: {what} must be in {lowest}..{highest}, got {value}")
+    return value
+
+
+def number(value: Any, what: str, positive: bool = False) -> float:
+    """`value` as a finite float (> 0 with `positive`), or a ConfigError naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"config.json: {what} has the wrong type: it must be a finite number, "
+                          f"got {str(value)[:40]!r}")
+    if positive and value <= 0:
+        raise ConfigError(f"config.json: {what} must be > 0, got {value}")
+    return float(value)
+
+
+def check_values(hf: dict) -> None:
+    """Type and range of every size and of the numbers the forward divides by or exponentiates
+    (RMSNorm epsilon, RoPE base), before anything is built or allocated from them."""
+    for key, (lowest, highest) in _SIZES.items():
+        if hf.get(key) is not None:
+            integer(hf[key], key, lowest, highest)
+    for key, (lowest, highest) in _PER_LAYER_SIZES.items():
+        values = hf.get(key)
+        if values is None:
+            continue
+        if not isinstance(values, list) or len(values) > 1024:
+            raise ConfigError(f"config.json: {key} must be a list of at most 1024 integers")
+        for i, v in enumerate(values):
+            integer(v, f"{key}[{i}]", lowest, highest)
+    if hf.get("rms_norm_eps") is not None:
+        number(hf["rms_norm_eps"], "rms_norm_eps", positive=True)
+    for key in ("eos_token_id", "bos_token_id"):
+        ids = hf.get(key)
+        for v in ids if isinstance(ids, list) else [ids]:
+            if v is not None:
+                integer(v, key, 0, 2**31 - 1)
 
 
 def require(hf: dict, key: str) -> Any:
@@ -21,9 +91,9 @@ def head_dim(hf: dict) -> int:
 
 
 def token_ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    return tuple(value) if isinstance(value, list) else (int(value),)
+    """Token ids stated as an int, a list of ints or null; anything else is left out."""
+    values = value if isinstance(value, list) else [value]
+    return tuple(v for v in values if isinstance(v, int) and not isinstance(v, bool) and v >= 0)
 
 
 def rope_parameters(hf: dict, params: dict | None = None) -> dict:
@@ -53,6 +123,22 @@ def rope_spec(params: dict, dim: int, max_position_embeddings: int) -> RopeSpec:
         factor = max_position_embeddings / require(params, "original_max_position_embeddings")
     if kind in ("linear", "llama3", "yarn") and factor is None:
         raise ConfigError(f"config.json: rope_type '{kind}' needs 'factor'")
+    number(params.get("rope_theta", 10000.0), "rope_theta", positive=True)
+    number(factor or 1.0, "rope factor", positive=True)
+    fraction = number(params.get("partial_rotary_factor", 1.0), "partial_rotary_factor", positive=True)
+    if fraction > 1:
+        raise ConfigError(f"config.json: partial_rotary_factor must be in (0, 1], got {fraction}")
+    for key in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow"):
+        if params.get(key) is not None:
+            number(params[key], key, positive=True)
+    for key in ("attention_factor", "mscale", "mscale_all_dim"):
+        if params.get(key) is not None:
+            number(params[key], key)
+    if kind == "llama3" and not number(params.get("high_freq_factor", 4.0), "high_freq_factor") > number(
+            params.get("low_freq_factor", 1.0), "low_freq_factor"):
+        raise ConfigError("config.json: llama3 RoPE needs high_freq_factor > low_freq_factor")
+    if original is not None:
+        original = integer(original, "original_max_position_embeddings", 1, 2**26)
     return RopeSpec(
         theta=float(params.get("rope_theta", 10000.0)),
         rotary_dim=rotary_dim,

@@ -4,7 +4,7 @@ routed scaling, optional router logit soft-capping, a shared expert, dense leadi
 
 from __future__ import annotations
 
-from lucebox.models.hf_config import common_fields, head_dim, require, rope_parameters, rope_spec
+from lucebox.models.hf_config import common_fields, head_dim, number, require, rope_parameters, rope_spec
 from lucebox.models.layout import hf_sources
 
 from lucebox.config import LayerSpec, ModelConfig, MoESpec
@@ -62,8 +62,8 @@ def build_config(hf: dict) -> ModelConfig:
         expert_size=int(require(hf, "moe_intermediate_size")),
         router="sigmoid",
         normalize_topk=True,
-        routed_scaling=float(hf.get("moe_routed_scaling_factor", 1.0)),
-        logit_softcap=float(hf.get("moe_router_logit_softcapping", 0.0) or 0.0),
+        routed_scaling=number(hf.get("moe_routed_scaling_factor", 1.0), "moe_routed_scaling_factor"),
+        logit_softcap=number(hf.get("moe_router_logit_softcapping", 0.0) or 0.0, "moe_router_logit_softcapping"),
         correction_bias=True,
         shared_expert_size=int(hf.get("shared_expert_intermediate_size") or 0),
     )

@@ -91,7 +91,7 @@ ERROR_CASES = {
     "text_without_tokenizer": (lambda d: ["generate", str(d / "llama"), "--prompt", "hi", "--device", "cpu"],
                                "no tokenizer"),
     "context": (lambda d: ["generate", str(d / "llama"), "--token-ids", "1,2", "--ctx", "4", "--device", "cpu"],
-                "max_context is 4"),
+                "--ctx is 4"),
     "bad_ids": (lambda d: ["generate", str(d / "llama"), "--token-ids", "1,x", "--device", "cpu"], "--token-ids"),
     "bad_dtype": (lambda d: ["generate", str(d / "llama"), "--token-ids", "1", "--dtype", "int3"], "dtype"),
     "pickle": (lambda d: ["generate", str(d / "pickle"), "--token-ids", "1", "--device", "cpu"], "never unpickles"),
@@ -106,7 +106,7 @@ ERROR_CASES = {
     "bad_backend": (lambda d: ["generate", str(d / "llama"), "--token-ids", "1", "--device", "cpu", "--backend",
                                "cuda"], "backend 'cuda' is not one of auto, torch, triton"),
     "triton_float64": (lambda d: ["generate", str(d / "llama"), "--token-ids", "1", "--device", "cpu", "--backend",
-                                  "triton", "--dtype", "float64"], "use backend='torch' for this dtype"),
+                                  "triton", "--dtype", "float64"], "use --backend torch for this dtype"),
     "bad_quantization": (lambda d: ["generate", str(d / "llama"), "--token-ids", "1", "--device", "cpu",
                                     "--quantization", "int2"], "quantization 'int2' is not one of int8, int4"),
 }

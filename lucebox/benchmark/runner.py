@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from lucebox.benchmark.progress import LineProgress
-from lucebox.errors import ContextLengthError, InvalidArgumentError
+from lucebox.errors import ContextLengthError, InsufficientMemoryError, InvalidArgumentError
 
 LADDER = (1024, 4096, 16384, 65536, 262144)
 CPU_DEFAULT_DEEPEST = 16384  # prefill on a CPU runs at hundreds of tokens/s at 16K: deeper takes hours
@@ -86,7 +86,7 @@ def _open_engine(model, engine: dict, settings: BenchSettings):
         options = {**engine, "max_context": ctx or depths[-1] + settings.gen}
         try:
             return depths, LLM(model, **options)
-        except ContextLengthError:
+        except (ContextLengthError, InsufficientMemoryError):  # the KV pool grows with the context too
             if explicit or len(depths) == 1:
                 raise
             depths = depths[:-1]

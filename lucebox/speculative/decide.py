@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from lucebox.errors import NonFiniteLogitsError
 from lucebox.sampling import SamplingParams, distribution, penalize_repetition
 from lucebox.speculative.proposer import Draft
 from lucebox.speculative.verify import Verdict, block_outcomes, sample, tokenwise_outcomes, verify_greedy
@@ -29,13 +30,27 @@ def decide(
     rule: str,
     generator: torch.Generator | None,
 ) -> Verdict:
+    verdict = _decide(logits, draft, params, seen, rule, generator)
+    if verdict.next_token < 0:
+        raise NonFiniteLogitsError(
+            "the model's logits hold NaN or inf values, so no token can be chosen: a weight is corrupt (NaN/inf), "
+            "or config.json has values the weights were not trained with (rope_theta, rms_norm_eps, scaling "
+            "factors), or the dtype overflows (try dtype='float32'); check the checkpoint")
+    return verdict
+
+
+def _decide(logits, draft, params, seen, rule, generator) -> Verdict:
     drafts = draft.tokens
     histories = _seen_per_row(seen, drafts)
+    # Logits that are not finite in any row turn every choice into -1, on the device: the host sees
+    # it when it reads the tokens, which it must do anyway (no extra sync per token).
+    finite = torch.isfinite(logits).all()
     if params.greedy:
-        choices = [int(penalize_repetition(logits[i].float(), histories[i], params.repetition_penalty).argmax())
-                   for i in range(len(drafts) + 1)]
+        rows = penalize_repetition(logits.float(), torch.stack(histories), params.repetition_penalty)
+        choices = torch.where(finite, rows.argmax(-1), -1).tolist()
         return verify_greedy(choices, drafts)
     p = torch.stack([distribution(logits[i], params, histories[i]) for i in range(len(drafts) + 1)]).double()
+    p = torch.where(finite, p, torch.nan)
     if draft.q is not None:
         q = draft.q
     else:  # deterministic drafts: q is one-hot at the draft

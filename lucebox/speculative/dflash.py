@@ -9,9 +9,14 @@ import torch.nn.functional as F
 
 from lucebox.caches import SlidingRing, Step
 from lucebox.models.decoder import Decoder
-from lucebox.models.dflash import DFlashDrafter
+from lucebox.models.dflash import DFlashConfig, DFlashDrafter
 from lucebox.sampling import SamplingParams, distribution, draw
 from lucebox.speculative.proposer import Draft, Proposer, confidence, tensor_bytes
+
+
+def ring_step(cfg: DFlashConfig, prefill_chunk: int) -> int:
+    """The most rows one commit writes to a context ring: a prefill chunk, or a verified block."""
+    return max(prefill_chunk, cfg.block_size)
 
 
 class DFlashProposer(Proposer):
@@ -19,7 +24,7 @@ class DFlashProposer(Proposer):
         self.drafter, self.target = drafter, target
         self.feature_layers = drafter.cfg.target_layer_ids
         self.max_width = drafter.cfg.block_size - 1
-        self.draft_ctx, self.max_step = draft_ctx, max(prefill_chunk, drafter.cfg.block_size)
+        self.draft_ctx, self.max_step = draft_ctx, ring_step(drafter.cfg, prefill_chunk)
         self.rings: list[SlidingRing] = []
         self.length = 0  # committed tokens whose context rows the rings hold
 

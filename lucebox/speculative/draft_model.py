@@ -14,15 +14,20 @@ from lucebox.sampling import SamplingParams, distribution, draw
 from lucebox.speculative.proposer import Draft, Proposer, confidence, tensor_bytes
 
 
+def draft_cache_settings(max_context: int, prefill_chunk: int, draft_ctx: int, max_width: int) -> CacheSettings:
+    """A draft model's caches: a ring per layer (full layers keep `draft_ctx` tokens), written a
+    prefill chunk or one draft round at a time."""
+    return CacheSettings(max_context=max_context, max_step=max(prefill_chunk, max_width + 1), kv_policy="exact",
+                         kv_pool_tokens=64 * (-(-max(prefill_chunk, 16) // 64) + 2), full_attention_window=draft_ctx)
+
+
 class DraftModelProposer(Proposer):
     def __init__(self, decoder: Decoder, max_context: int, prefill_chunk: int, draft_ctx: int = 4096,
                  max_width: int = 15):
         self.decoder = decoder
         self.max_width = max_width
         self.prefill_chunk = prefill_chunk
-        self.settings = CacheSettings(max_context=max_context, max_step=max(prefill_chunk, max_width + 1),
-                                      kv_policy="exact", kv_pool_tokens=64 * (-(-max(prefill_chunk, 16) // 64) + 2),
-                                      full_attention_window=draft_ctx)
+        self.settings = draft_cache_settings(max_context, prefill_chunk, draft_ctx, max_width)
         self.cache: SequenceCache | None = None
         self.cached: list[int] = []  # tokens whose rows the draft cache holds
 

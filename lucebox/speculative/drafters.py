@@ -3,6 +3,8 @@ drafter, or a smaller model of a supported architecture sharing the target's voc
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -10,10 +12,12 @@ import torch
 from lucebox.checkpoint import CheckpointIndex, load_weights, locate_config, read_json, weight_files
 from lucebox.config import ModelConfig
 from lucebox.errors import DraftModelError
+from lucebox.loading import ModelDescription, describe_model, load_model
+from lucebox.memory_plan import DrafterCost, cache_ring_bytes, ring_bytes, weight_bytes
 from lucebox.models import dflash
 from lucebox.models.decoder import Decoder
-from lucebox.speculative.dflash import DFlashProposer
-from lucebox.speculative.draft_model import DraftModelProposer
+from lucebox.speculative.dflash import DFlashProposer, ring_step
+from lucebox.speculative.draft_model import DraftModelProposer, draft_cache_settings
 from lucebox.speculative.ngram import NgramProposer
 from lucebox.speculative.proposer import Proposer
 
@@ -44,35 +48,76 @@ def _check_dflash(cfg: dflash.DFlashConfig, target: ModelConfig, folder: Path) -
         raise DraftModelError(f"drafter {folder} does not fit this target: " + "; ".join(problems))
 
 
-def make_proposer(draft: str | Path | None, llm, draft_ctx: int, max_width: int) -> Proposer | None:
+@dataclass(frozen=True)
+class DrafterSpec:
+    """What `draft=` names, read from config.json before anything is loaded: "ngram", a DFlash
+    drafter (`dflash`: its config) or a draft model (`model`: its description), with its folder."""
+
+    kind: str
+    folder: Path | None = None
+    dflash: dflash.DFlashConfig | None = None
+    model: ModelDescription | None = None
+
+
+def resolve_drafter(draft: str | Path | None, target: ModelDescription) -> DrafterSpec | None:
+    """The drafter `draft` names, checked against the target (vocabulary, shapes, captured layers,
+    weight files present) before either is loaded; None for no drafter."""
     if draft is None:
         return None
     if draft == "ngram":
-        return NgramProposer(max_width=max_width)
+        return DrafterSpec("ngram")
     if draft == "auto":
-        draft = paired_drafter(llm.description.folder)
+        draft = paired_drafter(target.folder)
         if draft is None:
             return None
     config_path = locate_config(draft)
     hf = read_json(config_path)
     arch = (hf.get("architectures") or [None])[0]
     folder = config_path.parent
+    weight_files(folder)  # a drafter without weights says so before any memory figure
     if arch in dflash.ARCHITECTURES:
         cfg = dflash.build_config(hf)
-        _check_dflash(cfg, llm.config, folder)
-        weights = load_weights(CheckpointIndex(weight_files(folder)), dflash.sources(cfg), dflash.weight_shapes(cfg),
-                               llm.dtype, llm.device)
+        _check_dflash(cfg, target.cfg, folder)
+        return DrafterSpec("dflash", folder, dflash=cfg)
+    desc = describe_model(folder)  # a target-style model used as drafter
+    if desc.cfg.vocab_size != target.cfg.vocab_size:
+        raise DraftModelError(f"draft model {folder} has a vocabulary of {desc.cfg.vocab_size} tokens, the target "
+                              f"{target.cfg.vocab_size}; a draft model must share the target's vocabulary")
+    return DrafterSpec("model", folder, model=desc)
+
+
+def drafter_cost(spec: DrafterSpec | None, dtype: torch.dtype, max_context: int, prefill_chunk: int,
+                 draft_ctx: int, max_width: int) -> DrafterCost:
+    """The device bytes `make_proposer(spec, ...)` with these arguments will hold once it has drafted."""
+    if spec is None or spec.kind == "ngram":
+        return DrafterCost()
+    if spec.kind == "dflash":
+        cfg = spec.dflash
+        row = 2 * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+        weights = sum(math.prod(shape) for shape in dflash.weight_shapes(cfg).values()) * dtype.itemsize
+        rings = cfg.num_layers * ring_bytes(draft_ctx, ring_step(cfg, prefill_chunk), row)
+        return DrafterCost(weights, rings, cfg.num_layers * (row + 8), draft_ctx)
+    cfg = spec.model.cfg
+    full = sum(1 for layer in cfg.layers if not layer.is_sliding)
+    rings = cache_ring_bytes(cfg, draft_cache_settings(max_context, prefill_chunk, draft_ctx, max_width), dtype)
+    return DrafterCost(weight_bytes(cfg, dtype), rings, full * (cfg.kv_bytes_per_token(dtype.itemsize) + 8), draft_ctx)
+
+
+def make_proposer(spec: DrafterSpec | None, llm, draft_ctx: int, max_width: int) -> Proposer | None:
+    """The proposer `spec` describes, its weights loaded next to the target's (`llm`)."""
+    if spec is None:
+        return None
+    if spec.kind == "ngram":
+        return NgramProposer(max_width=max_width)
+    if spec.kind == "dflash":
+        cfg = spec.dflash
+        weights = load_weights(CheckpointIndex(weight_files(spec.folder)), dflash.sources(cfg),
+                               dflash.weight_shapes(cfg), llm.dtype, llm.device)
         drafter = dflash.DFlashDrafter(cfg, weights, llm.decoder.kernels)
         proposer = DFlashProposer(drafter, llm.decoder, llm.prefill_chunk, draft_ctx)
         proposer.max_width = min(proposer.max_width, max_width)
         return proposer
-    from lucebox.loading import describe_model, load_model  # a target-style model used as drafter
-
-    desc = describe_model(folder)
-    if desc.cfg.vocab_size != llm.config.vocab_size:
-        raise DraftModelError(f"draft model {folder} has a vocabulary of {desc.cfg.vocab_size} tokens, the target "
-                              f"{llm.config.vocab_size}; a draft model must share the target's vocabulary")
-    decoder: Decoder = load_model(desc, llm.dtype, llm.device, kernels=llm.decoder.kernels).decoder
+    decoder: Decoder = load_model(spec.model, llm.dtype, llm.device, kernels=llm.decoder.kernels).decoder
     return DraftModelProposer(decoder, llm.max_context, llm.prefill_chunk, draft_ctx, max_width)
 
 

@@ -97,6 +97,9 @@ def block_outcomes(p: torch.Tensor, q: torch.Tensor, drafts: list[int]) -> Outco
 
 
 def sample(outcomes: Outcomes, generator: torch.Generator | None) -> Verdict:
-    """Draw how many drafts are kept, then the next token."""
+    """Draw how many drafts are kept, then the next token; the token is -1 (no token has that id)
+    when its distribution is not finite, decided on the device and read with the token itself."""
     n = int(draw(outcomes.accept.to(torch.float32), generator))
-    return Verdict(n, int(draw(outcomes.next_dists[n], generator)))
+    dist = outcomes.next_dists[n]
+    token = torch.where(torch.isfinite(dist).all(), draw(dist, generator), -1)
+    return Verdict(n, int(token))
