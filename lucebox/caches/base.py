@@ -48,7 +48,16 @@ class KVBlock:
 
 
 class LayerCache(ABC):
-    """One decoder layer's K/V for one sequence."""
+    """One decoder layer's K/V for one sequence.
+
+    Interrupt safety: a `write` sets `dirty` before it changes anything, and the `SequenceCache`
+    clears it once the step's commit completes, so a step cut short by an exception (Ctrl-C
+    included) marks the cache as not to be reused. Each bookkeeping update is also ordered
+    compute-then-assign, so an interrupt between two lines leaves the old state, the new one, or
+    a safe one in between (a choice marked due again, a slot left free), never fields that
+    disagree."""
+
+    dirty = False
 
     @abstractmethod
     def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:

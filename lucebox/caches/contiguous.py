@@ -22,14 +22,16 @@ class ContiguousCache(LayerCache):
         if needed <= self.k.shape[1]:
             return
         capacity = min(self.max_tokens, max(needed, 2 * self.k.shape[1], 256))
-        for name in ("k", "v"):
-            grown = torch.empty((self.kv_heads, capacity, self.head_dim), dtype=self.dtype, device=self.device)
-            grown[:, : self.length] = getattr(self, name)[:, : self.length]
-            setattr(self, name, grown)
+        grown = []
+        for old in (self.k, self.v):
+            grown.append(torch.empty((self.kv_heads, capacity, self.head_dim), dtype=self.dtype, device=self.device))
+            grown[-1][:, : self.length] = old[:, : self.length]
+        self.k, self.v = grown  # both at once: a half-grown pair would pass the size check above
 
     def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
         if step.start > self.length:
             raise ValueError(f"cache write at position {step.start} leaves a gap after {self.length} rows")
+        self.dirty = True
         self._reserve(step.end)
         self.k[:, step.start : step.end] = k.transpose(0, 1)
         self.v[:, step.start : step.end] = v.transpose(0, 1)

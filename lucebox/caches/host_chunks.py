@@ -34,11 +34,11 @@ class HostChunks:
         capacity = min(self.max_chunks, max(chunks, 2 * held, 16))
         if self.pin:
             torch.cuda.current_stream(self.device).synchronize()  # pending device-to-host writes land first
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            grown = self._empty(capacity)
-            grown[:, : old.shape[1]] = old
-            setattr(self, name, grown)
+        grown = []
+        for old in (self.k, self.v):
+            grown.append(self._empty(capacity))
+            grown[-1][:, : old.shape[1]] = old
+        self.k, self.v = grown  # both at once: a half-grown pair would pass the size check above
 
     def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Rows (T, KV, D) at positions start.. (async device-to-host copies on CUDA)."""

@@ -86,10 +86,10 @@ class PagedKV(LayerCache):
         # (KV, pool_chunks * C, D): slot s holds rows [s*C, (s+1)*C) of every head.
         self.pk = torch.zeros((kv_heads, settings.pool_chunks * C, head_dim), dtype=dtype, device=device)
         self.pv = torch.zeros_like(self.pk)
-        self.slot_chunk = [-1] * settings.pool_chunks  # which chunk each slot holds
-        self.chunk_slot: dict[int, int] = {}
-        self._slot_chunk_t: torch.Tensor | None = None  # device copy of slot_chunk, rebuilt on change
-        self._used_slots = 0  # 1 + the highest slot holding a chunk, rebuilt with it
+        # Residency has one source of truth, changed one dict operation at a time, so an interrupt
+        # can never leave two views of it that disagree.
+        self.chunk_slot: dict[int, int] = {}  # resident chunk -> the slot holding its rows
+        self._pool_view: tuple[torch.Tensor, int] | None = None  # `_slot_chunks()`, rebuilt on change
         max_chunks = -(-settings.max_context // C)
         self.host = HostChunks(C, kv_heads, head_dim, max_chunks, dtype, device) if settings.offload else None
         self.length = 0  # rows written (drafts included)
@@ -107,38 +107,51 @@ class PagedKV(LayerCache):
     def _tail_start(self, position: int) -> int:
         return max(0, (position - self.s.tail_tokens) // self.s.chunk)
 
-    def _victim(self, keep: set[int]) -> int:
+    @property
+    def slot_chunk(self) -> list[int]:
+        """Which chunk each slot holds (-1: free)."""
+        slots = [-1] * self.s.pool_chunks
+        for chunk, slot in self.chunk_slot.items():
+            slots[slot] = chunk
+        return slots
+
+    def _victim(self, slot_chunk: list[int], keep: set[int]) -> int:
         """A slot to reuse: free, else the oldest chunk that is neither sink, kept, tail nor selected."""
-        for slot, chunk in enumerate(self.slot_chunk):
+        for slot, chunk in enumerate(slot_chunk):
             if chunk < 0:
                 return slot
         tail = self._tail_start(self.committed)
         selected = set(self.selected)
 
         def rank(slot: int) -> tuple:
-            c = self.slot_chunk[slot]
+            c = slot_chunk[slot]
             return (c in selected, c >= tail, c)
 
-        options = [s for s, c in enumerate(self.slot_chunk) if c != 0 and c not in keep]
+        options = [s for s, c in enumerate(slot_chunk) if c != 0 and c not in keep]
         if not options:
             raise RuntimeError("KV pool has no slot to give; kv_pool_tokens was validated too small")
         return min(options, key=rank)
 
     def _make_resident(self, chunk: int, keep: set[int], stream: torch.cuda.Stream | None = None) -> int:
-        if chunk in self.chunk_slot:
-            return self.chunk_slot[chunk]
-        slot = self._victim(keep)
-        old = self.slot_chunk[slot]
-        if old >= 0:
-            del self.chunk_slot[old]
-        self.slot_chunk[slot] = chunk
-        self.chunk_slot[chunk] = slot
-        self._slot_chunk_t = None
+        """The slot holding `chunk`'s rows, loading them first if needed. The residency update runs
+        evict, load, install: an interrupt between two of them leaves a free slot (the evicted chunk
+        lives on the host), never a slot claimed by a chunk whose rows are not in it."""
+        slot = self.chunk_slot.get(chunk)
+        if slot is not None:
+            return slot
+        slot_chunk = self.slot_chunk
+        slot = self._victim(slot_chunk, keep)
+        self._pool_view = None  # dropped before residency changes, so no stale copy outlives an interrupt
+        if slot_chunk[slot] >= 0:
+            del self.chunk_slot[slot_chunk[slot]]
         if self.host is not None and chunk * self.s.chunk < self.length:
             with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 k, v = self.host.fetch(chunk, chunk + 1)
                 self.pk[:, self._rows(slot)].copy_(k, non_blocking=True)
                 self.pv[:, self._rows(slot)].copy_(v, non_blocking=True)
+            if stream is not None:
+                self._loads_done = stream.record_event()  # what attention waits for (`_wait_for_loads`)
+        self.chunk_slot[chunk] = slot
         return slot
 
     # -- LayerCache -----------------------------------------------------------------------------
@@ -149,6 +162,7 @@ class PagedKV(LayerCache):
             raise ValueError(f"cache write at position {start} leaves a gap after {self.length} rows")
         if end > self.s.max_context:
             raise ValueError(f"cache write up to position {end} passes max_context {self.s.max_context}")
+        self.dirty = True
         self._wait_for_loads()
         touched = set(range(start // C, (end - 1) // C + 1))
         for chunk in sorted(touched):
@@ -159,7 +173,7 @@ class PagedKV(LayerCache):
             self.pv[:, rows] = v[lo - start : hi - start].transpose(0, 1)
         if self.host is not None:
             self.host.write(start, k, v)
-        self.length = end
+        self.length = end  # last: rows past `length` are invisible, so a write cut short shows nothing
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         self._wait_for_loads()
@@ -171,8 +185,7 @@ class PagedKV(LayerCache):
     def _blocks(self, step: Step) -> Iterator[KVBlock]:
         # Free slots are handed out lowest first, so the slots past the highest one in use hold
         # nothing: attention reads the pool up to there (a short context reads a short pool).
-        slots = self._slot_chunks()
-        used = self._used_slots
+        slots, used = self._slot_chunks()
         rows = used * self.s.chunk
         pool_k, pool_v = self.pk[:, :rows], self.pv[:, :rows]
         slots = slots[:used]
@@ -209,13 +222,17 @@ class PagedKV(LayerCache):
             yield KVBlock(k, v, positions, all_visible=True)
 
     def commit(self, length: int) -> None:
-        old, self.committed = self.committed, length
-        if not self.select or length <= old:
+        # Ordered so that the next commit finishes whatever an interrupted one left: a crossed
+        # reselect boundary is marked due before `committed` moves, and summaries resume from
+        # their own count.
+        if self.select and length // self.s.reselect_every > self.committed // self.s.reselect_every:
+            self._reselect_due = True
+        self.committed = length
+        if not self.select:
             return
-        C = self.s.chunk
-        for chunk in range(max(1, old // C), length // C):  # chunks completed by this commit
+        for chunk in range(max(1, self.summaries.count), length // self.s.chunk):  # completed, not yet summarized
             self.summaries.add(chunk, self._chunk_keys(chunk))
-        if self._reselect_due or length // self.s.reselect_every > old // self.s.reselect_every:
+        if self._reselect_due:
             self._reselect(length)
         self._ensure_tail_resident(length)
 
@@ -228,20 +245,19 @@ class PagedKV(LayerCache):
         rows = [] if self._last_q is None else (self._last_q[1] == length - 1).nonzero()
         if len(rows) == 0:
             return  # no query of the last committed token seen yet; choose at the next commit
-        self._reselect_due = False
         q, row = self._last_q[0], int(rows[0, 0])
         C, every = self.s.chunk, self.s.reselect_every
         # Chunks that fall out of the tail before the next reselect; younger ones the tail covers.
         candidates = [c for c in range(1, length // C) if c * C < length + every - self.s.tail_tokens]
-        self.selected = top_chunks(self.summaries, q[row], candidates, self.s.select_k)
-        keep = set(self.selected) | {0} | set(range(self._tail_start(length), -(-length // C)))
+        selected = top_chunks(self.summaries, q[row], candidates, self.s.select_k)
+        keep = set(selected) | {0} | set(range(self._tail_start(length), -(-length // C)))
         stream = self._copy_stream
         if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-        for chunk in self.selected:
+            stream.wait_stream(torch.cuda.current_stream(self.device))  # loads overwrite slots queued work may read
+        self.selected = selected
+        for chunk in selected:
             self._make_resident(chunk, keep, stream)
-        if stream is not None:
-            self._loads_done = stream.record_event()
+        self._reselect_due = False  # last: an interrupt above leaves the choice due again
 
     def _ensure_tail_resident(self, length: int) -> None:
         """Tail and chosen chunks back on the device (a prefill may have evicted them)."""
@@ -259,20 +275,23 @@ class PagedKV(LayerCache):
     def _rows(self, slot: int) -> slice:
         return slice(slot * self.s.chunk, (slot + 1) * self.s.chunk)
 
-    def _slot_chunks(self) -> torch.Tensor:
-        if self._slot_chunk_t is None:
-            self._slot_chunk_t = torch.tensor(self.slot_chunk, dtype=torch.int64, device=self.device)
-            self._used_slots = 1 + max((s for s, c in enumerate(self.slot_chunk) if c >= 0), default=-1)
-        return self._slot_chunk_t
+    def _slot_chunks(self) -> tuple[torch.Tensor, int]:
+        """(slot -> chunk on the device, 1 + the highest slot holding a chunk), kept until residency changes."""
+        if self._pool_view is None:
+            slot_chunk = self.slot_chunk
+            used = 1 + max((s for s, c in enumerate(slot_chunk) if c >= 0), default=-1)
+            self._pool_view = (torch.tensor(slot_chunk, dtype=torch.int64, device=self.device), used)  # one assignment
+        return self._pool_view
 
     def rollback(self, to_position: int) -> None:
         self.length = min(self.length, to_position)
         if to_position < self.committed:  # a rewind of committed tokens (prefix reuse): choose again later
-            self.committed = to_position
-            self.selected = []
+            # `committed` moves last, so an interrupted rewind is done again by the next rollback.
             self._reselect_due = True
+            self.selected = []
             if self.summaries is not None:
                 self.summaries.truncate(to_position // self.s.chunk)
+            self.committed = to_position
 
     def rows_before_reselect(self, position: int) -> int:
         """How many rows a step starting at `position` may hold without spanning a reselect."""

@@ -32,11 +32,14 @@ class SlidingRing(LayerCache):
     def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
         if len(step.positions) > self.max_step:
             raise ValueError(f"a ring sized for {self.max_step} rows per step was given {len(step.positions)}")
+        self.dirty = True
         slots = step.positions % self.capacity
+        # `highest` moves before any slot is overwritten, so a write cut short midway is already
+        # judged by `can_rewind_to`; positions go last, so a slot never names a row it lacks.
+        self.highest = max(self.highest, step.end)
         self.k[:, slots] = k.transpose(0, 1)
         self.v[:, slots] = v.transpose(0, 1)
         self.positions[slots] = step.positions
-        self.highest = max(self.highest, step.end)
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         # Until the ring wraps, slots past the highest position written hold nothing: leave them out

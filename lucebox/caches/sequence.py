@@ -31,7 +31,12 @@ class CacheSettings:
 
 
 class SequenceCache:
-    """`length` counts committed positions; layers may hold drafts beyond it until commit/rollback."""
+    """`length` counts committed positions; layers may hold drafts beyond it until commit/rollback.
+
+    `dirty` is true from a step's first write until its commit completes, and while a commit or
+    rollback runs: a step cut short (an exception, Ctrl-C) leaves it true for good, and a dirty
+    cache cannot be rewound (`can_rewind_to`), so the engine starts a fresh one instead of reusing
+    rows or bookkeeping that may be half written."""
 
     def __init__(self, cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, device: torch.device):
         self.settings = settings
@@ -46,20 +51,34 @@ class SequenceCache:
             else:
                 self.layers.append(PagedKV(settings.kvflash(), kv, d, dtype, device))
         self.length = 0
+        self._unfinished = 0  # commits and rollbacks begun and not finished: an interrupted one stays counted
+
+    @property
+    def dirty(self) -> bool:
+        return self._unfinished > 0 or any(layer.dirty for layer in self.layers)
 
     def commit(self, length: int) -> None:
+        self._unfinished += 1
         for layer in self.layers:
             layer.commit(length)
         self.length = length
+        for layer in self.layers:
+            layer.dirty = False  # the step that wrote them is complete
+        self._unfinished -= 1
 
     def rollback(self, to_position: int) -> None:
+        self._unfinished += 1
         for layer in self.layers:
             layer.rollback(to_position)
         self.length = min(self.length, to_position)
+        self._unfinished -= 1
 
     def can_rewind_to(self, position: int) -> bool:
         """Whether rolling back to `position` keeps every row a later query needs (rings lose rows
-        that later writes overwrote; the paged pool and the contiguous cache lose none)."""
+        that later writes overwrote; the paged pool and the contiguous cache lose none). Never for
+        a dirty cache: whatever a cut-short step left half written, a fresh cache is exact."""
+        if self.dirty:
+            return False
         return all(layer.can_rewind_to(position) for layer in self.layers if isinstance(layer, SlidingRing))
 
     def rows_before_reselect(self, position: int) -> int:

@@ -1,0 +1,211 @@
+"""A KeyboardInterrupt at any line of the cache code leaves the engine as good as a fresh one: the
+next request's greedy tokens are a fresh engine's, never a KeyError, never silently different.
+
+Interrupts are injected by a sys.settrace hook just before the n-th execution of one line of
+lucebox/caches/*.py, as a Ctrl-C arriving there would."""
+
+import random
+import sys
+from collections import Counter
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import pytest
+import torch
+from lucebox.kernels.attention import attention_over_blocks
+from tiny_models import VOCAB
+
+import lucebox
+from lucebox.caches import KV_POLICIES, KVFlashSettings, PagedKV, Step
+from lucebox.caches.contiguous import ContiguousCache
+
+CACHES = str(Path(lucebox.caches.__file__).parent)
+Line = tuple[str, int]  # (file, line number)
+
+
+class LineTrace:
+    """Counts executions of each line of lucebox/caches/*.py; raises KeyboardInterrupt just before
+    the `nth` execution of `target`."""
+
+    def __init__(self, target: Line | None = None, nth: int = 0):
+        self.counts: Counter[Line] = Counter()
+        self.target, self.nth = target, nth
+
+    def __call__(self, frame, event, arg):  # the global hook: trace only the cache code's frames
+        return self._line if frame.f_code.co_filename.startswith(CACHES) else None
+
+    def _line(self, frame, event, arg):
+        if event == "line":
+            line = (frame.f_code.co_filename, frame.f_lineno)
+            self.counts[line] += 1
+            if line == self.target and self.counts[line] == self.nth:
+                raise KeyboardInterrupt(f"injected at {where(line, self.nth)}")
+        return self._line
+
+
+@contextmanager
+def traced(trace: LineTrace):
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        yield trace
+    finally:
+        sys.settrace(previous)
+
+
+def where(line: Line, nth: int) -> str:
+    return f"{Path(line[0]).name}:{line[1]} (execution {nth})"
+
+
+def residency_lines(counts: Counter) -> list[Line]:
+    """The executed lines of the paged pool's residency update (`PagedKV._make_resident`: evict a
+    slot's chunk, load the new chunk's rows from the host, install it)."""
+    code = PagedKV._make_resident.__code__
+    body = {line for _, _, line in code.co_lines() if line is not None and line > code.co_firstlineno}
+    return sorted(line for line in counts if line[0] == code.co_filename and line[1] in body)
+
+
+# -- the engine: sliding rings + a paged pool smaller than the context (host chunks, `select`) -------
+
+ENGINE = dict(device="cpu", dtype="float64", max_context=1024, kv_pool_tokens=640, kv_policy="select",
+              kv_reselect_every=64, prefill_chunk=256, draft="ngram", adaptive=False)
+_gen = torch.Generator().manual_seed(11)
+FIRST = torch.randint(0, VOCAB, (100,), generator=_gen).tolist()
+SECOND = FIRST + torch.randint(0, VOCAB, (600,), generator=_gen).tolist()  # rewinds into FIRST's rows, passes the pool
+# The third prompt ends on a reselect boundary: there a cache reused from any prefix chooses its
+# `select` chunks with the query a fresh prefill uses (elsewhere the two choose at different queries).
+THIRD = SECOND + torch.randint(0, VOCAB, (4,), generator=_gen).tolist()
+assert len(THIRD) % ENGINE["kv_reselect_every"] == 0
+
+
+class Scenario:
+    """Request 1 completes; request 2 reuses its cache and is interrupted; request 3 extends
+    request 2's prompt and must give a fresh engine's tokens."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        llm = self.after_first_request()
+        with traced(LineTrace()) as trace:
+            llm.generate(SECOND, max_tokens=12, ignore_eos=True)
+        self.counts = trace.counts  # every cache line request 2 runs, and how often
+        self.expected = lucebox.LLM(folder, **ENGINE).generate(THIRD, max_tokens=8, ignore_eos=True).token_ids
+
+    def after_first_request(self) -> lucebox.LLM:
+        llm = lucebox.LLM(self.folder, **ENGINE)
+        llm.generate(FIRST, max_tokens=8, ignore_eos=True)
+        return llm
+
+    def check(self, line: Line, nth: int) -> str | None:
+        """What went wrong after an interrupt at the nth execution of `line`, or None."""
+        llm = self.after_first_request()
+        with pytest.raises(KeyboardInterrupt), traced(LineTrace(line, nth)):
+            llm.generate(SECOND, max_tokens=12, ignore_eos=True)
+        try:
+            got = llm.generate(THIRD, max_tokens=8, ignore_eos=True).token_ids
+        except Exception as error:  # noqa: BLE001 - a KeyError here is one of the failures looked for
+            return f"{where(line, nth)}: {error!r}"
+        return None if got == self.expected else f"{where(line, nth)}: {got} != {self.expected}"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run several times faster on one thread than on two contending with other processes."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def scenario(reference_models):
+    folder, _ = reference_models("laguna")
+    made = Scenario(folder)
+    assert len(SECOND) > ENGINE["kv_pool_tokens"] and residency_lines(made.counts)  # chunks leave the pool
+    return made
+
+
+def test_interrupt_at_any_cache_line_then_the_next_request_matches_a_fresh_engine(scenario):
+    r = random.Random(0)
+    lines = sorted(scenario.counts)
+    sample = r.sample(lines, min(len(lines), 60))  # seeded; about 0.4 s each
+    wrong = [w for line in sample if (w := scenario.check(line, r.randint(1, scenario.counts[line])))]
+    assert not wrong, f"of {len(sample)} lines tried (of {len(lines)}), wrong after: {wrong}"
+
+
+def test_interrupt_in_the_residency_update_then_the_next_request_matches_a_fresh_engine(scenario):
+    lines = residency_lines(scenario.counts)
+    wrong = [w for line in lines for nth in sorted({1, scenario.counts[line]}) if (w := scenario.check(line, nth))]
+    assert not wrong, f"wrong after: {wrong}"
+
+
+def test_a_step_cut_short_outside_the_caches_is_never_reused(scenario, monkeypatch):
+    """An interrupt in the model between two layers' writes: the cache is dirty, so the next
+    request prefills afresh instead of trusting rows some layers hold and others lack."""
+    llm = scenario.after_first_request()
+    real, calls = llm.decoder.post_attention, []
+
+    def cut(i, *args):
+        calls.append(i)
+        if len(calls) == 3 * 4 + 2:  # request 2's first decode round, after layers 0 and 1 wrote their rows
+            raise KeyboardInterrupt
+        return real(i, *args)
+
+    monkeypatch.setattr(llm.decoder, "post_attention", cut)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(SECOND, max_tokens=12, ignore_eos=True)
+    monkeypatch.undo()
+    third = llm.generate(THIRD, max_tokens=8, ignore_eos=True)
+    assert third.stats["cached_prompt_tokens"] == 0 and third.token_ids == scenario.expected
+
+
+# -- one paged pool on its own: an interrupted residency update leaves it consistent -----------------
+
+KV, D, HQ = 2, 8, 4
+F64 = dict(dtype=torch.float64, device=torch.device("cpu"))
+
+
+def small_pool(policy: str) -> PagedKV:
+    """Chunks of 8 rows, 12 of them on the device (`select`: sink, tail of 7 and 3 chosen), the rest on the host."""
+    settings = KVFlashSettings(policy, pool_tokens=96, max_context=512, max_step=16, decode_rows=16, chunk=8,
+                               tail_tokens=32, reselect_every=8, stream_chunks=3)
+    return PagedKV(settings, KV, D, **F64)
+
+
+def run_steps(cache: PagedKV, trace: LineTrace, steps: int = 20, rows: int = 12) -> None:
+    """Prefill steps (write, attend, commit) checked against the contiguous cache. A step cut short
+    by an interrupt is rolled back and run again, untraced, as a caller retrying it would."""
+    reference = ContiguousCache(KV, D, 512, **F64)
+    gen = torch.Generator().manual_seed(0)
+    for start in range(0, steps * rows, rows):
+        step = Step(torch.arange(start, start + rows), prefill=True)
+        k, v, q = (torch.randn(rows, n, D, generator=gen, dtype=torch.float64) for n in (KV, KV, HQ))
+        for hook in (trace, None):
+            try:
+                with traced(hook) if hook is not None else nullcontext():
+                    cache.write(step, k, v)
+                    out = attention_over_blocks(q, step.positions, cache.blocks(q, step), D**-0.5, None)
+                    cache.commit(start + rows)
+                break
+            except KeyboardInterrupt:
+                cache.rollback(start)
+        reference.write(step, k, v)
+        expected = attention_over_blocks(q, step.positions, reference.blocks(q, step), D**-0.5, None)
+        error = float((out - expected).abs().max())
+        assert error < 1e-12, f"attention of the step at {start} is off by {error:.1e}"
+
+
+@pytest.mark.parametrize("policy", KV_POLICIES)
+def test_interrupt_in_the_residency_update_leaves_the_pool_consistent(policy):
+    counting = LineTrace()
+    run_steps(small_pool(policy), counting)
+    lines = residency_lines(counting.counts)
+    assert len(lines) >= 6 and small_pool(policy).host is not None
+    wrong = []
+    for line in lines:
+        count = counting.counts[line]
+        for nth in sorted({1 + i * (count - 1) // 7 for i in range(8)}):  # 8 spread over its executions
+            try:
+                run_steps(small_pool(policy), LineTrace(line, nth))
+            except (AssertionError, KeyError, RuntimeError) as error:
+                wrong.append(f"{where(line, nth)}: {error!r}")
+    assert not wrong, f"{len(wrong)} interrupts broke the pool: {wrong[:5]}"
