@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 
+from lucebox.arguments import integer
 from lucebox.conversation import GrowingContext, encode_all, render
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
@@ -20,7 +21,7 @@ CHAT_FORMAT = "lucebox-chat"
 ROLES = ("system", "user", "assistant")
 PLAIN_STOP = ["\n\n\n"]
 # Per-turn settings a session keeps, with their defaults (`LLM.stream`'s keywords).
-DEFAULTS = {"max_tokens": 512, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+DEFAULTS = {"max_tokens": 256, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
             "repetition_penalty": 1.0, "seed": None, "stop": None}
 
 
@@ -37,6 +38,7 @@ class ChatSession:
         self.system = system
         self.messages: list[dict] = []
         self.last_stats: dict | None = None
+        self.last_prompt_ids: list[int] = []  # the token ids the last turn's answer continued
         self.context = GrowingContext(self.tokenizer)
 
     # -- what the conversation holds ----------------------------------------------------------------
@@ -55,9 +57,6 @@ class ChatSession:
 
     def set(self, **settings) -> None:
         """Change the defaults of the next turns (`max_tokens`, `temperature`, `top_p`, `stop`, ...)."""
-        unknown = sorted(set(settings) - set(DEFAULTS))
-        if unknown:
-            raise InvalidArgumentError(f"unknown chat setting {unknown[0]!r}; settings are {', '.join(DEFAULTS)}")
         merged = {**self.settings, **settings}
         _check(merged)
         self.settings = merged
@@ -95,6 +94,7 @@ class ChatSession:
             self.messages.pop()
             raise
         settings["max_tokens"] = min(settings["max_tokens"], room)
+        self.last_prompt_ids = prompt_ids
         return self._answer(prompt_text, prompt_ids, settings)
 
     def _answer(self, prompt_text: str, prompt_ids: list[int], settings: dict) -> Iterator[Chunk]:
@@ -124,11 +124,15 @@ class ChatSession:
         message = {"role": "assistant", "content": answer}
         if last is None:
             message["cut"] = True
+        past = self.history
         self.messages.append(message)
         self.last_stats = last.stats if last is not None else None
-        stopped_by_token = last is not None and last.finish_reason == "stop"
-        self.context.record(prompt_text, prompt_ids, generated, answer, stopped_by_token,
-                            self._render(add_generation_prompt=False))
+        if last is None or last.finish_reason == "length":
+            ended = "length"
+        else:  # a stop: EOS and stop ids are generated tokens; a stop string's text is cut from the answer
+            ended = "token" if generated and generated[-1] in self.llm.eos_token_ids else "string"
+        self.context.record(prompt_text, prompt_ids, generated, answer, ended, lambda content: render(
+            self.tokenizer, [*past, {"role": "assistant", "content": content}], add_generation_prompt=False))
 
     # -- saving and loading -------------------------------------------------------------------------
 
@@ -155,6 +159,7 @@ class ChatSession:
         except BaseException:
             self.system, self.messages, self.settings = old
             self.context.reset()
+            self.llm.drop_cache()  # an interrupted prefill may have left the cache half-written
             raise
         self.context.reset(ids, rendered)
 
@@ -181,19 +186,14 @@ def model_defaults(generation_config: dict) -> dict:
 
 def _check(settings: dict) -> None:
     """Settings valid for `LLM.stream`, or an InvalidArgumentError naming the bad one."""
-    max_tokens = settings["max_tokens"]
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise InvalidArgumentError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-    seed = settings["seed"]
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise InvalidArgumentError(f"seed must be an integer or None, got {seed!r}")
+    unknown = sorted(set(settings) - set(DEFAULTS))
+    if unknown:
+        raise InvalidArgumentError(f"unknown chat setting {unknown[0]!r}; settings are {', '.join(DEFAULTS)}")
+    SamplingParams(*(settings[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")))
+    integer("max_tokens", settings["max_tokens"], 1)
     stop = settings["stop"]
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
         raise InvalidArgumentError(f"stop must be a list of non-empty strings or None, got {stop!r}")
-    try:
-        SamplingParams(*(settings[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")))
-    except TypeError as e:
-        raise InvalidArgumentError(f"a sampling setting has the wrong type: {e}") from None
 
 
 def _read_conversation(path: str | Path) -> dict:

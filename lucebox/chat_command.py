@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from lucebox.errors import LuceboxError
 from lucebox.stats_line import stats_line
 
 HISTORY_FILE = Path.home() / ".local" / "state" / "lucebox" / "chat_history"
+DOUBLE_PRESS_SECONDS = 1.0
 
 
 def add_parser(sub) -> None:
@@ -28,7 +30,7 @@ def add_parser(sub) -> None:
                                    "the commands. With stdin not a terminal, each input line is one user turn.")
     add_engine_flags(p)
     p.add_argument("--system", default=None, help="system prompt")
-    p.add_argument("--max-tokens", type=int, default=None, help="most tokens per answer (default 512)")
+    p.add_argument("--max-tokens", type=int, default=None, help="most tokens per answer (default 256)")
     p.add_argument("--temp", type=float, default=None,
                    help="temperature; 0 is greedy (default: the model's generation_config.json, else 0)")
     p.add_argument("--top-k", type=int, default=None)
@@ -93,7 +95,8 @@ def _plain(session, commands: ChatCommands, out: Console) -> int:
 
 
 def _interactive(session, commands: ChatCommands, out: Console) -> int:
-    prompt = _prompt_session()
+    cut_at = [0.0]  # when Ctrl-C last cut an answer
+    prompt = _prompt_session(cut_at)
     llm = session.llm
     draft = "off" if llm.proposer is None else type(llm.proposer).__name__.removesuffix("Proposer")
     out.print(f"[bold]lucebox chat[/bold]  {escape(llm.description.folder.name)} on {llm.device.type} "
@@ -112,12 +115,14 @@ def _interactive(session, commands: ChatCommands, out: Console) -> int:
                 return 0
             continue
         try:
-            _answer(session, commands.message(text), out)
+            if _answer(session, commands.message(text), out):
+                cut_at[0] = time.monotonic()
         except LuceboxError as e:
             out.print(f"[red]error:[/red] {escape(str(e))}")
 
 
-def _answer(session, text: str, out: Console) -> None:
+def _answer(session, text: str, out: Console) -> bool:
+    """Streams one answer; True when Ctrl-C cut it."""
     cut = False
     with _interrupts() as asked:
         chunks = session.stream(text)
@@ -136,8 +141,9 @@ def _answer(session, text: str, out: Console) -> None:
     stats = session.last_stats
     if cut or stats is None:
         out.print("[yellow]\\[cut: the partial answer stays in the history][/yellow]")
-        return
+        return True
     out.print(f"[dim]{escape(stats_line(stats, chunk.finish_reason, session.llm, full=False))}[/dim]")
+    return False
 
 
 @contextmanager
@@ -158,7 +164,7 @@ def _interrupts():
         signal.signal(signal.SIGINT, previous)
 
 
-def _prompt_session():
+def _prompt_session(cut_at: list[float]):
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory, InMemoryHistory
     from prompt_toolkit.key_binding import KeyBindings
@@ -171,10 +177,11 @@ def _prompt_session():
 
     @keys.add("c-c")
     def _interrupt(event):
-        # Ctrl-C clears a line being typed; on an empty line it leaves, as Ctrl-D does.
+        # Ctrl-C clears a line being typed; on an empty line it leaves, as Ctrl-D does, unless it comes
+        # right after a Ctrl-C that cut an answer (a double press meant for the answer).
         if event.current_buffer.text:
             event.current_buffer.reset()
-        else:
+        elif time.monotonic() - cut_at[0] > DOUBLE_PRESS_SECONDS:
             event.app.exit(exception=KeyboardInterrupt())
 
     try:

@@ -3,7 +3,7 @@ value prints one line and the chat goes on."""
 
 from __future__ import annotations
 
-import codecs
+import re
 
 from rich.console import Console
 from rich.markup import escape
@@ -22,6 +22,7 @@ HELP = [
     ("/exit", "leave (also Ctrl-D, or Ctrl-C at an empty prompt)"),
     ("//text", "send text that starts with /"),
 ]
+ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\"}
 # /set names -> (session setting, parser); "none" clears seed and stop.
 SETTABLE = {
     "temp": ("temperature", float), "temperature": ("temperature", float), "top_p": ("top_p", float),
@@ -83,6 +84,15 @@ class ChatCommands:
 
     def _load(self, rest: str) -> None:
         path = self._file(rest, "/load")
+        try:
+            self._prefill_saved(path)
+        except KeyboardInterrupt:  # the session kept the conversation it had; its next turn prefills it again
+            self.out.print("load cancelled: the conversation is as it was")
+            return
+        self.out.print(f"loaded {len(self.session.messages)} messages ({self.session.context_tokens} tokens) "
+                       f"from {escape(path)}")
+
+    def _prefill_saved(self, path: str) -> None:
         if self.err.is_terminal:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -92,8 +102,6 @@ class ChatCommands:
                 self.session.load(path, lambda done, total: bar.update(task, completed=done, total=total))
         else:
             self.session.load(path)
-        self.out.print(f"loaded {len(self.session.messages)} messages ({self.session.context_tokens} tokens) "
-                       f"from {escape(path)}")
 
     def _set(self, rest: str) -> None:
         if not rest:
@@ -152,8 +160,8 @@ class ChatCommands:
 def _parse(key: str, value: str, kind):
     if value.lower() == "none" and key in ("seed", "stop"):
         return None
-    if kind is str:
-        return codecs.decode(value, "unicode_escape")  # so that /set stop=\n\n means two newlines
+    if kind is str:  # so that /set stop=\n\n means two newlines
+        return re.sub(r"\\([nrt\\])", lambda m: ESCAPES[m.group(1)], value)
     try:
         return kind(value)
     except ValueError:

@@ -16,6 +16,10 @@ text), so a completion model continues it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+_MARKER = "\x00lucebox-answer\x00"  # stands in for an answer to find where the template puts it
+
 
 def render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
     """The prompt text of `messages` ({"role", "content"} dicts)."""
@@ -52,17 +56,26 @@ class GrowingContext:
             return self.ids + self.tokenizer.encode_continuation(prompt_text[len(self.rendered):])
         return encode_all(self.tokenizer, prompt_text)
 
-    def record(self, prompt_text: str, prompt_ids: list[int], generated: list[int], answer: str,
-               stopped_by_token: bool, rendered: str) -> None:
-        """After an answer: `rendered` is the conversation with it (no generation prompt)."""
-        # The template's text after the answer closes the turn. What it puts around the answer that the
-        # prompt lacked (some add a space after "assistant:") is left out: the model's tokens stand.
-        after = rendered[len(prompt_text):].find(answer) if rendered.startswith(prompt_text) else -1
-        if after < 0:
-            self.reset()  # the template rewrote the turn: tokenize it all next time
+    def record(self, prompt_text: str, prompt_ids: list[int], generated: list[int], answer: str, ended: str,
+               render_with: Callable[[str], str]) -> None:
+        """After an answer. `ended`: "token" (EOS or a stop token, which is in `generated`), "string" (a
+        stop string: the generated tokens hold text the answer does not), or "length"/"cut".
+        `render_with(content)` renders the conversation with `content` as the answer."""
+        if ended == "string":
+            self.reset()  # the next prompt is tokenized whole; the engine still reuses the shared prefix
             return
-        closing = rendered[len(prompt_text) + after + len(answer):]
-        if generated and stopped_by_token:
+        # Where the template puts an answer, and what closes the turn, from a rendering with a marker
+        # in the answer's place. What it puts before the answer that the prompt lacked (some add a space
+        # after "assistant:") is left out: the model's own tokens stand.
+        marked, rendered = render_with(_MARKER), render_with(answer)
+        if not marked.startswith(prompt_text) or _MARKER not in marked:
+            self.reset()  # the template rewrote earlier turns: tokenize it all next time
+            return
+        before, closing = marked[len(prompt_text):].split(_MARKER, 1)
+        if rendered != prompt_text + before + answer + closing:
+            self.reset()  # the template changes the answer's text: tokenize it all next time
+            return
+        if generated and ended == "token":
             written = self.tokenizer.decode(generated[-1:], skip_special_tokens=False)
             if written and closing.startswith(written):
                 closing = closing[len(written):]  # the model wrote the template's end marker itself

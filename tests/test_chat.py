@@ -6,6 +6,7 @@ import json
 import pytest
 
 import lucebox
+from lucebox.conversation import encode_all, render
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 
 
@@ -16,7 +17,7 @@ def builtin():
 
 @pytest.fixture(scope="module")
 def builtin_drafted():
-    return lucebox.LLM(draft="auto")
+    return lucebox.LLM(draft="auto", adaptive=False)  # fixed width: it drafts every round, whatever the clock says
 
 
 def _plain_answer(llm, context_ids, max_tokens):
@@ -39,8 +40,7 @@ def test_each_turn_prefills_only_its_own_tokens_and_answers_as_plain_generation(
     if engine == "builtin_drafted":
         assert stats["rounds"] < stats["generated_tokens"]  # the drafter was used (and was right sometimes)
     # the answer is the target's own: plain decoding from scratch on the same context gives it
-    context = chat.context.ids[: stats["prompt_tokens"]]
-    assert _plain_answer(builtin, context, 40) == second.token_ids
+    assert _plain_answer(builtin, chat.last_prompt_ids, 40) == second.token_ids
     assert [m["role"] for m in chat.history] == ["user", "assistant", "user", "assistant"]
     assert chat.history[1]["content"] == first.text
 
@@ -54,7 +54,7 @@ def test_a_cut_answer_stays_in_the_history_and_the_next_turn_reuses_the_cache(bu
     held = chat.context_tokens
     g = chat.send("import os", max_tokens=8)
     assert g.stats["cached_prompt_tokens"] >= held - 1
-    assert _plain_answer(builtin, chat.context.ids[: g.stats["prompt_tokens"]], 8) == g.token_ids
+    assert _plain_answer(builtin, chat.last_prompt_ids, 8) == g.token_ids
 
 
 def test_save_then_load_round_trips_the_conversation_and_its_next_answer(builtin, tmp_path):
@@ -96,15 +96,19 @@ def test_a_chat_template_model_grows_its_context_by_the_template_s_new_text(text
 def test_bad_settings_and_files_are_typed_errors(builtin, tmp_path):
     chat = builtin.chat()
     for bad in ({"temperature": -1.0}, {"top_p": 2.0}, {"max_tokens": 0}, {"seed": "x"}, {"stop": "abc"},
-                {"warmth": 1}):
+                {"warmth": 1}, {"top_k": 1.5}, {"temperature": "hot"}):
         with pytest.raises(InvalidArgumentError):
             chat.set(**bad)
     (tmp_path / "x.json").write_text('{"hello": 1}')
-    for path in (tmp_path / "x.json", tmp_path / "missing.json"):
+    (tmp_path / "typo.json").write_text(json.dumps({"format": "lucebox-chat", "messages": [],
+                                                    "settings": {"max_token": 8}}))
+    for path in (tmp_path / "x.json", tmp_path / "missing.json", tmp_path / "typo.json"):
         with pytest.raises(InvalidArgumentError):
             chat.load(path)
     with pytest.raises(InvalidArgumentError):
         chat.send(["not", "text"])
+    with pytest.raises(InvalidArgumentError):
+        chat.send("x", temprature=0.5)
     assert chat.history == []
 
 
@@ -140,3 +144,18 @@ def test_plain_and_speculative_requests_interleave_on_one_engine(builtin, builti
     assert spec.token_ids == expected and plain.token_ids == again.token_ids == expected_longer
     assert set(plain.stats["width_histogram"]) == {0}  # no round verified a draft
     assert max(again.stats["width_histogram"]) > 0
+
+
+def test_after_a_stop_string_the_context_holds_no_text_the_history_lacks(builtin):
+    """The tokens that completed a stop string (and any text after it in the same token) are not
+    carried into the next turn: the conversation is tokenized again from its history."""
+    chat = builtin.chat(temperature=0.0, max_tokens=60)
+    free = chat.send("def scale(v, k):").text
+    stop = free[6:9]
+    chat.reset()
+    g = chat.send("def scale(v, k):", stop=[stop])
+    assert g.finish_reason == "stop" and g.text == free[: free.index(stop)]
+    assert chat.context.ids is None  # nothing held past the answer's text
+    chat.send("def norm(v):", max_tokens=8)
+    assert chat.last_prompt_ids == encode_all(  # tokenized whole from the history: no stop-string text
+        builtin.tokenizer, render(builtin.tokenizer, chat.history[:-1], add_generation_prompt=True))

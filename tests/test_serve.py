@@ -4,6 +4,7 @@ with the official `openai` client (and raw HTTP for the faults a client library 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -120,12 +121,19 @@ def test_faults_get_their_status_codes_and_the_server_goes_on(server):
         (json.dumps({"prompt": "x", "model": "gpt-4"}).encode(), KEY, 404, "model"),
         (json.dumps({"prompt": "x" * 70000}).encode(), KEY, 413, None),
         (json.dumps({"prompt": "def f():\n" * 2000}).encode(), KEY, 400, "prompt"),  # past the 4096-token context
+        (b'{"prompt": "x", "seed": 1' + b"0" * 5000 + b"}", KEY, 400, None),  # an integer json refuses to read
+        (b'{"prompt": "x", "temperature": 1' + b"0" * 400 + b"}", KEY, 422, "temperature"),
+        (b"[" * 30000 + b"]" * 30000, KEY, 400, None),  # nesting json cannot follow
         (body, "sk-wrong", 401, None),
     ]
     for data, key, status, param in cases:
         code, reply, _ = server.post("/v1/completions", data, key=key)
         assert code == status, (data[:60], reply)
         assert set(reply["error"]) == {"message", "type", "param", "code"} and reply["error"]["param"] == param
+        if status == 404:
+            assert reply["error"]["code"] == "model_not_found"
+        if b"def f()" in data:
+            assert reply["error"]["code"] == "context_length_exceeded" and "4096 tokens" in reply["error"]["message"]
     code, reply, _ = server.post("/v1/completions", body)
     assert code == 200 and reply["usage"]["completion_tokens"] == 2
     with pytest.raises(openai.AuthenticationError):
@@ -153,13 +161,19 @@ def test_eight_clients_at_once_each_get_their_answer_alone_and_a_client_that_lea
         t.start()
     next(iter(leaver))
     leaver.close()  # a client that leaves mid-stream: its request stops at the next token
+    quiet = socket.create_connection(("127.0.0.1", server.port))  # and one that leaves a request without streaming
+    body = json.dumps({"prompt": "for i in range(10):\n", "max_tokens": 2000, "temperature": 0}).encode()
+    quiet.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    time.sleep(0.5)
+    quiet.close()
     for t in threads:
         t.join(timeout=120)
     assert not errors and results == alone
     deadline = time.time() + 10
-    while server.metric("requests_cancelled_total") == cancelled and time.time() < deadline:
+    while server.metric("requests_cancelled_total") < cancelled + 2 and time.time() < deadline:
         time.sleep(0.1)
-    assert server.metric("requests_cancelled_total") == cancelled + 1
+    assert server.metric("requests_cancelled_total") == cancelled + 2
     assert server.metric("queue_depth") == 0 and server.metric("generated_tokens_total") > 8 * 24
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from lucebox.chat import PLAIN_STOP, model_defaults
@@ -34,6 +34,7 @@ class ServerSettings:
     api_key: str | None = None
     max_queue: int = 32
     max_body_bytes: int = 4 * 2**20
+    shutdown_timeout: float = 10.0
 
 
 def build_app(llm, settings: ServerSettings) -> Starlette:
@@ -46,19 +47,28 @@ def build_app(llm, settings: ServerSettings) -> Starlette:
         try:
             yield
         finally:
-            await run_in_threadpool(state.worker.stop)
+            await run_in_threadpool(state.worker.stop, settings.shutdown_timeout)
 
     routes = [Route("/health", state.health), Route("/metrics", state.metrics_text),
               Route("/v1/models", state.models), Route("/v1/chat/completions", state.chat, methods=["POST"]),
               Route("/v1/completions", state.completions, methods=["POST"])]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={404: _not_found, 405: _not_allowed, api.APIError: _api_error})
+                    exception_handlers={404: _not_found, 405: _not_allowed, api.APIError: _api_error,
+                                        ClientLeft: _client_left, Exception: _internal})
     app.state.lucebox = state
     return app
 
 
 async def _api_error(request: Request, e: api.APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def _client_left(request: Request, e) -> Response:
+    return Response(status_code=499)  # nobody reads it: the client closed the connection
+
+
+async def _internal(request: Request, e: Exception) -> JSONResponse:
+    return await _api_error(request, api.APIError(500, f"the engine failed: {type(e).__name__}: {e}"))
 
 
 async def _not_found(request: Request, e) -> JSONResponse:
@@ -78,7 +88,7 @@ class _State:
     # -- plain endpoints -------------------------------------------------------------------------------
 
     async def health(self, request: Request) -> JSONResponse:
-        status = "stopping" if self.worker.stopping else "ok"
+        status = "stopping" if self.worker.stopping else "ok" if self.worker.alive else "engine thread died"
         return JSONResponse({"status": status, "queue_depth": self.worker.depth}, status_code=200 if
                             status == "ok" else 503)
 
@@ -144,8 +154,8 @@ class _State:
             job.cancelled.set()
             raise
         if req.stream:
-            return StreamingResponse(self._events(req, job, rid, first), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _JobStream(job, self._events(req, job, rid, first), media_type="text/event-stream",
+                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await self._whole(req, job, rid, first, request)
 
     def _prompt_ids(self, req: api.GenerationRequest) -> list[int]:
@@ -166,18 +176,23 @@ class _State:
             return await self._wait(job, request)
         except LuceboxError as e:
             raise api.APIError(400, str(e)) from None
+        except (api.APIError, ClientLeft):
+            raise
+        except Exception as e:
+            raise api.APIError(500, f"the engine failed: {type(e).__name__}: {e}") from None
 
     async def _wait(self, job: Job, request: Request):
         """The job's next event, watching the client: one that left cancels the job (ClientLeft)."""
         getter = asyncio.ensure_future(job.next())
         while True:
-            done, _ = await asyncio.wait({getter}, timeout=POLL_SECONDS)
-            if done:
-                return getter.result()
+            # checked before every event, not only when none comes: a fast model always has one ready
             if await request.is_disconnected():
                 job.cancelled.set()
                 getter.cancel()
                 raise ClientLeft
+            done, _ = await asyncio.wait({getter}, timeout=POLL_SECONDS)
+            if done:
+                return getter.result()
 
     async def _whole(self, req, job: Job, rid: str, first, request: Request) -> JSONResponse:
         texts, chunk = [], first
@@ -186,8 +201,8 @@ class _State:
             last = chunk
             try:
                 chunk = await self._wait(job, request)
-            except ClientLeft:
-                return JSONResponse({}, status_code=499)  # nobody reads it: the client closed the connection
+            except LuceboxError as e:
+                raise api.APIError(500, str(e)) from None
         text = "".join(texts)
         if req.kind == "completion" and req.echo and isinstance(req.prompt, str):
             text = req.prompt + text
@@ -211,8 +226,8 @@ class _State:
             if req.include_usage:
                 yield _sse(api.usage_chunk(req, rid, model, last.stats))
             yield b"data: [DONE]\n\n"
-        except LuceboxError as e:  # mid-stream: the status line is gone, so the error is an event
-            yield _sse(api.APIError(500, str(e)).body())
+        except Exception as e:  # mid-stream: the status line is gone, so the error is an event
+            yield _sse(api.APIError(500, f"the engine failed: {type(e).__name__}: {e}").body())
             yield b"data: [DONE]\n\n"
         finally:
             job.cancelled.set()  # a client that left (this generator closed) cancels at the next token
@@ -241,9 +256,24 @@ class _State:
                 raise api.APIError(413, f"the request body is over {limit} bytes, the most this server takes")
         try:
             return json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, a huge integer, deep nesting
             raise api.APIError(400, f"the request body is not valid JSON: {e}") from None
 
 
 def _sse(event: dict) -> bytes:
     return b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n"
+
+
+class _JobStream(StreamingResponse):
+    """A streamed answer whose job is cancelled however the response ends, even when the client left
+    before its first event (starlette then never starts the body's generator)."""
+
+    def __init__(self, job: Job, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancelled.set()

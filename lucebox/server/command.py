@@ -33,6 +33,7 @@ def command(args: argparse.Namespace) -> int:
     import uvicorn
 
     from lucebox.server.app import ServerSettings, build_app
+    from lucebox.server.graceful import GracefulServer
 
     for flag, value, low in (("--port", args.port, 0), ("--max-queue", args.max_queue, 1),
                              ("--max-body-bytes", args.max_body_bytes, 1024)):
@@ -43,17 +44,20 @@ def command(args: argparse.Namespace) -> int:
               "machine can use the model", file=sys.stderr)
     llm = open_engine(args)
     name = args.served_model_name or llm.description.folder.name
-    app = build_app(llm, ServerSettings(name, args.api_key, args.max_queue, args.max_body_bytes))
+    app = build_app(llm, ServerSettings(name, args.api_key, args.max_queue, args.max_body_bytes,
+                                        args.shutdown_timeout))
     print(f"lucebox serve: '{name}' at http://{args.host}:{args.port}/v1 (OpenAI API); Ctrl-C stops",
           file=sys.stderr, flush=True)
     # uvicorn turns Ctrl-C and SIGTERM into a graceful shutdown, then raises the signal again for the
     # handler it found; with these no-op handlers that re-raise ends nothing and the exit status is 0.
     quiet = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                            timeout_graceful_shutdown=args.shutdown_timeout)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                    timeout_graceful_shutdown=args.shutdown_timeout)
+        GracefulServer(config, app.state.lucebox).run()
     finally:
         for sig, handler in quiet.items():
             signal.signal(sig, handler)
     print("lucebox serve: stopped", file=sys.stderr)
     return 0
+

@@ -16,16 +16,16 @@ SEED_RANGE = (-(2**63), 2**63 - 1)
 class APIError(Exception):
     """An error the client gets as OpenAI's error JSON with this HTTP status."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str | None = None,
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  headers: dict | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.headers = status, message, param, headers or {}
-        self.kind = kind or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                             413: "invalid_request_error", 422: "invalid_request_error",
-                             429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers or {}
+        self.kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                     413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+                     503: "service_unavailable"}.get(status, "server_error")
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 def invalid(param: str, message: str) -> APIError:
@@ -55,7 +55,7 @@ def _number(body: dict, name: str, low: float, high: float, integer: bool = Fals
     kind_ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not kind_ok:
         raise invalid(name, f"must be {'an integer' if integer else 'a number'}, got {type(value).__name__}")
-    if not (math.isfinite(value) and low <= value <= high):
+    if not ((isinstance(value, int) or math.isfinite(value)) and low <= value <= high):  # ints of any size
         raise invalid(name, f"must be in [{low}, {high}], got {value}")
     return value
 
@@ -103,8 +103,8 @@ def _messages(value) -> list[dict]:
 
 def _unsupported(body: dict) -> None:
     """Fields that would change the output in ways lucebox does not implement are refused, not ignored."""
-    n = body.get("n", 1)
-    if n != 1 or isinstance(n, bool):
+    n = body.get("n")
+    if n not in (None, 1) or isinstance(n, bool):
         raise invalid("n", "only n=1 is supported (one engine, one stream)")
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name) not in (None, 0, 0.0):
@@ -134,7 +134,7 @@ def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
         if "prompt" not in body:
             raise APIError(400, "prompt is required", "prompt")
         request.prompt = _prompt(body["prompt"], vocab_size)
-        echo = body.get("echo", False)
+        echo = body.get("echo") or False
         if not isinstance(echo, bool):
             raise invalid("echo", "must be true or false")
         request.echo = echo
@@ -145,7 +145,7 @@ def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
             break
     if request.max_tokens is None and kind == "completion":
         request.max_tokens = 16  # OpenAI's default for completions
-    stream = body.get("stream", False)
+    stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise invalid("stream", "must be true or false")
     request.stream = stream

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -26,8 +27,10 @@ class ServerProcess:
         self.port, self.api_key = free_port(), api_key
         self.url = f"http://127.0.0.1:{self.port}"
         key = ["--api-key", api_key] if api_key else []
+        # its output goes to a file, not a pipe nobody drains (a full pipe would stall the server)
+        self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "lucebox.cli", "serve", "--port", str(self.port),
-                                      *key, *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                      *key, *flags], stdout=self.log, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + startup_timeout
         while True:
             try:
@@ -35,12 +38,17 @@ class ServerProcess:
                 return
             except OSError:
                 if self.proc.poll() is not None:
-                    output = self.proc.stdout.read()
+                    output = self.output()
                     raise RuntimeError(f"lucebox serve exited with {self.proc.returncode}: {output}") from None
                 if time.time() > deadline:
                     self.proc.kill()
                     raise TimeoutError(f"lucebox serve did not answer /health within {startup_timeout} s") from None
                 time.sleep(0.2)
+
+    def output(self) -> str:
+        """What the server has printed so far."""
+        self.log.seek(0)
+        return self.log.read()
 
     def post(self, path: str, body: bytes, key: str | None = None, headers: dict | None = None):
         """(status, decoded JSON, headers) of a POST with raw bytes as the body."""

@@ -5,11 +5,14 @@ server answers /health and /metrics during a long generation."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
 from contextlib import closing
 from dataclasses import dataclass, field
+
+import torch
 
 from lucebox.server.openai_api import APIError
 
@@ -29,7 +32,10 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
 
     def send(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the event loop has closed (the server stopped): nobody is listening
+            self.cancelled.set()
 
     async def next(self):
         """The next chunk, or None at the end; an error the worker met is raised here."""
@@ -68,24 +74,32 @@ class EngineWorker:
         self._thread.start()
 
     @property
+    def waiting(self) -> int:
+        """Requests in the queue whose clients still wait for them."""
+        return sum(1 for job in list(self.jobs.queue) if job is not None and not job.cancelled.is_set())
+
+    @property
     def depth(self) -> int:
         """Requests waiting or running."""
-        return self.jobs.qsize() + (self.running is not None)
+        return self.waiting + (self.running is not None)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def submit(self, job: Job) -> None:
         with self._lock:
             if self.stopping:
                 raise APIError(503, "the server is shutting down")
-            if self.jobs.qsize() >= self.max_queue:
+            if self.waiting >= self.max_queue:
                 per_job = self.metrics.busy_seconds / max(self.metrics.requests, 1)
                 wait = max(1, round(per_job * self.depth))
                 raise APIError(429, f"{self.depth} requests are ahead (the queue holds {self.max_queue}); "
                                     f"retry in about {wait} s", headers={"Retry-After": str(wait)})
             self.jobs.put(job)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Refuse new requests, cancel the waiting ones and the running one (at its next token), and
-        wait for the worker to finish."""
+    def begin_stop(self) -> None:
+        """Refuse new requests and answer the waiting ones 503; the running one may finish."""
         with self._lock:
             self.stopping = True
             while True:
@@ -95,16 +109,28 @@ class EngineWorker:
                     break
                 if job is not None:
                     job.send(APIError(503, "the server is shutting down"))
+                    job.send(_END)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """`begin_stop`, cancel the running request at its next token, and wait for the worker."""
+        self.begin_stop()
+        with self._lock:
             if self.running is not None:
                 self.running.cancelled.set()
             self.jobs.put(None)
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        if self.llm.device.type == "cuda":
+            torch.cuda.set_device(self.llm.device)  # per thread: Triton launches and CUDA graphs follow it
         while True:
             job = self.jobs.get()
             if job is None:
                 return
+            if self.stopping:
+                job.send(APIError(503, "the server is shutting down"))
+                job.send(_END)
+                continue
             if job.cancelled.is_set():
                 job.send(_END)
                 continue
@@ -114,11 +140,13 @@ class EngineWorker:
                 self._generate(job)
             except Exception as e:  # reaches the client as an error response; the worker goes on
                 self.metrics.failed += 1
+                self.llm.drop_cache()  # raised inside a forward, it may have left the cache half-written
                 job.send(e)
             finally:
                 self.metrics.busy_seconds += time.perf_counter() - started
                 self.metrics.requests += 1
-                self.metrics.memory = self.llm.memory()
+                with contextlib.suppress(Exception):  # a figure for /metrics never stops the worker
+                    self.metrics.memory = self.llm.memory()
                 self.running = None
                 job.send(_END)
 
