@@ -40,6 +40,22 @@ ARCHITECTURES = sorted(BUILDERS)
 
 
 @pytest.fixture
+def model_copy(reference_models, tmp_path):
+    """name -> a private copy of that reference model's folder, for a test to damage."""
+    def copy(name: str):
+        dest = tmp_path / name
+        shutil.copytree(reference_models(name)[0], dest)
+        return dest
+
+    return copy
+
+
+@pytest.fixture
+def llama_copy(model_copy):
+    return model_copy("llama")
+
+
+@pytest.fixture
 def poisoned(monkeypatch):
     """Every torch.empty / empty_like during the test returns NaN (floats) or a huge value
     (integers), so an output element a kernel fails to write shows up."""

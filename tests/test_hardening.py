@@ -41,19 +41,8 @@ from lucebox.safetensors_file import read_header
 
 
 @pytest.fixture
-def llama_copy(reference_models, tmp_path):
-    folder, _ = reference_models("llama")
-    dest = tmp_path / "model"
-    shutil.copytree(folder, dest)
-    return dest
-
-
-@pytest.fixture
-def sharded_copy(reference_models, tmp_path):
-    folder, _ = reference_models("qwen3_moe")
-    dest = tmp_path / "sharded"
-    shutil.copytree(folder, dest)
-    return dest
+def sharded_copy(model_copy):
+    return model_copy("qwen3_moe")
 
 
 def edit_json(path, change):

@@ -23,14 +23,6 @@ from lucebox.errors import (
 )
 
 
-@pytest.fixture
-def llama_copy(reference_models, tmp_path):
-    folder, _ = reference_models("llama")
-    dest = tmp_path / "model"
-    shutil.copytree(folder, dest)
-    return dest
-
-
 def rewrite_weights(folder, change):
     tensors = load_file(folder / "model.safetensors")
     change(tensors)
