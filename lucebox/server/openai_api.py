@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
-import math
 import secrets
 import time
 from dataclasses import dataclass, field
+
+from lucebox import arguments
+from lucebox.errors import InvalidArgumentError
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOPS = 4  # as OpenAI's API
@@ -48,16 +50,17 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
 
 
-def _number(body: dict, name: str, low: float, high: float, integer: bool = False):
+def _number(body: dict, name: str, low: float, high: float, integer: bool = False, low_open: bool = False):
+    """The field checked by the engine's own argument checks; their error as a 422 naming the field."""
     value = body.get(name)
     if value is None:
         return None
-    kind_ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not kind_ok:
-        raise invalid(name, f"must be {'an integer' if integer else 'a number'}, got {type(value).__name__}")
-    if not ((isinstance(value, int) or math.isfinite(value)) and low <= value <= high):  # ints of any size
-        raise invalid(name, f"must be in [{low}, {high}], got {value}")
-    return value
+    try:
+        if integer:
+            return arguments.integer(name, value, low, high)
+        return arguments.number(name, value, low, high, low_open=low_open)
+    except InvalidArgumentError as e:
+        raise APIError(422, str(e), name) from None
 
 
 def _stops(value) -> list[str]:
@@ -154,16 +157,14 @@ def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
         if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
             raise invalid("stream_options", "must be an object like {\"include_usage\": true}")
         request.include_usage = options.get("include_usage", False)
-    limits = {"temperature": (0, 2, False), "top_p": (0, 1, False), "top_k": (-1, 2**31, True),
-              "min_p": (0, 1, False), "repetition_penalty": (0, 10, False), "seed": (*SEED_RANGE, True)}
-    for name, (low, high, integer) in limits.items():
-        value = _number(body, name, low, high, integer)
+    # (low, high, integer, low bound excluded)
+    limits = {"temperature": (0, 2, False, False), "top_p": (0, 1, False, True), "top_k": (-1, 2**31, True, False),
+              "min_p": (0, 1, False, False), "repetition_penalty": (0, 10, False, True),
+              "seed": (*SEED_RANGE, True, False)}
+    for name, (low, high, integer, low_open) in limits.items():
+        value = _number(body, name, low, high, integer, low_open)
         if value is not None:
             request.sampling[name] = value
-    if request.sampling.get("top_p") == 0:
-        raise invalid("top_p", "must be above 0")
-    if request.sampling.get("repetition_penalty") == 0:
-        raise invalid("repetition_penalty", "must be above 0")
     if request.sampling.get("top_k") == -1:
         request.sampling["top_k"] = 0  # vLLM's "off"
     if "seed" in request.sampling:
