@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from lucebox.kernels.quant import Weight, linear
 
-from lucebox.config import MoESpec
+from lucebox.config import DECODE_ROWS, MoESpec
 
 
 def route(
@@ -52,7 +52,7 @@ def moe_experts(
     shared_down: Weight | None = None,  # (H, Is)
 ) -> torch.Tensor:  # (T, H)
     """scaling * (sum over the k chosen experts of weight * expert(x)) + shared_expert(x)."""
-    out = _routed(x, gate_up, down, weights, ids)
+    out = _routed_experts(x, gate_up, down, weights, ids)
     if scaling != 1.0:
         out = out * scaling
     if shared_gate_up is not None:
@@ -60,7 +60,8 @@ def moe_experts(
     return out
 
 
-def _routed(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def _expert_loop(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
+                 ids: torch.Tensor) -> torch.Tensor:
     out = torch.zeros_like(x)
     flat_ids = ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
@@ -76,3 +77,41 @@ def _routed(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tenso
         y = swiglu(x[tok], gate_up[expert], down[expert])
         out.index_add_(0, tok, (y * weights.reshape(-1)[rows, None]).to(out.dtype))
     return out
+
+
+def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
+                    ids: torch.Tensor) -> torch.Tensor:
+    """The weighted sum of the chosen experts' outputs, (T, H). Decode and verify steps (at most
+    `DECODE_ROWS` rows) read no device value: on a GPU each read would wait for the queued work,
+    and a few small batched ops cost less than a loop of ~10 ops per expert. A step that chooses
+    at least one (row, expert) pair per expert touches most experts anyway and runs every expert
+    densely; a sparser one gathers its chosen experts' weights. Prefill chunks loop over the
+    experts they use: there each expert's GEMM has many rows."""
+    small = ids.shape[0] <= DECODE_ROWS and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)
+    if not small:
+        return _expert_loop(x, gate_up, down, weights, ids)
+    if ids.numel() >= gate_up.shape[0]:
+        return _all_experts(x, gate_up, down, weights, ids)
+    return _gathered_experts(x, gate_up, down, weights, ids)
+
+
+def _all_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+                 ids: torch.Tensor) -> torch.Tensor:
+    """Every expert on every row, weighted by a (T, E) matrix that is zero but at the chosen experts."""
+    dense = torch.zeros(x.shape[0], gate_up.shape[0], dtype=weights.dtype, device=x.device)
+    dense.scatter_(1, ids, weights)
+    gate, up = torch.matmul(x, gate_up.transpose(1, 2)).chunk(2, dim=-1)  # (E, T, I) each
+    y = torch.matmul(F.silu(gate) * up, down.transpose(1, 2))  # (E, T, H)
+    wide = torch.promote_types(y.dtype, weights.dtype)  # weigh as the loop does: in the wider dtype
+    return torch.einsum("te,eth->th", dense.to(wide), y.to(wide)).to(x.dtype)
+
+
+def _gathered_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+                      ids: torch.Tensor) -> torch.Tensor:
+    """Each (row, choice) pair against a copy of its expert's weights, as batched matrix-vector products."""
+    T, k = ids.shape
+    chosen = ids.reshape(-1)
+    rows = x.repeat_interleave(k, dim=0)[:, :, None]  # (T*k, H, 1)
+    gate, up = (gate_up.index_select(0, chosen) @ rows).chunk(2, dim=1)  # (T*k, I, 1) each
+    y = (down.index_select(0, chosen) @ (F.silu(gate) * up))[..., 0]  # (T*k, H)
+    return (y * weights.reshape(-1, 1)).view(T, k, -1).sum(1).to(x.dtype)  # weighed in the wider dtype

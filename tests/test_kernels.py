@@ -3,6 +3,8 @@ Laguna XS.2 shapes scaled down), poisoned outputs; on the CPU through Triton's i
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 from kernel_cases import DEVICE, DTYPES, assert_close, no_host_sync, random
@@ -116,6 +118,26 @@ def test_attention_matches_the_reference(poisoned, dtype, case, splits):
     assert torch.allclose(lse.double(), want_lse, atol=1e-3 if dtype != torch.float32 else 1e-5)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_split_k_merge_kernel_is_the_log_sum_exp_merge(poisoned, dtype):
+    """Splits that saw keys, splits that saw none (lse -inf, their out left as garbage), and rows
+    no split saw (zeros and -inf)."""
+    splits, T, Hq, D = 4, 3, 4, 24
+    out = random(splits, T, Hq, D, seed=5)
+    lse = random(splits, T, Hq, seed=6)
+    lse[1, 0] = float("-inf")
+    out[1, 0] = float("nan")
+    lse[:, 2, 1] = float("-inf")
+    merged, total = attention_triton.merge_splits(out, lse, dtype)
+    want, want_total = attention.merge_stacked(out.nan_to_num(0.0).double(), lse.double())
+    assert merged.dtype == dtype
+    assert (merged[2, 1] == 0).all() and torch.isneginf(total[2, 1])
+    merged[2, 1], want[2, 1] = 1.0, 1.0  # assert_close wants finite, nonzero rows
+    assert_close(merged, want, dtype)
+    finite = torch.isfinite(want_total)
+    assert torch.allclose(total[finite].double(), want_total[finite], atol=1e-5)
+
+
 def test_attention_partials_merge_with_host_streamed_blocks(poisoned):
     """Split-K partials and separately computed blocks (host chunks) merge into attention over all keys."""
     T, Hq, KV, D = 2, 8, 2, 16
@@ -196,6 +218,26 @@ def test_shared_expert_and_routed_scaling_ride_in_the_same_launches(poisoned, dt
                            _dense(shared_gate_up), _dense(shared_down))
     got = moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5, shared_gate_up, shared_down)
     assert_close(got, want, dtype)
+
+
+@pytest.mark.parametrize("M", [1, 3, 4, 9, 16, 17])
+def test_moe_reference_decode_steps_read_no_device_value_and_equal_the_expert_loop(M):
+    """Steps of at most 16 rows run without a host read: every expert densely once the step
+    chooses a pair per expert, else the chosen experts' gathered weights; each row's result is the
+    expert loop's (what prefill chunks run), and does not depend on the other rows of its step."""
+    H, E, F, K = 48, 8, 24, 2
+    gate_up, down = _experts(E, F, H, torch.float64)
+    weights, ids = _routing(M, E, K, seed=M)
+    x = random(M, H, dtype=torch.float64, seed=M)
+    loop = moe._expert_loop(x, gate_up, down, weights, ids)
+    for path in (moe._all_experts, moe._gathered_experts):
+        torch.testing.assert_close(path(x, gate_up, down, weights, ids), loop, rtol=1e-12, atol=1e-12)
+    with no_host_sync() if M <= 16 else nullcontext():
+        got = moe.moe_experts(x, gate_up, down, weights, ids)
+    one_by_one = torch.cat([moe.moe_experts(x[i : i + 1], gate_up, down, weights[i : i + 1], ids[i : i + 1])
+                            for i in range(M)])
+    torch.testing.assert_close(got, one_by_one, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, loop, rtol=1e-12, atol=1e-12)
 
 
 def test_moe_block_table_needs_no_host_sync():
