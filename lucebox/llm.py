@@ -12,6 +12,7 @@ import torch
 from lucebox.arguments import callback, choice, flag, integer, path, stops, token_id_list
 from lucebox.caches import KV_POLICIES, CacheSettings, SequenceCache, Step
 from lucebox.checkpoint import weight_files
+from lucebox.config import DECODE_ROWS, KV_CHUNK
 from lucebox.device import resolve_device, resolve_dtype
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
@@ -31,7 +32,7 @@ from lucebox.tokenizer import IncrementalDecoder, require_tokenizer
 Prompt = str | Sequence[int]
 # Drafters are built for the widest round a verify step holds; `draft_k` caps each round, and can
 # change between requests.
-DRAFT_WIDTH = 15
+DRAFT_WIDTH = DECODE_ROWS - 1
 
 
 class LLM:
@@ -145,11 +146,11 @@ class LLM:
         reselect_every = integer("kv_reselect_every", reselect_every, 1)
         kv_pool_tokens = integer("kv_pool_tokens", kv_pool_tokens, 1, optional=True)
         kv_policy = choice("kv_policy", kv_policy, KV_POLICIES, optional=True)
-        rounded = -(-max_context // 64) * 64
-        minimum = (-(-prefill // 64) + 2) * 64
+        rounded = -(-max_context // KV_CHUNK) * KV_CHUNK
+        minimum = (-(-prefill // KV_CHUNK) + 2) * KV_CHUNK
         pool = kv_pool_tokens if kv_pool_tokens is not None else max(min(8192, rounded), minimum)
         policy = kv_policy or ("exact" if rounded <= pool else "select")
-        settings = CacheSettings(max_context, max(prefill, 16), policy, pool, reselect_every)
+        settings = CacheSettings(max_context, max(prefill, DECODE_ROWS), policy, pool, reselect_every)
         settings.kvflash().validate()
         return settings
 
@@ -160,7 +161,7 @@ class LLM:
 
     @draft_k.setter
     def draft_k(self, k: int) -> None:
-        self._draft_k = integer("draft_k", k, 1, DRAFT_WIDTH)  # a verify step holds at most 16 rows
+        self._draft_k = integer("draft_k", k, 1, DRAFT_WIDTH)
 
     @property
     def tokenizer(self):
@@ -286,8 +287,8 @@ class LLM:
         text = IncrementalDecoder(self._tokenizer, prompt_ids) if self._tokenizer is not None else None
         stops = StopStrings(stop_strings)
         spec = {"rounds": 0, "committed": 0, "draft_time_s": 0.0, "verify_time_s": 0.0,
-                "drafted": [0] * 16, "accepted": [0] * 16, "widths": [0] * 16, "kept": [0] * 16,
-                "confidence": [0.0] * 16, "confident": [0] * 16}
+                **{key: [0] * DECODE_ROWS for key in ("drafted", "accepted", "widths", "kept", "confident")},
+                "confidence": [0.0] * DECODE_ROWS}
 
         start = self._clock()
         *_, hidden = self._prefill(prompt_ids, cache, proposer)
@@ -319,26 +320,30 @@ class LLM:
             draft, draft_seconds = Draft([]), 0.0
             limit = min(max_tokens - len(generated) - 1, cache.rows_before_reselect(c) - 1,
                         self.cache_settings.max_step - 1, self.cache_settings.decode_rows - 1, self.draft_k)
+            # Rounds are timed on a synchronized clock only where the adaptive width judges them:
+            # on a GPU a synchronize per token would stop the host from queueing ahead.
+            timed = proposer is not None and width.speculating and width.timed and self.adaptive
             if proposer is not None and limit > 0 and width.speculating:
-                t0 = self._clock()
+                t0 = self._clock(timed)
                 draft = proposer.propose(tokens + [last], min(limit, proposer.max_width), params, draft_gen)
                 available = len(draft.tokens)
                 k = width.choose(draft.confidence, available, limit) if self.adaptive else min(available, limit)
                 draft = Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k])
-                draft_seconds = self._clock() - t0
-            t1 = self._clock()
+                draft_seconds = self._clock(timed) - t0
+            t1 = self._clock(timed)
             rows = [last, *draft.tokens]
-            step = Step(torch.arange(c, c + len(rows), device=self.device))
+            step = Step.span(c, len(rows), self.device)
             hidden, features = self.decoder.forward_capturing(torch.tensor(rows, device=self.device), step, cache,
                                                               proposer.feature_layers if proposer else ())
             verdict = decide(self.decoder.logits(hidden), draft, params, seen, self.verify_rule, verify_gen)
             n = verdict.accepted
             cache.commit(c + n + 1)
-            cache.rollback(c + n + 1)  # rejected drafts' rows leave every cache
+            if n < len(draft.tokens):
+                cache.rollback(c + n + 1)  # rejected drafts' rows leave every cache
             tokens.extend(rows[: n + 1])
             if proposer is not None:
                 proposer.commit(tokens, n + 1, None if features is None else features[: n + 1])
-            verify_seconds = self._clock() - t1
+            verify_seconds = self._clock(timed) - t1
             self._record_round(spec, width, draft, n, draft_seconds, verify_seconds)
             pending, last = [*draft.tokens[:n], verdict.next_token], verdict.next_token
         # Tokens after a stop inside a round were committed to the cache: forget them too.
@@ -355,8 +360,9 @@ class LLM:
 
     def _width_policy(self, timed: bool) -> WidthPolicy:
         if self._verify_seconds is None:  # fixed width: never judged, never turned off
-            return WidthPolicy(15, {1: 1.0, 16: 1.0}, min_rounds=2**62, speculating=self.proposer is not None)
-        return WidthPolicy(15, self._verify_seconds, timed=timed)
+            return WidthPolicy(DRAFT_WIDTH, {1: 1.0, DECODE_ROWS: 1.0}, min_rounds=2**62,
+                               speculating=self.proposer is not None)
+        return WidthPolicy(DRAFT_WIDTH, self._verify_seconds, timed=timed)
 
     @staticmethod
     def _record_round(spec: dict, width: WidthPolicy, draft: Draft, n: int, draft_s: float, verify_s: float) -> None:
@@ -399,7 +405,7 @@ class LLM:
         layers = proposer.feature_layers if proposer is not None else ()
         for begin in range(cache.length, len(ids), self.prefill_chunk):
             end = min(begin + self.prefill_chunk, len(ids))
-            step = Step(torch.arange(begin, end, device=self.device), prefill=True)
+            step = Step.span(begin, end - begin, self.device, prefill=True)
             hidden, features = self.decoder.forward_capturing(all_ids[begin:end], step, cache, layers)
             cache.commit(end)
             if proposer is not None:
@@ -445,9 +451,10 @@ class LLM:
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _clock(self) -> float:
-        """Wall time after the device has finished what was queued, so timings are honest on CUDA."""
-        if self.device.type == "cuda":
+    def _clock(self, synchronize: bool = True) -> float:
+        """Wall time after the device has finished what was queued, so timings are honest on CUDA
+        (unsynchronized: only the host's time, for figures nothing decides on)."""
+        if synchronize and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from lucebox.caches import CacheSettings
-from lucebox.config import ModelConfig
+from lucebox.config import KV_CHUNK, ModelConfig
 from lucebox.errors import ContextLengthError, InsufficientMemoryError
 from lucebox.kernels.quant import quantized_bytes
 from lucebox.models.layout import quantizable, weight_shapes
@@ -112,8 +112,9 @@ def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, de
         budgets = [(host - fixed, per_token_summary + per_token_host)]
     if all(spare >= per_token * settings.max_context for spare, per_token in budgets):
         return need
-    largest = min(int(max(spare, 0) // per_token) for spare, per_token in budgets if per_token > 0) // 64 * 64
-    if largest < 64:
+    largest = min(int(max(spare, 0) // per_token) for spare, per_token in budgets if per_token > 0)
+    largest = largest // KV_CHUNK * KV_CHUNK
+    if largest < KV_CHUNK:
         raise ContextLengthError(
             f"weights and caches ({_gib(fixed)}) leave no room for offloaded KV on this machine; "
             "lower kv_pool_tokens or prefill_chunk, or use a smaller dtype or quantization='int4'"
@@ -130,7 +131,7 @@ def _caches_do_not_fit(fixed: int, free: float, drafter: DrafterCost, device: to
     if drafter.per_ctx_token:
         rings = drafter.per_ctx_token * drafter.draft_ctx
         largest = int((free - (fixed - rings)) // drafter.per_ctx_token)
-        largest = largest // 64 * 64 if largest >= 64 else largest
+        largest = largest // KV_CHUNK * KV_CHUNK if largest >= KV_CHUNK else largest
         if largest >= 1:
             return (f"draft_ctx={drafter.draft_ctx}: the drafter's context rings need {_gib(rings)} on top of "
                     f"{_gib(fixed - rings)} of weights and caches, more than the {_gib(free)} free on {device}; "

@@ -205,12 +205,15 @@ class DFlashDrafter:
             _, k, v = self._split_qkv(layer, src)
             ring.write(step, self.kernels.rotate((k,), step.positions, inv_freq, scaling)[0], v)
 
-    def draft(self, block_embeddings: torch.Tensor, positions: torch.Tensor, rings: list[SlidingRing]) -> torch.Tensor:
-        """Hidden states (B, H) of the block after the final norm."""
+    def draft(self, block_embeddings: torch.Tensor, step: Step, rings: list[SlidingRing]) -> torch.Tensor:
+        """Hidden states (B, H) of the block at `step`'s positions, after the final norm."""
         cfg, kern = self.cfg, self.kernels
         x = block_embeddings.to(self.dtype)
         inv_freq, scaling = self.rope.frequencies(cfg.rope)
-        B = x.shape[0]
+        B, positions = x.shape[0], step.positions
+        # Inside a non-causal block every row sees every row: present the block keys as if all
+        # queries sat at the block's last position.
+        block_end = torch.full_like(positions, step.end - 1)
         for layer, ring in enumerate(rings):
             p = f"layers.{layer}."
             h = self._norm(x, p + "attn_norm")
@@ -218,10 +221,8 @@ class DFlashDrafter:
             q, k = kern.rotate((q, k), positions, inv_freq, scaling)
             window = cfg.windows[layer]
             causal = cfg.causal or window is not None
-            # Inside a non-causal block every row sees every row: present the block keys as if
-            # all queries sat at the block's last position.
-            block_q_positions = positions if causal else torch.full_like(positions, int(positions[-1]))
-            ring_block = next(iter(ring.blocks(q, Step(positions))))
+            block_q_positions = positions if causal else block_end
+            ring_block = next(iter(ring.blocks(q, step)))
             out = merge_partials([
                 kern.attention_partial(q, ring_block.k, ring_block.v, positions, ring_block.positions, self.scale,
                                        window),

@@ -27,8 +27,7 @@ from collections.abc import Callable
 import torch
 
 from lucebox.caches import SequenceCache, Step
-
-MAX_WIDTH = 16  # a verify block: the last token and up to 15 drafts
+from lucebox.config import DECODE_ROWS
 
 
 class _Segment:
@@ -126,7 +125,7 @@ class DecodeGraphs:
         self.widths: dict[int, WidthGraphs] = {}
 
     def serves(self, token_ids: torch.Tensor, step: Step) -> bool:
-        return not step.prefill and 1 <= token_ids.shape[0] <= MAX_WIDTH
+        return not step.prefill and 1 <= token_ids.shape[0] <= DECODE_ROWS
 
     def forward(self, token_ids: torch.Tensor, step: Step, cache: SequenceCache, layers: tuple[int, ...]):
         width = token_ids.shape[0]

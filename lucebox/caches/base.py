@@ -17,14 +17,24 @@ import torch
 @dataclass(frozen=True)
 class Step:
     """What one forward is: its rows' absolute positions and whether it is a prompt prefill
-    (always exact attention) or a decode/verify step (attention follows the cache's policy)."""
+    (always exact attention) or a decode/verify step (attention follows the cache's policy).
+
+    `start` is the first position as a host integer, kept beside the device tensor so the caches'
+    bookkeeping never reads a device value (on a GPU each read waits for the queued work). The
+    engine builds steps with `Step.span`; a step built from positions alone reads its start once."""
 
     positions: torch.Tensor  # (T,) int64, consecutive
     prefill: bool = False
+    start: int = None  # type: ignore[assignment] - filled from `positions` when not given
 
-    @property
-    def start(self) -> int:
-        return int(self.positions[0])
+    def __post_init__(self):
+        if self.start is None:
+            object.__setattr__(self, "start", int(self.positions[0]))
+
+    @classmethod
+    def span(cls, start: int, count: int, device: torch.device, prefill: bool = False) -> Step:
+        """The step of `count` rows at positions start, start + 1, ..."""
+        return cls(torch.arange(start, start + count, device=device), prefill, start)
 
     @property
     def end(self) -> int:
@@ -74,8 +84,21 @@ class LayerCache(ABC):
     def commit(self, length: int) -> None:  # noqa: B027 - most caches need no notice of commits
         """Positions < length are final: no rollback will go below it."""
 
+    def can_rewind_to(self, position: int) -> bool:
+        """Whether every row a query at `position` or later needs is still held (caches that never
+        overwrite rows always can)."""
+        return True
+
+    def rows_before_reselect(self, position: int) -> int | None:
+        """How many rows a step starting at `position` may hold (None: no limit of this cache's)."""
+        return None
+
     @abstractmethod
     def device_bytes(self) -> int: ...
 
     def host_bytes(self) -> int:
         return 0
+
+    def memory(self) -> dict[str, int]:
+        """Bytes by kind (the keys of `SequenceCache.memory`), summed over the layers there."""
+        return {"kv_pool_device": self.device_bytes(), "kv_host": self.host_bytes()}

@@ -26,6 +26,7 @@ import torch
 from lucebox.caches.base import KVBlock, LayerCache, Step
 from lucebox.caches.chunk_selection import ChunkSummaries, top_chunks
 from lucebox.caches.host_chunks import HostChunks
+from lucebox.config import DECODE_ROWS, KV_CHUNK
 from lucebox.errors import InvalidArgumentError
 
 KV_POLICIES = ("exact", "select")
@@ -37,8 +38,8 @@ class KVFlashSettings:
     pool_tokens: int
     max_context: int
     max_step: int  # most rows one forward writes (prefill chunk or verify width)
-    decode_rows: int = 16  # most rows of one decode/verify step
-    chunk: int = 64
+    decode_rows: int = DECODE_ROWS
+    chunk: int = KV_CHUNK
     tail_tokens: int = 256
     reselect_every: int = 64
     stream_chunks: int = 64
@@ -86,10 +87,17 @@ class PagedKV(LayerCache):
         # (KV, pool_chunks * C, D): slot s holds rows [s*C, (s+1)*C) of every head.
         self.pk = torch.zeros((kv_heads, settings.pool_chunks * C, head_dim), dtype=dtype, device=device)
         self.pv = torch.zeros_like(self.pk)
+        # The position of the row each pool row holds, -1 for none: kept up to date by writes, loads
+        # and rollbacks, so a step hands it to attention as it is instead of rebuilding it. It is
+        # derived from residency (below); a residency update cut short leaves `_moving` above 0,
+        # and the next step rebuilds it from residency.
+        self.row_positions = torch.full((settings.pool_chunks * C,), -1, dtype=torch.int64, device=device)
+        self._moving = 0  # residency updates begun and not finished
+        self._pinned: torch.Tensor | None = None  # `select`'s pinned-row mask, rebuilt on change
         # Residency has one source of truth, changed one dict operation at a time, so an interrupt
         # can never leave two views of it that disagree.
         self.chunk_slot: dict[int, int] = {}  # resident chunk -> the slot holding its rows
-        self._pool_view: tuple[torch.Tensor, int] | None = None  # `_slot_chunks()`, rebuilt on change
+        self._pool_view: int | None = None  # `_used_slots()`, rebuilt on change
         max_chunks = -(-settings.max_context // C)
         self.host = HostChunks(C, kv_heads, head_dim, max_chunks, dtype, device) if settings.offload else None
         self.length = 0  # rows written (drafts included)
@@ -98,7 +106,7 @@ class PagedKV(LayerCache):
         self.summaries = ChunkSummaries(kv_heads, head_dim, dtype, device) if self.select else None
         self.selected: list[int] = []
         self._reselect_due = True  # nothing chosen yet
-        self._last_q: tuple[torch.Tensor, torch.Tensor] | None = None  # queries of the last step
+        self._last_q: tuple[torch.Tensor, int] | None = None  # queries of the last step, its first position
         self._loads_done: torch.cuda.Event | None = None
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
@@ -141,17 +149,24 @@ class PagedKV(LayerCache):
             return slot
         slot_chunk = self.slot_chunk
         slot = self._victim(slot_chunk, keep)
-        self._pool_view = None  # dropped before residency changes, so no stale copy outlives an interrupt
+        self._moving += 1
+        self._pool_view = self._pinned = None  # dropped before residency changes: no stale copy outlives an interrupt
         if slot_chunk[slot] >= 0:
             del self.chunk_slot[slot_chunk[slot]]
-        if self.host is not None and chunk * self.s.chunk < self.length:
+        rows = self._rows(slot)
+        self.row_positions[rows] = -1  # the evicted chunk's rows are gone; the new chunk's are not there yet
+        first, C = chunk * self.s.chunk, self.s.chunk
+        if self.host is not None and first < self.length:
             with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 k, v = self.host.fetch(chunk, chunk + 1)
-                self.pk[:, self._rows(slot)].copy_(k, non_blocking=True)
-                self.pv[:, self._rows(slot)].copy_(v, non_blocking=True)
+                self.pk[:, rows].copy_(k, non_blocking=True)
+                self.pv[:, rows].copy_(v, non_blocking=True)
             if stream is not None:
                 self._loads_done = stream.record_event()  # what attention waits for (`_wait_for_loads`)
+            held = min(self.length - first, C)  # the rows of the chunk written so far
+            self.row_positions[rows.start : rows.start + held] = torch.arange(first, first + held, device=self.device)
         self.chunk_slot[chunk] = slot
+        self._moving -= 1
         return slot
 
     # -- LayerCache -----------------------------------------------------------------------------
@@ -171,6 +186,7 @@ class PagedKV(LayerCache):
             rows = slice(slot * C + lo - chunk * C, slot * C + hi - chunk * C)
             self.pk[:, rows] = k[lo - start : hi - start].transpose(0, 1)
             self.pv[:, rows] = v[lo - start : hi - start].transpose(0, 1)
+            self.row_positions[rows] = step.positions[lo - start : hi - start]
         if self.host is not None:
             self.host.write(start, k, v)
         self.length = end  # last: rows past `length` are invisible, so a write cut short shows nothing
@@ -179,24 +195,19 @@ class PagedKV(LayerCache):
         self._wait_for_loads()
         # Recorded now, not when the blocks are consumed, and copied: q may be a CUDA graph's static
         # output, which the next replay overwrites.
-        self._last_q = (q.clone(), step.positions.clone()) if self.select else None
+        self._last_q = (q.clone(), step.start) if self.select else None
         return self._blocks(step)
 
     def _blocks(self, step: Step) -> Iterator[KVBlock]:
         # Free slots are handed out lowest first, so the slots past the highest one in use hold
         # nothing: attention reads the pool up to there (a short context reads a short pool).
-        slots, used = self._slot_chunks()
+        if self._moving:
+            self._rebuild_row_positions()
+        used = self._used_slots()
         rows = used * self.s.chunk
-        pool_k, pool_v = self.pk[:, :rows], self.pv[:, :rows]
-        slots = slots[:used]
-        positions = slots[:, None] * self.s.chunk + torch.arange(self.s.chunk, device=self.device)[None, :]
-        valid = (slots[:, None] >= 0) & (positions < self.length)
-        positions = torch.where(valid, positions, -1).flatten()
+        pool_k, pool_v, positions = self.pk[:, :rows], self.pv[:, :rows], self.row_positions[:rows]
         if self.select and not step.prefill:
-            pinned = torch.zeros(used, dtype=torch.bool, device=self.device)
-            chosen = [self.chunk_slot[c] for c in [0, *self.selected] if c in self.chunk_slot]
-            pinned[chosen] = True
-            yield KVBlock(pool_k, pool_v, positions, pinned.repeat_interleave(self.s.chunk), self.s.tail_tokens)
+            yield KVBlock(pool_k, pool_v, positions, self._pinned_rows()[:rows], self.s.tail_tokens)
             return
         yield KVBlock(pool_k, pool_v, positions)
         # A decode step's scores are one row per head, so it can take much longer runs than a prefill.
@@ -242,10 +253,10 @@ class PagedKV(LayerCache):
         return self.host.fetch(chunk, chunk + 1)[0]
 
     def _reselect(self, length: int) -> None:
-        rows = [] if self._last_q is None else (self._last_q[1] == length - 1).nonzero()
-        if len(rows) == 0:
+        q, start = self._last_q if self._last_q is not None else (None, length)
+        row = length - 1 - start  # the last committed token's row in the last step (host integers only)
+        if q is None or not 0 <= row < q.shape[0]:
             return  # no query of the last committed token seen yet; choose at the next commit
-        q, row = self._last_q[0], int(rows[0, 0])
         C, every = self.s.chunk, self.s.reselect_every
         # Chunks that fall out of the tail before the next reselect; younger ones the tail covers.
         candidates = [c for c in range(1, length // C) if c * C < length + every - self.s.tail_tokens]
@@ -254,6 +265,7 @@ class PagedKV(LayerCache):
         stream = self._copy_stream
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))  # loads overwrite slots queued work may read
+        self._pinned = None
         self.selected = selected
         for chunk in selected:
             self._make_resident(chunk, keep, stream)
@@ -275,28 +287,47 @@ class PagedKV(LayerCache):
     def _rows(self, slot: int) -> slice:
         return slice(slot * self.s.chunk, (slot + 1) * self.s.chunk)
 
-    def _slot_chunks(self) -> tuple[torch.Tensor, int]:
-        """(slot -> chunk on the device, 1 + the highest slot holding a chunk), kept until residency changes."""
+    def _rebuild_row_positions(self) -> None:
+        """`row_positions` from residency and length alone, after a residency update was cut short."""
+        slots = torch.tensor(self.slot_chunk, dtype=torch.int64, device=self.device)
+        positions = slots[:, None] * self.s.chunk + torch.arange(self.s.chunk, device=self.device)[None, :]
+        valid = (slots[:, None] >= 0) & (positions < self.length)
+        self.row_positions = torch.where(valid, positions, -1).flatten()
+        self._moving = 0
+
+    def _used_slots(self) -> int:
+        """1 + the highest slot holding a chunk, kept until residency changes."""
         if self._pool_view is None:
-            slot_chunk = self.slot_chunk
-            used = 1 + max((s for s, c in enumerate(slot_chunk) if c >= 0), default=-1)
-            self._pool_view = (torch.tensor(slot_chunk, dtype=torch.int64, device=self.device), used)  # one assignment
+            self._pool_view = 1 + max(self.chunk_slot.values(), default=-1)
         return self._pool_view
 
+    def _pinned_rows(self) -> torch.Tensor:
+        """(pool rows,) bool: the rows of the sink and the selected chunks, kept until residency or
+        the selection changes."""
+        if self._pinned is None:
+            pinned = torch.zeros(self.s.pool_chunks, dtype=torch.bool, device=self.device)
+            chosen = [self.chunk_slot[c] for c in [0, *self.selected] if c in self.chunk_slot]
+            pinned[chosen] = True
+            self._pinned = pinned.repeat_interleave(self.s.chunk)  # one assignment
+        return self._pinned
+
     def rollback(self, to_position: int) -> None:
+        # Every time, not only below `length`: a write cut short may have placed rows past it.
+        self.row_positions.masked_fill_(self.row_positions >= to_position, -1)
         self.length = min(self.length, to_position)
         if to_position < self.committed:  # a rewind of committed tokens (prefix reuse): choose again later
             # `committed` moves last, so an interrupted rewind is done again by the next rollback.
             self._reselect_due = True
+            self._pinned = None
             self.selected = []
             if self.summaries is not None:
                 self.summaries.truncate(to_position // self.s.chunk)
             self.committed = to_position
 
-    def rows_before_reselect(self, position: int) -> int:
+    def rows_before_reselect(self, position: int) -> int | None:
         """How many rows a step starting at `position` may hold without spanning a reselect."""
         if not self.select:
-            return self.s.max_step
+            return None
         return self.s.reselect_every - position % self.s.reselect_every
 
     def device_bytes(self) -> int:
@@ -310,5 +341,9 @@ class PagedKV(LayerCache):
 
     def host_bytes(self) -> int:
         return 0 if self.host is None else self.host.nbytes()
+
+    def memory(self) -> dict[str, int]:
+        return {"kv_pool_device": self.pool_bytes(), "kv_chunk_summaries": self.summary_bytes(),
+                "kv_host": self.host_bytes()}
 
 

@@ -56,3 +56,6 @@ class SlidingRing(LayerCache):
 
     def device_bytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size() + self.positions.numel() * 8
+
+    def memory(self) -> dict[str, int]:
+        return {"ring_caches": self.device_bytes()}

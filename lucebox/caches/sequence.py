@@ -10,7 +10,7 @@ from lucebox.caches.base import LayerCache
 from lucebox.caches.contiguous import ContiguousCache
 from lucebox.caches.paged import KVFlashSettings, PagedKV
 from lucebox.caches.ring import SlidingRing
-from lucebox.config import ModelConfig
+from lucebox.config import DECODE_ROWS, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class CacheSettings:
     kv_policy: str
     kv_pool_tokens: int
     kv_reselect_every: int = 64
-    decode_rows: int = 16
+    decode_rows: int = DECODE_ROWS
     reference: bool = False  # contiguous caches for every layer: the plain reference, for tests
     full_attention_window: int | None = None  # draft models: full layers keep only a ring this long
 
@@ -79,17 +79,17 @@ class SequenceCache:
         a dirty cache: whatever a cut-short step left half written, a fresh cache is exact."""
         if self.dirty:
             return False
-        return all(layer.can_rewind_to(position) for layer in self.layers if isinstance(layer, SlidingRing))
+        return all(layer.can_rewind_to(position) for layer in self.layers)
 
     def rows_before_reselect(self, position: int) -> int:
-        limits = [layer.rows_before_reselect(position) for layer in self.layers if isinstance(layer, PagedKV)]
-        return min(limits, default=self.settings.max_step)
+        limits = [layer.rows_before_reselect(position) for layer in self.layers]
+        return min((limit for limit in limits if limit is not None), default=self.settings.max_step)
 
     def memory(self) -> dict[str, int]:
-        paged = [x for x in self.layers if isinstance(x, PagedKV)]
-        return {
-            "ring_caches": sum(x.device_bytes() for x in self.layers if isinstance(x, SlidingRing)),
-            "kv_pool_device": sum(x.pool_bytes() for x in paged),
-            "kv_chunk_summaries": sum(x.summary_bytes() for x in paged),
-            "kv_host": sum(x.host_bytes() for x in self.layers),
-        }
+        """Bytes of every layer's caches by kind: rings, the paged pool (or contiguous caches) and
+        its chunk summaries on the device, KVFlash chunks on the host."""
+        total = dict.fromkeys(("ring_caches", "kv_pool_device", "kv_chunk_summaries", "kv_host"), 0)
+        for layer in self.layers:
+            for kind, size in layer.memory().items():
+                total[kind] += size
+        return total

@@ -11,7 +11,7 @@ from lucebox.caches import SlidingRing, Step
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashConfig, DFlashDrafter
 from lucebox.sampling import SamplingParams, distribution, draw
-from lucebox.speculative.proposer import Draft, Proposer, confidence, tensor_bytes
+from lucebox.speculative.proposer import Draft, Proposer, confidence, greedy_draft, tensor_bytes
 
 
 def ring_step(cfg: DFlashConfig, prefill_chunk: int) -> int:
@@ -50,8 +50,7 @@ class DFlashProposer(Proposer):
 
     def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:
         start = len(committed) - new
-        positions = torch.arange(start, len(committed), device=self.drafter.device)
-        self.drafter.context_rows(features, Step(positions), self.rings)
+        self.drafter.context_rows(features, Step.span(start, new, self.drafter.device), self.rings)
         self.length = len(committed)
 
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
@@ -64,10 +63,10 @@ class DFlashProposer(Proposer):
         block = torch.full((cfg.block_size,), cfg.mask_token_id, device=device)
         block[0] = context[-1]
         embeddings = F.embedding(block, self.target.w["embed"]) * cfg.embedding_scale
-        hidden = self.drafter.draft(embeddings, torch.arange(start, start + cfg.block_size, device=device), self.rings)
+        hidden = self.drafter.draft(embeddings, Step.span(start, cfg.block_size, device), self.rings)
         logits = self.drafter.logits(self.target, hidden[1 : k + 1])
         if params.greedy:
-            return Draft(logits.argmax(-1).tolist(), None, confidence(logits, None))
+            return greedy_draft(logits)
         plain = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p)
         nothing = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
         q = torch.stack([distribution(row, plain, nothing) for row in logits]).double()

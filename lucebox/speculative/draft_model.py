@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from lucebox.caches import CacheSettings, SequenceCache, Step
+from lucebox.config import DECODE_ROWS, KV_CHUNK
 from lucebox.models.decoder import Decoder
 from lucebox.sampling import SamplingParams, distribution, draw
 from lucebox.speculative.proposer import Draft, Proposer, confidence, tensor_bytes
@@ -17,8 +18,9 @@ from lucebox.speculative.proposer import Draft, Proposer, confidence, tensor_byt
 def draft_cache_settings(max_context: int, prefill_chunk: int, draft_ctx: int, max_width: int) -> CacheSettings:
     """A draft model's caches: a ring per layer (full layers keep `draft_ctx` tokens), written a
     prefill chunk or one draft round at a time."""
+    pool = KV_CHUNK * (-(-max(prefill_chunk, DECODE_ROWS) // KV_CHUNK) + 2)
     return CacheSettings(max_context=max_context, max_step=max(prefill_chunk, max_width + 1), kv_policy="exact",
-                         kv_pool_tokens=64 * (-(-max(prefill_chunk, 16) // 64) + 2), full_attention_window=draft_ctx)
+                         kv_pool_tokens=pool, full_attention_window=draft_ctx)
 
 
 class DraftModelProposer(Proposer):
@@ -53,8 +55,8 @@ class DraftModelProposer(Proposer):
         ids = torch.tensor(context, device=self.decoder.device)
         for begin in range(shared, len(context), self.prefill_chunk):
             end = min(begin + self.prefill_chunk, len(context))
-            hidden = self.decoder.forward(ids[begin:end], Step(torch.arange(begin, end, device=ids.device),
-                                                               prefill=True), self.cache)
+            hidden = self.decoder.forward(ids[begin:end], Step.span(begin, end - begin, ids.device,
+                                                                    prefill=True), self.cache)
             self.cache.commit(end)
         self.cached = list(context)
         return self.decoder.logits(hidden[-1:])[0]
@@ -76,7 +78,7 @@ class DraftModelProposer(Proposer):
             if i + 1 < k:  # the last draft's own logits are never needed
                 position = len(self.cached)
                 hidden = self.decoder.forward(torch.tensor([token], device=logits.device),
-                                              Step(torch.tensor([position], device=logits.device)), self.cache)
+                                              Step.span(position, 1, logits.device), self.cache)
                 self.cache.commit(position + 1)
                 self.cached.append(token)
                 logits = self.decoder.logits(hidden)[0]

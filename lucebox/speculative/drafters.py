@@ -129,14 +129,14 @@ def measure_verify_seconds(llm, widths=(1, 2, 4, 8, 16)) -> dict[int, float]:
     cache = llm._new_cache()
     # Distinct tokens, so MoE rows spread over experts as real ones do (identical rows share two).
     ids = torch.arange(max(widths) + 8, dtype=torch.long, device=llm.device) * 7919 % llm.config.vocab_size
-    llm.decoder.forward(ids[:8], Step(torch.arange(8, device=llm.device), prefill=True), cache)
+    llm.decoder.forward(ids[:8], Step.span(0, 8, llm.device, prefill=True), cache)
     cache.commit(8)
     seconds = {}
     for w in widths:
         best = float("inf")
         for _ in range(2):
             start = llm._clock()
-            llm.decoder.forward(ids[:w], Step(torch.arange(8, 8 + w, device=llm.device)), cache)
+            llm.decoder.forward(ids[:w], Step.span(8, w, llm.device), cache)
             best = min(best, llm._clock() - start)
             cache.rollback(8)
         seconds[w] = best

@@ -58,9 +58,22 @@ def tensor_bytes(tensors) -> int:
     return sum(t.nbytes() if isinstance(t, QuantizedTensor) else t.numel() * t.element_size() for t in tensors)
 
 
+def top_probabilities(logits: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
+    """The drafter's belief in each of its drafts, on the device, (k,): see `confidence`."""
+    probs = torch.softmax(logits.float(), dim=-1) if q is None else q
+    return probs.max(dim=-1).values.reshape(-1)
+
+
+def greedy_draft(logits: torch.Tensor) -> Draft:
+    """The argmax drafts of logits (k, V) and their confidences, read from the device at once."""
+    tokens = logits.argmax(-1)
+    both = torch.cat([tokens.double(), top_probabilities(logits, None).double()]).tolist()  # ids < 2^53: exact
+    k = tokens.shape[0]
+    return Draft([int(t) for t in both[:k]], None, both[k:])
+
+
 def confidence(logits: torch.Tensor, q: torch.Tensor | None) -> list[float]:
     """The drafter's belief in each of its drafts, for the width policy: the top-1 mass of the
     distribution a sampled draft was drawn from (`q`, (k, V)), or for greedy drafts (q None: the
     sampling distribution is one-hot there) of the drafter's own softmax over its logits (k, V)."""
-    probs = torch.softmax(logits.float(), dim=-1) if q is None else q
-    return probs.max(dim=-1).values.reshape(-1).tolist()
+    return top_probabilities(logits, q).tolist()
