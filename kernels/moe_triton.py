@@ -32,7 +32,7 @@ import triton.language as tl
 from lucebox.kernels.quant import Weight
 from lucebox.kernels.quant_triton import dot_precision, expert_strides, load_weight_tile, weight_args
 
-DECODE_ROWS = 16  # at most this many rows take the dedup layout (a verify block of 1 + 15 drafts)
+from lucebox.config import DECODE_ROWS
 
 
 @triton.jit
