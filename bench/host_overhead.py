@@ -1,0 +1,230 @@
+"""Host work per decoded token and per speculative round, measured on the CPU: what would keep a
+GPU waiting.
+
+The model is Laguna XS.2's layer pattern (40 layers, 1 full : 3 sliding, 256 experts top-8,
+window 512) at a tiny width with random weights, on the graphed path (Triton kernels, decode and
+verify forwards split into graph segments). Device work is made free so only host work remains:
+- every Triton launch is stubbed (counted, not run);
+- a graph segment's replay returns the outputs its first run left (counted, not run);
+- fresh tensors are zero-filled, so stubbed kernels leave finite numbers behind.
+
+Counted per decoded token (plain greedy decoding) and per speculative round (the n-gram drafter,
+whose drafts here are always accepted): graph replays, Triton launches, ATen kernels run eagerly
+outside graph segments, host reads of device values (`item`, `tolist`, `int()`, ... on a tensor:
+each one a sync on a GPU), synchronizing clock reads, and host CPU time (a separate, uncounted
+pass: the counters slow the host down).
+
+    python bench/host_overhead.py                       # writes bench/results/local/
+    python bench/host_overhead.py --out bench/results   # replaces the committed result
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"  # the Triton backend on the CPU; its launches are stubbed below
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from bench.common import write_result  # noqa: E402
+
+READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__")
+NEW_TENSORS = ("empty", "empty_like", "empty_strided")
+
+
+def tiny_laguna_xs2(folder: Path) -> Path:
+    """Laguna XS.2's config.json with every width shrunk, its layer pattern and expert count kept."""
+    cfg = json.loads((ROOT / "examples" / "laguna-xs2" / "config.json").read_text())
+    layers = cfg["num_hidden_layers"]
+    cfg.update(vocab_size=512, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+               num_attention_heads_per_layer=[4] * layers, num_key_value_heads=2, head_dim=16,
+               moe_intermediate_size=16, shared_expert_intermediate_size=16, max_position_embeddings=16384,
+               torch_dtype="float32")
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+class Counters:
+    """The instruments, switched on only while `counting` is true."""
+
+    def __init__(self):
+        self.counting = False
+        self.silent = False  # inside a graph segment or a stand-in: ops are not host work we measure
+        self.c: Counter[str] = Counter()
+
+    def add(self, what: str, n: int = 1) -> None:
+        if self.counting:
+            self.c[what] += n
+
+
+class EagerOps(TorchDispatchMode):
+    """Counts ATen ops dispatched outside graph segments: kernels (each a launch on a GPU) and
+    views (host work only)."""
+
+    def __init__(self, counters: Counters):
+        super().__init__()
+        self.counters = counters
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.counters.silent:
+            self.counters.add("eager_views" if func.is_view else "eager_kernels")
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def patched(owner, name: str, make):
+    original = getattr(owner, name)
+    setattr(owner, name, make(original))
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def instruments(counters: Counters, llm) -> ExitStack:
+    """Stub the device work, count the host's."""
+    from lucebox.models import graphs
+
+    stack = ExitStack()
+
+    def launch(original):
+        def run(self, *args, **kwargs):
+            counters.add("triton_launches")
+        return run
+
+    launcher = type(triton.jit(lambda: None))  # JITFunction, or the interpreter's stand-in for it
+    stack.enter_context(patched(launcher, "run", launch))
+
+    def segment(original):
+        def run(self):
+            if self.out:  # a replay: on a GPU the captured work runs on the device, not here
+                counters.add("graph_replays")
+                return self.out
+            counters.silent = True
+            try:
+                return original(self)
+            finally:
+                counters.silent = False
+        return run
+
+    stack.enter_context(patched(graphs._Segment, "run", segment))
+
+    for name in READS:
+        def read(original, name=name):
+            def f(self, *args, **kwargs):
+                counters.add("host_reads")
+                counters.add(f"host_reads.{name}")
+                return original(self, *args, **kwargs)
+            return f
+        stack.enter_context(patched(torch.Tensor, name, read))
+
+    for name in NEW_TENSORS:
+        def zeroed(original):
+            def f(*args, **kwargs):
+                tensor = original(*args, **kwargs)
+                quiet, counters.silent = counters.silent, True  # the stand-in's own work: not counted
+                try:
+                    return tensor.zero_()
+                finally:
+                    counters.silent = quiet
+            return f
+        stack.enter_context(patched(torch, name, zeroed))
+
+    def clock(original):
+        def f(self, *args, **kwargs):
+            if not args or args[0]:  # `_clock()` / `_clock(True)` synchronizes on a GPU
+                counters.add("synchronizing_clock_reads")
+            return original(self, *args, **kwargs)
+        return f
+
+    stack.enter_context(patched(type(llm), "_clock", clock))
+    return stack
+
+
+def measure(llm, prompt: list[int], tokens: int, counters: Counters) -> dict:
+    """Counts and host CPU time per decode round: a request decoding `tokens` tokens after
+    `prompt` (cached) minus one that stops at its first token (the prompt's last row and the
+    request's start), over the rounds between them."""
+    def run(max_tokens: int) -> tuple[dict, float]:
+        cpu = time.process_time()
+        stats = llm.generate(prompt, max_tokens=max_tokens, ignore_eos=True, temperature=0.0).stats
+        return stats, time.process_time() - cpu
+
+    run(tokens + 1)  # every width's segments run once (their "capture") before anything is counted
+    counted, rounds = [], []
+    for max_tokens in (1, tokens + 1):
+        counters.c.clear()
+        counters.counting = True
+        with torch.inference_mode(), EagerOps(counters):
+            stats, _ = run(max_tokens)
+        counters.counting = False
+        counted.append(Counter(counters.c))
+        rounds.append(stats["rounds"] if max_tokens > 1 else 0)
+    n = rounds[1] - rounds[0]
+    counts = {k: (counted[1][k] - counted[0][k]) / n for k in sorted(counted[1] | counted[0])}
+    times = [min(run(m)[1] for _ in range(3)) for m in (1, tokens + 1)]  # uncounted: the counters cost time
+    return {
+        "rounds": n,
+        "tokens_per_round": tokens / n,
+        "per_round": counts,
+        "host_cpu_ms_per_round": 1e3 * (times[1] - times[0]) / n,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--context", type=int, default=4096, help="prompt tokens before decoding")
+    p.add_argument("--tokens", type=int, default=64,
+                   help="tokens decoded per measurement (64: one KVFlash re-selection among them)")
+    p.add_argument("--out", default=None, help="directory for the JSON (default bench/results/local)")
+    args = p.parse_args()
+
+    from lucebox.models.graphs import DecodeGraphs
+
+    import lucebox
+
+    torch.set_num_threads(1)
+    counters = Counters()
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = tiny_laguna_xs2(Path(tmp))
+        common = dict(load_format="dummy", device="cpu", dtype="float32", backend="triton", max_context=8192,
+                      kv_policy="select", kv_pool_tokens=1024, prefill_chunk=512)
+        engines = {"plain decoding, per token": lucebox.LLM(folder, **common),
+                   "speculative (n-gram), per round": lucebox.LLM(folder, draft="ngram", adaptive=False, draft_k=7,
+                                                                   **common)}
+        # Stubbed kernels leave zeros: the model predicts token 0 forever, so a prompt of zeros
+        # gives the n-gram drafter full-width rounds that are always accepted.
+        prompt = [0] * args.context
+        for name, llm in engines.items():
+            llm.decoder.graphs = DecodeGraphs(llm.decoder, capture=False)
+            with instruments(counters, llm):
+                llm.generate(prompt, max_tokens=2, ignore_eos=True)  # the prompt's rows, cached once
+                rows[name] = measure(llm, prompt, args.tokens, counters)
+    payload = {"model": "Laguna XS.2 layer pattern at tiny width (examples/laguna-xs2, hidden 64), random weights",
+               "setup": {"context": args.context, "tokens": args.tokens, "kv_policy": "select",
+                         "kv_pool_tokens": 1024, "host_offload": True, "backend": "triton (launches stubbed)",
+                         "graph_segments": "replays free"},
+               "results": rows}
+    for name, row in rows.items():
+        counts = ", ".join(f"{k} {v:.1f}" for k, v in row["per_round"].items() if "." not in k)
+        print(f"{name}: {counts}; host CPU {row['host_cpu_ms_per_round']:.2f} ms "
+              f"({row['tokens_per_round']:.2f} tokens per round)")
+    print(f"wrote {write_result('host_overhead', payload, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
