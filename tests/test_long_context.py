@@ -55,7 +55,8 @@ def test_exact_kvflash_with_a_small_pool_equals_the_full_cache(arch, reference_m
     full, _ = stepwise_logits(llm, ids, 1000, reference=True)
     assert (ours - full).abs().max() < 1e-9
     memory = cache.memory()
-    assert memory["kv_host"] > 0 and 0 < memory["kv_pool_device"] < memory["kv_host"] / 4
+    # Chunks that left the pool live on the host: 1100 rows in a pool of 256 moves most of them.
+    assert memory["kv_host"] > 0 and 0 < memory["kv_pool_device"] <= memory["kv_host"] / 4
 
 
 def test_generation_with_offload_matches_full_cache_tokens(reference_models):

@@ -69,13 +69,36 @@ class LayerCache(ABC):
 
     dirty = False
 
-    @abstractmethod
     def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store rows (T, KV, D) at `step.positions`; may overwrite rolled-back positions."""
+        self.reserve(step)
+        self.store(step.positions, k, v)
+
+    @abstractmethod
+    def reserve(self, step: Step) -> None:
+        """The host's half of a write, run before `store`: bookkeeping in host integers, and any
+        irregular device work the rows need first (a chunk brought back from the host). Reads no
+        device value."""
+
+    @abstractmethod
+    def store(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The device's half of a write, after `reserve`: rows (T, KV, D) go to slots computed on
+        the device from `positions`, by the same launches at every position (a CUDA graph
+        captures it once and replays it at any position)."""
 
     @abstractmethod
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         """The key blocks queries q (T, Hq, D) of this step attend over (after `write`)."""
+
+    def graphable(self, step: Step) -> bool:
+        """Whether this decode/verify step can attend over `static_block` alone (inside a graph)."""
+        return False
+
+    def static_block(self, q: torch.Tensor) -> KVBlock:
+        """The one block a graphed decode/verify step attends over, after `reserve` and `store`:
+        whole buffers with their device positions and masks, the same tensors at every step, so
+        a graph captured once reads what the host's bookkeeping (in `reserve`, `commit`) wrote."""
+        raise NotImplementedError(f"{type(self).__name__} has no static block")
 
     @abstractmethod
     def rollback(self, to_position: int) -> None:

@@ -18,7 +18,7 @@ class ContiguousCache(LayerCache):
         self.k = torch.empty((kv_heads, 0, head_dim), dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)
 
-    def _reserve(self, needed: int) -> None:
+    def _grow(self, needed: int) -> None:
         if needed <= self.k.shape[1]:
             return
         capacity = min(self.max_tokens, max(needed, 2 * self.k.shape[1], 256))
@@ -28,14 +28,16 @@ class ContiguousCache(LayerCache):
             grown[-1][:, : self.length] = old[:, : self.length]
         self.k, self.v = grown  # both at once: a half-grown pair would pass the size check above
 
-    def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
+    def reserve(self, step: Step) -> None:
         if step.start > self.length:
             raise ValueError(f"cache write at position {step.start} leaves a gap after {self.length} rows")
         self.dirty = True
-        self._reserve(step.end)
-        self.k[:, step.start : step.end] = k.transpose(0, 1)
-        self.v[:, step.start : step.end] = v.transpose(0, 1)
+        self._grow(step.end)
         self.length = step.end
+
+    def store(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k.index_copy_(1, positions, k.transpose(0, 1))
+        self.v.index_copy_(1, positions, v.transpose(0, 1))
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         positions = torch.arange(self.length, device=self.device)

@@ -1,7 +1,7 @@
 """Host memory for full-attention K/V in 64-token chunks (pinned on CUDA, so copies are async).
 
-Every row is written through to the host as it is written on the device, so evicting a chunk
-from the device pool never needs a copy back, and a rollback is only a change of length.
+A chunk is copied here when it leaves the device pool (and only if a step wrote to it since its
+last copy), so a rollback is only a change of length.
 """
 
 from __future__ import annotations
@@ -33,19 +33,20 @@ class HostChunks:
             raise ValueError(f"host KV asked for {chunks} chunks, planned for {self.max_chunks}")
         capacity = min(self.max_chunks, max(chunks, 2 * held, 16))
         if self.pin:
-            torch.cuda.current_stream(self.device).synchronize()  # pending device-to-host writes land first
+            torch.cuda.synchronize(self.device)  # pending device-to-host copies (any stream) land first
         grown = []
         for old in (self.k, self.v):
             grown.append(self._empty(capacity))
             grown[-1][:, : old.shape[1]] = old
         self.k, self.v = grown  # both at once: a half-grown pair would pass the size check above
 
-    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Rows (T, KV, D) at positions start.. (async device-to-host copies on CUDA)."""
-        end = start + k.shape[0]
+    def store(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Rows (KV, n, D) at positions start.. (async device-to-host copies on CUDA, in the current
+        stream's order)."""
+        end = start + k.shape[1]
         self.reserve(-(-end // self.chunk))
-        self.k[:, start:end].copy_(k.transpose(0, 1), non_blocking=self.pin)
-        self.v[:, start:end].copy_(v.transpose(0, 1), non_blocking=self.pin)
+        self.k[:, start:end].copy_(k, non_blocking=self.pin)
+        self.v[:, start:end].copy_(v, non_blocking=self.pin)
 
     def fetch(self, first: int, last: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Chunks [first, last) on the device, (KV, n*chunk, D) each; stream-ordered after the writes

@@ -1,9 +1,14 @@
 """Full-attention K/V in 64-token chunks: a bounded device pool plus KVFlash host offload.
 
 Layout: the device pool has `pool_chunks` slots of one chunk each; chunk j holds positions
-[64 j, 64 j + 64). When the context can outgrow the pool, every row is also written through to
-host memory (`HostChunks`), so any chunk can leave the pool at no cost and come back by a copy.
-The first chunk (the attention sink) and the recent tail always stay resident.
+[64 j, 64 j + 64), and the device `page_table` says which slot holds it. When the context can
+outgrow the pool, a chunk leaving the pool is copied to host memory (`HostChunks`) and comes back
+by a copy. The first chunk (the attention sink) and the recent tail always stay resident.
+
+A write is split in two (`LayerCache.reserve` / `store`): the host makes the chunks a step
+touches resident and keeps its bookkeeping in host integers; the device stores the rows at slots
+it computes from the positions and the page table. So a decode step's device work is the same
+at every position, and a CUDA graph of it reads the pool's tables as they are at each replay.
 
 Policies (what a decode/verify step attends to; a prompt prefill is always exact):
 - "exact": every chunk. Resident chunks in one block, the rest streamed from the host in blocks
@@ -87,26 +92,39 @@ class PagedKV(LayerCache):
         # (KV, pool_chunks * C, D): slot s holds rows [s*C, (s+1)*C) of every head.
         self.pk = torch.zeros((kv_heads, settings.pool_chunks * C, head_dim), dtype=dtype, device=device)
         self.pv = torch.zeros_like(self.pk)
-        # The position of the row each pool row holds, -1 for none: kept up to date by writes, loads
-        # and rollbacks, so a step hands it to attention as it is instead of rebuilding it. It is
-        # derived from residency (below); a residency update cut short leaves `_moving` above 0,
-        # and the next step rebuilds it from residency.
+        # The position of the row each pool row holds, -1 for none: kept up to date by stores, loads
+        # and rollbacks, so a step hands it to attention as it is. It is derived from residency
+        # (below); a residency update cut short leaves `_moving` above 0, and the next step
+        # rebuilds it from residency. Like every tensor a step reads, it is updated in place: a
+        # CUDA graph holds its address.
         self.row_positions = torch.full((settings.pool_chunks * C,), -1, dtype=torch.int64, device=device)
         self._moving = 0  # residency updates begun and not finished
-        self._pinned: torch.Tensor | None = None  # `select`'s pinned-row mask, rebuilt on change
+        # `select`'s pinned rows (sink and chosen chunks), rebuilt in place when stale.
+        self.pinned = torch.zeros(settings.pool_chunks * C, dtype=torch.bool, device=device)
+        self._pinned_stale = True
         # Residency has one source of truth, changed one dict operation at a time, so an interrupt
-        # can never leave two views of it that disagree.
+        # can never leave two views of it that disagree. `page_table` is its device copy for the
+        # rows a step stores (chunk -> slot), written when a chunk is installed; a store only
+        # addresses chunks its `reserve` made resident, so stale entries are never read.
         self.chunk_slot: dict[int, int] = {}  # resident chunk -> the slot holding its rows
         self._pool_view: int | None = None  # `_used_slots()`, rebuilt on change
         max_chunks = -(-settings.max_context // C)
+        self.page_table = torch.zeros(max_chunks, dtype=torch.int64, device=device)
         self.host = HostChunks(C, kv_heads, head_dim, max_chunks, dtype, device) if settings.offload else None
+        # Chunks whose host copy holds every row written to them: a chunk is copied to the host
+        # when it leaves the pool (not row by row as it is written, which a graphed step could not
+        # do at a position-dependent offset), and is current until a step writes to it again.
+        self._on_host: set[int] = set()
         self.length = 0  # rows written (drafts included)
         self.committed = 0
         self.select = settings.policy == "select"
         self.summaries = ChunkSummaries(kv_heads, head_dim, dtype, device) if self.select else None
         self.selected: list[int] = []
         self._reselect_due = True  # nothing chosen yet
-        self._last_q: tuple[torch.Tensor, int] | None = None  # queries of the last step, its first position
+        # The queries of the last rows a step attended with (at most `decode_rows`), which the
+        # reselect reads for the last committed token, and the position of the first of them.
+        self._queries: torch.Tensor | None = None
+        self._queries_start = 0
         self._loads_done: torch.cuda.Event | None = None
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
@@ -150,28 +168,43 @@ class PagedKV(LayerCache):
         slot_chunk = self.slot_chunk
         slot = self._victim(slot_chunk, keep)
         self._moving += 1
-        self._pool_view = self._pinned = None  # dropped before residency changes: no stale copy outlives an interrupt
-        if slot_chunk[slot] >= 0:
-            del self.chunk_slot[slot_chunk[slot]]
+        self._pool_view = None  # dropped before residency changes: no stale copy outlives an interrupt
+        self._pinned_stale = True
         rows = self._rows(slot)
-        self.row_positions[rows] = -1  # the evicted chunk's rows are gone; the new chunk's are not there yet
         first, C = chunk * self.s.chunk, self.s.chunk
-        if self.host is not None and first < self.length:
-            with torch.cuda.stream(stream) if stream is not None else nullcontext():
+        # On the copy stream when given: the evicted rows must reach the host before the load
+        # overwrites their slot, so both go in one stream's order.
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            if slot_chunk[slot] >= 0:
+                self._copy_to_host(slot_chunk[slot], rows)  # before it leaves: the host copy is its only one then
+                del self.chunk_slot[slot_chunk[slot]]
+            self.row_positions[rows] = -1  # the evicted chunk's rows are gone; the new chunk's are not there yet
+            if self.host is not None and first < self.length:
                 k, v = self.host.fetch(chunk, chunk + 1)
                 self.pk[:, rows].copy_(k, non_blocking=True)
                 self.pv[:, rows].copy_(v, non_blocking=True)
-            if stream is not None:
-                self._loads_done = stream.record_event()  # what attention waits for (`_wait_for_loads`)
-            held = min(self.length - first, C)  # the rows of the chunk written so far
-            self.row_positions[rows.start : rows.start + held] = torch.arange(first, first + held, device=self.device)
+                held = min(self.length - first, C)  # the rows of the chunk written so far
+                self.row_positions[rows.start : rows.start + held] = torch.arange(first, first + held,
+                                                                                  device=self.device)
+        if stream is not None:
+            self._loads_done = stream.record_event()  # what attention waits for (`_wait_for_loads`)
+        self.page_table[chunk] = slot
         self.chunk_slot[chunk] = slot
         self._moving -= 1
         return slot
 
+    def _copy_to_host(self, chunk: int, rows: slice) -> None:
+        """The rows written to `chunk` (resident in pool `rows`) onto the host, unless already there."""
+        held = min(self.length - chunk * self.s.chunk, self.s.chunk)
+        if self.host is None or chunk in self._on_host or held <= 0:
+            return
+        self.host.store(chunk * self.s.chunk, self.pk[:, rows.start : rows.start + held],
+                        self.pv[:, rows.start : rows.start + held])
+        self._on_host.add(chunk)
+
     # -- LayerCache -----------------------------------------------------------------------------
 
-    def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
+    def reserve(self, step: Step) -> None:
         start, end, C = step.start, step.end, self.s.chunk
         if start > self.length:
             raise ValueError(f"cache write at position {start} leaves a gap after {self.length} rows")
@@ -181,38 +214,60 @@ class PagedKV(LayerCache):
         self._wait_for_loads()
         touched = set(range(start // C, (end - 1) // C + 1))
         for chunk in sorted(touched):
-            slot = self._make_resident(chunk, keep=touched | {0})
-            lo, hi = max(start, chunk * C), min(end, (chunk + 1) * C)
-            rows = slice(slot * C + lo - chunk * C, slot * C + hi - chunk * C)
-            self.pk[:, rows] = k[lo - start : hi - start].transpose(0, 1)
-            self.pv[:, rows] = v[lo - start : hi - start].transpose(0, 1)
-            self.row_positions[rows] = step.positions[lo - start : hi - start]
-        if self.host is not None:
-            self.host.write(start, k, v)
-        self.length = end  # last: rows past `length` are invisible, so a write cut short shows nothing
+            self._make_resident(chunk, keep=touched | {0})
+        self._on_host -= touched  # their host copies are about to be out of date
+        if self._moving:
+            self._rebuild_row_positions()
+        if self.select and self._pinned_stale:
+            self._rebuild_pinned()
+        if self.select:
+            self._queries_start = end - min(end - start, self.s.decode_rows)
+        self.length = end
+
+    def store(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        C = self.s.chunk
+        rows = self.page_table[positions // C] * C + positions % C
+        self.pk.index_copy_(1, rows, k.transpose(0, 1))
+        self.pv.index_copy_(1, rows, v.transpose(0, 1))
+        self.row_positions.index_copy_(0, rows, positions)  # last: a row is visible once it holds its keys
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         self._wait_for_loads()
-        # Recorded now, not when the blocks are consumed, and copied: q may be a CUDA graph's static
-        # output, which the next replay overwrites.
-        self._last_q = (q.clone(), step.start) if self.select else None
+        self._keep_queries(q)  # now, not when the blocks are consumed
         return self._blocks(step)
 
     def _blocks(self, step: Step) -> Iterator[KVBlock]:
         # Free slots are handed out lowest first, so the slots past the highest one in use hold
         # nothing: attention reads the pool up to there (a short context reads a short pool).
-        if self._moving:
-            self._rebuild_row_positions()
-        used = self._used_slots()
-        rows = used * self.s.chunk
+        rows = self._used_slots() * self.s.chunk
         pool_k, pool_v, positions = self.pk[:, :rows], self.pv[:, :rows], self.row_positions[:rows]
         if self.select and not step.prefill:
-            yield KVBlock(pool_k, pool_v, positions, self._pinned_rows()[:rows], self.s.tail_tokens)
+            yield KVBlock(pool_k, pool_v, positions, self.pinned[:rows], self.s.tail_tokens)
             return
         yield KVBlock(pool_k, pool_v, positions)
         # A decode step's scores are one row per head, so it can take much longer runs than a prefill.
         run = self.s.stream_chunks * (16 if len(step.positions) <= self.s.decode_rows else 1)
         yield from self._streamed_blocks(run)
+
+    def graphable(self, step: Step) -> bool:
+        """`select` always (its block is the pool); `exact` when no chunk can be on the host."""
+        return not step.prefill and (self.select or self.host is None)
+
+    def static_block(self, q: torch.Tensor) -> KVBlock:
+        self._keep_queries(q)
+        if self.select:
+            return KVBlock(self.pk, self.pv, self.row_positions, self.pinned, self.s.tail_tokens)
+        return KVBlock(self.pk, self.pv, self.row_positions)
+
+    def _keep_queries(self, q: torch.Tensor) -> None:
+        """Copy the step's last queries (the reselect's input) into a buffer of fixed address: q may
+        be a CUDA graph's static output, which the next replay overwrites."""
+        if not self.select:
+            return
+        if self._queries is None:
+            self._queries = q.new_zeros((self.s.decode_rows, *q.shape[1:]))
+        n = min(q.shape[0], self.s.decode_rows)
+        self._queries[:n].copy_(q[q.shape[0] - n :])
 
     def _streamed_blocks(self, max_run: int) -> Iterator[KVBlock]:
         """Chunks that are not resident, fetched from the host in runs of at most `max_run` chunks."""
@@ -253,10 +308,10 @@ class PagedKV(LayerCache):
         return self.host.fetch(chunk, chunk + 1)[0]
 
     def _reselect(self, length: int) -> None:
-        q, start = self._last_q if self._last_q is not None else (None, length)
-        row = length - 1 - start  # the last committed token's row in the last step (host integers only)
-        if q is None or not 0 <= row < q.shape[0]:
+        row = length - 1 - self._queries_start  # the last committed token's row among the kept queries
+        if self._queries is None or not 0 <= row < min(self.length - self._queries_start, self.s.decode_rows):
             return  # no query of the last committed token seen yet; choose at the next commit
+        q = self._queries
         C, every = self.s.chunk, self.s.reselect_every
         # Chunks that fall out of the tail before the next reselect; younger ones the tail covers.
         candidates = [c for c in range(1, length // C) if c * C < length + every - self.s.tail_tokens]
@@ -265,7 +320,7 @@ class PagedKV(LayerCache):
         stream = self._copy_stream
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))  # loads overwrite slots queued work may read
-        self._pinned = None
+        self._pinned_stale = True
         self.selected = selected
         for chunk in selected:
             self._make_resident(chunk, keep, stream)
@@ -292,7 +347,7 @@ class PagedKV(LayerCache):
         slots = torch.tensor(self.slot_chunk, dtype=torch.int64, device=self.device)
         positions = slots[:, None] * self.s.chunk + torch.arange(self.s.chunk, device=self.device)[None, :]
         valid = (slots[:, None] >= 0) & (positions < self.length)
-        self.row_positions = torch.where(valid, positions, -1).flatten()
+        self.row_positions.copy_(torch.where(valid, positions, -1).flatten())
         self._moving = 0
 
     def _used_slots(self) -> int:
@@ -301,15 +356,13 @@ class PagedKV(LayerCache):
             self._pool_view = 1 + max(self.chunk_slot.values(), default=-1)
         return self._pool_view
 
-    def _pinned_rows(self) -> torch.Tensor:
-        """(pool rows,) bool: the rows of the sink and the selected chunks, kept until residency or
-        the selection changes."""
-        if self._pinned is None:
-            pinned = torch.zeros(self.s.pool_chunks, dtype=torch.bool, device=self.device)
-            chosen = [self.chunk_slot[c] for c in [0, *self.selected] if c in self.chunk_slot]
-            pinned[chosen] = True
-            self._pinned = pinned.repeat_interleave(self.s.chunk)  # one assignment
-        return self._pinned
+    def _rebuild_pinned(self) -> None:
+        """`pinned`: the rows of the sink and the selected chunks, after residency or the selection changed."""
+        pinned = torch.zeros(self.s.pool_chunks, dtype=torch.bool, device=self.device)
+        chosen = [self.chunk_slot[c] for c in [0, *self.selected] if c in self.chunk_slot]
+        pinned[chosen] = True
+        self.pinned.copy_(pinned.repeat_interleave(self.s.chunk))
+        self._pinned_stale = False
 
     def rollback(self, to_position: int) -> None:
         # Every time, not only below `length`: a write cut short may have placed rows past it.
@@ -318,7 +371,7 @@ class PagedKV(LayerCache):
         if to_position < self.committed:  # a rewind of committed tokens (prefix reuse): choose again later
             # `committed` moves last, so an interrupted rewind is done again by the next rollback.
             self._reselect_due = True
-            self._pinned = None
+            self._pinned_stale = True
             self.selected = []
             if self.summaries is not None:
                 self.summaries.truncate(to_position // self.s.chunk)

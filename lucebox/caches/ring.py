@@ -29,23 +29,31 @@ class SlidingRing(LayerCache):
         self.positions = torch.full((self.capacity,), -1, dtype=torch.int64, device=device)
         self.highest = 0  # one past the highest position ever written (rolled back or not)
 
-    def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
+    def reserve(self, step: Step) -> None:
         if len(step.positions) > self.max_step:
             raise ValueError(f"a ring sized for {self.max_step} rows per step was given {len(step.positions)}")
         self.dirty = True
-        slots = step.positions % self.capacity
         # `highest` moves before any slot is overwritten, so a write cut short midway is already
-        # judged by `can_rewind_to`; positions go last, so a slot never names a row it lacks.
+        # judged by `can_rewind_to`.
         self.highest = max(self.highest, step.end)
-        self.k[:, slots] = k.transpose(0, 1)
-        self.v[:, slots] = v.transpose(0, 1)
-        self.positions[slots] = step.positions
+
+    def store(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        slots = positions % self.capacity
+        self.k.index_copy_(1, slots, k.transpose(0, 1))
+        self.v.index_copy_(1, slots, v.transpose(0, 1))
+        self.positions.index_copy_(0, slots, positions)  # last, so a slot never names a row it lacks
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         # Until the ring wraps, slots past the highest position written hold nothing: leave them out
         # (a drafter ring of 4096 slots at a 200-token context would otherwise attend 20x the keys).
         used = min(self.highest, self.capacity)
         yield KVBlock(self.k[:, :used], self.v[:, :used], self.positions[:used])
+
+    def graphable(self, step: Step) -> bool:
+        return True
+
+    def static_block(self, q: torch.Tensor) -> KVBlock:
+        return KVBlock(self.k, self.v, self.positions)  # empty slots hold position -1: masked
 
     def can_rewind_to(self, position: int) -> bool:
         """Whether every row a query at `position` or later needs is still intact."""
