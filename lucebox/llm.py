@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -19,15 +18,16 @@ from lucebox.generation import Chunk, Generation, collect
 from lucebox.kernels.backend import kernels_for, resolve_backend
 from lucebox.loading import check_load_format, describe_model, load_model, quantizer
 from lucebox.memory_plan import check_fits
-from lucebox.models.graphs import DecodeGraphs
 from lucebox.models.hf_config import token_ids
+from lucebox.runner import StepRunner
 from lucebox.sampling import SamplingParams
-from lucebox.speculative import VERIFY_RULES, Draft, decide
+from lucebox.speculative import VERIFY_RULES
 from lucebox.speculative.drafters import drafter_cost, make_proposer, measure_verify_seconds, resolve_drafter
 from lucebox.speculative.proposer import tensor_bytes
+from lucebox.speculative.rounds import Speculation
 from lucebox.speculative.width import WidthPolicy
-from lucebox.stopping import StopStrings
-from lucebox.tokenizer import IncrementalDecoder, require_tokenizer
+from lucebox.text_stage import TextStage, timing_stats
+from lucebox.tokenizer import require_tokenizer
 
 Prompt = str | Sequence[int]
 # Drafters are built for the widest round a verify step holds; `draft_k` caps each round, and can
@@ -58,7 +58,7 @@ class LLM:
     `quantization` ("int8" or "int4") quantizes the linear layers' weights as they load
     (round-to-nearest, float16 scales per group: per row for int8, 128 inputs for int4); the
     embeddings, output head and routers stay in `dtype`. `cuda_graphs` (default: on with CUDA
-    and Triton) replays decode and verify forwards from CUDA graphs captured per width.
+    and Triton) runs each decode and verify step as one CUDA graph per width (`lucebox.runner`).
     `load_progress(done, total)` is called with bytes of weights read as they load.
     """
 
@@ -118,8 +118,7 @@ class LLM:
         loaded = load_model(self.description, self.dtype, self.device, load_format, kernels_for(self.backend),
                             quantization, load_progress)
         self.decoder = loaded.decoder
-        if self._use_cuda_graphs(cuda_graphs):
-            self.decoder.graphs = DecodeGraphs(self.decoder)
+        self.runner = StepRunner(self.decoder, graphs=self._use_cuda_graphs(cuda_graphs))
         self._tokenizer = loaded.tokenizer
         self.eos_token_ids = self._eos_ids()
         self._session: tuple[SequenceCache, list[int]] | None = None  # cache + the tokens it holds
@@ -128,7 +127,11 @@ class LLM:
         self.verify_rule = verify
         self.adaptive = adaptive
         self.proposer = make_proposer(drafter, self, draft_ctx, DRAFT_WIDTH)
-        self._verify_seconds = measure_verify_seconds(self) if self.proposer is not None and adaptive else None
+        self._verify_seconds = None
+        if self.proposer is not None and adaptive:
+            cache = self._new_cache()
+            self._verify_seconds = measure_verify_seconds(self, cache)
+            self._session = (cache, [])  # the first request empties it and keeps the graphs captured over it
 
     def _use_cuda_graphs(self, asked: bool | None) -> bool:
         """Default: on wherever they can run, which is CUDA with the Triton kernels (the torch
@@ -254,7 +257,7 @@ class LLM:
             "ring_caches": self._plan["ring_caches"], "kv_pool_device": self._plan["kv_pool_device"],
             "kv_chunk_summaries": 0, "kv_host": 0}
         drafter = self._plan["drafter"]
-        if self._session is not None and self.proposer is not None:
+        if self._drafter_follows_session:  # a request has started the drafter (allocating its rings)
             drafter = self.proposer.device_bytes()
         return {"weights": weights, **now, "kv_host_max": self._plan["kv_host_max"], "drafter": drafter}
 
@@ -271,132 +274,36 @@ class LLM:
             self._open_streams -= 1
 
     def _decode(self, prompt_ids, params, max_tokens, stop_strings, stop_ids, private, speculate) -> Iterator[Chunk]:
-        """One loop for plain and speculative decoding: each round forwards [last, d1..dk] (k = 0
-        without a drafter), verifies, commits n + 1 tokens and rolls back the rest."""
-        verify_gen = draft_gen = None
-        if not params.greedy:
-            # Unseeded requests draw their seed from the OS, leaving torch's global RNG alone.
-            seed = params.seed if params.seed is not None else secrets.randbits(62)
-            verify_gen = torch.Generator(device=self.device).manual_seed(seed)
-            draft_gen = torch.Generator(device=self.device).manual_seed(seed ^ 0x5DEECE66D)  # its own stream
-        seen = torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.device)
-        seen[torch.tensor(prompt_ids, device=self.device)] = True
+        """One loop for plain and speculative decoding, in three stages: the speculation stage runs
+        rounds (draft, one runner step over [last, d1..dk], verify, commit; k = 0 without a
+        drafter), the text stage turns committed tokens into chunks and decides when to stop."""
         cache, proposer, tokens = self._open_session(prompt_ids, private, speculate)
         reused = cache.length
-        width = self._width_policy(timed=params.greedy or params.seed is None)
-        text = IncrementalDecoder(self._tokenizer, prompt_ids) if self._tokenizer is not None else None
-        stops = StopStrings(stop_strings)
-        spec = {"rounds": 0, "committed": 0, "draft_time_s": 0.0, "verify_time_s": 0.0,
-                **{key: [0] * DECODE_ROWS for key in ("drafted", "accepted", "widths", "kept", "confident")},
-                "confidence": [0.0] * DECODE_ROWS}
-
+        rounds = Speculation(self, params, proposer, prompt_ids)
+        text = TextStage(self._tokenizer, prompt_ids, stop_strings, stop_ids, max_tokens)
         start = self._clock()
         *_, hidden = self._prefill(prompt_ids, cache, proposer)
-        first = decide(self.decoder.logits(hidden[-1:]), Draft([]), params, seen, self.verify_rule, verify_gen)
-        prefill_done = decode_start = self._clock()
-        generated: list[int] = []
-        pending, last, finish = [first.next_token], first.next_token, None
+        pending = [rounds.first(self.decoder.logits(hidden[-1:]))]
+        prefill_done = self._clock()
         while True:
-            # Emit this round's tokens one by one: a stop ends the request at that token.
-            new_ids, new_text = [], "" if text is not None else None
-            for token in pending:
-                generated.append(token)
-                new_ids.append(token)
-                seen[token] = True
-                stopped = False
-                if text is not None:
-                    piece, stopped = stops.feed(text.push([token]))
-                    new_text += piece
-                if stopped or token in stop_ids:
-                    finish = "stop"
-                elif len(generated) >= max_tokens:
-                    finish = "length"
-                if finish is not None:
-                    break
-            if finish is not None:
+            chunk = text.feed(pending)
+            if text.finish is not None:
                 break
-            yield Chunk(new_ids, new_text)
-            c = cache.length
-            draft, draft_seconds = Draft([]), 0.0
-            limit = min(max_tokens - len(generated) - 1, cache.rows_before_reselect(c) - 1,
-                        self.cache_settings.max_step - 1, self.cache_settings.decode_rows - 1, self.draft_k)
-            # Rounds are timed on a synchronized clock only where the adaptive width judges them:
-            # on a GPU a synchronize per token would stop the host from queueing ahead.
-            timed = proposer is not None and width.speculating and width.timed and self.adaptive
-            if proposer is not None and limit > 0 and width.speculating:
-                t0 = self._clock(timed)
-                draft = proposer.propose(tokens + [last], min(limit, proposer.max_width), params, draft_gen)
-                available = len(draft.tokens)
-                k = width.choose(draft.confidence, available, limit) if self.adaptive else min(available, limit)
-                draft = Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k])
-                draft_seconds = self._clock(timed) - t0
-            t1 = self._clock(timed)
-            rows = [last, *draft.tokens]
-            step = Step.span(c, len(rows), self.device)
-            hidden, features = self.decoder.forward_capturing(torch.tensor(rows, device=self.device), step, cache,
-                                                              proposer.feature_layers if proposer else ())
-            verdict = decide(self.decoder.logits(hidden), draft, params, seen, self.verify_rule, verify_gen)
-            n = verdict.accepted
-            cache.commit(c + n + 1)
-            if n < len(draft.tokens):
-                cache.rollback(c + n + 1)  # rejected drafts' rows leave every cache
-            tokens.extend(rows[: n + 1])
-            if proposer is not None:
-                proposer.commit(tokens, n + 1, None if features is None else features[: n + 1])
-            verify_seconds = self._clock(timed) - t1
-            self._record_round(spec, width, draft, n, draft_seconds, verify_seconds)
-            pending, last = [*draft.tokens[:n], verdict.next_token], verdict.next_token
+            yield chunk
+            pending = rounds.round(cache, tokens, text.remaining)
         # Tokens after a stop inside a round were committed to the cache: forget them too.
-        keep = len(prompt_ids) + len(generated) - 1
+        keep = len(prompt_ids) + len(text.generated) - 1
         if cache.length > keep:
             cache.rollback(keep)
             del tokens[keep:]
-        if text is not None and not stopped:
-            new_text += stops.feed(text.flush())[0] + stops.flush()
-        stats = self._stats(len(prompt_ids), reused, len(generated), start, prefill_done, decode_start,
-                            self._clock())
-        stats.update(self._spec_stats(spec))
-        yield Chunk(new_ids, new_text, finish, stats)
+        stats = timing_stats(len(prompt_ids), reused, len(text.generated), start, prefill_done, self._clock())
+        yield text.last({**stats, **rounds.stats()})
 
     def _width_policy(self, timed: bool) -> WidthPolicy:
         if self._verify_seconds is None:  # fixed width: never judged, never turned off
             return WidthPolicy(DRAFT_WIDTH, {1: 1.0, DECODE_ROWS: 1.0}, min_rounds=2**62,
                                speculating=self.proposer is not None)
         return WidthPolicy(DRAFT_WIDTH, self._verify_seconds, timed=timed)
-
-    @staticmethod
-    def _record_round(spec: dict, width: WidthPolicy, draft: Draft, n: int, draft_s: float, verify_s: float) -> None:
-        k = len(draft.tokens)
-        for i, c in enumerate(draft.confidence):
-            spec["confidence"][i] += c
-            spec["confident"][i] += 1
-        spec["rounds"] += 1
-        spec["committed"] += n + 1
-        spec["draft_time_s"] += draft_s
-        spec["verify_time_s"] += verify_s
-        spec["widths"][k] += 1
-        spec["kept"][n] += 1
-        for i in range(k):
-            spec["drafted"][i] += 1
-            spec["accepted"][i] += int(i < n)
-        width.record(n + 1, draft_s + verify_s, verify_s, k + 1, proposed=draft_s > 0, confidence=draft.confidence)
-
-    @staticmethod
-    def _spec_stats(spec: dict) -> dict:
-        positions = [a / d for a, d in zip(spec["accepted"], spec["drafted"], strict=True) if d]
-        return {
-            "rounds": spec["rounds"],
-            # Mean tokens committed per verify round (1.0 without drafts).
-            "acceptance_length": spec["committed"] / spec["rounds"] if spec["rounds"] else 0.0,
-            "acceptance_by_position": positions,  # share of drafted i-th positions that were kept
-            # The drafter's mean confidence in its i-th drafts (its own probability of the token, when it
-            # reports one), beside acceptance_by_position: how well confidence predicts acceptance.
-            "confidence_by_position": [c / n for c, n in zip(spec["confidence"], spec["confident"], strict=True) if n],
-            "draft_time_s": spec["draft_time_s"],
-            "verify_time_s": spec["verify_time_s"],
-            "width_histogram": {k: c for k, c in enumerate(spec["widths"]) if c},  # drafts verified -> rounds
-            "accepted_histogram": {n: c for n, c in enumerate(spec["kept"]) if c},  # drafts kept -> rounds
-        }
 
     def _prefill(self, ids: list[int], cache: SequenceCache, proposer=None) -> Iterator[torch.Tensor]:
         """Forward ids[cache.length:] in chunks of `prefill_chunk` rows; yields each chunk's hidden
@@ -433,7 +340,8 @@ class LLM:
 
     def _session_cache(self, prompt_ids: list[int]) -> SequenceCache:
         """The previous request's cache rolled back to the longest prefix it shares with this prompt
-        (at least one prompt token is forwarded again, for its logits), or a fresh cache."""
+        (at least one prompt token is forwarded again, for its logits), or emptied; a fresh cache
+        when it was left dirty."""
         if self._session is not None:
             cache, held = self._session
             held = held[: cache.length]  # a request that failed midway committed only part of its ids
@@ -445,6 +353,9 @@ class LLM:
             keep = min(shared, len(prompt_ids) - 1)
             if keep > 0 and cache.can_rewind_to(keep):
                 cache.rollback(keep)
+                return cache
+            if not cache.dirty:  # nothing shared: its buffers (and the graphs captured over them) serve again
+                cache.rollback(0)
                 return cache
         self._session = None  # drop the old cache before allocating a new one
         return self._new_cache()
@@ -489,20 +400,3 @@ class LLM:
         if strings and self._tokenizer is None:
             require_tokenizer(None, self.description.folder)
         return strings, ids
-
-    @staticmethod
-    def _stats(prompt_len: int, reused: int, n: int, start: float, prefill_done: float, decode_start: float,
-               end: float) -> dict:
-        prefill_s = max(prefill_done - start, 1e-9)
-        decode_s = max(end - decode_start, 1e-9)
-        return {
-            "prompt_tokens": prompt_len,
-            "cached_prompt_tokens": reused,  # rows reused from the previous request: not prefilled again
-            "generated_tokens": n,
-            "prefill_time_s": prefill_s,
-            "decode_time_s": decode_s,
-            "prefill_tokens_per_s": (prompt_len - reused) / prefill_s,
-            # The first token comes from the prefill's logits; decode speed counts the rest.
-            "decode_tokens_per_s": (n - 1) / decode_s if n > 1 else 0.0,
-            "tokens_per_s": n / max(end - start, 1e-9),
-        }

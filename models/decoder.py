@@ -28,7 +28,6 @@ class Decoder:
         first = weights["embed"]
         self.dtype, self.device = first.dtype, first.device
         self.rope = RotaryTables(self.device)
-        self.graphs = None  # a `DecodeGraphs` replays decode/verify forwards on CUDA when attached
         self.scale = cfg.head_dim**-0.5
 
     def forward(
@@ -44,8 +43,6 @@ class Decoder:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(hidden (T, H) after the final norm, the outputs of decoder `layers` side by side
         (T, len(layers) * H), or None) from one forward: what a DFlash drafter reads."""
-        if self.graphs is not None and self.graphs.serves(token_ids, step):
-            return self.graphs.forward(token_ids, step, cache, layers)
         x, h = self.embed(token_ids)
         captured: dict[int, torch.Tensor] = {}
         for i in range(len(self.cfg.layers)):
@@ -60,7 +57,7 @@ class Decoder:
         head = self.w["embed"] if self.cfg.tie_word_embeddings else self.w["lm_head"]
         return F.linear(hidden, head)
 
-    # -- the pieces of one forward: what CUDA graphs capture (all but `attend`) and what they cannot
+    # -- the pieces of one forward (`lucebox.runner` composes them into a graphed step) ------------
 
     def embed(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(residual stream x, first layer's normed input h), both (T, H)."""
@@ -84,12 +81,22 @@ class Decoder:
 
     def attend(self, i: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, step: Step,
                cache: SequenceCache) -> torch.Tensor:
-        """Write this step's rows into layer i's cache and attend over what it hands out: (T, Hq, D).
-        The caches keep their bookkeeping on the host, so this part always runs eagerly."""
+        """Write this step's rows into layer i's cache and attend over the blocks it hands out:
+        (T, Hq, D). The eager path: the cache may stream blocks from the host."""
         layer_cache = cache.layers[i]
         layer_cache.write(step, key, value)
         return attention_over_blocks(q, step.positions, layer_cache.blocks(q, step), self.scale,
                                      self.cfg.layers[i].window, self.kernels.attention_partial)
+
+    def attend_static(self, i: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      positions: torch.Tensor, cache: SequenceCache) -> torch.Tensor:
+        """`attend` for a graphed step, after the cache's `reserve`: store the rows and attend over
+        the cache's static block, by device work that is the same at every position."""
+        layer_cache = cache.layers[i]
+        layer_cache.store(positions, key, value)
+        block = layer_cache.static_block(q)
+        return self.kernels.attention_partial(q, block.k, block.v, positions, block.positions, self.scale,
+                                              self.cfg.layers[i].window, block.pinned, block.recent)[0]
 
     def post_attention(self, i: int, x: torch.Tensor, h: torch.Tensor, out: torch.Tensor):
         """Gate, output projection, residual + norm, MLP, residual + the next norm: (x, h)."""

@@ -1,8 +1,9 @@
-"""Decode/verify forwards through the piecewise CUDA-graph runner equal the plain forward.
+"""Decode/verify steps through the runner's graphed path equal the plain (eager) forward.
 
-On the CPU the runner's segments run eagerly (no capture), which checks how they chain: static
-buffers, the eager attention between segments, captured features. On a GPU the same checks run
-with real graph capture and replay."""
+On the CPU the graphed path runs its step body eagerly (no capture), which checks everything but
+the capture itself: static inputs, the caches' reserve/store split, their static blocks (whole
+rings, the whole pool with its device tables), the step's own argmax, captured features. On a
+GPU the same checks run with real graph capture and replay."""
 
 from __future__ import annotations
 
@@ -12,32 +13,43 @@ import pytest
 import torch
 from conftest import EXAMPLES
 from kernel_cases import no_host_sync
-from lucebox.models.graphs import DecodeGraphs
 from tiny_models import VOCAB
 
 import lucebox
+from lucebox.caches import Step
 from lucebox.errors import InvalidArgumentError
+from lucebox.runner import StepGraph, StepRunner
 
 PROMPT = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(4)).tolist()
 CUDA = torch.cuda.is_available()
 
 
-def test_segments_chain_exactly_like_the_plain_forward(reference_models):
+@pytest.mark.parametrize("kv", ["exact", "select-offload"])
+def test_graphed_steps_equal_the_plain_forward(reference_models, kv):
+    """Plain decoding and verify blocks of 1 + 6 drafts; `select` with a pool smaller than the
+    context (chunks leave for the host, re-selection between steps)."""
     folder, _ = reference_models("laguna")
-    plain = lucebox.LLM(folder, device="cpu", dtype="float64")
-    segmented = lucebox.LLM(folder, device="cpu", dtype="float64", draft=str(folder), draft_k=6, adaptive=False)
-    segmented.decoder.graphs = DecodeGraphs(segmented.decoder, capture=False)
-    want = plain.generate(PROMPT, max_tokens=24, ignore_eos=True).token_ids
-    got = segmented.generate(PROMPT, max_tokens=24, ignore_eos=True)
+    options = dict(device="cpu", dtype="float64")
+    if kv == "select-offload":
+        options.update(max_context=1280, kv_pool_tokens=640, kv_policy="select", prefill_chunk=128)
+    prompt = PROMPT * (32 if kv == "select-offload" else 1)  # 960 tokens: past the pool
+    plain = lucebox.LLM(folder, **options)
+    graphed = lucebox.LLM(folder, draft=str(folder), draft_k=6, adaptive=False, **options)
+    graphed.runner = StepRunner(graphed.decoder, graphs=True, capture=False)
+    want = plain.generate(prompt, max_tokens=70, ignore_eos=True).token_ids
+    got = graphed.generate(prompt, max_tokens=70, ignore_eos=True)
     assert got.token_ids == want
-    assert set(segmented.decoder.graphs.widths) >= {7}  # verify blocks of 1 + 6 drafts ran through it
+    assert {w for w, _ in graphed.runner.widths} >= {7}  # verify blocks of 1 + 6 drafts ran through it
+    plain.runner = StepRunner(plain.decoder, graphs=True, capture=False)
+    assert plain.generate(prompt, max_tokens=70, ignore_eos=True).token_ids == want
+    assert {w for w, _ in plain.runner.widths} == {1}
 
 
 def test_cuda_graphs_need_cuda_and_triton(reference_models):
     folder, _ = reference_models("laguna")
     with pytest.raises(InvalidArgumentError, match="cuda_graphs=True needs device='cuda'"):
         lucebox.LLM(folder, device="cpu", cuda_graphs=True)
-    assert lucebox.LLM(folder, device="cpu").decoder.graphs is None
+    assert lucebox.LLM(folder, device="cpu").runner.graphs is False
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -57,18 +69,24 @@ def test_replayed_graphs_equal_eager_decoding_on_cuda(tmp_path, dtype):
     repetitive = PROMPT[:10] * 3  # n-gram drafts on every round, so verify widths > 1 run from graphs
     assert (speculative.generate(repetitive, max_tokens=40, ignore_eos=True).token_ids
             == eager.generate(repetitive, max_tokens=40, ignore_eos=True).token_ids)
-    assert len(speculative.decoder.graphs.widths) >= 2
+    assert len(speculative.runner.widths) >= 2
 
 
-def test_captured_segments_never_sync_with_the_host(reference_models):
-    """What a graph captures (norms, projections, RoPE, gate, routing, MoE with a shared expert;
-    Triton kernels through the interpreter) calls nothing that waits for the device."""
-    from lucebox.models.graphs import WidthGraphs
-
+def test_the_graphed_step_never_syncs_with_the_host(reference_models):
+    """What a graph captures (embed, norms, projections, RoPE, cache stores, attention over the
+    static blocks, gate, routing, MoE with a shared expert, LM head, argmax; Triton kernels
+    through the interpreter) calls nothing that waits for the device."""
     folder, _ = reference_models("laguna")
-    llm = lucebox.LLM(folder, device="cpu", dtype="float32", backend="triton")
-    segments = WidthGraphs(llm.decoder, width=5, capture=False).segments
+    llm = lucebox.LLM(folder, device="cpu", dtype="float32", backend="triton", max_context=1024,
+                      kv_pool_tokens=640, kv_policy="select")
+    cache = llm._new_cache()
+    llm.runner.step(PROMPT, Step.span(0, len(PROMPT), llm.device, prefill=True), cache)
+    cache.commit(len(PROMPT))
+    step = Step.span(len(PROMPT), 5, llm.device)
+    for layer in cache.layers:
+        layer.reserve(step)
+    graph = StepGraph(llm.decoder, cache, width=5, layers=(), capture=False)
+    graph.inputs.copy_(torch.stack([torch.tensor(PROMPT[:5]), step.positions]))
     with no_host_sync():
-        for segment in segments:  # the attention between them runs eagerly and is not part of this check
-            segment.run()
-    assert segments[-1].out[1].shape == (5, llm.config.hidden_size)
+        out = graph.body()
+    assert out.logits.shape == (5, llm.config.vocab_size) and out.choices.shape == (5,)

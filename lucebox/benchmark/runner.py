@@ -222,7 +222,7 @@ def _settings_record(plain, spec, engine: dict, settings: BenchSettings, depths:
         "device": str(plain.device), "dtype": str(plain.dtype).removeprefix("torch."), "backend": plain.backend,
         "quantization": plain.quantization, "max_context": plain.max_context, "prefill_chunk": plain.prefill_chunk,
         "kv_policy": cache.kv_policy, "kv_pool_tokens": cache.kv_pool_tokens,
-        "cuda_graphs": plain.decoder.graphs is not None,
+        "cuda_graphs": plain.runner.graphs,
         "draft": engine.get("draft"), "drafter": drafter, "draft_k": engine.get("draft_k"),
         "verify": engine.get("verify"),
     }

@@ -12,8 +12,16 @@ from lucebox.speculative.verify import Verdict, block_outcomes, sample, tokenwis
 VERIFY_RULES = ("tokenwise", "block")
 
 
-def _seen_per_row(seen: torch.Tensor, drafts: list[int]) -> list[torch.Tensor]:
+def greedy_choices(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax (k+1,), on the device; -1 everywhere when any logit is not finite (the
+    host sees that when it reads the tokens, which it must do anyway: no extra sync)."""
+    return torch.where(torch.isfinite(logits).all(), logits.float().argmax(-1), -1)
+
+
+def _seen_per_row(seen: torch.Tensor, drafts: list[int], penalty: float) -> list[torch.Tensor]:
     """Row i's token history includes the drafts before it (repetition penalty counts them)."""
+    if penalty == 1.0:
+        return [seen] * (len(drafts) + 1)  # nothing reads them
     rows = [seen]
     for d in drafts:
         nxt = rows[-1].clone()
@@ -29,8 +37,9 @@ def decide(
     seen: torch.Tensor,  # (V,) bool: tokens so far, `last` included
     rule: str,
     generator: torch.Generator | None,
+    choices: torch.Tensor | None = None,  # greedy_choices(logits), when the step computed them already
 ) -> Verdict:
-    verdict = _decide(logits, draft, params, seen, rule, generator)
+    verdict = _decide(logits, draft, params, seen, rule, generator, choices)
     if verdict.next_token < 0:
         raise NonFiniteLogitsError(
             "the model's logits hold NaN or inf values, so no token can be chosen: a weight is corrupt (NaN/inf), "
@@ -39,16 +48,16 @@ def decide(
     return verdict
 
 
-def _decide(logits, draft, params, seen, rule, generator) -> Verdict:
+def _decide(logits, draft, params, seen, rule, generator, choices) -> Verdict:
     drafts = draft.tokens
-    histories = _seen_per_row(seen, drafts)
-    # Logits that are not finite in any row turn every choice into -1, on the device: the host sees
-    # it when it reads the tokens, which it must do anyway (no extra sync per token).
-    finite = torch.isfinite(logits).all()
+    histories = _seen_per_row(seen, drafts, params.repetition_penalty)
     if params.greedy:
-        rows = penalize_repetition(logits.float(), torch.stack(histories), params.repetition_penalty)
-        choices = torch.where(finite, rows.argmax(-1), -1).tolist()
-        return verify_greedy(choices, drafts)
+        if choices is None:
+            choices = greedy_choices(penalize_repetition(logits.float(), torch.stack(histories),
+                                                         params.repetition_penalty))
+        return verify_greedy(choices.tolist(), drafts)
+    # Logits that are not finite in any row turn every choice into -1, as in `greedy_choices`.
+    finite = torch.isfinite(logits).all()
     p = torch.stack([distribution(logits[i], params, histories[i]) for i in range(len(drafts) + 1)]).double()
     p = torch.where(finite, p, torch.nan)
     if draft.q is not None:

@@ -1,0 +1,73 @@
+"""The text stage of a request: committed token ids in, the chunks a caller sees out.
+
+Contract: `feed(tokens)` takes one round's committed tokens in order and returns the chunk to
+yield (token ids, and their text when the model has a tokenizer); it stops at the first token
+that ends the request (EOS or a stop token, emitted; a stop string, never emitted; or
+`max_tokens`), after which `finish` is set and tokens past it are not counted. `last(stats)` is
+the final chunk: the ids and text of the round that finished, any text held back for a stop
+string that never came, finish_reason and stats. Device values are never read here.
+"""
+
+from __future__ import annotations
+
+from lucebox.generation import Chunk
+from lucebox.stopping import StopStrings
+from lucebox.tokenizer import IncrementalDecoder
+
+
+class TextStage:
+    def __init__(self, tokenizer, prompt_ids: list[int], stop_strings: list[str], stop_ids: set[int],
+                 max_tokens: int):
+        self.text = IncrementalDecoder(tokenizer, prompt_ids) if tokenizer is not None else None
+        self.stops = StopStrings(stop_strings)
+        self.stop_ids, self.max_tokens = stop_ids, max_tokens
+        self.generated: list[int] = []
+        self.finish: str | None = None
+        self._by_stop_string = False
+        self._held = Chunk([], None)  # the chunk of the round that finished the request
+
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - len(self.generated)
+
+    def feed(self, tokens: list[int]) -> Chunk:
+        new_ids, new_text = [], "" if self.text is not None else None
+        for token in tokens:
+            self.generated.append(token)
+            new_ids.append(token)
+            if self.text is not None:
+                piece, self._by_stop_string = self.stops.feed(self.text.push([token]))
+                new_text += piece
+            if self._by_stop_string or token in self.stop_ids:
+                self.finish = "stop"
+            elif len(self.generated) >= self.max_tokens:
+                self.finish = "length"
+            if self.finish is not None:
+                break
+        chunk = Chunk(new_ids, new_text)
+        if self.finish is not None:
+            self._held = chunk
+        return chunk
+
+    def last(self, stats: dict) -> Chunk:
+        ids, text = self._held.token_ids, self._held.text
+        if self.text is not None and not self._by_stop_string:
+            text += self.stops.feed(self.text.flush())[0] + self.stops.flush()
+        return Chunk(ids, text, self.finish, stats)
+
+
+def timing_stats(prompt_len: int, reused: int, n: int, start: float, prefill_done: float, end: float) -> dict:
+    """A request's token counts and speeds; decode time runs from the first token to the end."""
+    prefill_s = max(prefill_done - start, 1e-9)
+    decode_s = max(end - prefill_done, 1e-9)
+    return {
+        "prompt_tokens": prompt_len,
+        "cached_prompt_tokens": reused,  # rows reused from the previous request: not prefilled again
+        "generated_tokens": n,
+        "prefill_time_s": prefill_s,
+        "decode_time_s": decode_s,
+        "prefill_tokens_per_s": (prompt_len - reused) / prefill_s,
+        # The first token comes from the prefill's logits; decode speed counts the rest.
+        "decode_tokens_per_s": (n - 1) / decode_s if n > 1 else 0.0,
+        "tokens_per_s": n / max(end - start, 1e-9),
+    }

@@ -1,0 +1,112 @@
+"""The graphed decode/verify step is position-independent: a CUDA graph captured at one position
+replays correctly at any other only if the step's device work is the same launches with the same
+arguments everywhere, reading the same buffers, with everything that moves (positions, ring
+slots, the pool's page table, pinned rows) in device tensors.
+
+On the CPU the step body runs eagerly under a recorder of every ATen op it dispatches: the op,
+each tensor argument's shape, stride and dtype (and, for tensors the step did not make, its
+address: a buffer reallocated between steps would leave a graph reading freed memory), and
+every non-tensor argument. Steps at consecutive positions must record the same sequence, across
+sliding-ring wraps, pool chunk boundaries, chunks leaving for the host, and KVFlash re-selection."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+import torch
+from tiny_models import VOCAB
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import lucebox
+from lucebox.caches import Step
+from lucebox.caches.paged import PagedKV
+from lucebox.caches.ring import SlidingRing
+from lucebox.runner import StepGraph, StepRunner
+
+
+class OpRecorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple] = []
+        self._made: set[int] = set()  # storages of tensors this step produced
+
+    def _describe(self, value):
+        if isinstance(value, torch.Tensor):
+            made = value.untyped_storage().data_ptr() in self._made
+            where = "made in the step" if made else value.data_ptr()
+            return ("tensor", tuple(value.shape), value.stride(), str(value.dtype), where)
+        return ("value", repr(value))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        self.ops.append((str(func), tuple(self._describe(a) for a in tree_flatten((args, kwargs))[0])))
+        out = func(*args, **kwargs)
+        # A view or an in-place op hands back storage it was given; anything else is new.
+        given = {t.untyped_storage().data_ptr() for t in tensors}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given:
+                self._made.add(t.untyped_storage().data_ptr())
+        return out
+
+
+@pytest.fixture
+def recorded_steps(reference_models, monkeypatch):
+    """Recordings of the step body, by width, over a stretch of decoding past the pool."""
+    folder, _ = reference_models("laguna")
+    llm = lucebox.LLM(folder, device="cpu", dtype="float32", max_context=1024, kv_pool_tokens=640,
+                      kv_policy="select", kv_reselect_every=16, prefill_chunk=64)
+    llm.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    recordings: dict[int, list[tuple[int, list]]] = defaultdict(list)
+    events = defaultdict(int)
+    body = StepGraph.body
+
+    def recorded_body(graph):
+        recorder = OpRecorder()
+        with recorder:
+            out = body(graph)
+        recordings[graph.inputs.shape[1]].append((int(graph.inputs[1, 0]), recorder.ops))
+        return out
+
+    monkeypatch.setattr(StepGraph, "body", recorded_body)
+    prompt = torch.randint(0, VOCAB, (700,), generator=torch.Generator().manual_seed(5)).tolist()
+    cache = llm._new_cache()
+    for _ in llm._prefill(prompt, cache):
+        pass
+    paged = next(layer for layer in cache.layers if isinstance(layer, PagedKV))
+    ring = next(layer for layer in cache.layers if isinstance(layer, SlidingRing))
+    position, gen = len(prompt), torch.Generator().manual_seed(6)
+    while position < 800:
+        before = (set(paged.chunk_slot), list(paged.selected), ring.highest // ring.capacity)
+        # Width 1 (plain decoding) and verify blocks of 3 of which 2 are kept and 1 rolled back,
+        # never spanning a reselect boundary (as the engine steps).
+        width = 1 if position < 750 else min(3, cache.rows_before_reselect(position))
+        rows = torch.randint(0, VOCAB, (width,), generator=gen).tolist()
+        llm.runner.step(rows, Step.span(position, width, llm.device), cache)
+        kept = 1 if width == 1 else width - 1
+        cache.commit(position + kept)
+        if kept < width:
+            cache.rollback(position + kept)
+        position += kept
+        after = (set(paged.chunk_slot), list(paged.selected), ring.highest // ring.capacity)
+        events["chunk left the pool"] += bool(before[0] - after[0])
+        events["re-selection changed the chosen chunks"] += before[1] != after[1]
+        events["ring wrapped"] += before[2] != after[2]
+        events["chunk boundary crossed"] += position // 64 != (position - kept) // 64
+    return recordings, events
+
+
+def test_the_step_records_the_same_ops_at_every_position(recorded_steps):
+    recordings, events = recorded_steps
+    assert all(events[e] >= 1 for e in ("chunk left the pool", "re-selection changed the chosen chunks",
+                                        "ring wrapped", "chunk boundary crossed")), dict(events)
+    assert len(recordings[1]) >= 40 and len(recordings[3]) >= 10
+    for width, steps in recordings.items():
+        first_position, first = steps[0]
+        assert any("index_copy_" in op for op, _ in first)  # the cache stores are in the step
+        for position, ops in steps[1:]:
+            assert len(ops) == len(first), f"width {width}: {len(ops)} ops at {position}, {len(first)} at {first_position}"
+            for i, (a, b) in enumerate(zip(first, ops, strict=True)):
+                assert a == b, f"width {width}, op {i}: {a} at {first_position} but {b} at {position}"
