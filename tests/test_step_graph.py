@@ -107,6 +107,6 @@ def test_the_step_records_the_same_ops_at_every_position(recorded_steps):
         first_position, first = steps[0]
         assert any("index_copy_" in op for op, _ in first)  # the cache stores are in the step
         for position, ops in steps[1:]:
-            assert len(ops) == len(first), f"width {width}: {len(ops)} ops at {position}, {len(first)} at {first_position}"
+            assert len(ops) == len(first), f"width {width}: {len(ops)} ops at {position}, {len(first)} before"
             for i, (a, b) in enumerate(zip(first, ops, strict=True)):
                 assert a == b, f"width {width}, op {i}: {a} at {first_position} but {b} at {position}"
