@@ -2,17 +2,20 @@
 GPU waiting.
 
 The model is Laguna XS.2's layer pattern (40 layers, 1 full : 3 sliding, 256 experts top-8,
-window 512) at a tiny width with random weights, on the graphed path (Triton kernels, decode and
-verify forwards split into graph segments). Device work is made free so only host work remains:
+window 512) at a tiny width with random weights, on the graphed path (Triton kernels, each
+decode/verify step one graph, `lucebox.runner`). Device work is made free so only host work
+remains:
 - every Triton launch is stubbed (counted, not run);
-- a graph segment's replay returns the outputs its first run left (counted, not run);
+- a graph's replay returns the outputs its first run left (counted, not run);
 - fresh tensors are zero-filled, so stubbed kernels leave finite numbers behind.
 
 Counted per decoded token (plain greedy decoding) and per speculative round (the n-gram drafter,
 whose drafts here are always accepted): graph replays, Triton launches, ATen kernels run eagerly
-outside graph segments, host reads of device values (`item`, `tolist`, `int()`, ... on a tensor:
-each one a sync on a GPU), synchronizing clock reads, and host CPU time (a separate, uncounted
-pass: the counters slow the host down).
+outside graphs (by where they run: the step's input upload, the decision, the caches' commit and
+rollback, which hold KVFlash re-selection every `kv_reselect_every` tokens), host reads of
+device values (`item`, `tolist`, `int()`, ... on a tensor: each one a sync on a GPU),
+synchronizing clock reads, and host CPU time (a separate, uncounted pass: the counters slow the
+host down).
 
     python bench/host_overhead.py                       # writes bench/results/local/
     python bench/host_overhead.py --out bench/results   # replaces the committed result
@@ -62,7 +65,8 @@ class Counters:
 
     def __init__(self):
         self.counting = False
-        self.silent = False  # inside a graph segment or a stand-in: ops are not host work we measure
+        self.silent = False  # inside a graph or a stand-in: ops are not host work we measure
+        self.phase = "other"  # where eager kernels run (see `instruments`)
         self.c: Counter[str] = Counter()
 
     def add(self, what: str, n: int = 1) -> None:
@@ -80,7 +84,11 @@ class EagerOps(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self.counters.silent:
-            self.counters.add("eager_views" if func.is_view else "eager_kernels")
+            if func.is_view:
+                self.counters.add("eager_views")
+            else:
+                self.counters.add("eager_kernels")
+                self.counters.add(f"eager_kernels.{self.counters.phase}")
         return func(*args, **(kwargs or {}))
 
 
@@ -96,7 +104,9 @@ def patched(owner, name: str, make):
 
 def instruments(counters: Counters, llm) -> ExitStack:
     """Stub the device work, count the host's."""
-    from lucebox.models import graphs
+    from lucebox import runner
+    from lucebox.caches import SequenceCache
+    from lucebox.speculative import rounds
 
     stack = ExitStack()
 
@@ -108,9 +118,9 @@ def instruments(counters: Counters, llm) -> ExitStack:
     launcher = type(triton.jit(lambda: None))  # JITFunction, or the interpreter's stand-in for it
     stack.enter_context(patched(launcher, "run", launch))
 
-    def segment(original):
+    def graph(original):
         def run(self):
-            if self.out:  # a replay: on a GPU the captured work runs on the device, not here
+            if self.out is not None:  # a replay: on a GPU the captured work runs on the device, not here
                 counters.add("graph_replays")
                 return self.out
             counters.silent = True
@@ -120,7 +130,23 @@ def instruments(counters: Counters, llm) -> ExitStack:
                 counters.silent = False
         return run
 
-    stack.enter_context(patched(graphs._Segment, "run", segment))
+    stack.enter_context(patched(runner.StepGraph, "run", graph))
+
+    def phase(name):
+        def wrap(original):
+            def f(*args, **kwargs):
+                outer, counters.phase = counters.phase, name
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    counters.phase = outer
+            return f
+        return wrap
+
+    stack.enter_context(patched(runner.StepRunner, "step", phase("step")))
+    stack.enter_context(patched(rounds, "decide", phase("decide")))
+    stack.enter_context(patched(SequenceCache, "commit", phase("commit_and_reselect")))
+    stack.enter_context(patched(SequenceCache, "rollback", phase("rollback")))
 
     for name in READS:
         def read(original, name=name):
@@ -163,9 +189,11 @@ def measure(llm, prompt: list[int], tokens: int, counters: Counters) -> dict:
         stats = llm.generate(prompt, max_tokens=max_tokens, ignore_eos=True, temperature=0.0).stats
         return stats, time.process_time() - cpu
 
-    run(tokens + 1)  # every width's segments run once (their "capture") before anything is counted
+    # Every width's graph runs once (its "capture") before anything is counted (below: the first
+    # of the requests that put the cache in the same state before each measured one).
     counted, rounds = [], []
     for max_tokens in (1, tokens + 1):
+        run(tokens + 1)  # both requests start from the cache this request leaves
         counters.c.clear()
         counters.counting = True
         with torch.inference_mode(), EagerOps(counters):
@@ -192,9 +220,8 @@ def main() -> None:
     p.add_argument("--out", default=None, help="directory for the JSON (default bench/results/local)")
     args = p.parse_args()
 
-    from lucebox.models.graphs import DecodeGraphs
-
     import lucebox
+    from lucebox.runner import StepRunner
 
     torch.set_num_threads(1)
     counters = Counters()
@@ -210,14 +237,14 @@ def main() -> None:
         # gives the n-gram drafter full-width rounds that are always accepted.
         prompt = [0] * args.context
         for name, llm in engines.items():
-            llm.decoder.graphs = DecodeGraphs(llm.decoder, capture=False)
+            llm.runner = StepRunner(llm.decoder, graphs=True, capture=False)
             with instruments(counters, llm):
                 llm.generate(prompt, max_tokens=2, ignore_eos=True)  # the prompt's rows, cached once
                 rows[name] = measure(llm, prompt, args.tokens, counters)
     payload = {"model": "Laguna XS.2 layer pattern at tiny width (examples/laguna-xs2, hidden 64), random weights",
                "setup": {"context": args.context, "tokens": args.tokens, "kv_policy": "select",
                          "kv_pool_tokens": 1024, "host_offload": True, "backend": "triton (launches stubbed)",
-                         "graph_segments": "replays free"},
+                         "graphs": "one per step and width, replays free"},
                "results": rows}
     for name, row in rows.items():
         counts = ", ".join(f"{k} {v:.1f}" for k, v in row["per_round"].items() if "." not in k)

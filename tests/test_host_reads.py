@@ -4,8 +4,9 @@ overlapping. Counted here on the CPU, where the same torch code runs: a plain gr
 once (its chosen token), a speculative round twice (the drafts, then the verdict).
 
 KVFlash `select` re-selection (every `kv_reselect_every` committed tokens) runs as a step of its
-own between decode steps and reads the chunks it chose (the host copies them into the pool): its
-reads are counted apart."""
+own between decode steps and reads back the chunks it ranked (the host copies the chosen ones
+into the pool), every full-attention layer's in one transfer: its reads are counted apart, and
+there is one per re-selection."""
 
 from __future__ import annotations
 
@@ -18,14 +19,14 @@ import torch
 
 import lucebox
 from lucebox.builtin import builtin_model
-from lucebox.caches import PagedKV
+from lucebox.caches import SequenceCache
 
 READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__")
 
 
 @contextmanager
 def counted_reads(monkeypatch) -> Iterator[Counter]:
-    """Counts host reads of tensor values, apart for those made by `PagedKV._reselect`."""
+    """Counts host reads of tensor values, apart for those of re-selection (`SequenceCache._read_back`)."""
     counts: Counter[str] = Counter()
     inside = []
 
@@ -36,19 +37,19 @@ def counted_reads(monkeypatch) -> Iterator[Counter]:
         return read
 
     def reselect(original):
-        def run(self, *args, **kwargs):
+        def run(tensors):
             inside.append(1)
             try:
-                counts["reselections"] += 1
-                return original(self, *args, **kwargs)
+                counts["reselections"] += bool(tensors)
+                return original(tensors)
             finally:
                 inside.pop()
-        return run
+        return staticmethod(run)
 
     with monkeypatch.context() as m:
         for name in READS:
             m.setattr(torch.Tensor, name, counting(getattr(torch.Tensor, name)))
-        m.setattr(PagedKV, "_reselect", reselect(PagedKV._reselect))
+        m.setattr(SequenceCache, "_read_back", reselect(SequenceCache._read_back))
         yield counts
 
 
@@ -75,3 +76,4 @@ def test_a_decode_step_reads_one_device_value_and_a_speculative_round_two(engine
     # The first token comes from the prefill's logits: one read, like a round.
     per_round = 1 if draft is None else 2
     assert reads["step"] <= per_round * (rounds + 1), (dict(reads), rounds)
+    assert reads["reselect"] <= reads["reselections"], dict(reads)  # every layer's ranking in one read

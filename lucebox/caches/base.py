@@ -14,31 +14,40 @@ from dataclasses import dataclass
 import torch
 
 
-@dataclass(frozen=True)
 class Step:
     """What one forward is: its rows' absolute positions and whether it is a prompt prefill
     (always exact attention) or a decode/verify step (attention follows the cache's policy).
 
-    `start` is the first position as a host integer, kept beside the device tensor so the caches'
-    bookkeeping never reads a device value (on a GPU each read waits for the queued work). The
-    engine builds steps with `Step.span`; a step built from positions alone reads its start once."""
+    `start` and `count` are host integers, so the caches' bookkeeping never reads a device value
+    (on a GPU each read waits for the queued work). The engine builds steps with `Step.span`,
+    whose device `positions` are made only if something asks for them (a graphed step uploads
+    its own); a step built from positions alone reads its start once."""
 
-    positions: torch.Tensor  # (T,) int64, consecutive
-    prefill: bool = False
-    start: int = None  # type: ignore[assignment] - filled from `positions` when not given
+    __slots__ = ("_device", "_positions", "count", "prefill", "start")
 
-    def __post_init__(self):
-        if self.start is None:
-            object.__setattr__(self, "start", int(self.positions[0]))
+    def __init__(self, positions: torch.Tensor, prefill: bool = False, start: int | None = None):
+        self._positions, self._device = positions, positions.device  # (T,) int64, consecutive
+        self.prefill = prefill
+        self.start = int(positions[0]) if start is None else start
+        self.count = len(positions)
 
     @classmethod
     def span(cls, start: int, count: int, device: torch.device, prefill: bool = False) -> Step:
         """The step of `count` rows at positions start, start + 1, ..."""
-        return cls(torch.arange(start, start + count, device=device), prefill, start)
+        step = cls.__new__(cls)
+        step._positions, step._device = None, device
+        step.prefill, step.start, step.count = prefill, start, count
+        return step
+
+    @property
+    def positions(self) -> torch.Tensor:
+        if self._positions is None:
+            self._positions = torch.arange(self.start, self.end, device=self._device)
+        return self._positions
 
     @property
     def end(self) -> int:
-        return self.start + len(self.positions)
+        return self.start + self.count
 
 
 @dataclass
@@ -104,8 +113,23 @@ class LayerCache(ABC):
     def rollback(self, to_position: int) -> None:
         """Forget positions >= to_position."""
 
-    def commit(self, length: int) -> None:  # noqa: B027 - most caches need no notice of commits
-        """Positions < length are final: no rollback will go below it."""
+    def commit(self, length: int) -> None:
+        """Positions < length are final: no rollback will go below it. In three parts, so that
+        `SequenceCache` reads back what all its layers need in one transfer."""
+        self.begin_commit(length)
+        ranking = self.ranking(length)
+        self.finish_commit(length, None if ranking is None else ranking.flatten().tolist())
+
+    def begin_commit(self, length: int) -> None:  # noqa: B027 - most caches need no notice of commits
+        """The commit's first half: bookkeeping that reads nothing back."""
+
+    def ranking(self, length: int) -> torch.Tensor | None:
+        """After `commit(length)`: device values the commit must read back to finish (KVFlash
+        `select`'s ranked chunks when a re-selection is due), or None."""
+        return None
+
+    def finish_commit(self, length: int, ranking: list | None) -> None:  # noqa: B027 - optional
+        """The commit's second half, given `ranking` read back as a flat list (None if there was none)."""
 
     def can_rewind_to(self, position: int) -> bool:
         """Whether every row a query at `position` or later needs is still held (caches that never

@@ -49,14 +49,20 @@ class ChunkSummaries:
         return mean.flatten(1).amax(-1), bound.flatten(1).amax(-1)
 
 
-def top_chunks(summaries: ChunkSummaries, q: torch.Tensor, candidates: list[int], k: int) -> list[int]:
-    """k candidates, alternating between the best by mean score and the best by bound."""
+def rank_chunks(summaries: ChunkSummaries, q: torch.Tensor, candidates: list[int]) -> torch.Tensor:
+    """(2, len(candidates)) on the device: candidate indices best first by mean score, then by bound."""
+    idx = torch.tensor(candidates, device=summaries.stats.device)
+    return torch.stack([torch.argsort(s, descending=True) for s in summaries.scores(q, idx)])
+
+
+def pick_chunks(candidates: list[int], ranking: list[int], k: int) -> list[int]:
+    """k candidates, alternating between the best by mean score and the best by bound, from
+    `rank_chunks`' ranking read back as one flat list."""
     if len(candidates) <= k:
         return list(candidates)
-    idx = torch.tensor(candidates, device=summaries.stats.device)
-    by_mean, by_bound = (torch.argsort(s, descending=True).tolist() for s in summaries.scores(q, idx))
+    n = len(candidates)
     chosen: dict[int, None] = {}
-    for a, b in zip(by_mean, by_bound, strict=True):
+    for a, b in zip(ranking[:n], ranking[n:], strict=True):
         for i in (a, b):
             if len(chosen) < k:
                 chosen.setdefault(i)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from lucebox.caches.base import KVBlock, LayerCache, Step
-from lucebox.caches.chunk_selection import ChunkSummaries, top_chunks
+from lucebox.caches.chunk_selection import ChunkSummaries, pick_chunks, rank_chunks
 from lucebox.caches.host_chunks import HostChunks
 from lucebox.config import DECODE_ROWS, KV_CHUNK
 from lucebox.errors import InvalidArgumentError
@@ -125,6 +125,7 @@ class PagedKV(LayerCache):
         # reselect reads for the last committed token, and the position of the first of them.
         self._queries: torch.Tensor | None = None
         self._queries_start = 0
+        self._candidates: list[int] | None = None  # of the re-selection `ranking` prepared
         self._loads_done: torch.cuda.Event | None = None
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
@@ -246,7 +247,7 @@ class PagedKV(LayerCache):
             return
         yield KVBlock(pool_k, pool_v, positions)
         # A decode step's scores are one row per head, so it can take much longer runs than a prefill.
-        run = self.s.stream_chunks * (16 if len(step.positions) <= self.s.decode_rows else 1)
+        run = self.s.stream_chunks * (16 if step.count <= self.s.decode_rows else 1)
         yield from self._streamed_blocks(run)
 
     def graphable(self, step: Step) -> bool:
@@ -287,7 +288,7 @@ class PagedKV(LayerCache):
             # Streamed chunks are complete and older than the step (the chunks it writes are resident).
             yield KVBlock(k, v, positions, all_visible=True)
 
-    def commit(self, length: int) -> None:
+    def begin_commit(self, length: int) -> None:
         # Ordered so that the next commit finishes whatever an interrupted one left: a crossed
         # reselect boundary is marked due before `committed` moves, and summaries resume from
         # their own count.
@@ -298,8 +299,28 @@ class PagedKV(LayerCache):
             return
         for chunk in range(max(1, self.summaries.count), length // self.s.chunk):  # completed, not yet summarized
             self.summaries.add(chunk, self._chunk_keys(chunk))
-        if self._reselect_due:
-            self._reselect(length)
+
+    def ranking(self, length: int) -> torch.Tensor | None:
+        """A due re-selection's candidates ranked on the device (`rank_chunks`), for
+        `SequenceCache` to read back with every other layer's in one transfer."""
+        self._candidates = None
+        if not self.select or not self._reselect_due:
+            return None
+        row = length - 1 - self._queries_start  # the last committed token's row among the kept queries
+        if self._queries is None or not 0 <= row < min(self.length - self._queries_start, self.s.decode_rows):
+            return None  # no query of the last committed token seen yet; choose at the next commit
+        C, every = self.s.chunk, self.s.reselect_every
+        # Chunks that fall out of the tail before the next reselect; younger ones the tail covers.
+        self._candidates = [c for c in range(1, length // C) if c * C < length + every - self.s.tail_tokens]
+        if len(self._candidates) <= self.s.select_k:
+            return self._queries.new_zeros((0,), dtype=torch.long)  # all of them: nothing to rank
+        return rank_chunks(self.summaries, self._queries[row], self._candidates)
+
+    def finish_commit(self, length: int, ranking: list[int] | None) -> None:
+        if not self.select:
+            return
+        if ranking is not None:
+            self._reselect(length, pick_chunks(self._candidates, ranking, self.s.select_k))
         self._ensure_tail_resident(length)
 
     def _chunk_keys(self, chunk: int) -> torch.Tensor:
@@ -307,15 +328,8 @@ class PagedKV(LayerCache):
             return self.pk[:, self._rows(self.chunk_slot[chunk])]
         return self.host.fetch(chunk, chunk + 1)[0]
 
-    def _reselect(self, length: int) -> None:
-        row = length - 1 - self._queries_start  # the last committed token's row among the kept queries
-        if self._queries is None or not 0 <= row < min(self.length - self._queries_start, self.s.decode_rows):
-            return  # no query of the last committed token seen yet; choose at the next commit
-        q = self._queries
-        C, every = self.s.chunk, self.s.reselect_every
-        # Chunks that fall out of the tail before the next reselect; younger ones the tail covers.
-        candidates = [c for c in range(1, length // C) if c * C < length + every - self.s.tail_tokens]
-        selected = top_chunks(self.summaries, q[row], candidates, self.s.select_k)
+    def _reselect(self, length: int, selected: list[int]) -> None:
+        C = self.s.chunk
         keep = set(selected) | {0} | set(range(self._tail_start(length), -(-length // C)))
         stream = self._copy_stream
         if stream is not None:

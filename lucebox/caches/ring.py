@@ -30,8 +30,8 @@ class SlidingRing(LayerCache):
         self.highest = 0  # one past the highest position ever written (rolled back or not)
 
     def reserve(self, step: Step) -> None:
-        if len(step.positions) > self.max_step:
-            raise ValueError(f"a ring sized for {self.max_step} rows per step was given {len(step.positions)}")
+        if step.count > self.max_step:
+            raise ValueError(f"a ring sized for {self.max_step} rows per step was given {step.count}")
         self.dirty = True
         # `highest` moves before any slot is overwritten, so a write cut short midway is already
         # judged by `can_rewind_to`.

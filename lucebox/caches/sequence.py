@@ -58,13 +58,31 @@ class SequenceCache:
         return self._unfinished > 0 or any(layer.dirty for layer in self.layers)
 
     def commit(self, length: int) -> None:
+        """Every layer commits; what their commits must read back from the device (KVFlash
+        re-selection's rankings, every `kv_reselect_every` tokens) is read in one transfer."""
         self._unfinished += 1
         for layer in self.layers:
-            layer.commit(length)
+            layer.begin_commit(length)
+        rankings = [layer.ranking(length) for layer in self.layers]
+        values = self._read_back([r for r in rankings if r is not None])
+        for layer, ranking in zip(self.layers, rankings, strict=True):
+            layer.finish_commit(length, None if ranking is None else values.pop(0))
         self.length = length
         for layer in self.layers:
             layer.dirty = False  # the step that wrote them is complete
         self._unfinished -= 1
+
+    @staticmethod
+    def _read_back(tensors: list[torch.Tensor]) -> list[list]:
+        """The tensors' values as flat lists, read in one transfer (none when there are none)."""
+        if not tensors:
+            return []
+        flat = torch.cat([t.flatten() for t in tensors]).tolist()
+        parts, start = [], 0
+        for t in tensors:
+            parts.append(flat[start : start + t.numel()])
+            start += t.numel()
+        return parts
 
     def rollback(self, to_position: int) -> None:
         self._unfinished += 1
