@@ -19,13 +19,20 @@ host down).
 
     python bench/host_overhead.py                       # writes bench/results/local/
     python bench/host_overhead.py --out bench/results   # replaces the committed result
+
+It also measures the commits before the one-graph step (piecewise graph segments, the decode
+loop in `lucebox.llm`), which is how `bench/results/host_overhead_before-cpu.json` was made: a
+`git worktree` of a036709 with `lucebox/kernels` and `lucebox/models` linked to `../kernels`
+and `../models` (the installed package maps them) and this file copied into its `bench/`.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -68,6 +75,7 @@ class Counters:
         self.silent = False  # inside a graph or a stand-in: ops are not host work we measure
         self.phase = "other"  # where eager kernels run (see `instruments`)
         self.c: Counter[str] = Counter()
+        self.round_ends: list[tuple[float, float]] = []  # (host CPU time, eager kernels so far) at each decision
 
     def add(self, what: str, n: int = 1) -> None:
         if self.counting:
@@ -102,11 +110,33 @@ def patched(owner, name: str, make):
         setattr(owner, name, original)
 
 
-def instruments(counters: Counters, llm) -> ExitStack:
+def loop_module():
+    """The module whose decode loop calls `decide` once per round (the speculation stage; before
+    it existed, `lucebox.llm`), so that rounds can be timed and counted on older commits too."""
+    try:
+        from lucebox.speculative import rounds
+        return rounds
+    except ImportError:
+        import lucebox.llm
+        return lucebox.llm
+
+
+def graphed_path(llm):
+    """Put the engine on its graphed path, run without capture; returns the class whose `run`
+    replays a graph (this commit's one graph per step, or the piecewise segments before it)."""
+    try:
+        from lucebox.runner import StepGraph, StepRunner
+    except ImportError:
+        from lucebox.models.graphs import DecodeGraphs, _Segment
+        llm.decoder.graphs = DecodeGraphs(llm.decoder, capture=False)
+        return _Segment
+    llm.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    return StepGraph
+
+
+def instruments(counters: Counters, llm, graph_class) -> ExitStack:
     """Stub the device work, count the host's."""
-    from lucebox import runner
     from lucebox.caches import SequenceCache
-    from lucebox.speculative import rounds
 
     stack = ExitStack()
 
@@ -120,7 +150,7 @@ def instruments(counters: Counters, llm) -> ExitStack:
 
     def graph(original):
         def run(self):
-            if self.out is not None:  # a replay: on a GPU the captured work runs on the device, not here
+            if self.out:  # a replay: on a GPU the captured work runs on the device, not here
                 counters.add("graph_replays")
                 return self.out
             counters.silent = True
@@ -130,7 +160,7 @@ def instruments(counters: Counters, llm) -> ExitStack:
                 counters.silent = False
         return run
 
-    stack.enter_context(patched(runner.StepGraph, "run", graph))
+    stack.enter_context(patched(graph_class, "run", graph))
 
     def phase(name):
         def wrap(original):
@@ -143,10 +173,22 @@ def instruments(counters: Counters, llm) -> ExitStack:
             return f
         return wrap
 
-    stack.enter_context(patched(runner.StepRunner, "step", phase("step")))
-    stack.enter_context(patched(rounds, "decide", phase("decide")))
+    def each_round(original):  # a round ends with its decision
+        def f(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            finally:
+                counters.round_ends.append((time.process_time(), counters.c["eager_kernels"]))
+        return f
+
+    loop = loop_module()
+    stack.enter_context(patched(loop, "decide", each_round))
+    stack.enter_context(patched(loop, "decide", phase("decide")))
     stack.enter_context(patched(SequenceCache, "commit", phase("commit_and_reselect")))
     stack.enter_context(patched(SequenceCache, "rollback", phase("rollback")))
+    runner = sys.modules.get("lucebox.runner")
+    if runner is not None:
+        stack.enter_context(patched(runner.StepRunner, "step", phase("step")))
 
     for name in READS:
         def read(original, name=name):
@@ -181,13 +223,13 @@ def instruments(counters: Counters, llm) -> ExitStack:
 
 
 def measure(llm, prompt: list[int], tokens: int, counters: Counters) -> dict:
-    """Counts and host CPU time per decode round: a request decoding `tokens` tokens after
-    `prompt` (cached) minus one that stops at its first token (the prompt's last row and the
-    request's start), over the rounds between them."""
-    def run(max_tokens: int) -> tuple[dict, float]:
-        cpu = time.process_time()
-        stats = llm.generate(prompt, max_tokens=max_tokens, ignore_eos=True, temperature=0.0).stats
-        return stats, time.process_time() - cpu
+    """Counts and host CPU time per decode round, in a request decoding `tokens` tokens after
+    `prompt` (cached). Counts: that request's minus one's that stops at its first token (the
+    prompt's last row and the request's start), over the rounds between them. Host CPU time: the
+    median time from one round's decision to the next's (the text stage, the loop and the round),
+    in a separate, uncounted request (the counters cost time)."""
+    def run(max_tokens: int) -> dict:
+        return llm.generate(prompt, max_tokens=max_tokens, ignore_eos=True, temperature=0.0).stats
 
     # Every width's graph runs once (its "capture") before anything is counted (below: the first
     # of the requests that put the cache in the same state before each measured one).
@@ -195,20 +237,28 @@ def measure(llm, prompt: list[int], tokens: int, counters: Counters) -> dict:
     for max_tokens in (1, tokens + 1):
         run(tokens + 1)  # both requests start from the cache this request leaves
         counters.c.clear()
+        counters.round_ends.clear()
         counters.counting = True
         with torch.inference_mode(), EagerOps(counters):
-            stats, _ = run(max_tokens)
+            stats = run(max_tokens)
         counters.counting = False
         counted.append(Counter(counters.c))
         rounds.append(stats["rounds"] if max_tokens > 1 else 0)
     n = rounds[1] - rounds[0]
     counts = {k: (counted[1][k] - counted[0][k]) / n for k in sorted(counted[1] | counted[0])}
-    times = [min(run(m)[1] for _ in range(3)) for m in (1, tokens + 1)]  # uncounted: the counters cost time
+    kernels = [b[1] - a[1] for a, b in itertools.pairwise(counters.round_ends)]
+    typical = Counter(kernels).most_common(1)[0]
+    counters.round_ends.clear()
+    run(tokens + 1)
+    seconds = [b[0] - a[0] for a, b in itertools.pairwise(counters.round_ends)]
     return {
         "rounds": n,
         "tokens_per_round": tokens / n,
         "per_round": counts,
-        "host_cpu_ms_per_round": 1e3 * (times[1] - times[0]) / n,
+        # Most rounds run no KVFlash work (re-selection, a new chunk's residency): what they launch.
+        "eager_kernels_in_most_rounds": {"kernels": typical[0], "rounds": typical[1], "of": len(kernels)},
+        "host_cpu_ms_per_round": 1e3 * statistics.median(seconds),
+        "host_cpu_ms_per_round_mean": 1e3 * statistics.fmean(seconds),
     }
 
 
@@ -221,7 +271,6 @@ def main() -> None:
     args = p.parse_args()
 
     import lucebox
-    from lucebox.runner import StepRunner
 
     torch.set_num_threads(1)
     counters = Counters()
@@ -237,8 +286,7 @@ def main() -> None:
         # gives the n-gram drafter full-width rounds that are always accepted.
         prompt = [0] * args.context
         for name, llm in engines.items():
-            llm.runner = StepRunner(llm.decoder, graphs=True, capture=False)
-            with instruments(counters, llm):
+            with instruments(counters, llm, graphed_path(llm)):
                 llm.generate(prompt, max_tokens=2, ignore_eos=True)  # the prompt's rows, cached once
                 rows[name] = measure(llm, prompt, args.tokens, counters)
     payload = {"model": "Laguna XS.2 layer pattern at tiny width (examples/laguna-xs2, hidden 64), random weights",
@@ -248,8 +296,10 @@ def main() -> None:
                "results": rows}
     for name, row in rows.items():
         counts = ", ".join(f"{k} {v:.1f}" for k, v in row["per_round"].items() if "." not in k)
-        print(f"{name}: {counts}; host CPU {row['host_cpu_ms_per_round']:.2f} ms "
-              f"({row['tokens_per_round']:.2f} tokens per round)")
+        most = row["eager_kernels_in_most_rounds"]
+        print(f"{name}: {counts}; host CPU {row['host_cpu_ms_per_round']:.2f} ms (median) "
+              f"({row['tokens_per_round']:.2f} tokens per round); {most['kernels']} eager kernels in "
+              f"{most['rounds']} of {most['of']} rounds")
     print(f"wrote {write_result('host_overhead', payload, args.out)}")
 
 
