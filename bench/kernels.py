@@ -46,6 +46,10 @@ def parse_args():
     p.add_argument("--config", default=str(ROOT / "examples" / "laguna-xs2"), help="model folder for the decode run")
     p.add_argument("--no-model", action="store_true", help="skip the whole-model decode")
     p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--contexts", default="",
+                   help="comma-separated contexts (e.g. 1024,32768,131072) for the long-context section: the "
+                        "--config model with dummy int4 weights, CUDA graphs, KVFlash select, decode tokens/s "
+                        "and peak memory at each")
     p.add_argument("--out", default=None, help="directory for the JSON (default bench/results/local; "
                                                               "bench/results replaces the committed result)")
     return p.parse_args()
@@ -269,6 +273,33 @@ def bench_model(folder, dtype, device, peak, tokens: int, dry: bool) -> list[dic
     return rows
 
 
+def bench_contexts(folder, dtype, device, contexts: list[int], tokens: int) -> list[dict]:
+    """Decode speed and peak device memory of the model (dummy int4 weights, graphs on) after
+    prompts of each length. Prompts nest, so each one reuses the cache of the one before and
+    prefills only its new tokens."""
+    import torch
+
+    import lucebox
+
+    llm = lucebox.LLM(folder, device=device.type, dtype=str(dtype).split(".")[-1], load_format="dummy",
+                      quantization="int4", max_context=max(contexts) + tokens + 1)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, llm.config.vocab_size, (max(contexts),), generator=gen).tolist()
+    rows = []
+    for context in sorted(contexts):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        llm.prefill(prompt[:context])
+        stats = llm.generate(prompt[:context], max_tokens=tokens, ignore_eos=True).stats
+        rows.append({"context": context, "weights": "int4", "kv_policy": llm.cache_settings.kv_policy,
+                     "kv_pool_tokens": llm.cache_settings.kv_pool_tokens, "cuda_graphs": llm.runner.graphs,
+                     "decode_tokens_per_s": stats["decode_tokens_per_s"], "generated_tokens": stats["generated_tokens"],
+                     "peak_device_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+                     "memory": llm.memory()})
+        print(f"context {context}: {rows[-1]['decode_tokens_per_s']:.1f} tokens/s", flush=True)
+    return rows
+
+
 def dry_run_model() -> Path:
     """examples/laguna-tiny cut to two layers (one full, one sliding) and small widths: the
     interpreter runs every kernel instance in Python."""
@@ -313,6 +344,11 @@ def main() -> None:
         folder = dry_run_model() if dry else Path(args.config)
         sections.append(("model", lambda: bench_model(folder, dtype, device, peak, 8 if dry else args.decode_tokens,
                                                       dry)))
+    if args.contexts:
+        contexts = [int(c) for c in args.contexts.split(",")]
+        folder = dry_run_model() if dry else Path(args.config)
+        sections.append(("contexts", lambda: bench_contexts(folder, dtype, device, contexts,
+                                                            8 if dry else args.decode_tokens)))
     for name, run in sections:
         results[name] = run()
         path = write_result("kernels", results, out)  # after every section: a timeout keeps what was measured

@@ -76,11 +76,13 @@ class StepGraph:
         return self.out
 
     def _capture(self) -> None:
-        # One eager run first (it is this step's work: the capture itself runs nothing), so
-        # Triton compiles and cuBLAS picks its kernels outside the capture; then the same body is
-        # captured on a side stream (capture cannot run on the default stream) and replayed.
+        # One eager run first, so Triton compiles and cuBLAS picks its kernels outside the
+        # capture; then the same body is captured on a side stream (capture cannot run on the
+        # default stream), and replayed for this step: a capture runs nothing, and its outputs
+        # are the graph's static tensors. Running the step twice is harmless: a store rewrites
+        # the same rows at the same slots.
         device = self.decoder.device
-        self.out = self.body()
+        self.body()
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
@@ -92,6 +94,7 @@ class StepGraph:
                 graph.capture_end()
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = graph
+        graph.replay()
 
 
 class StepRunner:

@@ -17,6 +17,7 @@ from tiny_models import VOCAB
 
 import lucebox
 from lucebox.caches import Step
+from lucebox.config import DECODE_ROWS
 from lucebox.errors import InvalidArgumentError
 from lucebox.runner import StepGraph, StepRunner
 
@@ -52,24 +53,65 @@ def test_cuda_graphs_need_cuda_and_triton(reference_models):
     assert lucebox.LLM(folder, device="cpu").runner.graphs is False
 
 
+def laguna_tiny(tmp_path, dtype: str, capture: bool = True, **options) -> lucebox.LLM:
+    """Random weights at examples/laguna-tiny's shapes (no transformers needed on the GPU
+    machine), replaying captured graphs or running the same step body eagerly."""
+    folder = tmp_path / "laguna-tiny"
+    if not folder.exists():
+        shutil.copytree(EXAMPLES / "laguna-tiny", folder)
+    llm = lucebox.LLM(folder, device="cuda", dtype=dtype, backend="triton", load_format="dummy", cuda_graphs=True,
+                      **{"max_context": 2048, **options})
+    if not capture:
+        llm.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    return llm
+
+
+SELECT_OFFLOAD = dict(max_context=1280, kv_pool_tokens=640, kv_policy="select")
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_replayed_graphs_equal_eager_decoding_on_cuda(tmp_path, dtype):
-    """Random weights at examples/laguna-tiny's shapes (no transformers needed on the GPU machine)."""
-    folder = tmp_path / "laguna-tiny"
-    shutil.copytree(EXAMPLES / "laguna-tiny", folder)
-    options = dict(device="cuda", dtype=dtype, backend="triton", load_format="dummy", max_context=2048)
-    eager = lucebox.LLM(folder, cuda_graphs=False, **options)
-    graphed = lucebox.LLM(folder, cuda_graphs=True, **options)
-    want = eager.generate(PROMPT, max_tokens=40, ignore_eos=True).token_ids
-    assert graphed.generate(PROMPT, max_tokens=40, ignore_eos=True).token_ids == want  # the same kernels replayed
-    if dtype != "float32":
-        return  # a verify block rounds differently from single rows: compare speculation where rounding is small
-    speculative = lucebox.LLM(folder, draft="ngram", draft_k=7, adaptive=False, **options)
-    repetitive = PROMPT[:10] * 3  # n-gram drafts on every round, so verify widths > 1 run from graphs
-    assert (speculative.generate(repetitive, max_tokens=40, ignore_eos=True).token_ids
-            == eager.generate(repetitive, max_tokens=40, ignore_eos=True).token_ids)
-    assert len(speculative.runner.widths) >= 2
+@pytest.mark.parametrize("kv", ["exact", "select-offload"])
+def test_replayed_graphs_equal_the_uncaptured_step_on_cuda(tmp_path, dtype, kv):
+    """The same kernels, replayed from graphs captured once per width, give the same tokens at
+    every position (select-offload: chunks leave the pool and re-selection runs between graphs)."""
+    options = SELECT_OFFLOAD if kv == "select-offload" else {}
+    uncaptured = laguna_tiny(tmp_path, dtype, capture=False, **options)
+    graphed = laguna_tiny(tmp_path, dtype, **options)
+    prompt = PROMPT * (32 if kv == "select-offload" else 1)
+    want = uncaptured.generate(prompt, max_tokens=100, ignore_eos=True).token_ids
+    assert graphed.generate(prompt, max_tokens=100, ignore_eos=True).token_ids == want
+    speculative = laguna_tiny(tmp_path, dtype, draft="ngram", draft_k=7, adaptive=False, **options)
+    repetitive = prompt[:10] * 3  # n-gram drafts on every round, so verify widths > 1 run from graphs
+    if dtype == "float32":  # a verify block rounds differently from single rows: compare where rounding is small
+        assert (speculative.generate(repetitive, max_tokens=40, ignore_eos=True).token_ids
+                == uncaptured.generate(repetitive, max_tokens=40, ignore_eos=True).token_ids)
+        assert len(speculative.runner.widths) >= 2
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_every_width_replays_the_uncaptured_steps_logits_on_cuda(tmp_path):
+    """Widths 1..16, each captured at one position and replayed at two later ones (a pool chunk
+    boundary in between), against the same body run eagerly: identical logits."""
+    engines = [laguna_tiny(tmp_path, "float32"), laguna_tiny(tmp_path, "float32", capture=False)]
+    caches = []
+    for llm in engines:
+        cache = llm._new_cache()
+        for _ in llm._prefill(PROMPT, cache):
+            pass
+        caches.append(cache)
+    position = len(PROMPT)
+    for _ in range(3):
+        for width in range(1, DECODE_ROWS + 1):
+            rows = [(position * 31 + i * 7) % VOCAB for i in range(width)]
+            outs = [llm.runner.step(rows, Step.span(position, width, llm.device), cache)
+                    for llm, cache in zip(engines, caches, strict=True)]
+            assert torch.equal(outs[0].logits, outs[1].logits), (width, position)
+            for cache in caches:  # a verify that kept its first row
+                cache.commit(position + 1)
+                cache.rollback(position + 1)
+            position += 1
+    assert {w for w, _ in engines[0].runner.widths} == set(range(1, DECODE_ROWS + 1))
 
 
 def test_the_graphed_step_never_syncs_with_the_host(reference_models):
