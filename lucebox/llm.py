@@ -130,6 +130,7 @@ class LLM:
         self._verify_seconds = None
         if self.proposer is not None and adaptive:
             cache = self._new_cache()
+            self.runner.bind(cache)
             self._verify_seconds = measure_verify_seconds(self, cache)
             self._session = (cache, [])  # the first request empties it and keeps the graphs captured over it
 
@@ -204,9 +205,10 @@ class LLM:
         return len(ids) - reused
 
     def drop_cache(self) -> None:
-        """Forget the cached conversation (freeing its KV cache; a drafter keeps its own buffers): the
-        next request prefills from scratch."""
+        """Forget the cached conversation (freeing its KV cache and the graphs over it; a drafter
+        keeps its own buffers): the next request prefills from scratch."""
         self._session = None
+        self.runner.release()
 
     def stream(
         self,
@@ -357,8 +359,11 @@ class LLM:
             if not cache.dirty:  # nothing shared: its buffers (and the graphs captured over them) serve again
                 cache.rollback(0)
                 return cache
-        self._session = None  # drop the old cache before allocating a new one
-        return self._new_cache()
+        self._session = None  # drop the old cache (and the graphs over it) before allocating a new one
+        self.runner.release()
+        cache = self._new_cache()
+        self.runner.bind(cache)
+        return cache
 
     # -- helpers ----------------------------------------------------------------------------------
 

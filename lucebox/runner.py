@@ -18,7 +18,7 @@ positions of `step` through the target, writing their K/V into `cache`, and retu
 Steps a graph cannot serve run the same model eagerly: prefill chunks, steps wider than
 DECODE_ROWS, and caches whose step needs irregular work (KVFlash `exact` with chunks on the
 host streams them; the contiguous reference cache grows). A graph reads its cache's buffers by
-address, so the graphs belong to one `SequenceCache`: a step on another one captures anew.
+address, so the graphs belong to one `SequenceCache` (the session's) until `release`.
 
 Without CUDA (`capture=False`) the graphed path runs its step body eagerly, which is how the
 CPU tests check it: same body, same static inputs, same cache tables.
@@ -76,16 +76,17 @@ class StepGraph:
         return self.out
 
     def _capture(self) -> None:
-        # One eager run first, so Triton compiles and cuBLAS picks its kernels outside the
-        # capture; then the same body is captured on a side stream (capture cannot run on the
-        # default stream), and replayed for this step: a capture runs nothing, and its outputs
-        # are the graph's static tensors. Running the step twice is harmless: a store rewrites
-        # the same rows at the same slots.
+        # Capture cannot run on the default stream: a side stream runs one eager warm-up (Triton
+        # compiles, cuBLAS sets up its workspace for that stream, both outside the capture), then
+        # the capture, then the replay that does this step's work (a capture runs nothing; its
+        # outputs are the graph's static tensors). Running the step twice is harmless: a store
+        # rewrites the same rows at the same slots.
         device = self.decoder.device
-        self.body()
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
+            self.body()
+            side.synchronize()
             graph = torch.cuda.CUDAGraph()
             graph.capture_begin()
             try:
@@ -107,13 +108,27 @@ class StepRunner:
         self.capture = decoder.device.type == "cuda" if capture is None else capture
         self.widths: dict[tuple[int, tuple[int, ...]], StepGraph] = {}
         self._bound: SequenceCache | None = None
-        self._staging = torch.zeros((2, DECODE_ROWS), dtype=torch.long, pin_memory=self.capture)
+        self._staging = torch.zeros(2 * DECODE_ROWS, dtype=torch.long, pin_memory=self.capture)
         self._uploaded: torch.cuda.Event | None = None  # when the last upload from `_staging` was done
 
     def graphed(self, width: int, step: Step, cache: SequenceCache) -> bool:
-        """Whether this step runs as a graph (else eagerly)."""
+        """Whether this step runs as a graph (else eagerly): graphs serve the bound cache (the
+        session's; else the first one used) until `release`; a second, private cache runs
+        eagerly rather than recapturing at every switch."""
         return (self.graphs and not step.prefill and 1 <= width <= DECODE_ROWS
+                and (self._bound is None or cache is self._bound)
                 and all(layer.graphable(step) for layer in cache.layers))
+
+    def bind(self, cache: SequenceCache) -> None:
+        """The cache graphs serve from now on (the engine's session cache)."""
+        if cache is not self._bound:
+            self.release()
+            self._bound = cache
+
+    def release(self) -> None:
+        """Let the graphs and the cache they read go (the engine drops that cache)."""
+        self.widths.clear()
+        self._bound = None
 
     def step(self, rows: list[int], step: Step, cache: SequenceCache,
              layers: tuple[int, ...] = ()) -> StepOutput:
@@ -128,7 +143,7 @@ class StepRunner:
         graph = self._graph(width, layers, cache)
         if self._uploaded is not None:
             self._uploaded.synchronize()  # long done (the last verdict was read since): no wait in practice
-        staged = self._staging[:, :width]
+        staged = self._staging[: 2 * width].view(2, width)  # contiguous: pinned all the way
         staged.numpy()[0] = rows  # host memory written as numpy: no device op, no dispatch
         staged.numpy()[1] = range(step.start, step.end)
         graph.inputs.copy_(staged, non_blocking=self.capture)  # the one upload of the step
@@ -140,9 +155,7 @@ class StepRunner:
         return StepOutput(out.logits, out.choices, None if out.features is None else out.features.clone())
 
     def _graph(self, width: int, layers: tuple[int, ...], cache: SequenceCache) -> StepGraph:
-        if cache is not self._bound:
-            self.widths.clear()  # graphs of another cache read its buffers: let them go
-            self._bound = cache
+        self._bound = cache
         key = (width, layers)
         if key not in self.widths:
             self.widths[key] = StepGraph(self.decoder, cache, width, layers, self.capture)

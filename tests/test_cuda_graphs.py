@@ -132,3 +132,20 @@ def test_the_graphed_step_never_syncs_with_the_host(reference_models):
     with no_host_sync():
         out = graph.body()
     assert out.logits.shape == (5, llm.config.vocab_size) and out.choices.shape == (5,)
+
+
+def test_graphs_follow_the_session_cache_and_let_dropped_ones_go(reference_models):
+    """Graphs read their cache by address, so the engine keeps one cache for them: the start-up
+    cache (where the adaptive width timed its steps) serves the first request, a new conversation
+    empties and reuses it, and a dropped cache is no longer held by the runner."""
+    folder, _ = reference_models("laguna")
+    llm = lucebox.LLM(folder, device="cpu", dtype="float32", draft="ngram")
+    cache = llm._session[0]
+    assert llm.runner._bound is cache and not cache.dirty  # timed at start-up, left clean
+    llm.generate(PROMPT, max_tokens=4, ignore_eos=True)
+    llm.generate(PROMPT[::-1], max_tokens=4, ignore_eos=True)  # shares nothing: emptied, not replaced
+    assert llm._session[0] is cache and llm.runner._bound is cache
+    llm.drop_cache()
+    assert llm.runner._bound is None
+    llm.generate(PROMPT, max_tokens=4, ignore_eos=True)
+    assert llm.runner._bound is llm._session[0] is not cache

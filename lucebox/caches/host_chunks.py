@@ -10,7 +10,8 @@ import torch
 
 
 class HostChunks:
-    """K and V as (KV, tokens, D), head-major like every cache, grown a chunk-multiple at a time."""
+    """K and V as (chunks, KV, chunk, D): each chunk one contiguous block, so a chunk's copy to or
+    from the device is one asynchronous transfer from pinned memory; grown a few chunks at a time."""
 
     def __init__(self, chunk: int, kv_heads: int, head_dim: int, max_chunks: int,
                  dtype: torch.dtype, device: torch.device):
@@ -22,11 +23,11 @@ class HostChunks:
         self.v = self._empty(0)
 
     def _empty(self, chunks: int) -> torch.Tensor:
-        shape = (self.kv_heads, chunks * self.chunk, self.head_dim)
+        shape = (chunks, self.kv_heads, self.chunk, self.head_dim)
         return torch.empty(shape, dtype=self.dtype, pin_memory=self.pin)
 
     def reserve(self, chunks: int) -> None:
-        held = self.k.shape[1] // self.chunk
+        held = self.k.shape[0]
         if chunks <= held:
             return
         if chunks > self.max_chunks:
@@ -37,23 +38,25 @@ class HostChunks:
         grown = []
         for old in (self.k, self.v):
             grown.append(self._empty(capacity))
-            grown[-1][:, : old.shape[1]] = old
+            grown[-1][:held] = old
         self.k, self.v = grown  # both at once: a half-grown pair would pass the size check above
 
-    def store(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Rows (KV, n, D) at positions start.. (async device-to-host copies on CUDA, in the current
-        stream's order)."""
-        end = start + k.shape[1]
-        self.reserve(-(-end // self.chunk))
-        self.k[:, start:end].copy_(k, non_blocking=self.pin)
-        self.v[:, start:end].copy_(v, non_blocking=self.pin)
+    def store(self, chunk: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """One chunk's rows (KV, chunk, D), from its slot in the device pool (async on CUDA, in the
+        current stream's order). Rows past what was written come along and are never read."""
+        self.reserve(chunk + 1)
+        self.k[chunk].copy_(k, non_blocking=self.pin)
+        self.v[chunk].copy_(v, non_blocking=self.pin)
 
     def fetch(self, first: int, last: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chunks [first, last) on the device, (KV, n*chunk, D) each; stream-ordered after the writes
-        (on the CPU a view, no copy)."""
-        rows = slice(first * self.chunk, last * self.chunk)
-        return (self.k[:, rows].to(self.device, non_blocking=self.pin),
-                self.v[:, rows].to(self.device, non_blocking=self.pin))
+        """Chunks [first, last) on the device, (KV, n*chunk, D) each; stream-ordered after the stores."""
+        n = last - first
+
+        def rows(t: torch.Tensor) -> torch.Tensor:
+            t = t[first:last].to(self.device, non_blocking=self.pin)
+            return t.permute(1, 0, 2, 3).reshape(self.kv_heads, n * self.chunk, self.head_dim)
+
+        return rows(self.k), rows(self.v)
 
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()

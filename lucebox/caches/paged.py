@@ -173,20 +173,21 @@ class PagedKV(LayerCache):
         self._pinned_stale = True
         rows = self._rows(slot)
         first, C = chunk * self.s.chunk, self.s.chunk
-        # On the copy stream when given: the evicted rows must reach the host before the load
-        # overwrites their slot, so both go in one stream's order.
-        with torch.cuda.stream(stream) if stream is not None else nullcontext():
-            if slot_chunk[slot] >= 0:
+        # The copies on the copy stream when given (the evicted rows must reach the host before
+        # the load overwrites their slot, so both go in one stream's order); `row_positions` on
+        # the current stream, with every other write to it (a rollback's rewrites it whole).
+        if slot_chunk[slot] >= 0:
+            with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 self._copy_to_host(slot_chunk[slot], rows)  # before it leaves: the host copy is its only one then
-                del self.chunk_slot[slot_chunk[slot]]
-            self.row_positions[rows] = -1  # the evicted chunk's rows are gone; the new chunk's are not there yet
-            if self.host is not None and first < self.length:
+            del self.chunk_slot[slot_chunk[slot]]
+        self.row_positions[rows] = -1  # the evicted chunk's rows are gone; the new chunk's are not there yet
+        if self.host is not None and first < self.length:
+            with torch.cuda.stream(stream) if stream is not None else nullcontext():
                 k, v = self.host.fetch(chunk, chunk + 1)
                 self.pk[:, rows].copy_(k, non_blocking=True)
                 self.pv[:, rows].copy_(v, non_blocking=True)
-                held = min(self.length - first, C)  # the rows of the chunk written so far
-                self.row_positions[rows.start : rows.start + held] = torch.arange(first, first + held,
-                                                                                  device=self.device)
+            held = min(self.length - first, C)  # the rows of the chunk written so far
+            self.row_positions[rows.start : rows.start + held] = torch.arange(first, first + held, device=self.device)
         if stream is not None:
             self._loads_done = stream.record_event()  # what attention waits for (`_wait_for_loads`)
         self.page_table[chunk] = slot
@@ -196,11 +197,9 @@ class PagedKV(LayerCache):
 
     def _copy_to_host(self, chunk: int, rows: slice) -> None:
         """The rows written to `chunk` (resident in pool `rows`) onto the host, unless already there."""
-        held = min(self.length - chunk * self.s.chunk, self.s.chunk)
-        if self.host is None or chunk in self._on_host or held <= 0:
+        if self.host is None or chunk in self._on_host or chunk * self.s.chunk >= self.length:
             return
-        self.host.store(chunk * self.s.chunk, self.pk[:, rows.start : rows.start + held],
-                        self.pv[:, rows.start : rows.start + held])
+        self.host.store(chunk, self.pk[:, rows], self.pv[:, rows])
         self._on_host.add(chunk)
 
     # -- LayerCache -----------------------------------------------------------------------------
@@ -382,6 +381,11 @@ class PagedKV(LayerCache):
         # Every time, not only below `length`: a write cut short may have placed rows past it.
         self.row_positions.masked_fill_(self.row_positions >= to_position, -1)
         self.length = min(self.length, to_position)
+        # Chunks left with no row free their slots (emptied, the cache is reused by a new request).
+        for chunk in [c for c in self.chunk_slot if c * self.s.chunk >= to_position]:
+            self._pool_view = None
+            self._pinned_stale = True
+            del self.chunk_slot[chunk]
         if to_position < self.committed:  # a rewind of committed tokens (prefix reuse): choose again later
             # `committed` moves last, so an interrupted rewind is done again by the next rollback.
             self._reselect_due = True

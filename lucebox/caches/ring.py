@@ -61,6 +61,8 @@ class SlidingRing(LayerCache):
 
     def rollback(self, to_position: int) -> None:
         self.positions.masked_fill_(self.positions >= to_position, -1)
+        if to_position == 0:  # emptied: no row is left to lose, whatever was written before
+            self.highest = 0
 
     def device_bytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size() + self.positions.numel() * 8
