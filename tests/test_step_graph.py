@@ -78,11 +78,11 @@ def recorded_steps(reference_models, monkeypatch):
     paged = next(layer for layer in cache.layers if isinstance(layer, PagedKV))
     ring = next(layer for layer in cache.layers if isinstance(layer, SlidingRing))
     position, gen = len(prompt), torch.Generator().manual_seed(6)
-    while position < 800:
+    while position < 780:
         before = (set(paged.chunk_slot), list(paged.selected), ring.highest // ring.capacity)
         # Width 1 (plain decoding) and verify blocks of 3 of which 2 are kept and 1 rolled back,
         # never spanning a reselect boundary (as the engine steps).
-        width = 1 if position < 750 else min(3, cache.rows_before_reselect(position))
+        width = 1 if position < 740 else min(3, cache.rows_before_reselect(position))
         rows = torch.randint(0, VOCAB, (width,), generator=gen).tolist()
         llm.runner.step(rows, Step.span(position, width, llm.device), cache)
         kept = 1 if width == 1 else width - 1

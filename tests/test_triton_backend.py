@@ -70,8 +70,9 @@ def test_speculative_verify_on_triton_is_lossless(reference_models):
     # The target drafting for itself keeps (nearly) every draft, so every round verifies 16 rows.
     spec = lucebox.LLM(folder, device=DEVICE.type, dtype="float32", backend="triton", draft=str(folder),
                        draft_k=15, adaptive=False)
-    want = plain.generate(PROMPT, max_tokens=20, ignore_eos=True).token_ids
-    result = spec.generate(PROMPT, max_tokens=20, ignore_eos=True)
+    # 17 tokens: the prefill's, then one round of 15 drafts + 1.
+    want = plain.generate(PROMPT, max_tokens=17, ignore_eos=True).token_ids
+    result = spec.generate(PROMPT, max_tokens=17, ignore_eos=True)
     assert result.token_ids == want
     assert result.stats["width_histogram"].get(15, 0) >= 1 and result.stats["acceptance_length"] > 8
 

@@ -69,3 +69,71 @@ def pick_chunks(candidates: list[int], ranking: list[int], k: int) -> list[int]:
         if len(chosen) == k:
             break
     return sorted(candidates[i] for i in chosen)
+
+
+class ChunkSelection:
+    """KVFlash `select`'s state for one full-attention layer: chunk summaries, the chosen chunks,
+    whether a choice is due, and the queries it chooses with. It chooses from committed tokens
+    only, every `reselect_every` of them, with the query of the last committed token; the pool
+    (`PagedKV`) makes the chosen chunks resident and pins their rows.
+
+    A choice is one commit in three parts, so that every layer's ranking is read back at once:
+    `begin_commit` (summaries of completed chunks; a crossed boundary makes a choice due),
+    `ranking` (the candidates ranked on the device, or None), `choose` (the ranking read back ->
+    the chunks to keep)."""
+
+    def __init__(self, settings, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+        self.s = settings
+        self.summaries = ChunkSummaries(kv_heads, head_dim, dtype, device)
+        self.selected: list[int] = []
+        self.due = True  # nothing chosen yet
+        # The queries of the last rows a step attended with (at most `decode_rows`), in a buffer of
+        # fixed address (a CUDA graph writes it), and the position of the first of them.
+        self.queries: torch.Tensor | None = None
+        self.queries_start = 0
+        self._candidates: list[int] = []  # of the ranking last prepared
+
+    def note_step(self, start: int, end: int) -> None:
+        self.queries_start = end - min(end - start, self.s.decode_rows)
+
+    def keep_queries(self, q: torch.Tensor) -> None:
+        """Copy the step's last queries: q may be a graph's static output, overwritten by its next replay."""
+        if self.queries is None:
+            self.queries = q.new_zeros((self.s.decode_rows, *q.shape[1:]))
+        n = min(q.shape[0], self.s.decode_rows)
+        self.queries[:n].copy_(q[q.shape[0] - n :])
+
+    def begin_commit(self, length: int, committed: int, chunk_keys) -> None:
+        """Positions < length are final (were < committed); `chunk_keys(c)` gives chunk c's keys."""
+        if length // self.s.reselect_every > committed // self.s.reselect_every:
+            self.due = True  # before the caller moves `committed`: an interrupt leaves it due
+        for chunk in range(max(1, self.summaries.count), length // self.s.chunk):  # completed, not yet summarized
+            self.summaries.add(chunk, chunk_keys(chunk))
+
+    def ranking(self, length: int, written: int) -> torch.Tensor | None:
+        """A due choice's candidates ranked on the device (`rank_chunks`; empty when all of them
+        are kept), or None when no choice is due or the last committed token's query is not held
+        (`written`: rows written, drafts included; the choice then waits for the next commit)."""
+        row = length - 1 - self.queries_start
+        if not self.due or self.queries is None or not 0 <= row < min(written - self.queries_start,
+                                                                      self.s.decode_rows):
+            return None
+        C, every = self.s.chunk, self.s.reselect_every
+        # Chunks that fall out of the tail before the next choice; younger ones the tail covers.
+        self._candidates = [c for c in range(1, length // C) if c * C < length + every - self.s.tail_tokens]
+        if len(self._candidates) <= self.s.select_k:
+            return self.queries.new_zeros((0,), dtype=torch.long)
+        return rank_chunks(self.summaries, self.queries[row], self._candidates)
+
+    def choose(self, ranking: list[int]) -> list[int]:
+        return pick_chunks(self._candidates, ranking, self.s.select_k)
+
+    def rewind(self, to_position: int) -> None:
+        """Committed tokens from `to_position` on are gone (prefix reuse): choose again later."""
+        self.due = True
+        self.selected = []
+        self.summaries.truncate(to_position // self.s.chunk)
+
+    def rows_before_reselect(self, position: int) -> int:
+        """How many rows a step starting at `position` may hold without spanning a choice."""
+        return self.s.reselect_every - position % self.s.reselect_every

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from lucebox.caches.base import KVBlock, LayerCache, Step
-from lucebox.caches.chunk_selection import ChunkSummaries, pick_chunks, rank_chunks
+from lucebox.caches.chunk_selection import ChunkSelection
 from lucebox.caches.host_chunks import HostChunks
 from lucebox.config import DECODE_ROWS, KV_CHUNK
 from lucebox.errors import InvalidArgumentError
@@ -118,14 +118,7 @@ class PagedKV(LayerCache):
         self.length = 0  # rows written (drafts included)
         self.committed = 0
         self.select = settings.policy == "select"
-        self.summaries = ChunkSummaries(kv_heads, head_dim, dtype, device) if self.select else None
-        self.selected: list[int] = []
-        self._reselect_due = True  # nothing chosen yet
-        # The queries of the last rows a step attended with (at most `decode_rows`), which the
-        # reselect reads for the last committed token, and the position of the first of them.
-        self._queries: torch.Tensor | None = None
-        self._queries_start = 0
-        self._candidates: list[int] | None = None  # of the re-selection `ranking` prepared
+        self.selection = ChunkSelection(settings, kv_heads, head_dim, dtype, device) if self.select else None
         self._loads_done: torch.cuda.Event | None = None
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
@@ -218,10 +211,10 @@ class PagedKV(LayerCache):
         self._on_host -= touched  # their host copies are about to be out of date
         if self._moving:
             self._rebuild_row_positions()
-        if self.select and self._pinned_stale:
-            self._rebuild_pinned()
         if self.select:
-            self._queries_start = end - min(end - start, self.s.decode_rows)
+            if self._pinned_stale:
+                self._rebuild_pinned()
+            self.selection.note_step(start, end)
         self.length = end
 
     def store(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -233,7 +226,8 @@ class PagedKV(LayerCache):
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         self._wait_for_loads()
-        self._keep_queries(q)  # now, not when the blocks are consumed
+        if self.select:
+            self.selection.keep_queries(q)  # now, not when the blocks are consumed
         return self._blocks(step)
 
     def _blocks(self, step: Step) -> Iterator[KVBlock]:
@@ -254,20 +248,10 @@ class PagedKV(LayerCache):
         return not step.prefill and (self.select or self.host is None)
 
     def static_block(self, q: torch.Tensor) -> KVBlock:
-        self._keep_queries(q)
         if self.select:
+            self.selection.keep_queries(q)
             return KVBlock(self.pk, self.pv, self.row_positions, self.pinned, self.s.tail_tokens)
         return KVBlock(self.pk, self.pv, self.row_positions)
-
-    def _keep_queries(self, q: torch.Tensor) -> None:
-        """Copy the step's last queries (the reselect's input) into a buffer of fixed address: q may
-        be a CUDA graph's static output, which the next replay overwrites."""
-        if not self.select:
-            return
-        if self._queries is None:
-            self._queries = q.new_zeros((self.s.decode_rows, *q.shape[1:]))
-        n = min(q.shape[0], self.s.decode_rows)
-        self._queries[:n].copy_(q[q.shape[0] - n :])
 
     def _streamed_blocks(self, max_run: int) -> Iterator[KVBlock]:
         """Chunks that are not resident, fetched from the host in runs of at most `max_run` chunks."""
@@ -287,39 +271,25 @@ class PagedKV(LayerCache):
             # Streamed chunks are complete and older than the step (the chunks it writes are resident).
             yield KVBlock(k, v, positions, all_visible=True)
 
+    @property
+    def selected(self) -> list[int]:
+        return self.selection.selected if self.select else []
+
     def begin_commit(self, length: int) -> None:
-        # Ordered so that the next commit finishes whatever an interrupted one left: a crossed
-        # reselect boundary is marked due before `committed` moves, and summaries resume from
-        # their own count.
-        if self.select and length // self.s.reselect_every > self.committed // self.s.reselect_every:
-            self._reselect_due = True
+        # `committed` moves after the selection's part: a crossed boundary is marked due first, so
+        # the next commit finishes whatever an interrupted one left (summaries resume from their count).
+        if self.select:
+            self.selection.begin_commit(length, self.committed, self._chunk_keys)
         self.committed = length
-        if not self.select:
-            return
-        for chunk in range(max(1, self.summaries.count), length // self.s.chunk):  # completed, not yet summarized
-            self.summaries.add(chunk, self._chunk_keys(chunk))
 
     def ranking(self, length: int) -> torch.Tensor | None:
-        """A due re-selection's candidates ranked on the device (`rank_chunks`), for
-        `SequenceCache` to read back with every other layer's in one transfer."""
-        self._candidates = None
-        if not self.select or not self._reselect_due:
-            return None
-        row = length - 1 - self._queries_start  # the last committed token's row among the kept queries
-        if self._queries is None or not 0 <= row < min(self.length - self._queries_start, self.s.decode_rows):
-            return None  # no query of the last committed token seen yet; choose at the next commit
-        C, every = self.s.chunk, self.s.reselect_every
-        # Chunks that fall out of the tail before the next reselect; younger ones the tail covers.
-        self._candidates = [c for c in range(1, length // C) if c * C < length + every - self.s.tail_tokens]
-        if len(self._candidates) <= self.s.select_k:
-            return self._queries.new_zeros((0,), dtype=torch.long)  # all of them: nothing to rank
-        return rank_chunks(self.summaries, self._queries[row], self._candidates)
+        return self.selection.ranking(length, self.length) if self.select else None
 
     def finish_commit(self, length: int, ranking: list[int] | None) -> None:
         if not self.select:
             return
         if ranking is not None:
-            self._reselect(length, pick_chunks(self._candidates, ranking, self.s.select_k))
+            self._reselect(length, self.selection.choose(ranking))
         self._ensure_tail_resident(length)
 
     def _chunk_keys(self, chunk: int) -> torch.Tensor:
@@ -334,10 +304,10 @@ class PagedKV(LayerCache):
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))  # loads overwrite slots queued work may read
         self._pinned_stale = True
-        self.selected = selected
+        self.selection.selected = selected
         for chunk in selected:
             self._make_resident(chunk, keep, stream)
-        self._reselect_due = False  # last: an interrupt above leaves the choice due again
+        self.selection.due = False  # last: an interrupt above leaves the choice due again
 
     def _ensure_tail_resident(self, length: int) -> None:
         """Tail and chosen chunks back on the device (a prefill may have evicted them)."""
@@ -388,18 +358,13 @@ class PagedKV(LayerCache):
             del self.chunk_slot[chunk]
         if to_position < self.committed:  # a rewind of committed tokens (prefix reuse): choose again later
             # `committed` moves last, so an interrupted rewind is done again by the next rollback.
-            self._reselect_due = True
             self._pinned_stale = True
-            self.selected = []
-            if self.summaries is not None:
-                self.summaries.truncate(to_position // self.s.chunk)
+            if self.select:
+                self.selection.rewind(to_position)
             self.committed = to_position
 
     def rows_before_reselect(self, position: int) -> int | None:
-        """How many rows a step starting at `position` may hold without spanning a reselect."""
-        if not self.select:
-            return None
-        return self.s.reselect_every - position % self.s.reselect_every
+        return self.selection.rows_before_reselect(position) if self.select else None
 
     def device_bytes(self) -> int:
         return self.pool_bytes() + self.summary_bytes()
@@ -408,7 +373,7 @@ class PagedKV(LayerCache):
         return 2 * self.pk.numel() * self.pk.element_size()
 
     def summary_bytes(self) -> int:
-        return 0 if self.summaries is None else self.summaries.nbytes()
+        return self.selection.summaries.nbytes() if self.select else 0
 
     def host_bytes(self) -> int:
         return 0 if self.host is None else self.host.nbytes()
