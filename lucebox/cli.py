@@ -23,6 +23,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="model folder, or a config.json file (no weights are needed); default: the built-in model")
     info.add_argument("--kv-dtype", default="bfloat16", help="dtype of cached K/V for the byte counts")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
+    info.add_argument("--vram", default=None,
+                      help="plan device memory within this budget (e.g. 24GiB), from the config alone: the JSON "
+                           "gains a top-level `fits` and `vram_plan` with the bytes of each part")
+    info.add_argument("--quantization", default=None, help="int8 | int4: weights as the engine would quantize them")
+    info.add_argument("--ctx", type=int, default=None, help="context to plan for (default: the model's)")
+    info.add_argument("--dtype", default="bfloat16", help="activation and unquantized weight dtype for the plan")
+    info.add_argument("--kv-policy", choices=["exact", "select"], default=None)
 
     gen = sub.add_parser("generate", help="generate text (or token ids) from a prompt")
     add_engine_flags(gen)
@@ -68,12 +75,17 @@ def _info(args) -> int:
         args.model = builtin_model()
     cfg = describe_model(args.model).cfg
     summary = model_summary(cfg, resolve_dtype(args.kv_dtype, torch.device("cpu")).itemsize)
+    plan = _vram_plan(args, cfg) if args.vram is not None else None
+    if plan is not None:
+        summary.update(fits=plan.fits, vram_plan=plan.as_json())
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
     from rich.console import Console
 
     out = Console(highlight=False, soft_wrap=True)
+    if plan is not None:
+        _print_vram_plan(out, plan)
     out.print(f"[bold]{summary['architecture']}[/bold]  {summary['layers']} layers, hidden {summary['hidden_size']}, "
               f"vocab {summary['vocab_size']}")
     out.print(f"parameters: {summary['parameters_total'] / 1e9:.2f}B total, "
@@ -92,6 +104,35 @@ def _info(args) -> int:
         line += f" ({m['experts']} experts of width {m['expert_size']}, top-{m['top_k']} {m['router']} router{shared})"
     out.print(line)
     return 0
+
+
+def _vram_plan(args, cfg):
+    import torch
+
+    from lucebox.arguments import integer
+    from lucebox.device import resolve_dtype
+    from lucebox.loading import quantizer
+    from lucebox.vram_planner import parse_size, plan_for_budget
+
+    quantizer(args.quantization)
+    context = integer("max_context", args.ctx, 1, optional=True) or cfg.max_position_embeddings
+    dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    return plan_for_budget(cfg, parse_size(args.vram), context, dtype, args.quantization, kv_policy=args.kv_policy)
+
+
+def _print_vram_plan(out, plan) -> None:
+    gib = 2**30
+    c = plan.choices
+    verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
+    out.print(f"[bold]VRAM plan[/bold] for {c['max_context']} tokens, {c['quantization'] or c['dtype']} weights: "
+              f"{plan.device_total / gib:.2f} of {plan.budget / gib:.2f} GiB, {verdict}")
+    for part, size in plan.device.items():
+        out.print(f"  {part:<20} {size / gib:8.2f} GiB")
+    out.print(f"  host KV (at most)    {plan.host['kv_host'] / gib:8.2f} GiB")
+    out.print(f"  chosen: kv_policy {c['kv_policy']}, kv_pool_tokens {c['kv_pool_tokens']}, "
+              f"prefill_chunk {c['prefill_chunk']}")
+    for note in plan.notes:
+        out.print(f"  {note}")
 
 
 def _generate(args) -> int:

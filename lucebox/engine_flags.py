@@ -35,6 +35,9 @@ def add_engine_flags(p: argparse.ArgumentParser, draft_default: str = "none") ->
     p.add_argument("--no-cuda-graphs", action="store_true", help="run decode steps eagerly (for debugging)")
     p.add_argument("--quantization", default=None,
                    help="int8 | int4: quantize the linear layers' weights as they load (default: none)")
+    p.add_argument("--vram", default=None,
+                   help="device memory budget, e.g. 24GiB: the planner chooses pool size and prefill chunk to fit "
+                        "it, or refuses saying what does not fit")
 
 
 def engine_options(args: argparse.Namespace, **overrides) -> dict:
@@ -43,7 +46,8 @@ def engine_options(args: argparse.Namespace, **overrides) -> dict:
                    kv_pool_tokens=args.kv_pool, kv_policy=args.kv_policy, prefill_chunk=args.prefill_chunk,
                    draft=None if args.draft in (None, "none") else args.draft, draft_k=args.draft_k,
                    draft_ctx=args.draft_ctx, verify=args.verify, backend=args.backend,
-                   quantization=args.quantization, cuda_graphs=False if args.no_cuda_graphs else None)
+                   quantization=args.quantization, cuda_graphs=False if args.no_cuda_graphs else None,
+                   vram_budget=args.vram)
     options.update(overrides)
     return options
 
@@ -64,7 +68,7 @@ FLAGS = {
     "min_p": "--min-p", "repetition_penalty": "--repetition-penalty", "seed": "--seed",
     "stop token id": "--stop-token-id",
     "device": "--device", "dtype": "--dtype", "draft": "--draft", "verify": "--verify", "backend": "--backend",
-    "quantization": "--quantization",
+    "quantization": "--quantization", "vram_budget": "--vram",
 }
 # Plain words ("the draft model", "a smaller dtype") become flags only in the form `name=value`.
 _ALWAYS = {name for name in FLAGS if "_" in name} | {"temperature", "seed", "stop token id"}

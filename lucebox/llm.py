@@ -13,7 +13,7 @@ from lucebox.caches import KV_POLICIES, CacheSettings, SequenceCache, Step
 from lucebox.checkpoint import weight_files
 from lucebox.config import DECODE_ROWS, KV_CHUNK
 from lucebox.device import resolve_device, resolve_dtype
-from lucebox.errors import ContextLengthError, InvalidArgumentError
+from lucebox.errors import ContextLengthError, InsufficientMemoryError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.kernels.backend import kernels_for, resolve_backend
 from lucebox.loading import check_load_format, describe_model, load_model, quantizer
@@ -28,6 +28,7 @@ from lucebox.speculative.rounds import Speculation
 from lucebox.speculative.width import WidthPolicy
 from lucebox.text_stage import TextStage, timing_stats
 from lucebox.tokenizer import require_tokenizer
+from lucebox.vram_planner import VramPlan, parse_size, plan_for_budget
 
 Prompt = str | Sequence[int]
 # Drafters are built for the widest round a verify step holds; `draft_k` caps each round, and can
@@ -60,6 +61,11 @@ class LLM:
     embeddings, output head and routers stay in `dtype`. `cuda_graphs` (default: on with CUDA
     and Triton) runs each decode and verify step as one CUDA graph per width (`lucebox.runner`).
     `load_progress(done, total)` is called with bytes of weights read as they load.
+
+    `vram_budget` ("24GiB", or bytes) plans device memory within that budget from the config
+    alone (`lucebox.vram_planner`): it keeps the pool size and prefill chunk you give and chooses
+    the others so the plan fits (kept in `vram_plan`), refuses with what does not fit, and on
+    CUDA holds the allocator to the budget.
     """
 
     def __init__(
@@ -83,6 +89,7 @@ class LLM:
         quantization: str | None = None,
         cuda_graphs: bool | None = None,
         load_progress: Callable[[int, int], None] | None = None,
+        vram_budget: str | int | None = None,
     ):
         check_load_format(load_format)
         model, draft = path("model", model, optional=True), path("draft", draft, optional=True)
@@ -106,13 +113,19 @@ class LLM:
         self.description = describe_model(model)
         self.config = self.description.cfg
         prefill_chunk = integer("prefill_chunk", prefill_chunk, 1, optional=True)
+        quantizer(quantization)  # an unknown scheme fails here, before any memory is planned
+        drafter = resolve_drafter(draft, self.description)
+        self.vram_plan = None
+        if vram_budget is not None:
+            self.vram_plan = self._plan_vram(vram_budget, max_context, kv_policy, kv_pool_tokens, prefill_chunk,
+                                             drafter, draft_ctx, cuda_graphs)
+            prefill_chunk = self.vram_plan.choices["prefill_chunk"]
+            kv_pool_tokens = self.vram_plan.choices["kv_pool_tokens"]
         self.prefill_chunk = prefill_chunk or (2048 if self.device.type == "cuda" else 512)
         self.cache_settings = self._cache_settings(max_context, kv_policy, kv_pool_tokens, kv_reselect_every)
         self.max_context = self.cache_settings.max_context
-        quantizer(quantization)  # an unknown scheme fails here, before any memory is planned
         if load_format != "dummy":
             weight_files(self.description.folder)  # a folder without weights says so before any memory figure
-        drafter = resolve_drafter(draft, self.description)
         cost = drafter_cost(drafter, self.dtype, self.max_context, self.prefill_chunk, draft_ctx, DRAFT_WIDTH)
         self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization, cost)
         loaded = load_model(self.description, self.dtype, self.device, load_format, kernels_for(self.backend),
@@ -143,6 +156,26 @@ class LLM:
                                        f"(backend='triton' or 'auto'); this engine has {self.device.type}, "
                                        f"backend '{self.backend}'")
         return possible if asked is None else asked
+
+    def _plan_vram(self, budget, max_context, kv_policy, kv_pool_tokens, prefill_chunk, drafter, draft_ctx,
+                   cuda_graphs) -> VramPlan:
+        """The planner's choices under the budget (`lucebox.vram_planner`), or InsufficientMemoryError
+        saying what does not fit; on CUDA the allocator is held to the budget from here on."""
+        budget = parse_size(budget)
+        context = integer("max_context", max_context, 1, optional=True) or self.config.max_position_embeddings
+        largest = 2048 if self.device.type == "cuda" else 512  # the default prefill chunk
+        cost = drafter_cost(drafter, self.dtype, context, prefill_chunk or largest, draft_ctx, DRAFT_WIDTH)
+        graphs = self.device.type == "cuda" and cuda_graphs is not False
+        planned = plan_for_budget(self.config, budget, context, self.dtype, self.quantization, cost,
+                                  choice("kv_policy", kv_policy, KV_POLICIES, optional=True),
+                                  integer("kv_pool_tokens", kv_pool_tokens, 1, optional=True), prefill_chunk, graphs,
+                                  largest)
+        if not planned.fits:
+            raise InsufficientMemoryError(f"vram_budget={budget / 2**30:.1f}GiB: {planned.notes[-1]}")
+        if self.device.type == "cuda":
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), self.device)
+        return planned
 
     def _cache_settings(self, max_context, kv_policy, kv_pool_tokens, reselect_every) -> CacheSettings:
         max_context = integer("max_context", max_context, 1, optional=True) or self.config.max_position_embeddings

@@ -1,0 +1,185 @@
+"""The memory planner under a VRAM budget: from a model's config alone, what a configuration puts
+on the device, and what to shrink so that it fits.
+
+Device parts: weights after quantization, sliding rings, the paged KV pool, KVFlash chunk
+summaries at the full context (`select`), the drafter, activations of one prefill chunk and of
+a verify step, and the CUDA graphs' pools (one per width). Host part: the KV that leaves the
+pool. With a budget the planner keeps the defaults while they fit and otherwise gives up, in
+order, prefill chunk size (down to 256 rows) and pool size (down to what the policy needs): a
+smaller prefill chunk costs prefill speed, a smaller pool long-context decode speed. What still
+does not fit is named, with the largest context that would.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from lucebox.caches import CacheSettings
+from lucebox.config import DECODE_ROWS, KV_CHUNK, ModelConfig
+from lucebox.errors import InvalidArgumentError
+from lucebox.kernels.quant import quantized_bytes
+from lucebox.memory_plan import DrafterCost, plan
+from lucebox.models.layout import quantizable, weight_shapes
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+PREFILL_CHUNKS = (2048, 1024, 512, 256)  # tried largest first
+DEFAULT_POOL = 8192
+
+
+def parse_size(text: str | int, name: str = "vram_budget") -> int:
+    """Bytes from "24GiB", "24 GB", "512MiB" or a plain integer."""
+    if isinstance(text, int) and not isinstance(text, bool) and text > 0:
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", str(text), re.IGNORECASE)
+    if not match or float(match.group(1)) <= 0:
+        raise InvalidArgumentError(f"{name} '{text}' is not a size; write it like 24GiB, 16GB or 512MiB")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+
+
+def activation_bytes(cfg: ModelConfig, rows: int, dtype: torch.dtype) -> int:
+    """Peak activations of one forward of `rows` rows: the residual stream and its norms, q/k/v and
+    the attention output, the MLP or routed experts' hidden (gate and up) for every chosen expert,
+    and float32 logits for up to DECODE_ROWS rows. An estimate, not a measurement: it leaves out
+    the allocator's rounding, which the budget's headroom covers."""
+    size = dtype.itemsize
+    heads = max(layer.num_heads for layer in cfg.layers)
+    attention = rows * (2 * heads + 2 * cfg.num_kv_heads) * cfg.head_dim * size
+    if cfg.moe is not None:
+        mlp = rows * cfg.moe.top_k * 3 * cfg.moe.expert_size * 4  # float32 accumulation in the fused kernel
+    else:
+        mlp = rows * 3 * cfg.intermediate_size * size
+    residual = rows * 4 * cfg.hidden_size * 4
+    logits = min(rows, DECODE_ROWS) * cfg.vocab_size * 4
+    return attention + mlp + residual + logits
+
+
+@dataclass
+class VramPlan:
+    fits: bool
+    budget: int
+    device: dict[str, int]  # bytes of each device part
+    host: dict[str, int]
+    choices: dict  # what the planner settled on: kv_pool_tokens, prefill_chunk, kv_policy, max_context
+    notes: list[str] = field(default_factory=list)  # what it gave up, or why it cannot fit
+
+    @property
+    def device_total(self) -> int:
+        return sum(self.device.values())
+
+    def as_json(self) -> dict:
+        return {"fits": self.fits, "budget_bytes": self.budget, "device_total_bytes": self.device_total,
+                "device_bytes": self.device, "host_bytes": self.host, "choices": self.choices, "notes": self.notes}
+
+
+def _settings(max_context: int, prefill: int, pool: int, policy: str | None) -> CacheSettings:
+    rounded = -(-max_context // KV_CHUNK) * KV_CHUNK
+    policy = policy or ("exact" if rounded <= pool else "select")
+    return CacheSettings(max_context, max(prefill, DECODE_ROWS), policy, pool)
+
+
+def _min_pool(prefill: int, policy: str | None, max_context: int) -> int:
+    """The smallest pool `KVFlashSettings.validate` accepts for this prefill chunk and policy (with
+    no policy given, a pool smaller than the context means `select`)."""
+    settings = _settings(max_context, prefill, 10**12, "select").kvflash()
+    exact = (-(-settings.max_step // KV_CHUNK) + 2) * KV_CHUNK
+    select = max(exact, (settings.tail_span + 2) * KV_CHUNK)
+    if policy is not None:
+        return select if policy == "select" else exact
+    rounded = -(-max_context // KV_CHUNK) * KV_CHUNK
+    return min(max(rounded, exact), select)
+
+
+def _parts(cfg, settings, dtype, quantization, drafter, graphs: bool) -> tuple[dict, dict]:
+    need = plan(cfg, settings, dtype, quantization, drafter)
+    device = {
+        "weights": need["weights"],
+        "ring_caches": need["ring_caches"],
+        "kv_pool": need["kv_pool_device"],
+        "kv_chunk_summaries": need["kv_chunk_summaries_max"],
+        "drafter": need["drafter"],
+        "activations": activation_bytes(cfg, max(settings.max_step, DECODE_ROWS), dtype),
+        # One private pool per captured width, each holding that width's activations.
+        "graph_pools": sum(activation_bytes(cfg, w, dtype) for w in range(1, DECODE_ROWS + 1)) if graphs else 0,
+    }
+    return device, {"kv_host": need["kv_host_max"]}
+
+
+def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torch.dtype,
+                    quantization: str | None = None, drafter: DrafterCost | None = None,
+                    kv_policy: str | None = None, kv_pool_tokens: int | None = None,
+                    prefill_chunk: int | None = None, graphs: bool = True,
+                    largest_prefill: int = PREFILL_CHUNKS[0]) -> VramPlan:
+    """The plan under `budget` device bytes. Values the caller gives are kept; the planner
+    chooses the others from the defaults down: the prefill chunk first (from `largest_prefill`,
+    the device's default), then the pool."""
+    drafter = drafter or DrafterCost()
+    prefills = [prefill_chunk] if prefill_chunk else [p for p in PREFILL_CHUNKS if p <= largest_prefill]
+    rounded = -(-max_context // KV_CHUNK) * KV_CHUNK
+    pools = [kv_pool_tokens] if kv_pool_tokens else _pool_sizes(prefills[-1], kv_policy, max_context, rounded)
+    best = None
+    for pool in pools:  # the pool is what keeps long-context decoding fast: it gives way last
+        for prefill in prefills:
+            settings = _settings(max_context, prefill, pool, kv_policy)
+            device, host = _parts(cfg, settings, dtype, quantization, drafter, graphs)
+            choices = {"kv_pool_tokens": pool, "prefill_chunk": prefill, "kv_policy": settings.kv_policy,
+                       "max_context": max_context, "quantization": quantization, "dtype": str(dtype).split(".")[-1]}
+            candidate = VramPlan(sum(device.values()) <= budget, budget, device, host, choices)
+            if candidate.fits:
+                return _explain_choices(candidate, prefills[0], pools[0])
+            best = candidate if best is None or candidate.device_total < best.device_total else best
+    best.notes.append(_why_not(best, cfg, dtype, quantization))
+    return best
+
+
+def _pool_sizes(prefill: int, policy: str | None, max_context: int, rounded: int) -> list[int]:
+    """Default pool first (the whole context up to 8192 tokens), then halvings down to the minimum."""
+    minimum = _min_pool(prefill, policy, max_context)
+    pool = max(min(DEFAULT_POOL, rounded), minimum)
+    sizes = [pool]
+    while pool // 2 >= minimum:
+        pool = pool // 2 // KV_CHUNK * KV_CHUNK
+        sizes.append(pool)
+    if sizes[-1] != minimum:
+        sizes.append(minimum)
+    return sizes
+
+
+def _explain_choices(plan_: VramPlan, first_prefill: int, first_pool: int) -> VramPlan:
+    c = plan_.choices
+    if c["kv_pool_tokens"] != first_pool:
+        plan_.notes.append(f"KV pool lowered from {first_pool} to {c['kv_pool_tokens']} tokens to fit the budget")
+    if c["prefill_chunk"] != first_prefill:
+        plan_.notes.append(f"prefill chunk lowered from {first_prefill} to {c['prefill_chunk']} rows to fit the budget")
+    return plan_
+
+
+def _why_not(best: VramPlan, cfg: ModelConfig, dtype: torch.dtype, quantization: str | None) -> str:
+    d, gib = best.device, 2**30
+    fixed = d["weights"] + d["drafter"]
+    if fixed > best.budget:
+        experts = _expert_bytes(cfg, dtype, quantization)
+        more = (f"; the routed experts are {experts / gib:.1f} GiB of it, which keeping experts in host memory "
+                "would move off the device (not supported yet)") if experts else ""
+        hint = "" if quantization == "int4" else ", or quantization='int4'"
+        return (f"does not fit: the weights alone need {fixed / gib:.1f} GiB of the {best.budget / gib:.1f} GiB "
+                f"budget{more}{hint}")
+    summaries_per_token = d["kv_chunk_summaries"] / max(best.choices["max_context"], 1)
+    spare = best.budget - (best.device_total - d["kv_chunk_summaries"])
+    largest = int(spare // summaries_per_token) // KV_CHUNK * KV_CHUNK if summaries_per_token else 0
+    context = f"; the largest context that fits is about {largest} tokens" if largest >= KV_CHUNK else ""
+    return (f"does not fit: {best.device_total / gib:.1f} GiB on the device at the smallest pool and prefill "
+            f"chunk, over the {best.budget / gib:.1f} GiB budget{context}")
+
+
+def _expert_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None) -> int:
+    """Bytes of the routed experts' weights (what experts in host memory would move off the device)."""
+    if cfg.moe is None:
+        return 0
+    return sum(quantized_bytes(shape, quantization) if quantization and quantizable(name)
+               else math.prod(shape) * dtype.itemsize
+               for name, shape in weight_shapes(cfg).items() if name.endswith(("experts_gate_up", "experts_down")))

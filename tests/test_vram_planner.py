@@ -1,0 +1,100 @@
+"""The memory planner under a VRAM budget: Laguna XS.2 at 256K in 24 GiB (int4, `select`), what
+it says at 16 GiB, how it shrinks the pool and prefill chunk to fit, `lucebox info --vram` and
+`LLM(vram_budget=...)`."""
+
+import json
+
+import pytest
+import torch
+from conftest import EXAMPLES
+
+import lucebox
+from lucebox.cli import main
+from lucebox.errors import InsufficientMemoryError, InvalidArgumentError
+from lucebox.loading import describe_model
+from lucebox.vram_planner import parse_size, plan_for_budget
+
+GIB = 2**30
+XS2 = describe_model(EXAMPLES / "laguna-xs2").cfg
+
+
+def test_laguna_xs2_at_256k_fits_24_gib_with_int4_weights_and_select():
+    plan = plan_for_budget(XS2, 24 * GIB, 262144, torch.bfloat16, "int4")
+    assert plan.fits and plan.device_total <= 24 * GIB
+    assert plan.choices == {"kv_pool_tokens": 8192, "prefill_chunk": 2048, "kv_policy": "select",
+                            "max_context": 262144, "quantization": "int4", "dtype": "bfloat16"}
+    assert not plan.notes  # the defaults fit: nothing given up
+    # Weights are most of it: about 33.4B parameters at 4 bits plus scales, bf16 embeddings and head.
+    assert 16 * GIB < plan.device["weights"] < 18 * GIB
+    # The KV that leaves the pool: 10 full layers x 256K tokens x 4096 bytes.
+    assert plan.host["kv_host"] == 10 * 262144 * 4096
+    assert all(size >= 0 for size in plan.device.values()) and plan.device["graph_pools"] > 0
+
+
+def test_at_16_gib_it_says_why_laguna_xs2_cannot_fit():
+    plan = plan_for_budget(XS2, 16 * GIB, 262144, torch.bfloat16, "int4")
+    assert not plan.fits
+    assert plan.choices["kv_pool_tokens"] < 8192 and plan.choices["prefill_chunk"] == 256  # it tried the smallest
+    (why,) = plan.notes
+    assert "the weights alone need 16.7 GiB of the 16.0 GiB budget" in why
+    assert "routed experts are 15.1 GiB" in why and "host memory" in why
+
+
+def test_a_tight_budget_lowers_the_prefill_chunk_then_the_pool():
+    def total(budget=24 * GIB, **fixed):
+        return plan_for_budget(XS2, budget, 262144, torch.bfloat16, "int4", **fixed)
+
+    roomy = total()
+    prefill_only = total(roomy.device_total - 1)  # a little less room: the prefill chunk gives way
+    assert prefill_only.fits and prefill_only.choices["kv_pool_tokens"] == 8192
+    assert prefill_only.choices["prefill_chunk"] < 2048 and prefill_only.notes[0].startswith("prefill chunk lowered")
+    tight = total(kv_pool_tokens=8192, prefill_chunk=256).device_total - 1  # less than the pool needs at any chunk
+    pool_too = total(tight)
+    assert pool_too.fits and pool_too.device_total <= tight and pool_too.choices["kv_pool_tokens"] < 8192
+    assert pool_too.notes[0].startswith("KV pool lowered from 8192")
+    assert not total(1 * GIB).fits  # and the smallest plan has its limits
+    # What the caller fixes is kept: with the pool given, only the prefill chunk can give way.
+    assert not total(tight, kv_pool_tokens=8192).fits
+
+
+@pytest.mark.parametrize("text, size", [("24GiB", 24 * GIB), ("16 GB", 16 * 10**9), ("512mib", 512 * 2**20),
+                                        ("1.5GiB", int(1.5 * GIB)), (1000, 1000)])
+def test_sizes_read_like_people_write_them(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["24Gx", "", "-1GiB", "0", "GiB"])
+def test_a_size_that_is_not_one_is_refused(text):
+    with pytest.raises(InvalidArgumentError, match="is not a size; write it like 24GiB"):
+        parse_size(text)
+
+
+def test_info_prints_the_plan_as_json_with_a_top_level_fits(capsys):
+    args = ["info", str(EXAMPLES / "laguna-xs2"), "--vram", "24GiB", "--quantization", "int4", "--ctx", "262144"]
+    assert main([*args, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["fits"] is True and info["vram_plan"]["choices"]["kv_policy"] == "select"
+    assert set(info["vram_plan"]["device_bytes"]) == {"weights", "ring_caches", "kv_pool", "kv_chunk_summaries",
+                                                       "drafter", "activations", "graph_pools"}
+    assert info["vram_plan"]["device_total_bytes"] == sum(info["vram_plan"]["device_bytes"].values())
+    assert main([*args[:3], "16GiB", *args[4:]]) == 0  # text: the plan, then the model
+    out = capsys.readouterr().out
+    assert "does not fit" in out and "weights alone need" in out
+    assert main([*args[:3], "24Gx"]) == 2
+    assert "--vram '24Gx' is not a size" in capsys.readouterr().err
+
+
+def test_the_engine_takes_the_planners_choices_and_refuses_what_cannot_fit(reference_models):
+    folder, _ = reference_models("laguna")
+    with pytest.raises(InsufficientMemoryError, match=r"vram_budget=0.0GiB: does not fit: the weights alone need"):
+        lucebox.LLM(folder, device="cpu", dtype="float32", vram_budget="100KiB")
+    cfg = describe_model(folder).cfg
+    roomy = plan_for_budget(cfg, GIB, 4096, torch.float32, graphs=False, largest_prefill=512)
+    smallest = plan_for_budget(cfg, 1, 4096, torch.float32, graphs=False, largest_prefill=512)
+    tight = (roomy.device_total + smallest.device_total) // 2
+    llm = lucebox.LLM(folder, device="cpu", dtype="float32", max_context=4096, vram_budget=tight)
+    assert llm.vram_plan.fits and llm.vram_plan.notes
+    assert llm.cache_settings.kv_pool_tokens == llm.vram_plan.choices["kv_pool_tokens"]
+    assert llm.prefill_chunk == llm.vram_plan.choices["prefill_chunk"]
+    assert (llm.prefill_chunk, llm.cache_settings.kv_pool_tokens) != (512, 4096)  # something gave way
+    assert llm.generate([1, 2, 3], max_tokens=3, ignore_eos=True).token_ids  # and it runs
