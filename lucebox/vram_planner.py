@@ -121,17 +121,20 @@ def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torc
     prefills = [prefill_chunk] if prefill_chunk else [p for p in PREFILL_CHUNKS if p <= largest_prefill]
     rounded = -(-max_context // KV_CHUNK) * KV_CHUNK
     pools = [kv_pool_tokens] if kv_pool_tokens else _pool_sizes(prefills[-1], kv_policy, max_context, rounded)
+    # A pool must hold what one prefill chunk writes: pairs the engine would refuse are skipped
+    # (unless nothing else is left, and then the engine's own check names the problem).
+    pairs = [(pool, prefill) for pool in pools for prefill in prefills
+             if pool >= _min_pool(prefill, kv_policy, max_context)] or [(pools[-1], prefills[-1])]
     best = None
-    for pool in pools:  # the pool is what keeps long-context decoding fast: it gives way last
-        for prefill in prefills:
-            settings = _settings(max_context, prefill, pool, kv_policy)
-            device, host = _parts(cfg, settings, dtype, quantization, drafter, graphs)
-            choices = {"kv_pool_tokens": pool, "prefill_chunk": prefill, "kv_policy": settings.kv_policy,
-                       "max_context": max_context, "quantization": quantization, "dtype": str(dtype).split(".")[-1]}
-            candidate = VramPlan(sum(device.values()) <= budget, budget, device, host, choices)
-            if candidate.fits:
-                return _explain_choices(candidate, prefills[0], pools[0])
-            best = candidate if best is None or candidate.device_total < best.device_total else best
+    for pool, prefill in pairs:  # the pool is what keeps long-context decoding fast: it gives way last
+        settings = _settings(max_context, prefill, pool, kv_policy)
+        device, host = _parts(cfg, settings, dtype, quantization, drafter, graphs)
+        choices = {"kv_pool_tokens": pool, "prefill_chunk": prefill, "kv_policy": settings.kv_policy,
+                   "max_context": max_context, "quantization": quantization, "dtype": str(dtype).split(".")[-1]}
+        candidate = VramPlan(sum(device.values()) <= budget, budget, device, host, choices)
+        if candidate.fits:
+            return _explain_choices(candidate, prefills[0], pools[0])
+        best = candidate if best is None or candidate.device_total < best.device_total else best
     best.notes.append(_why_not(best, cfg, dtype, quantization))
     return best
 

@@ -9,6 +9,7 @@ import torch
 from conftest import EXAMPLES
 
 import lucebox
+from lucebox.caches import CacheSettings
 from lucebox.cli import main
 from lucebox.errors import InsufficientMemoryError, InvalidArgumentError
 from lucebox.loading import describe_model
@@ -55,6 +56,20 @@ def test_a_tight_budget_lowers_the_prefill_chunk_then_the_pool():
     assert not total(1 * GIB).fits  # and the smallest plan has its limits
     # What the caller fixes is kept: with the pool given, only the prefill chunk can give way.
     assert not total(tight, kv_pool_tokens=8192).fits
+
+
+@pytest.mark.parametrize("model, context", [("laguna-xs2", 262144), ("laguna-tiny", 4096)])
+def test_every_plan_that_fits_is_one_the_engine_accepts(model, context):
+    """Between the smallest plan and the default one, at 200 budgets: the pool always holds what
+    one prefill chunk writes (and the `select` tail), as `KVFlashSettings.validate` demands."""
+    cfg = describe_model(EXAMPLES / model).cfg
+    low, high = (plan_for_budget(cfg, b, context, torch.bfloat16, "int4", largest_prefill=512).device_total
+                 for b in (1, 10**12))
+    for budget in range(low, high + 1, max(1, (high - low) // 200)):
+        plan = plan_for_budget(cfg, budget, context, torch.bfloat16, "int4", largest_prefill=512)
+        assert plan.fits
+        c = plan.choices
+        CacheSettings(context, max(c["prefill_chunk"], 16), c["kv_policy"], c["kv_pool_tokens"]).kvflash().validate()
 
 
 @pytest.mark.parametrize("text, size", [("24GiB", 24 * GIB), ("16 GB", 16 * 10**9), ("512mib", 512 * 2**20),
