@@ -11,7 +11,7 @@ import torch
 from lucebox.arguments import callback, choice, flag, integer, path, stops, token_id_list
 from lucebox.caches import KV_POLICIES, CacheSettings, SequenceCache, Step
 from lucebox.checkpoint import weight_files
-from lucebox.config import DECODE_ROWS, KV_CHUNK
+from lucebox.config import DECODE_ROWS
 from lucebox.device import resolve_device, resolve_dtype
 from lucebox.errors import ContextLengthError, InsufficientMemoryError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
@@ -183,11 +183,7 @@ class LLM:
         reselect_every = integer("kv_reselect_every", reselect_every, 1)
         kv_pool_tokens = integer("kv_pool_tokens", kv_pool_tokens, 1, optional=True)
         kv_policy = choice("kv_policy", kv_policy, KV_POLICIES, optional=True)
-        rounded = -(-max_context // KV_CHUNK) * KV_CHUNK
-        minimum = (-(-prefill // KV_CHUNK) + 2) * KV_CHUNK
-        pool = kv_pool_tokens if kv_pool_tokens is not None else max(min(8192, rounded), minimum)
-        policy = kv_policy or ("exact" if rounded <= pool else "select")
-        settings = CacheSettings(max_context, max(prefill, DECODE_ROWS), policy, pool, reselect_every)
+        settings = CacheSettings.for_engine(max_context, prefill, kv_policy, kv_pool_tokens, reselect_every)
         settings.kvflash().validate()
         return settings
 

@@ -28,7 +28,6 @@ from lucebox.models.layout import quantizable, weight_shapes
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 PREFILL_CHUNKS = (2048, 1024, 512, 256)  # tried largest first
-DEFAULT_POOL = 8192
 
 
 def parse_size(text: str | int, name: str = "vram_budget") -> int:
@@ -76,22 +75,16 @@ class VramPlan:
                 "device_bytes": self.device, "host_bytes": self.host, "choices": self.choices, "notes": self.notes}
 
 
-def _settings(max_context: int, prefill: int, pool: int, policy: str | None) -> CacheSettings:
-    rounded = -(-max_context // KV_CHUNK) * KV_CHUNK
-    policy = policy or ("exact" if rounded <= pool else "select")
-    return CacheSettings(max_context, max(prefill, DECODE_ROWS), policy, pool)
-
-
 def _min_pool(prefill: int, policy: str | None, max_context: int) -> int:
-    """The smallest pool `KVFlashSettings.validate` accepts for this prefill chunk and policy (with
-    no policy given, a pool smaller than the context means `select`)."""
-    settings = _settings(max_context, prefill, 10**12, "select").kvflash()
-    exact = (-(-settings.max_step // KV_CHUNK) + 2) * KV_CHUNK
-    select = max(exact, (settings.tail_span + 2) * KV_CHUNK)
+    """The smallest pool the engine accepts for this prefill chunk and policy (with no policy
+    given, a pool smaller than the context means `select`)."""
+    def need(p: str) -> int:
+        return CacheSettings.for_engine(max_context, prefill, p, KV_CHUNK).kvflash().min_pool_chunks * KV_CHUNK
+
     if policy is not None:
-        return select if policy == "select" else exact
+        return need(policy)
     rounded = -(-max_context // KV_CHUNK) * KV_CHUNK
-    return min(max(rounded, exact), select)
+    return min(max(rounded, need("exact")), need("select"))
 
 
 def _parts(cfg, settings, dtype, quantization, drafter, graphs: bool) -> tuple[dict, dict]:
@@ -119,15 +112,14 @@ def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torc
     the device's default), then the pool."""
     drafter = drafter or DrafterCost()
     prefills = [prefill_chunk] if prefill_chunk else [p for p in PREFILL_CHUNKS if p <= largest_prefill]
-    rounded = -(-max_context // KV_CHUNK) * KV_CHUNK
-    pools = [kv_pool_tokens] if kv_pool_tokens else _pool_sizes(prefills[-1], kv_policy, max_context, rounded)
+    pools = [kv_pool_tokens] if kv_pool_tokens else _pool_sizes(prefills[-1], kv_policy, max_context)
     # A pool must hold what one prefill chunk writes: pairs the engine would refuse are skipped
     # (unless nothing else is left, and then the engine's own check names the problem).
     pairs = [(pool, prefill) for pool in pools for prefill in prefills
              if pool >= _min_pool(prefill, kv_policy, max_context)] or [(pools[-1], prefills[-1])]
     best = None
     for pool, prefill in pairs:  # the pool is what keeps long-context decoding fast: it gives way last
-        settings = _settings(max_context, prefill, pool, kv_policy)
+        settings = CacheSettings.for_engine(max_context, prefill, kv_policy, pool)
         device, host = _parts(cfg, settings, dtype, quantization, drafter, graphs)
         choices = {"kv_pool_tokens": pool, "prefill_chunk": prefill, "kv_policy": settings.kv_policy,
                    "max_context": max_context, "quantization": quantization, "dtype": str(dtype).split(".")[-1]}
@@ -139,10 +131,10 @@ def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torc
     return best
 
 
-def _pool_sizes(prefill: int, policy: str | None, max_context: int, rounded: int) -> list[int]:
-    """Default pool first (the whole context up to 8192 tokens), then halvings down to the minimum."""
+def _pool_sizes(prefill: int, policy: str | None, max_context: int) -> list[int]:
+    """The engine's default pool first, then halvings down to the minimum."""
     minimum = _min_pool(prefill, policy, max_context)
-    pool = max(min(DEFAULT_POOL, rounded), minimum)
+    pool = max(CacheSettings.for_engine(max_context, prefill, policy).kv_pool_tokens, minimum)
     sizes = [pool]
     while pool // 2 >= minimum:
         pool = pool // 2 // KV_CHUNK * KV_CHUNK

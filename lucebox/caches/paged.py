@@ -67,10 +67,16 @@ class KVFlashSettings:
         """Chunks chosen by score: what the pool holds beyond sink, tail and one spare slot."""
         return self.pool_chunks - 1 - self.tail_span - 1
 
+    @property
+    def min_pool_chunks(self) -> int:
+        """The smallest pool this policy and step size can run with: the sink, the chunks one step
+        writes and a spare (and for `select`, the tail)."""
+        return max(-(-self.max_step // self.chunk) + 2, self.tail_span + 2 if self.policy == "select" else 0)
+
     def validate(self) -> None:
         if self.policy not in KV_POLICIES:
             raise InvalidArgumentError(f"kv_policy '{self.policy}' is not one of {', '.join(KV_POLICIES)}")
-        need = max(-(-self.max_step // self.chunk) + 2, self.tail_span + 2 if self.policy == "select" else 0)
+        need = self.min_pool_chunks
         if self.pool_chunks < need:
             raise InvalidArgumentError(
                 f"kv_pool_tokens={self.pool_tokens} is too small: this configuration needs at least "

@@ -10,7 +10,9 @@ from lucebox.caches.base import LayerCache
 from lucebox.caches.contiguous import ContiguousCache
 from lucebox.caches.paged import KVFlashSettings, PagedKV
 from lucebox.caches.ring import SlidingRing
-from lucebox.config import DECODE_ROWS, ModelConfig
+from lucebox.config import DECODE_ROWS, KV_CHUNK, ModelConfig
+
+DEFAULT_POOL_TOKENS = 8192  # the device KV pool of each full-attention layer, unless given
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,18 @@ class CacheSettings:
     decode_rows: int = DECODE_ROWS
     reference: bool = False  # contiguous caches for every layer: the plain reference, for tests
     full_attention_window: int | None = None  # draft models: full layers keep only a ring this long
+
+    @classmethod
+    def for_engine(cls, max_context: int, prefill_chunk: int, kv_policy: str | None = None,
+                   kv_pool_tokens: int | None = None, kv_reselect_every: int = 64) -> CacheSettings:
+        """The engine's settings, defaults filled in: a pool holding the whole context up to
+        DEFAULT_POOL_TOKENS (at least what one prefill chunk needs), and `exact` attention when
+        the pool holds the whole context, `select` when it cannot."""
+        rounded = -(-max_context // KV_CHUNK) * KV_CHUNK
+        minimum = (-(-prefill_chunk // KV_CHUNK) + 2) * KV_CHUNK
+        pool = kv_pool_tokens if kv_pool_tokens is not None else max(min(DEFAULT_POOL_TOKENS, rounded), minimum)
+        policy = kv_policy or ("exact" if rounded <= pool else "select")
+        return cls(max_context, max(prefill_chunk, DECODE_ROWS), policy, pool, kv_reselect_every)
 
     def kvflash(self) -> KVFlashSettings:
         return KVFlashSettings(self.kv_policy, self.kv_pool_tokens, self.max_context, self.max_step,
