@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -131,10 +131,12 @@ class CheckpointIndex:
         self.files = files
         self.location: dict[str, Path] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, torch.dtype] = {}
         for path in files:
             for name, entry in read_header(path).items():
                 self.location[name] = path
                 self.shapes[name] = entry.shape
+                self.dtypes[name] = entry.dtype
 
     def __contains__(self, name: str) -> bool:
         return name in self.location
@@ -210,10 +212,29 @@ def load_weights(
     """Every tensor of `sources`, read into `dtype` on `device`; `transform(name, tensor)`, if
     given, replaces each as soon as it is read (quantization), so only one full-precision tensor
     is held at a time. `progress(done, total)` is told the bytes read so far after each tensor."""
-    chosen = resolve_sources(sources, shapes, index, unused_ok)
-    total = sum(math.prod(shapes[name]) for name in chosen) * dtype.itemsize
-    done = 0
     weights: dict[str, torch.Tensor] = {}
+    for name, tensor in iter_weights(index, sources, shapes, dtype, device, unused_ok, progress):
+        weights[name] = transform(name, tensor) if transform is not None else tensor
+        del tensor
+    return weights
+
+
+def iter_weights(
+    index: CheckpointIndex,
+    sources: dict[str, Source],
+    shapes: dict[str, tuple[int, ...]],
+    dtype: torch.dtype | None,
+    device: torch.device,
+    unused_ok: frozenset[str] = frozenset(),
+    progress: Callable[[int, int], None] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(our name, tensor) one at a time, in `dtype` on `device`; with dtype None, each in the
+    checkpoint's own dtype (that of its first part), so a caller that streams them on (`lucebox
+    quantize`) holds one tensor at a time. Every name is checked before the first is read."""
+    chosen = resolve_sources(sources, shapes, index, unused_ok)
+    total = sum(math.prod(shapes[name]) * (dtype or index.dtypes[next(leaf_names(src))]).itemsize
+                for name, src in chosen.items())
+    done = 0
     with ExitStack() as stack:
         opened: dict[Path, SafetensorsFile] = {}
 
@@ -227,7 +248,8 @@ def load_weights(
                 # here would be converted to floats as if they were weights
                 raise TensorDtypeError(
                     f"{path.name}: tensor {ckpt_name} is {f.entries[ckpt_name].dtype}, but it is a float weight; "
-                    "pre-quantized checkpoints are not supported: load the float checkpoint with quantization="
+                    "this is not a float checkpoint: load a float one (with quantization=), or one written "
+                    "by `lucebox quantize`"
                 )
             found = f.entries[ckpt_name].shape
             if tuple(found) != tuple(dest.shape):
@@ -241,11 +263,10 @@ def load_weights(
             f.release(ckpt_name)
 
         for name, source in chosen.items():
-            dest = torch.empty(shapes[name], dtype=dtype, device=device)
+            dest = torch.empty(shapes[name], dtype=dtype or index.dtypes[next(leaf_names(source))], device=device)
             _fill(dest, source, read, name)
-            weights[name] = transform(name, dest) if transform is not None else dest
             done += dest.numel() * dest.element_size()
+            yield name, dest
             del dest
             if progress is not None:
                 progress(done, total)
-    return weights

@@ -49,11 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--stats", action="store_true",
                      help="add context used and device/host KV memory to the closing line of figures")
-    from lucebox import chat_command
+    from lucebox import chat_command, quantize_command
     from lucebox.benchmark import command as bench_command
     from lucebox.server import command as serve_command
     from lucebox.training import distill_command, train_command
 
+    quantize_command.add_parser(sub)
     train_command.add_parser(sub)
     distill_command.add_parser(sub)
     chat_command.add_parser(sub)
@@ -73,9 +74,10 @@ def _info(args) -> int:
         from lucebox.builtin import builtin_model
 
         args.model = builtin_model()
-    cfg = describe_model(args.model).cfg
+    desc = describe_model(args.model)
+    cfg = desc.cfg
     summary = model_summary(cfg, resolve_dtype(args.kv_dtype, torch.device("cpu")).itemsize)
-    plan = _vram_plan(args, cfg) if args.vram is not None else None
+    plan = _vram_plan(args, desc) if args.vram is not None else None
     if plan is not None:
         summary.update(fits=plan.fits, vram_plan=plan.as_json())
     if args.json:
@@ -106,18 +108,18 @@ def _info(args) -> int:
     return 0
 
 
-def _vram_plan(args, cfg):
+def _vram_plan(args, desc):
     import torch
 
     from lucebox.arguments import integer
     from lucebox.device import resolve_dtype
-    from lucebox.loading import quantizer
+    from lucebox.loading import resolve_quantization
     from lucebox.vram_planner import parse_size, plan_for_budget
 
-    quantizer(args.quantization)
+    cfg, quantization = desc.cfg, resolve_quantization(args.quantization, desc)
     context = integer("max_context", args.ctx, 1, optional=True) or cfg.max_position_embeddings
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))
-    return plan_for_budget(cfg, parse_size(args.vram), context, dtype, args.quantization, kv_policy=args.kv_policy)
+    return plan_for_budget(cfg, parse_size(args.vram), context, dtype, quantization, kv_policy=args.kv_policy)
 
 
 def _print_vram_plan(out, plan) -> None:
@@ -164,14 +166,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        from lucebox import chat_command
+        from lucebox import chat_command, quantize_command
         from lucebox.benchmark import command as bench_command
         from lucebox.server import command as serve_command
         from lucebox.training import distill_command, train_command
 
         commands = {"info": _info, "generate": _generate, "train": train_command.command,
                     "distill": distill_command.command, "chat": chat_command.command,
-                    "bench": bench_command.command, "serve": serve_command.command}
+                    "bench": bench_command.command, "serve": serve_command.command,
+                    "quantize": quantize_command.command}
         return commands[args.command](args)
     except LuceboxError as e:
         print(f"lucebox: error: {in_flag_terms(str(e))}", file=sys.stderr)

@@ -16,7 +16,7 @@ from lucebox.device import resolve_device, resolve_dtype
 from lucebox.errors import ContextLengthError, InsufficientMemoryError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.kernels.backend import kernels_for, resolve_backend
-from lucebox.loading import check_load_format, describe_model, load_model, quantizer
+from lucebox.loading import check_load_format, describe_model, load_model, resolve_quantization
 from lucebox.memory_plan import check_fits
 from lucebox.models.hf_config import token_ids
 from lucebox.runner import StepRunner
@@ -58,7 +58,8 @@ class LLM:
     "triton" (everywhere; on the CPU through Triton's interpreter, TRITON_INTERPRET=1) or "torch".
     `quantization` ("int8" or "int4") quantizes the linear layers' weights as they load
     (round-to-nearest, float16 scales per group: per row for int8, 128 inputs for int4); the
-    embeddings, output head and routers stay in `dtype`. `cuda_graphs` (default: on with CUDA
+    embeddings, output head and routers stay in `dtype`. A folder written by `lucebox quantize`
+    loads as stored, in its own scheme (`quantization` may only repeat it). `cuda_graphs` (default: on with CUDA
     and Triton) runs each decode and verify step as one CUDA graph per width (`lucebox.runner`).
     `load_progress(done, total)` is called with bytes of weights read as they load.
 
@@ -105,7 +106,6 @@ class LLM:
             torch.cuda.set_device(self.device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.backend = resolve_backend(backend, self.device, self.dtype)
-        self.quantization = quantization
         if model is None:
             from lucebox.builtin import builtin_model
 
@@ -113,7 +113,8 @@ class LLM:
         self.description = describe_model(model)
         self.config = self.description.cfg
         prefill_chunk = integer("prefill_chunk", prefill_chunk, 1, optional=True)
-        quantizer(quantization)  # an unknown scheme fails here, before any memory is planned
+        # an unknown scheme, or one a saved quantized checkpoint was not written in, fails here
+        self.quantization = quantization = resolve_quantization(quantization, self.description)
         drafter = resolve_drafter(draft, self.description)
         self.vram_plan = None
         if vram_budget is not None:

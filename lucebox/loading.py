@@ -15,6 +15,8 @@ from lucebox.kernels.quant import SCHEMES, quantize
 from lucebox.models import adapter_for, build_model_config
 from lucebox.models.decoder import Decoder
 from lucebox.models.layout import quantizable, weight_shapes
+from lucebox.models.sources import Source
+from lucebox.quantized_checkpoint import load_quantized, saved_scheme
 from lucebox.tokenizer import Tokenizer, load_tokenizer
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -26,6 +28,7 @@ class ModelDescription:
     hf_config: dict
     generation_config: dict
     cfg: ModelConfig
+    quantization: str | None = None  # the scheme of a saved quantized checkpoint (`lucebox quantize`)
 
 
 @dataclass
@@ -41,7 +44,7 @@ def describe_model(path: str | Path) -> ModelDescription:
     folder = config_path.parent
     hf = read_json(config_path)
     generation = read_json(folder / "generation_config.json", required=False) or {}
-    return ModelDescription(folder, hf, generation, build_model_config(hf))
+    return ModelDescription(folder, hf, generation, build_model_config(hf), saved_scheme(folder))
 
 
 def dummy_weights(
@@ -65,6 +68,24 @@ def dummy_weights(
 def check_load_format(load_format: str) -> None:
     if load_format not in LOAD_FORMATS:
         raise InvalidArgumentError(f"load_format '{load_format}' is not one of {', '.join(LOAD_FORMATS)}")
+
+
+def checkpoint_sources(desc: ModelDescription) -> tuple[dict[str, Source], frozenset[str]]:
+    """Where each of our tensors is in the model's checkpoint, and the checkpoint tensors that may
+    be left unread."""
+    sources = adapter_for(desc.hf_config).sources(desc.cfg)
+    # With tied embeddings an exported lm_head.weight is a copy of the embedding; like transformers, ignore it.
+    unused_ok = frozenset({"lm_head.weight"}) if desc.cfg.tie_word_embeddings else frozenset()
+    return sources, unused_ok
+
+
+def resolve_quantization(asked: str | None, desc: ModelDescription) -> str | None:
+    """The weights' scheme: a saved quantized checkpoint's own, which `asked` may only repeat."""
+    quantizer(asked)
+    if desc.quantization is None or asked in (None, desc.quantization):
+        return desc.quantization or asked
+    raise InvalidArgumentError(f"{desc.folder} is a saved {desc.quantization} checkpoint; it cannot be loaded as "
+                               f"quantization='{asked}': leave quantization unset, or quantize its float source")
 
 
 def quantizer(scheme: str | None):
@@ -93,14 +114,15 @@ def load_model(
     runs on `kernels` (the torch references by default); `progress(done, total)` in bytes read."""
     check_load_format(load_format)
     shapes = weight_shapes(desc.cfg)
+    quantization = resolve_quantization(quantization, desc)
     transform = quantizer(quantization)
     if load_format == "dummy":
         weights = dummy_weights(shapes, dtype, device, transform=transform)
+    elif desc.quantization is not None:
+        weights = load_quantized(desc.folder, desc.cfg, dtype, device, progress)
     else:
         index = CheckpointIndex(weight_files(desc.folder))
-        sources = adapter_for(desc.hf_config).sources(desc.cfg)
-        # With tied embeddings an exported lm_head.weight is a copy of the embedding; like transformers, ignore it.
-        unused_ok = frozenset({"lm_head.weight"}) if desc.cfg.tie_word_embeddings else frozenset()
+        sources, unused_ok = checkpoint_sources(desc)
         weights = load_weights(index, sources, shapes, dtype, device, unused_ok, transform, progress)
     tokenizer = load_tokenizer(desc.folder, desc.hf_config, desc.generation_config, desc.cfg.vocab_size)
     return LoadedModel(desc, Decoder(desc.cfg, weights, kernels), tokenizer)

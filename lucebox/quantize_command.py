@@ -1,0 +1,156 @@
+"""`lucebox quantize MODEL OUT --bits 4|8 [--group N]`: a float checkpoint written as a saved
+quantized one (`lucebox.quantized_checkpoint`) that `LLM(OUT)` loads without quantizing again.
+
+The checkpoint is streamed: one tensor is read (in its own dtype), quantized and added to the
+shard being filled; a shard is written once it holds `SHARD_BYTES`, so memory holds one float
+tensor and one shard at most. The codes are those `LLM(MODEL, quantization=...)` computes from the
+same float tensor. The metadata file is written last: an interrupted run leaves a folder that
+`LLM` refuses as incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from lucebox import __version__
+from lucebox.checkpoint import CheckpointIndex, iter_weights, weight_files
+from lucebox.errors import InvalidArgumentError
+from lucebox.kernels.quant import QuantizedTensor, quantize
+from lucebox.loading import checkpoint_sources, describe_model
+from lucebox.models.layout import quantizable, weight_shapes
+from lucebox.quantized_checkpoint import FORMAT, METADATA_FILE, VERSION, saved_scheme, stored_fields, tensor_record
+
+SHARD_BYTES = 2 * 2**30
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".gguf")
+_DRAFTER_FOLDERS = ("draft", "dflash")  # a paired drafter travels with the model (kept in its dtype)
+
+
+class _ShardWriter:
+    """Fills safetensors shards in order and writes the index that maps each entry to its shard."""
+
+    def __init__(self, out: Path, shard_bytes: int):
+        self.out, self.shard_bytes = out, shard_bytes
+        self.pending: dict[str, torch.Tensor] = {}
+        self.weight_map: dict[str, str] = {}
+        self.shards = 0
+        self.bytes = 0
+
+    def add(self, entries: dict[str, torch.Tensor]) -> None:
+        self.pending.update(entries)
+        if sum(t.numel() * t.element_size() for t in self.pending.values()) >= self.shard_bytes:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending:
+            return
+        self.shards += 1
+        name = f"model-{self.shards:05d}.safetensors"
+        save_file({k: t.contiguous() for k, t in self.pending.items()}, str(self.out / name),
+                  metadata={"format": "pt"})
+        self.weight_map.update(dict.fromkeys(self.pending, name))
+        self.bytes += sum(t.numel() * t.element_size() for t in self.pending.values())
+        self.pending = {}
+
+    def close(self) -> None:
+        self._flush()
+        index = {"metadata": {"total_size": self.bytes}, "weight_map": self.weight_map}
+        (self.out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+
+
+def _scheme(bits: int) -> str:
+    if bits not in (4, 8):
+        raise InvalidArgumentError(f"--bits {bits} is not supported; use 4 (int4) or 8 (int8)")
+    return f"int{bits}"
+
+
+def _check_group(shapes: dict[str, tuple[int, ...]], scheme: str, group: int | None) -> None:
+    """Refuse a group that some weight's inputs cannot be split into, before anything is read."""
+    if group is None:
+        return
+    if group < 2 or (scheme == "int4" and group % 2):
+        raise InvalidArgumentError(f"--group {group} must be an even number of inputs, at least 2")
+    for name, shape in shapes.items():
+        if quantizable(name) and shape[-1] % group:
+            raise InvalidArgumentError(f"--group {group} does not divide the {shape[-1]} inputs of {name}; "
+                                       "choose a group that divides every weight's width (e.g. 32)")
+
+
+def _prepare_out(out: Path, source: Path) -> None:
+    if out.resolve() == source.resolve():
+        raise InvalidArgumentError(f"OUT {out} is the model folder itself; choose a new folder")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InvalidArgumentError(f"OUT {out} already exists and is not an empty folder; choose a new one")
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _copy_side_files(source: Path, out: Path) -> None:
+    """config.json, tokenizer and generation files, templates; a paired drafter folder as it is."""
+    for path in sorted(source.iterdir()):
+        if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES) and path.name != "model.safetensors.index.json":
+            shutil.copyfile(path, out / path.name)
+        elif path.is_dir() and path.name in _DRAFTER_FOLDERS:
+            shutil.copytree(path, out / path.name)
+
+
+def quantize_checkpoint(model: str | Path, out: str | Path, bits: int, group: int | None = None,
+                        progress=None, shard_bytes: int = SHARD_BYTES) -> dict:
+    """Write `model` (a float checkpoint folder) quantized to `out`; returns a summary.
+    `progress(done, total)` is told the bytes of float weights read so far."""
+    scheme = _scheme(bits)
+    desc = describe_model(model)
+    if saved_scheme(desc.folder) is not None:
+        raise InvalidArgumentError(f"{desc.folder} is already a quantized checkpoint; quantize its float source")
+    shapes = weight_shapes(desc.cfg)
+    _check_group(shapes, scheme, group)
+    index = CheckpointIndex(weight_files(desc.folder))
+    sources, unused_ok = checkpoint_sources(desc)
+    out = Path(out).expanduser()
+    _prepare_out(out, desc.folder)
+    started = time.perf_counter()
+    writer, records, read = _ShardWriter(out, shard_bytes), {}, 0
+    for name, tensor in iter_weights(index, sources, shapes, None, torch.device("cpu"), unused_ok, progress):
+        read += tensor.numel() * tensor.element_size()
+        stored: torch.Tensor | QuantizedTensor = quantize(tensor, scheme, group) if quantizable(name) else tensor
+        records[name] = tensor_record(stored)
+        writer.add(stored_fields(name, stored) if isinstance(stored, QuantizedTensor) else {name: stored})
+        del tensor, stored
+    writer.close()
+    _copy_side_files(desc.folder, out)
+    metadata = {"format": FORMAT, "version": VERSION, "scheme": scheme, "group": group, "asymmetric": False,
+                "quantized_by": f"lucebox {__version__}", "tensors": records}
+    (out / METADATA_FILE).write_text(json.dumps(metadata, indent=1) + "\n")
+    return {"out": str(out), "scheme": scheme, "group": group, "tensors": len(records), "read_bytes": read,
+            "written_bytes": writer.bytes, "shards": writer.shards, "seconds": time.perf_counter() - started}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("quantize", help="write a float checkpoint as a saved int4/int8 one that loads as it is")
+    p.add_argument("model", help="float (bf16/fp16/fp32) Hugging Face model folder")
+    p.add_argument("out", help="new folder for the quantized checkpoint")
+    p.add_argument("--bits", type=int, required=True, help="4 (int4, symmetric) or 8 (int8)")
+    p.add_argument("--group", type=int, default=None,
+                   help="inputs per scale (e.g. 32, 64, 128); default: 128 for int4 (or the largest of 64, 32 that "
+                        "divides), a whole row for int8")
+
+
+def command(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    err = Console(stderr=True)
+    with Progress(TextColumn("[bold]quantizing"), BarColumn(), DownloadColumn(), console=err,
+                  transient=True) as bar:
+        task = bar.add_task("read", total=None)
+        summary = quantize_checkpoint(args.model, args.out, args.bits, args.group,
+                                      lambda done, total: bar.update(task, completed=done, total=total))
+    gib = 2**30
+    print(f"wrote {summary['out']}: {summary['tensors']} tensors as {summary['scheme']}, "
+          f"{summary['read_bytes'] / gib:.2f} GiB read, {summary['written_bytes'] / gib:.2f} GiB written in "
+          f"{summary['shards']} shard(s), {summary['seconds']:.1f} s")
+    return 0
