@@ -62,11 +62,15 @@ def moe_experts(
 
 def _expert_loop(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
                  ids: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros_like(x)
+    T, k = ids.shape
     flat_ids = ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
     counts = torch.bincount(flat_ids, minlength=gate_up.shape[0]).tolist()
-    tokens = order // ids.shape[1]
+    tokens = order // k
+    # Each (row, choice) pair's weighed output is kept apart and the k of a row are summed in
+    # choice order, as the other paths and the Triton kernel do: the sum does not depend on
+    # how experts are numbered (an expert cache renumbers them by slot).
+    pairs = torch.empty(T * k, x.shape[1], dtype=torch.promote_types(x.dtype, weights.dtype), device=x.device)
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
@@ -75,8 +79,8 @@ def _expert_loop(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.
         tok = tokens[start : start + count]
         start += count
         y = swiglu(x[tok], gate_up[expert], down[expert])
-        out.index_add_(0, tok, (y * weights.reshape(-1)[rows, None]).to(out.dtype))
-    return out
+        pairs[rows] = y * weights.reshape(-1)[rows, None]
+    return pairs.view(T, k, -1).sum(1).to(x.dtype)
 
 
 def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
@@ -97,13 +101,11 @@ def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: tor
 
 def _all_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
                  ids: torch.Tensor) -> torch.Tensor:
-    """Every expert on every row, weighted by a (T, E) matrix that is zero but at the chosen experts."""
-    dense = torch.zeros(x.shape[0], gate_up.shape[0], dtype=weights.dtype, device=x.device)
-    dense.scatter_(1, ids, weights)
+    """Every expert on every row, then each row's k chosen outputs weighed and summed in choice order."""
     gate, up = torch.matmul(x, gate_up.transpose(1, 2)).chunk(2, dim=-1)  # (E, T, I) each
     y = torch.matmul(F.silu(gate) * up, down.transpose(1, 2))  # (E, T, H)
-    wide = torch.promote_types(y.dtype, weights.dtype)  # weigh as the loop does: in the wider dtype
-    return torch.einsum("te,eth->th", dense.to(wide), y.to(wide)).to(x.dtype)
+    chosen = y[ids, torch.arange(x.shape[0], device=x.device)[:, None]]  # (T, k, H)
+    return (chosen * weights[..., None]).sum(1).to(x.dtype)  # weighed in the wider dtype
 
 
 def _gathered_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,

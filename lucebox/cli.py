@@ -131,8 +131,11 @@ def _print_vram_plan(out, plan) -> None:
     for part, size in plan.device.items():
         out.print(f"  {part:<20} {size / gib:8.2f} GiB")
     out.print(f"  host KV (at most)    {plan.host['kv_host'] / gib:8.2f} GiB")
+    if plan.host["experts_host"]:
+        out.print(f"  experts in host      {plan.host['experts_host'] / gib:8.2f} GiB")
+    slots = f", expert_slots {c['expert_slots']}" if c["experts_on_host"] else ""
     out.print(f"  chosen: kv_policy {c['kv_policy']}, kv_pool_tokens {c['kv_pool_tokens']}, "
-              f"prefill_chunk {c['prefill_chunk']}")
+              f"prefill_chunk {c['prefill_chunk']}{slots}")
     for note in plan.notes:
         out.print(f"  {note}")
 

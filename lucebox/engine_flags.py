@@ -37,7 +37,13 @@ def add_engine_flags(p: argparse.ArgumentParser, draft_default: str = "none") ->
                    help="int8 | int4: quantize the linear layers' weights as they load (default: none)")
     p.add_argument("--vram", default=None,
                    help="device memory budget, e.g. 24GiB: the planner chooses pool size and prefill chunk to fit "
-                        "it, or refuses saying what does not fit")
+                        "it (moving an MoE model's experts to host memory if nothing else fits), or refuses "
+                        "saying what does not fit")
+    p.add_argument("--experts-on-host", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep the routed experts in host memory with a device cache of them (default: only when "
+                        "--vram needs it)")
+    p.add_argument("--expert-slots", type=int, default=None,
+                   help="experts per MoE layer the device cache holds (default 8 x top_k, or what --vram leaves)")
 
 
 def engine_options(args: argparse.Namespace, **overrides) -> dict:
@@ -47,7 +53,7 @@ def engine_options(args: argparse.Namespace, **overrides) -> dict:
                    draft=None if args.draft in (None, "none") else args.draft, draft_k=args.draft_k,
                    draft_ctx=args.draft_ctx, verify=args.verify, backend=args.backend,
                    quantization=args.quantization, cuda_graphs=False if args.no_cuda_graphs else None,
-                   vram_budget=args.vram)
+                   vram_budget=args.vram, experts_on_host=args.experts_on_host, expert_slots=args.expert_slots)
     options.update(overrides)
     return options
 
@@ -68,7 +74,8 @@ FLAGS = {
     "min_p": "--min-p", "repetition_penalty": "--repetition-penalty", "seed": "--seed",
     "stop token id": "--stop-token-id",
     "device": "--device", "dtype": "--dtype", "draft": "--draft", "verify": "--verify", "backend": "--backend",
-    "quantization": "--quantization", "vram_budget": "--vram",
+    "quantization": "--quantization", "vram_budget": "--vram", "experts_on_host": "--experts-on-host",
+    "expert_slots": "--expert-slots",
 }
 # Plain words ("the draft model", "a smaller dtype") become flags only in the form `name=value`.
 _ALWAYS = {name for name in FLAGS if "_" in name} | {"temperature", "seed", "stop token id"}

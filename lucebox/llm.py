@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ from lucebox.checkpoint import weight_files
 from lucebox.config import DECODE_ROWS
 from lucebox.device import resolve_device, resolve_dtype
 from lucebox.errors import ContextLengthError, InsufficientMemoryError, InvalidArgumentError
+from lucebox.expert_cache import ExpertTraffic
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.kernels.backend import kernels_for, resolve_backend
 from lucebox.loading import check_load_format, describe_model, load_model, resolve_quantization
@@ -66,7 +68,14 @@ class LLM:
     `vram_budget` ("24GiB", or bytes) plans device memory within that budget from the config
     alone (`lucebox.vram_planner`): it keeps the pool size and prefill chunk you give and chooses
     the others so the plan fits (kept in `vram_plan`), refuses with what does not fit, and on
-    CUDA holds the allocator to the budget.
+    CUDA holds the allocator to the budget. When nothing else fits an MoE model, it moves the
+    routed experts to host memory (`experts_on_host` None; False forbids it).
+
+    `experts_on_host=True` keeps the routed experts in host memory (pinned on CUDA) and
+    `expert_slots` of each MoE layer's experts in a device cache (default 8 x top_k); each step
+    copies in the chosen experts it lacks (`lucebox.expert_cache`), so steps run eagerly, without
+    CUDA graphs. The output is the same as with every expert on the device; `Generation.stats`
+    gains `expert_hit_rate`, `expert_hits`, `expert_misses` and `expert_copied_bytes`.
     """
 
     def __init__(
@@ -91,6 +100,8 @@ class LLM:
         cuda_graphs: bool | None = None,
         load_progress: Callable[[int, int], None] | None = None,
         vram_budget: str | int | None = None,
+        experts_on_host: bool | None = None,
+        expert_slots: int | None = None,
     ):
         check_load_format(load_format)
         model, draft = path("model", model, optional=True), path("draft", draft, optional=True)
@@ -99,6 +110,8 @@ class LLM:
         draft_ctx = integer("draft_ctx", draft_ctx, 1)
         adaptive = flag("adaptive", adaptive)
         cuda_graphs = flag("cuda_graphs", cuda_graphs, optional=True)
+        experts_on_host = flag("experts_on_host", experts_on_host, optional=True)
+        expert_slots = integer("expert_slots", expert_slots, 1, optional=True)
         callback("load_progress", load_progress)
         self.device = resolve_device(device)
         if self.device.type == "cuda":
@@ -119,18 +132,23 @@ class LLM:
         self.vram_plan = None
         if vram_budget is not None:
             self.vram_plan = self._plan_vram(vram_budget, max_context, kv_policy, kv_pool_tokens, prefill_chunk,
-                                             drafter, draft_ctx, cuda_graphs)
+                                             drafter, draft_ctx, cuda_graphs, experts_on_host, expert_slots)
             prefill_chunk = self.vram_plan.choices["prefill_chunk"]
             kv_pool_tokens = self.vram_plan.choices["kv_pool_tokens"]
+            experts_on_host = self.vram_plan.choices["experts_on_host"]
+            expert_slots = self.vram_plan.choices["expert_slots"]
+        self.expert_slots = self._expert_slots(experts_on_host, expert_slots)
+        self.expert_traffic = ExpertTraffic()
         self.prefill_chunk = prefill_chunk or (2048 if self.device.type == "cuda" else 512)
         self.cache_settings = self._cache_settings(max_context, kv_policy, kv_pool_tokens, kv_reselect_every)
         self.max_context = self.cache_settings.max_context
         if load_format != "dummy":
             weight_files(self.description.folder)  # a folder without weights says so before any memory figure
         cost = drafter_cost(drafter, self.dtype, self.max_context, self.prefill_chunk, draft_ctx, DRAFT_WIDTH)
-        self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization, cost)
+        self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization, cost,
+                                self.expert_slots)
         loaded = load_model(self.description, self.dtype, self.device, load_format, kernels_for(self.backend),
-                            quantization, load_progress)
+                            quantization, load_progress, self.expert_slots, self.expert_traffic)
         self.decoder = loaded.decoder
         self.runner = StepRunner(self.decoder, graphs=self._use_cuda_graphs(cuda_graphs))
         self._tokenizer = loaded.tokenizer
@@ -150,16 +168,33 @@ class LLM:
 
     def _use_cuda_graphs(self, asked: bool | None) -> bool:
         """Default: on wherever they can run, which is CUDA with the Triton kernels (the torch
-        reference MoE syncs with the host, which a graph cannot hold)."""
-        possible = self.device.type == "cuda" and self.backend == "triton"
+        reference MoE syncs with the host, which a graph cannot hold, and so does an expert cache)."""
+        possible = self.device.type == "cuda" and self.backend == "triton" and self.expert_slots is None
         if asked and not possible:
-            raise InvalidArgumentError("cuda_graphs=True needs device='cuda' and the Triton kernels "
-                                       f"(backend='triton' or 'auto'); this engine has {self.device.type}, "
-                                       f"backend '{self.backend}'")
+            raise InvalidArgumentError("cuda_graphs=True needs device='cuda', the Triton kernels "
+                                       "(backend='triton' or 'auto') and the experts on the device; this engine has "
+                                       f"{self.device.type}, backend '{self.backend}'"
+                                       + (", experts in host memory" if self.expert_slots is not None else ""))
         return possible if asked is None else asked
 
+    def _expert_slots(self, on_host: bool | None, slots: int | None) -> int | None:
+        """Device slots per MoE layer with the experts in host memory, or None (all on the device).
+        Default: 8 rows' worth of choices (8 x top_k), or every expert if there are fewer."""
+        moe = self.config.moe
+        if not on_host:
+            if slots is not None:
+                raise InvalidArgumentError("expert_slots needs experts_on_host=True (or a vram_budget that moves them)")
+            return None
+        if moe is None:
+            raise InvalidArgumentError("experts_on_host=True needs a mixture-of-experts model; this one is dense")
+        slots = slots or min(moe.num_experts, 8 * moe.top_k)
+        if not moe.top_k <= slots <= moe.num_experts:
+            raise InvalidArgumentError(f"expert_slots={slots} must be between top_k ({moe.top_k}) and the "
+                                       f"{moe.num_experts} experts of a layer")
+        return slots
+
     def _plan_vram(self, budget, max_context, kv_policy, kv_pool_tokens, prefill_chunk, drafter, draft_ctx,
-                   cuda_graphs) -> VramPlan:
+                   cuda_graphs, experts_on_host, expert_slots) -> VramPlan:
         """The planner's choices under the budget (`lucebox.vram_planner`), or InsufficientMemoryError
         saying what does not fit; on CUDA the allocator is held to the budget from here on."""
         budget = parse_size(budget)
@@ -170,7 +205,7 @@ class LLM:
         planned = plan_for_budget(self.config, budget, context, self.dtype, self.quantization, cost,
                                   choice("kv_policy", kv_policy, KV_POLICIES, optional=True),
                                   integer("kv_pool_tokens", kv_pool_tokens, 1, optional=True), prefill_chunk, graphs,
-                                  largest)
+                                  largest, experts_on_host, expert_slots)
         if not planned.fits:
             raise InsufficientMemoryError(f"vram_budget={budget / 2**30:.1f}GiB: {planned.notes[-1]}")
         if self.device.type == "cuda":
@@ -313,6 +348,7 @@ class LLM:
         reused = cache.length
         rounds = Speculation(self, params, proposer, prompt_ids)
         text = TextStage(self._tokenizer, prompt_ids, stop_strings, stop_ids, max_tokens)
+        traffic = dataclasses.replace(self.expert_traffic)  # this request's expert cache traffic is counted from here
         start = self._clock()
         *_, hidden = self._prefill(prompt_ids, cache, proposer)
         pending = [rounds.first(self.decoder.logits(hidden[-1:]))]
@@ -329,7 +365,8 @@ class LLM:
             cache.rollback(keep)
             del tokens[keep:]
         stats = timing_stats(len(prompt_ids), reused, len(text.generated), start, prefill_done, self._clock())
-        yield text.last({**stats, **rounds.stats()})
+        experts = self.expert_traffic.since(traffic) if self.expert_slots is not None else {}
+        yield text.last({**stats, **rounds.stats(), **experts})
 
     def _width_policy(self, timed: bool) -> WidthPolicy:
         if self._verify_seconds is None:  # fixed width: never judged, never turned off

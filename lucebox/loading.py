@@ -10,6 +10,7 @@ import torch
 from lucebox.checkpoint import CheckpointIndex, load_weights, locate_config, read_json, weight_files
 from lucebox.config import ModelConfig
 from lucebox.errors import InvalidArgumentError
+from lucebox.expert_cache import ExpertTraffic, cache_experts, is_routed_expert, moved
 from lucebox.kernels.backend import Kernels
 from lucebox.kernels.quant import SCHEMES, quantize
 from lucebox.models import adapter_for, build_model_config
@@ -106,23 +107,44 @@ def quantizer(scheme: str | None):
     return transform
 
 
+def placement(device: torch.device, experts_on_host: bool, quantization: str | None = None):
+    """The per-weight transform of a load: quantize (with `quantization`), then put the routed
+    experts in host memory (pinned when a GPU reads them) with `experts_on_host`, the rest on `device`."""
+    quantize_weight = quantizer(quantization)
+
+    def place(name: str, weight):
+        if quantize_weight is not None:
+            weight = quantize_weight(name, weight)
+        if experts_on_host and is_routed_expert(name):
+            return moved(weight, "cpu", pin=device.type == "cuda")
+        return moved(weight, device)
+
+    return place
+
+
 def load_model(
     desc: ModelDescription, dtype: torch.dtype, device: torch.device, load_format: str = "auto",
     kernels: Kernels | None = None, quantization: str | None = None, progress=None,
+    expert_slots: int | None = None, expert_traffic: ExpertTraffic | None = None,
 ) -> LoadedModel:
     """Weights (quantized as they are read, with `quantization`), tokenizer and a `Decoder` that
-    runs on `kernels` (the torch references by default); `progress(done, total)` in bytes read."""
+    runs on `kernels` (the torch references by default); `progress(done, total)` in bytes read.
+    With `expert_slots`, the routed experts stay in host memory and each MoE layer caches that
+    many of them on the device, counting its traffic in `expert_traffic` (`lucebox.expert_cache`)."""
     check_load_format(load_format)
     shapes = weight_shapes(desc.cfg)
     quantization = resolve_quantization(quantization, desc)
-    transform = quantizer(quantization)
+    on_host = expert_slots is not None
+    transform = placement(device, on_host, quantization)
     if load_format == "dummy":
         weights = dummy_weights(shapes, dtype, device, transform=transform)
     elif desc.quantization is not None:
-        weights = load_quantized(desc.folder, desc.cfg, dtype, device, progress)
+        weights = load_quantized(desc.folder, desc.cfg, dtype, placement(device, on_host), progress)
     else:
         index = CheckpointIndex(weight_files(desc.folder))
         sources, unused_ok = checkpoint_sources(desc)
         weights = load_weights(index, sources, shapes, dtype, device, unused_ok, transform, progress)
+    if on_host:
+        cache_experts(weights, len(desc.cfg.layers), expert_slots, device, expert_traffic or ExpertTraffic())
     tokenizer = load_tokenizer(desc.folder, desc.hf_config, desc.generation_config, desc.cfg.vocab_size)
     return LoadedModel(desc, Decoder(desc.cfg, weights, kernels), tokenizer)

@@ -37,6 +37,26 @@ def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None 
                else math.prod(shape) * dtype.itemsize for name, shape in weight_shapes(cfg).items())
 
 
+def one_expert_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None = None) -> int:
+    """Bytes of one routed expert of one layer (its gate_up and down), as the engine stores it."""
+    if cfg.moe is None:
+        return 0
+    W, H = cfg.moe.expert_size, cfg.hidden_size
+    return sum(quantized_bytes(shape, quantization) if quantization else math.prod(shape) * dtype.itemsize
+               for shape in ((2 * W, H), (H, W)))
+
+
+def moe_layer_count(cfg: ModelConfig) -> int:
+    return sum(layer.mlp == "moe" for layer in cfg.layers)
+
+
+def routed_expert_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None = None) -> int:
+    """Bytes of every routed expert of every layer: what experts in host memory move off the device."""
+    if cfg.moe is None:
+        return 0
+    return moe_layer_count(cfg) * cfg.moe.num_experts * one_expert_bytes(cfg, dtype, quantization)
+
+
 def ring_bytes(window: int, max_step: int, row: int) -> int:
     """A `SlidingRing`: `window + max_step` slots of K and V (`row` bytes) and an int64 position."""
     return (window + max_step) * (row + 8)
@@ -51,21 +71,29 @@ def cache_ring_bytes(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dty
 
 
 def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
-         quantization: str | None = None, drafter: DrafterCost = DrafterCost()) -> dict[str, int]:
-    """Bytes of weights, ring caches, device KV pool (+ chunk summaries), the most host KV, drafter."""
+         quantization: str | None = None, drafter: DrafterCost = DrafterCost(),
+         expert_slots: int | None = None) -> dict[str, int]:
+    """Bytes of weights, ring caches, device KV pool (+ chunk summaries), the most host KV, drafter.
+    With `expert_slots` (experts in host memory) the routed experts count in host memory and the
+    device holds that many of each MoE layer's experts (`lucebox.expert_cache`)."""
     size = dtype.itemsize
     row = cfg.kv_bytes_per_token(size)
     full = sum(1 for layer in cfg.layers if not layer.is_sliding)
     kvf = settings.kvflash()
     chunks = -(-settings.max_context // kvf.chunk)
     summaries = full * chunks * 3 * cfg.num_kv_heads * cfg.head_dim * size if kvf.policy == "select" else 0
+    weights, experts_host = weight_bytes(cfg, dtype, quantization), 0
+    if expert_slots is not None and cfg.moe is not None:
+        experts_host = routed_expert_bytes(cfg, dtype, quantization)
+        weights += moe_layer_count(cfg) * expert_slots * one_expert_bytes(cfg, dtype, quantization) - experts_host
     return {
-        "weights": weight_bytes(cfg, dtype, quantization),
+        "weights": weights,
         "ring_caches": cache_ring_bytes(cfg, settings, dtype),
         "kv_pool_device": full * kvf.pool_chunks * kvf.chunk * row,
         "kv_chunk_summaries_max": summaries,
         "kv_host_max": full * chunks * kvf.chunk * row if kvf.offload else 0,
         "drafter": drafter.total,
+        "experts_host": experts_host,
     }
 
 
@@ -84,18 +112,22 @@ def _gib(n: float) -> str:
 
 
 def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, device: torch.device,
-               quantization: str | None = None, drafter: DrafterCost = DrafterCost()) -> dict[str, int]:
+               quantization: str | None = None, drafter: DrafterCost = DrafterCost(),
+               expert_slots: int | None = None) -> dict[str, int]:
     """The plan, or the first thing that does not fit: InsufficientMemoryError for the weights or
     the fixed-size caches (naming the largest `draft_ctx` that fits when the drafter's rings are
     what overflows), ContextLengthError naming the largest context whose offloaded KV fits.
 
     Weights, rings, the pool and the drafter are fixed costs on the device; host KV and chunk
     summaries grow with max_context (on the CPU, device and host are the same memory)."""
-    need = plan(cfg, settings, dtype, quantization, drafter)
+    need = plan(cfg, settings, dtype, quantization, drafter, expert_slots)
     fixed = need["weights"] + need["ring_caches"] + need["kv_pool_device"] + need["drafter"]
     per_token_summary = need["kv_chunk_summaries_max"] / settings.max_context
     per_token_host = need["kv_host_max"] / settings.max_context
-    host = HEADROOM * _host_available()
+    host = HEADROOM * _host_available() - need["experts_host"]
+    if host < 0:
+        raise InsufficientMemoryError(f"the routed experts need {_gib(need['experts_host'])} of host memory "
+                                      f"but about {_gib(host + need['experts_host'])} is available")
     free = HEADROOM * torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else host
     weights = need["weights"] + drafter.weights
     if weights > free:

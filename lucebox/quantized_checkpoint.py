@@ -12,6 +12,8 @@ and a folder whose metadata is missing, partial or disagrees with the weights is
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -89,10 +91,11 @@ def _expected_entries(name: str, record: dict, shape: tuple[int, ...]) -> dict[s
     return entries
 
 
-def load_quantized(folder: Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
+def load_quantized(folder: Path, cfg: ModelConfig, dtype: torch.dtype, place: Callable,
                    progress=None) -> dict[str, torch.Tensor | QuantizedTensor]:
     """Every weight of a saved quantized checkpoint, as stored (plain tensors cast to `dtype`),
-    after checking the metadata against config.json and every stored tensor against the metadata."""
+    after checking the metadata against config.json and every stored tensor against it; each is
+    read into host memory and handed to `place(name, weight)`, which returns it where it belongs."""
     data = _read_metadata(folder)
     records, shapes = data["tensors"], weight_shapes(cfg)
     if set(records) != set(shapes):
@@ -120,27 +123,30 @@ def load_quantized(folder: Path, cfg: ModelConfig, dtype: torch.dtype, device: t
     extra = sorted(set(index.location) - set(expected))
     if extra:
         raise _refuse(folder, f"the weight files hold {len(extra)} tensor(s) it does not list: {', '.join(extra[:3])}")
-    stored = _read_entries(index, expected, device, progress)
-    weights: dict[str, torch.Tensor | QuantizedTensor] = {}
-    for name, shape in shapes.items():
-        record = records[name]
-        if "bits" not in record:
-            weights[name] = stored[name].to(dtype)
-            continue
-        weights[name] = QuantizedTensor(stored[f"{name}.codes"], stored[f"{name}.scales"],
-                                        stored.get(f"{name}.zeros"), record["bits"], record["group"], shape, dtype)
+    total = sum(math.prod(index.shapes[n]) * index.dtypes[n].itemsize for n in expected)
+    done, weights = 0, {}
+    with ExitStack() as stack:
+        opened: dict[Path, SafetensorsFile] = {}
+
+        def read(entry: str) -> torch.Tensor:
+            nonlocal done
+            path = index.location[entry]
+            if path not in opened:
+                opened[path] = stack.enter_context(SafetensorsFile(path))
+            tensor = opened[path].view(entry).clone()  # out of the mapping, into host memory
+            opened[path].release(entry)
+            done += tensor.numel() * tensor.element_size()
+            return tensor
+
+        for name, shape in shapes.items():  # one weight at a time: read, then placed by `place`
+            record = records[name]
+            if "bits" not in record:
+                weight = read(name).to(dtype)
+            else:
+                zeros = read(f"{name}.zeros") if record.get("zeros") else None
+                weight = QuantizedTensor(read(f"{name}.codes"), read(f"{name}.scales"), zeros, record["bits"],
+                                         record["group"], shape, dtype)
+            weights[name] = place(name, weight)
+            if progress is not None:
+                progress(done, total)
     return weights
-
-
-def _read_entries(index: CheckpointIndex, names, device: torch.device, progress) -> dict[str, torch.Tensor]:
-    total = sum(math.prod(index.shapes[n]) * index.dtypes[n].itemsize for n in names)
-    done, out = 0, {}
-    for path in index.files:
-        with SafetensorsFile(path) as f:
-            for name in [n for n in names if index.location[n] == path]:
-                out[name] = f.view(name).to(device, copy=True)
-                f.release(name)
-                done += out[name].numel() * out[name].element_size()
-                if progress is not None:
-                    progress(done, total)
-    return out

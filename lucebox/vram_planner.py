@@ -4,15 +4,18 @@ on the device, and what to shrink so that it fits.
 Device parts: weights after quantization, sliding rings, the paged KV pool, KVFlash chunk
 summaries at the full context (`select`), the drafter, activations of one prefill chunk and of
 a verify step, and the CUDA graphs' pools (one per width). Host part: the KV that leaves the
-pool. With a budget the planner keeps the defaults while they fit and otherwise gives up, in
-order, prefill chunk size (down to 256 rows) and pool size (down to what the policy needs): a
-smaller prefill chunk costs prefill speed, a smaller pool long-context decode speed. What still
-does not fit is named, with the largest context that would.
+pool, and the routed experts when they live in host memory. With a budget the planner keeps the
+defaults while they fit and otherwise gives up, in order, prefill chunk size (down to 256 rows)
+and pool size (down to what the policy needs): a smaller prefill chunk costs prefill speed, a
+smaller pool long-context decode speed. If that is not enough for an MoE model (and experts in
+host memory are allowed), it moves the routed experts to host memory and gives the device cache
+of experts what is left at the default pool and prefill chunk (`lucebox.expert_cache`): misses
+cost PCIe copies, so this comes last. What still does not fit is named, with the largest context
+that would.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 
@@ -21,9 +24,7 @@ import torch
 from lucebox.caches import CacheSettings
 from lucebox.config import DECODE_ROWS, KV_CHUNK, ModelConfig
 from lucebox.errors import InvalidArgumentError
-from lucebox.kernels.quant import quantized_bytes
-from lucebox.memory_plan import DrafterCost, plan
-from lucebox.models.layout import quantizable, weight_shapes
+from lucebox.memory_plan import DrafterCost, moe_layer_count, one_expert_bytes, plan, routed_expert_bytes
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -87,10 +88,12 @@ def _min_pool(prefill: int, policy: str | None, max_context: int) -> int:
     return min(max(rounded, need("exact")), need("select"))
 
 
-def _parts(cfg, settings, dtype, quantization, drafter, graphs: bool) -> tuple[dict, dict]:
-    need = plan(cfg, settings, dtype, quantization, drafter)
+def _parts(cfg, settings, dtype, quantization, drafter, graphs: bool, slots: int | None = None) -> tuple[dict, dict]:
+    need = plan(cfg, settings, dtype, quantization, drafter, slots)
+    cache = 0 if slots is None else moe_layer_count(cfg) * slots * one_expert_bytes(cfg, dtype, quantization)
     device = {
-        "weights": need["weights"],
+        "weights": need["weights"] - cache,
+        "expert_cache": cache,
         "ring_caches": need["ring_caches"],
         "kv_pool": need["kv_pool_device"],
         "kv_chunk_summaries": need["kv_chunk_summaries_max"],
@@ -99,17 +102,20 @@ def _parts(cfg, settings, dtype, quantization, drafter, graphs: bool) -> tuple[d
         # One private pool per captured width, each holding that width's activations.
         "graph_pools": sum(activation_bytes(cfg, w, dtype) for w in range(1, DECODE_ROWS + 1)) if graphs else 0,
     }
-    return device, {"kv_host": need["kv_host_max"]}
+    return device, {"kv_host": need["kv_host_max"], "experts_host": need["experts_host"]}
 
 
 def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torch.dtype,
                     quantization: str | None = None, drafter: DrafterCost | None = None,
                     kv_policy: str | None = None, kv_pool_tokens: int | None = None,
                     prefill_chunk: int | None = None, graphs: bool = True,
-                    largest_prefill: int = PREFILL_CHUNKS[0]) -> VramPlan:
+                    largest_prefill: int = PREFILL_CHUNKS[0], experts_on_host: bool | None = None,
+                    expert_slots: int | None = None) -> VramPlan:
     """The plan under `budget` device bytes. Values the caller gives are kept; the planner
     chooses the others from the defaults down: the prefill chunk first (from `largest_prefill`,
-    the device's default), then the pool."""
+    the device's default), then the pool, then (`experts_on_host` None: when nothing else fits;
+    True: always) the routed experts go to host memory with as many device slots per layer as fit
+    (or `expert_slots`). Experts in host memory make steps eager: `graphs` is then ignored."""
     drafter = drafter or DrafterCost()
     prefills = [prefill_chunk] if prefill_chunk else [p for p in PREFILL_CHUNKS if p <= largest_prefill]
     pools = [kv_pool_tokens] if kv_pool_tokens else _pool_sizes(prefills[-1], kv_policy, max_context)
@@ -117,15 +123,51 @@ def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torc
     # (unless nothing else is left, and then the engine's own check names the problem).
     pairs = [(pool, prefill) for pool in pools for prefill in prefills
              if pool >= _min_pool(prefill, kv_policy, max_context)] or [(pools[-1], prefills[-1])]
+    if experts_on_host and cfg.moe is not None:
+        return _with_experts_on_host(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pairs,
+                                     expert_slots, prefills[0], pools[0])
     best = None
     for pool, prefill in pairs:  # the pool is what keeps long-context decoding fast: it gives way last
-        settings = CacheSettings.for_engine(max_context, prefill, kv_policy, pool)
-        device, host = _parts(cfg, settings, dtype, quantization, drafter, graphs)
-        choices = {"kv_pool_tokens": pool, "prefill_chunk": prefill, "kv_policy": settings.kv_policy,
-                   "max_context": max_context, "quantization": quantization, "dtype": str(dtype).split(".")[-1]}
-        candidate = VramPlan(sum(device.values()) <= budget, budget, device, host, choices)
+        candidate = _plan_at(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pool, prefill, graphs)
         if candidate.fits:
             return _explain_choices(candidate, prefills[0], pools[0])
+        best = candidate if best is None or candidate.device_total < best.device_total else best
+    if experts_on_host is None and cfg.moe is not None:  # the last resort; if it fails too, it says why
+        return _with_experts_on_host(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pairs,
+                                     expert_slots, prefills[0], pools[0])
+    best.notes.append(_why_not(best, cfg, dtype, quantization))
+    return best
+
+
+def _plan_at(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pool, prefill, graphs,
+             slots: int | None = None) -> VramPlan:
+    settings = CacheSettings.for_engine(max_context, prefill, kv_policy, pool)
+    device, host = _parts(cfg, settings, dtype, quantization, drafter, graphs and slots is None, slots)
+    choices = {"kv_pool_tokens": pool, "prefill_chunk": prefill, "kv_policy": settings.kv_policy,
+               "max_context": max_context, "quantization": quantization, "dtype": str(dtype).split(".")[-1],
+               "experts_on_host": slots is not None, "expert_slots": slots}
+    return VramPlan(sum(device.values()) <= budget, budget, device, host, choices)
+
+
+def _with_experts_on_host(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pairs,
+                          slots: int | None, first_prefill: int, first_pool: int) -> VramPlan:
+    """The routed experts in host memory, and the most device slots per MoE layer that fit (at
+    least `top_k`, what one row chooses), at the largest pool and prefill chunk that leave room."""
+    per_slot = moe_layer_count(cfg) * one_expert_bytes(cfg, dtype, quantization)
+    fewest = slots or cfg.moe.top_k
+    best = None
+    for pool, prefill in pairs:
+        base = _plan_at(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pool, prefill, False, 0)
+        room = min(cfg.moe.num_experts, (budget - base.device_total) // per_slot)
+        chosen = slots or max(int(room), fewest)
+        candidate = _plan_at(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pool, prefill,
+                             False, chosen)
+        if candidate.fits:
+            moved = routed_expert_bytes(cfg, dtype, quantization) / 2**30
+            candidate.notes.append(f"routed experts ({moved:.1f} GiB) moved to host memory; the device caches "
+                                   f"{chosen} of each MoE layer's {cfg.moe.num_experts} experts; steps run eagerly, "
+                                   "not as CUDA graphs")
+            return _explain_choices(candidate, first_prefill, first_pool)
         best = candidate if best is None or candidate.device_total < best.device_total else best
     best.notes.append(_why_not(best, cfg, dtype, quantization))
     return best
@@ -155,11 +197,15 @@ def _explain_choices(plan_: VramPlan, first_prefill: int, first_pool: int) -> Vr
 
 def _why_not(best: VramPlan, cfg: ModelConfig, dtype: torch.dtype, quantization: str | None) -> str:
     d, gib = best.device, 2**30
-    fixed = d["weights"] + d["drafter"]
+    fixed = d["weights"] + d["expert_cache"] + d["drafter"]
     if fixed > best.budget:
-        experts = _expert_bytes(cfg, dtype, quantization)
-        more = (f"; the routed experts are {experts / gib:.1f} GiB of it, which keeping experts in host memory "
-                "would move off the device (not supported yet)") if experts else ""
+        experts = routed_expert_bytes(cfg, dtype, quantization)
+        if best.choices["experts_on_host"]:
+            more = (f" even with the routed experts ({experts / gib:.1f} GiB) in host memory and "
+                    f"{best.choices['expert_slots']} per layer cached on the device")
+        else:
+            more = (f"; the routed experts are {experts / gib:.1f} GiB of it, which experts_on_host would move "
+                    "to host memory") if experts else ""
         hint = "" if quantization == "int4" else ", or quantization='int4'"
         return (f"does not fit: the weights alone need {fixed / gib:.1f} GiB of the {best.budget / gib:.1f} GiB "
                 f"budget{more}{hint}")
@@ -169,12 +215,3 @@ def _why_not(best: VramPlan, cfg: ModelConfig, dtype: torch.dtype, quantization:
     context = f"; the largest context that fits is about {largest} tokens" if largest >= KV_CHUNK else ""
     return (f"does not fit: {best.device_total / gib:.1f} GiB on the device at the smallest pool and prefill "
             f"chunk, over the {best.budget / gib:.1f} GiB budget{context}")
-
-
-def _expert_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None) -> int:
-    """Bytes of the routed experts' weights (what experts in host memory would move off the device)."""
-    if cfg.moe is None:
-        return 0
-    return sum(quantized_bytes(shape, quantization) if quantization and quantizable(name)
-               else math.prod(shape) * dtype.itemsize
-               for name, shape in weight_shapes(cfg).items() if name.endswith(("experts_gate_up", "experts_down")))

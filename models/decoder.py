@@ -119,5 +119,7 @@ class Decoder:
         moe = self.cfg.moe
         weights, ids = route(F.linear(h, w[p + "router"]), moe, w.get(p + "router_bias"))
         shared = (w[p + "shared_gate_up"], w[p + "shared_down"]) if moe.shared_expert_size else ()
+        if p + "experts" in w:  # experts in host memory, a device cache of them (lucebox.expert_cache)
+            return w[p + "experts"].moe(k.moe_experts, h, weights, ids, moe.routed_scaling, *shared)
         return k.moe_experts(h, w[p + "experts_gate_up"], w[p + "experts_down"], weights, ids, moe.routed_scaling,
                              *shared)

@@ -23,7 +23,8 @@ def test_laguna_xs2_at_256k_fits_24_gib_with_int4_weights_and_select():
     plan = plan_for_budget(XS2, 24 * GIB, 262144, torch.bfloat16, "int4")
     assert plan.fits and plan.device_total <= 24 * GIB
     assert plan.choices == {"kv_pool_tokens": 8192, "prefill_chunk": 2048, "kv_policy": "select",
-                            "max_context": 262144, "quantization": "int4", "dtype": "bfloat16"}
+                            "max_context": 262144, "quantization": "int4", "dtype": "bfloat16",
+                            "experts_on_host": False, "expert_slots": None}
     assert not plan.notes  # the defaults fit: nothing given up
     # Weights are most of it: about 33.4B parameters at 4 bits plus scales, bf16 embeddings and head.
     assert 16 * GIB < plan.device["weights"] < 18 * GIB
@@ -32,18 +33,37 @@ def test_laguna_xs2_at_256k_fits_24_gib_with_int4_weights_and_select():
     assert all(size >= 0 for size in plan.device.values()) and plan.device["graph_pools"] > 0
 
 
-def test_at_16_gib_it_says_why_laguna_xs2_cannot_fit():
+def test_at_16_gib_laguna_xs2_moves_its_experts_to_host_memory():
     plan = plan_for_budget(XS2, 16 * GIB, 262144, torch.bfloat16, "int4")
+    assert plan.fits and plan.device_total <= 16 * GIB
+    assert plan.choices["experts_on_host"] and 8 <= plan.choices["expert_slots"] < 256
+    # The default pool and prefill chunk are kept: the experts gave way instead.
+    assert (plan.choices["kv_pool_tokens"], plan.choices["prefill_chunk"]) == (8192, 2048)
+    assert 15 * GIB < plan.host["experts_host"] < 15.2 * GIB
+    slots = plan.choices["expert_slots"]
+    assert plan.device["expert_cache"] == slots * plan.host["experts_host"] // 256
+    (moved,) = plan.notes
+    assert f"routed experts (15.1 GiB) moved to host memory; the device caches {slots} of each" in moved
+    # One slot more would not fit at that pool and prefill chunk: the cache takes what is left.
+    bigger = plan_for_budget(XS2, 16 * GIB, 262144, torch.bfloat16, "int4", kv_pool_tokens=8192, prefill_chunk=2048,
+                             experts_on_host=True, expert_slots=slots + 1)
+    assert not bigger.fits
+
+
+def test_at_16_gib_it_says_why_laguna_xs2_cannot_fit_with_every_expert_on_the_device():
+    plan = plan_for_budget(XS2, 16 * GIB, 262144, torch.bfloat16, "int4", experts_on_host=False)
     assert not plan.fits
     assert plan.choices["kv_pool_tokens"] < 8192 and plan.choices["prefill_chunk"] == 256  # it tried the smallest
     (why,) = plan.notes
     assert "the weights alone need 16.7 GiB of the 16.0 GiB budget" in why
-    assert "routed experts are 15.1 GiB" in why and "host memory" in why
+    assert "routed experts are 15.1 GiB" in why and "experts_on_host would move" in why
+    tiny = plan_for_budget(XS2, 1 * GIB, 262144, torch.bfloat16, "int4")  # not even with the experts moved
+    assert not tiny.fits and "even with the routed experts (15.1 GiB) in host memory" in tiny.notes[-1]
 
 
 def test_a_tight_budget_lowers_the_prefill_chunk_then_the_pool():
     def total(budget=24 * GIB, **fixed):
-        return plan_for_budget(XS2, budget, 262144, torch.bfloat16, "int4", **fixed)
+        return plan_for_budget(XS2, budget, 262144, torch.bfloat16, "int4", experts_on_host=False, **fixed)
 
     roomy = total()
     prefill_only = total(roomy.device_total - 1)  # a little less room: the prefill chunk gives way
@@ -89,10 +109,13 @@ def test_info_prints_the_plan_as_json_with_a_top_level_fits(capsys):
     assert main([*args, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["fits"] is True and info["vram_plan"]["choices"]["kv_policy"] == "select"
-    assert set(info["vram_plan"]["device_bytes"]) == {"weights", "ring_caches", "kv_pool", "kv_chunk_summaries",
-                                                       "drafter", "activations", "graph_pools"}
+    assert set(info["vram_plan"]["device_bytes"]) == {"weights", "expert_cache", "ring_caches", "kv_pool",
+                                                       "kv_chunk_summaries", "drafter", "activations", "graph_pools"}
     assert info["vram_plan"]["device_total_bytes"] == sum(info["vram_plan"]["device_bytes"].values())
     assert main([*args[:3], "16GiB", *args[4:]]) == 0  # text: the plan, then the model
+    out = capsys.readouterr().out
+    assert "fits" in out and "moved to host memory" in out and "experts in host" in out
+    assert main([*args[:3], "1GiB", *args[4:]]) == 0
     out = capsys.readouterr().out
     assert "does not fit" in out and "weights alone need" in out
     assert main([*args[:3], "24Gx"]) == 2

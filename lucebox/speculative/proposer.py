@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lucebox.kernels.quant import QuantizedTensor
 from lucebox.sampling import SamplingParams
 
 
@@ -54,8 +53,8 @@ class Proposer(ABC):
 
 
 def tensor_bytes(tensors) -> int:
-    """Bytes of plain and quantized weights."""
-    return sum(t.nbytes() if isinstance(t, QuantizedTensor) else t.numel() * t.element_size() for t in tensors)
+    """Device bytes of plain and quantized weights (and expert caches: their slots)."""
+    return sum(t.numel() * t.element_size() if isinstance(t, torch.Tensor) else t.nbytes() for t in tensors)
 
 
 def top_probabilities(logits: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
