@@ -57,6 +57,7 @@ def tokenizer_from_gguf(metadata: dict[str, object], source: Path) -> Tokenizer 
     if not n:
         raise TokenizerError(f"{source}: tokenizer.ggml.tokens is missing or empty")
     types = meta.numbers("token_type", n, int) or [NORMAL] * n
+    scores = meta.numbers("scores", n, float) or [0.0] * n  # only SentencePiece uses them; llama.cpp reads n
     if any(t not in range(0, 7) for t in types):
         raise TokenizerError(f"{source}: tokenizer.ggml.token_type holds a type outside 0..6")
     # llama.cpp renames empty tokens the same way; a repeated token would leave two ids with one text
@@ -71,7 +72,7 @@ def tokenizer_from_gguf(metadata: dict[str, object], source: Path) -> Tokenizer 
            (("bos", 1), ("eos", 2), ("unknown", 0), ("padding", None), ("eot", None), ("eom", None))}
     if spm:
         add_bos = True
-        backend, legacy = _sentencepiece(meta, tokens, meta.numbers("scores", n, float) or [0.0] * n, types, ids)
+        backend, legacy = _sentencepiece(meta, tokens, scores, types, ids)
     else:
         pre = metadata.get("tokenizer.ggml.pre")
         if pre not in _PRE:
@@ -183,6 +184,8 @@ def _sentencepiece(meta: _Metadata, tokens: list[str], scores: list[float], type
     """A sentencepiece BPE model of exactly these pieces, and whether text after an added token gets the
     dummy-prefix space (llama.cpp adds it there whenever add_space_prefix is on: transformers' legacy mode)."""
     prefix = meta.flag("add_space_prefix", True)
+    if UNKNOWN not in types:  # llama.cpp needs no unknown-typed token, sentencepiece does: the unk id's is it
+        types = [UNKNOWN if i == ids["unknown"] else t for i, t in enumerate(types)]
     proto = bytearray()
     for piece, score, ty in zip(tokens, scores, types, strict=True):
         proto += _field(1, _string(1, piece) + _tag(2, 5) + struct.pack("<f", score) + _varint_field(3, ty or NORMAL))
