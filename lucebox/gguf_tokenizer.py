@@ -75,6 +75,10 @@ def tokenizer_from_gguf(metadata: dict[str, object], source: Path) -> Tokenizer 
         backend, legacy = _sentencepiece(meta, tokens, scores, types, ids)
     else:
         pre = metadata.get("tokenizer.ggml.pre")
+        if pre is None:
+            raise TokenizerError(f"{source} has no tokenizer.ggml.pre, so how its BPE splits text is unknown "
+                                 "(llama.cpp guesses 'default' and warns of degraded output); re-convert it with "
+                                 "a current llama.cpp")
         if pre not in _PRE:
             raise TokenizerError(f"{source}: tokenizer.ggml.pre is {pre!r}, a pre-tokenizer lucebox does not know "
                                  f"(known: {', '.join(sorted(_PRE))}); its text splitting cannot be reproduced")

@@ -237,7 +237,7 @@ def test_no_tokenizer_model_key_gives_none(tmp_path: Path) -> None:
     ({"tokenizer.ggml.model": "bert"}, "tokenizer.ggml.model is 'bert'"),
     ({"tokenizer.ggml.model": "rwkv"}, "tokenizer.ggml.model is 'rwkv'"),
     ({"tokenizer.ggml.pre": "mystery-bpe"}, "tokenizer.ggml.pre is 'mystery-bpe'"),
-    ({"tokenizer.ggml.pre": None}, "tokenizer.ggml.pre is None"),
+    ({"tokenizer.ggml.pre": None}, "has no tokenizer.ggml.pre"),
     ({"tokenizer.ggml.token_type": [1, 1]}, "tokenizer.ggml.token_type has 2 entries"),
     ({"tokenizer.ggml.scores": [0.0]}, "tokenizer.ggml.scores has 1 entries"),
     ({"tokenizer.ggml.eos_token_id": 10**6}, "tokenizer.ggml.eos_token_id is 1000000"),
