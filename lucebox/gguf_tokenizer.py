@@ -190,6 +190,9 @@ def _sentencepiece(meta: _Metadata, tokens: list[str], scores: list[float], type
     prefix = meta.flag("add_space_prefix", True)
     if UNKNOWN not in types:  # llama.cpp needs no unknown-typed token, sentencepiece does: the unk id's is it
         types = [UNKNOWN if i == ids["unknown"] else t for i, t in enumerate(types)]
+    # sentencepiece_model.proto field numbers: ModelProto pieces=1, trainer_spec=2, normalizer_spec=3;
+    # SentencePiece piece=1, score=2 (float), type=3; TrainerSpec model_type=3, byte_fallback=35,
+    # unk/bos/eos_piece=45/46/47; NormalizerSpec name=1, add_dummy_prefix=3, remove_extra_whitespaces=4
     proto = bytearray()
     for piece, score, ty in zip(tokens, scores, types, strict=True):
         proto += _field(1, _string(1, piece) + _tag(2, 5) + struct.pack("<f", score) + _varint_field(3, ty or NORMAL))
