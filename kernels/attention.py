@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from lucebox.kernels.kv_int8 import dequantize_rows
 
 
 def attention_partial(
@@ -26,8 +27,12 @@ def attention_partial(
     pinned: torch.Tensor | None = None,  # (S,) bool: if given, only pinned or `recent` keys are visible
     recent: int = 0,
     all_visible: bool = False,  # the caller knows no key needs masking (older, valid, in window)
+    k_scale: torch.Tensor | None = None,  # (KV, S) float32: k and v are int8 rows (`kernels.kv_int8`)
+    v_scale: torch.Tensor | None = None,  # (KV, S)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (T, Hq, D) normalized over this block, lse (T, Hq) float32/64; -inf where nothing is visible)."""
+    if k_scale is not None:
+        k, v = dequantize_rows(k, k_scale, q.dtype), dequantize_rows(v, v_scale, q.dtype)
     T, Hq, D = q.shape
     kv_heads = k.shape[0]
     group = Hq // kv_heads
@@ -77,6 +82,7 @@ def attention_over_blocks(
     """Attention (T, Hq, D) over every `KVBlock` a cache hands out for this step; `partial` is
     the per-block kernel (this reference or the Triton one)."""
     return merge_partials(
-        partial(q, b.k, b.v, q_positions, b.positions, scale, window, b.pinned, b.recent, b.all_visible)
+        partial(q, b.k, b.v, q_positions, b.positions, scale, window, b.pinned, b.recent, b.all_visible,
+                k_scale=b.k_scale, v_scale=b.v_scale)
         for b in blocks
     )

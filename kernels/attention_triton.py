@@ -20,10 +20,10 @@ from lucebox.kernels.quant_triton import dot_precision
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, qpos_ptr, kpos_ptr, pin_ptr, out_ptr, lse_ptr,
+    q_ptr, k_ptr, v_ptr, qpos_ptr, kpos_ptr, pin_ptr, out_ptr, lse_ptr, kscale_ptr, vscale_ptr,
     T, S, D, Hq, group, keys_per_split, window, recent, scale,
-    stride_qt, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs,
-    HAS_WINDOW: tl.constexpr, HAS_PINNED: tl.constexpr, ALL_VISIBLE: tl.constexpr,
+    stride_qt, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs, stride_ksh, stride_vsh,
+    HAS_WINDOW: tl.constexpr, HAS_PINNED: tl.constexpr, ALL_VISIBLE: tl.constexpr, INT8_KV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
 ):
     kv_head, split = tl.program_id(1), tl.program_id(2)
@@ -58,7 +58,10 @@ def _attention_kernel(
             useful = useful & (newest > q_first - window)
         if useful | ALL_VISIBLE:
             kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(k_base + n[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)
+            k = tl.load(k_base + n[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0)
+            if INT8_KV:  # int8 rows with a float32 scale each (kernels/kv_int8.py), dequantized per tile
+                k_scale = tl.load(kscale_ptr + kv_head.to(tl.int64) * stride_ksh + n, mask=n_ok, other=0.0)
+                k = (k.to(tl.float32) * k_scale[:, None]).to(q.dtype)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
             visible = row_ok[:, None] & n_ok[None, :]
             if not ALL_VISIBLE:
@@ -74,7 +77,10 @@ def _attention_kernel(
             alpha = tl.exp(m_i - m_safe)
             p = tl.exp(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_base + n[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_base + n[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0)
+            if INT8_KV:
+                v_scale = tl.load(vscale_ptr + kv_head.to(tl.int64) * stride_vsh + n, mask=n_ok, other=0.0)
+                v = (v.to(tl.float32) * v_scale[:, None]).to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
             m_i = m_new
     seen = l_i > 0
@@ -141,6 +147,8 @@ def attention_partial(
     pinned: torch.Tensor | None = None,
     recent: int = 0,
     all_visible: bool = False,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As `kernels.attention.attention_partial`: (out (T, Hq, D), lse (T, Hq) float32)."""
@@ -160,12 +168,18 @@ def attention_partial(
     pin = pinned.contiguous() if pinned is not None else k_positions
     # 4-byte keys take half-width tiles and two pipeline stages: three stages of 64 float32 K and V
     # rows of 128 would not fit an RTX 3090's shared memory (tests/kernel_compile.py checks it).
-    wide = k.element_size() <= 2
+    # int8 keys are dequantized into the query's dtype, which is what the tiles then hold.
+    wide = (q if k_scale is not None else k).element_size() <= 2
+    int8 = k_scale is not None
+    if int8 and (k_scale.stride(1) != 1 or v_scale.stride(1) != 1):
+        raise ValueError("int8 K/V scales need unit stride along the keys")
+    scales = (k_scale, v_scale) if int8 else (lse, lse)  # valid pointers that are never read
     _attention_kernel[(m_blocks, kv_heads, splits)](
-        q, k, v, q_positions, k_positions, pin, out, lse,
+        q, k, v, q_positions, k_positions, pin, out, lse, *scales,
         T, S, D, Hq, group, keys_per_split, window or 0, recent, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        HAS_WINDOW=window is not None, HAS_PINNED=pinned is not None, ALL_VISIBLE=all_visible,
+        scales[0].stride(0), scales[1].stride(0),
+        HAS_WINDOW=window is not None, HAS_PINNED=pinned is not None, ALL_VISIBLE=all_visible, INT8_KV=int8,
         BLOCK_M=block_m, BLOCK_N=64 if wide else 32, BLOCK_D=triton.next_power_of_2(D),
         PRECISION=dot_precision(q.dtype), num_stages=3 if wide else 2,
     )

@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="describe a model from its config.json: parameters, layers, KV bytes")
     info.add_argument("model", nargs="?", default=None,
                       help="model folder, or a config.json file (no weights are needed); default: the built-in model")
-    info.add_argument("--kv-dtype", default="bfloat16", help="dtype of cached K/V for the byte counts")
+    info.add_argument("--kv-dtype", default="bfloat16",
+                      help="dtype of cached K/V for the byte counts (int8: the pool and host KV as int8 rows)")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     info.add_argument("--vram", default=None,
                       help="plan device memory within this budget (e.g. 24GiB), from the config alone: the JSON "
@@ -76,7 +77,8 @@ def _info(args) -> int:
         args.model = builtin_model()
     desc = describe_model(args.model)
     cfg = desc.cfg
-    summary = model_summary(cfg, resolve_dtype(args.kv_dtype, torch.device("cpu")).itemsize)
+    int8 = args.kv_dtype == "int8"
+    summary = model_summary(cfg, 1 if int8 else resolve_dtype(args.kv_dtype, torch.device("cpu")).itemsize)
     plan = _vram_plan(args, desc) if args.vram is not None else None
     if plan is not None:
         summary.update(fits=plan.fits, vram_plan=plan.as_json())
@@ -119,7 +121,8 @@ def _vram_plan(args, desc):
     cfg, quantization = desc.cfg, resolve_quantization(args.quantization, desc)
     context = integer("max_context", args.ctx, 1, optional=True) or cfg.max_position_embeddings
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))
-    return plan_for_budget(cfg, parse_size(args.vram), context, dtype, quantization, kv_policy=args.kv_policy)
+    return plan_for_budget(cfg, parse_size(args.vram), context, dtype, quantization, kv_policy=args.kv_policy,
+                           kv_int8=args.kv_dtype == "int8")
 
 
 def _print_vram_plan(out, plan) -> None:

@@ -39,6 +39,9 @@ def add_engine_flags(p: argparse.ArgumentParser, draft_default: str = "none") ->
                    help="device memory budget, e.g. 24GiB: the planner chooses pool size and prefill chunk to fit "
                         "it (moving an MoE model's experts to host memory if nothing else fits), or refuses "
                         "saying what does not fit")
+    p.add_argument("--kv-dtype", choices=["auto", "int8"], default="auto",
+                   help="int8: the full-attention KV pool and its host copies as int8 rows with per-token scales "
+                        "(half the host memory and PCIe traffic of bfloat16); default: the model dtype")
     p.add_argument("--experts-on-host", action=argparse.BooleanOptionalAction, default=None,
                    help="keep the routed experts in host memory with a device cache of them (default: only when "
                         "--vram needs it)")
@@ -53,7 +56,8 @@ def engine_options(args: argparse.Namespace, **overrides) -> dict:
                    draft=None if args.draft in (None, "none") else args.draft, draft_k=args.draft_k,
                    draft_ctx=args.draft_ctx, verify=args.verify, backend=args.backend,
                    quantization=args.quantization, cuda_graphs=False if args.no_cuda_graphs else None,
-                   vram_budget=args.vram, experts_on_host=args.experts_on_host, expert_slots=args.expert_slots)
+                   vram_budget=args.vram, experts_on_host=args.experts_on_host, expert_slots=args.expert_slots,
+                   kv_dtype=args.kv_dtype)
     options.update(overrides)
     return options
 
@@ -75,7 +79,7 @@ FLAGS = {
     "stop token id": "--stop-token-id",
     "device": "--device", "dtype": "--dtype", "draft": "--draft", "verify": "--verify", "backend": "--backend",
     "quantization": "--quantization", "vram_budget": "--vram", "experts_on_host": "--experts-on-host",
-    "expert_slots": "--expert-slots",
+    "expert_slots": "--expert-slots", "kv_dtype": "--kv-dtype",
 }
 # Plain words ("the draft model", "a smaller dtype") become flags only in the form `name=value`.
 _ALWAYS = {name for name in FLAGS if "_" in name} | {"temperature", "seed", "stop token id"}

@@ -71,6 +71,11 @@ class LLM:
     CUDA holds the allocator to the budget. When nothing else fits an MoE model, it moves the
     routed experts to host memory (`experts_on_host` None; False forbids it).
 
+    `kv_dtype="int8"` stores the paged pool's K/V rows, and their host copies, as int8 with a
+    float32 scale per token and head (`kernels.kv_int8`): about half the bytes of bfloat16, so
+    half the host memory and PCIe traffic at long contexts; sliding rings keep `dtype`. Each value
+    is off by at most max|row| / 254 (the logit error it causes: README, "Long contexts").
+
     `experts_on_host=True` keeps the routed experts in host memory (pinned on CUDA) and
     `expert_slots` of each MoE layer's experts in a device cache (default 8 x top_k); each step
     copies in the chosen experts it lacks (`lucebox.expert_cache`), so steps run eagerly, without
@@ -102,6 +107,7 @@ class LLM:
         vram_budget: str | int | None = None,
         experts_on_host: bool | None = None,
         expert_slots: int | None = None,
+        kv_dtype: str | None = None,
     ):
         check_load_format(load_format)
         model, draft = path("model", model, optional=True), path("draft", draft, optional=True)
@@ -112,6 +118,7 @@ class LLM:
         cuda_graphs = flag("cuda_graphs", cuda_graphs, optional=True)
         experts_on_host = flag("experts_on_host", experts_on_host, optional=True)
         expert_slots = integer("expert_slots", expert_slots, 1, optional=True)
+        self.kv_dtype = choice("kv_dtype", kv_dtype, ("auto", "int8"), optional=True) or "auto"
         callback("load_progress", load_progress)
         self.device = resolve_device(device)
         if self.device.type == "cuda":
@@ -132,7 +139,8 @@ class LLM:
         self.vram_plan = None
         if vram_budget is not None:
             self.vram_plan = self._plan_vram(vram_budget, max_context, kv_policy, kv_pool_tokens, prefill_chunk,
-                                             drafter, draft_ctx, cuda_graphs, experts_on_host, expert_slots)
+                                             drafter, draft_ctx, cuda_graphs, experts_on_host, expert_slots,
+                                             self.kv_dtype == "int8")
             prefill_chunk = self.vram_plan.choices["prefill_chunk"]
             kv_pool_tokens = self.vram_plan.choices["kv_pool_tokens"]
             experts_on_host = self.vram_plan.choices["experts_on_host"]
@@ -194,7 +202,7 @@ class LLM:
         return slots
 
     def _plan_vram(self, budget, max_context, kv_policy, kv_pool_tokens, prefill_chunk, drafter, draft_ctx,
-                   cuda_graphs, experts_on_host, expert_slots) -> VramPlan:
+                   cuda_graphs, experts_on_host, expert_slots, kv_int8) -> VramPlan:
         """The planner's choices under the budget (`lucebox.vram_planner`), or InsufficientMemoryError
         saying what does not fit; on CUDA the allocator is held to the budget from here on."""
         budget = parse_size(budget)
@@ -205,7 +213,7 @@ class LLM:
         planned = plan_for_budget(self.config, budget, context, self.dtype, self.quantization, cost,
                                   choice("kv_policy", kv_policy, KV_POLICIES, optional=True),
                                   integer("kv_pool_tokens", kv_pool_tokens, 1, optional=True), prefill_chunk, graphs,
-                                  largest, experts_on_host, expert_slots)
+                                  largest, experts_on_host, expert_slots, kv_int8)
         if not planned.fits:
             raise InsufficientMemoryError(f"vram_budget={budget / 2**30:.1f}GiB: {planned.notes[-1]}")
         if self.device.type == "cuda":
@@ -219,7 +227,8 @@ class LLM:
         reselect_every = integer("kv_reselect_every", reselect_every, 1)
         kv_pool_tokens = integer("kv_pool_tokens", kv_pool_tokens, 1, optional=True)
         kv_policy = choice("kv_policy", kv_policy, KV_POLICIES, optional=True)
-        settings = CacheSettings.for_engine(max_context, prefill, kv_policy, kv_pool_tokens, reselect_every)
+        settings = CacheSettings.for_engine(max_context, prefill, kv_policy, kv_pool_tokens, reselect_every,
+                                            kv_int8=self.kv_dtype == "int8")
         settings.kvflash().validate()
         return settings
 

@@ -77,7 +77,8 @@ def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
     With `expert_slots` (experts in host memory) the routed experts count in host memory and the
     device holds that many of each MoE layer's experts (`lucebox.expert_cache`)."""
     size = dtype.itemsize
-    row = cfg.kv_bytes_per_token(size)
+    # int8 rows: a byte per value and a float32 scale per (token, head) of K and of V
+    row = cfg.kv_bytes_per_token(1) + 2 * cfg.num_kv_heads * 4 if settings.kv_int8 else cfg.kv_bytes_per_token(size)
     full = sum(1 for layer in cfg.layers if not layer.is_sliding)
     kvf = settings.kvflash()
     chunks = -(-settings.max_context // kvf.chunk)

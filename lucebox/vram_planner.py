@@ -105,72 +105,85 @@ def _parts(cfg, settings, dtype, quantization, drafter, graphs: bool, slots: int
     return device, {"kv_host": need["kv_host_max"], "experts_host": need["experts_host"]}
 
 
+@dataclass(frozen=True)
+class _Request:
+    """What a plan is for; the planner varies pool, prefill chunk and expert slots around it."""
+
+    cfg: ModelConfig
+    budget: int
+    max_context: int
+    dtype: torch.dtype
+    quantization: str | None
+    drafter: DrafterCost
+    kv_policy: str | None
+    kv_int8: bool
+
+    def at(self, pool: int, prefill: int, graphs: bool, slots: int | None = None) -> VramPlan:
+        """The plan at this pool and prefill chunk (and with `slots`, experts in host memory)."""
+        settings = CacheSettings.for_engine(self.max_context, prefill, self.kv_policy, pool, kv_int8=self.kv_int8)
+        device, host = _parts(self.cfg, settings, self.dtype, self.quantization, self.drafter,
+                              graphs and slots is None, slots)
+        choices = {"kv_pool_tokens": pool, "prefill_chunk": prefill, "kv_policy": settings.kv_policy,
+                   "max_context": self.max_context, "quantization": self.quantization,
+                   "dtype": str(self.dtype).split(".")[-1], "kv_dtype": "int8" if self.kv_int8 else "auto",
+                   "experts_on_host": slots is not None, "expert_slots": slots}
+        return VramPlan(sum(device.values()) <= self.budget, self.budget, device, host, choices)
+
+    def why_not(self, best: VramPlan) -> VramPlan:
+        best.notes.append(_why_not(best, self.cfg, self.dtype, self.quantization))
+        return best
+
+
 def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torch.dtype,
                     quantization: str | None = None, drafter: DrafterCost | None = None,
                     kv_policy: str | None = None, kv_pool_tokens: int | None = None,
                     prefill_chunk: int | None = None, graphs: bool = True,
                     largest_prefill: int = PREFILL_CHUNKS[0], experts_on_host: bool | None = None,
-                    expert_slots: int | None = None) -> VramPlan:
+                    expert_slots: int | None = None, kv_int8: bool = False) -> VramPlan:
     """The plan under `budget` device bytes. Values the caller gives are kept; the planner
     chooses the others from the defaults down: the prefill chunk first (from `largest_prefill`,
     the device's default), then the pool, then (`experts_on_host` None: when nothing else fits;
     True: always) the routed experts go to host memory with as many device slots per layer as fit
     (or `expert_slots`). Experts in host memory make steps eager: `graphs` is then ignored."""
-    drafter = drafter or DrafterCost()
+    request = _Request(cfg, budget, max_context, dtype, quantization, drafter or DrafterCost(), kv_policy, kv_int8)
     prefills = [prefill_chunk] if prefill_chunk else [p for p in PREFILL_CHUNKS if p <= largest_prefill]
     pools = [kv_pool_tokens] if kv_pool_tokens else _pool_sizes(prefills[-1], kv_policy, max_context)
     # A pool must hold what one prefill chunk writes: pairs the engine would refuse are skipped
     # (unless nothing else is left, and then the engine's own check names the problem).
     pairs = [(pool, prefill) for pool in pools for prefill in prefills
              if pool >= _min_pool(prefill, kv_policy, max_context)] or [(pools[-1], prefills[-1])]
+    first = (prefills[0], pools[0])
     if experts_on_host and cfg.moe is not None:
-        return _with_experts_on_host(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pairs,
-                                     expert_slots, prefills[0], pools[0])
+        return _with_experts_on_host(request, pairs, expert_slots, first)
     best = None
     for pool, prefill in pairs:  # the pool is what keeps long-context decoding fast: it gives way last
-        candidate = _plan_at(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pool, prefill, graphs)
+        candidate = request.at(pool, prefill, graphs)
         if candidate.fits:
-            return _explain_choices(candidate, prefills[0], pools[0])
+            return _explain_choices(candidate, *first)
         best = candidate if best is None or candidate.device_total < best.device_total else best
     if experts_on_host is None and cfg.moe is not None:  # the last resort; if it fails too, it says why
-        return _with_experts_on_host(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pairs,
-                                     expert_slots, prefills[0], pools[0])
-    best.notes.append(_why_not(best, cfg, dtype, quantization))
-    return best
+        return _with_experts_on_host(request, pairs, expert_slots, first)
+    return request.why_not(best)
 
 
-def _plan_at(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pool, prefill, graphs,
-             slots: int | None = None) -> VramPlan:
-    settings = CacheSettings.for_engine(max_context, prefill, kv_policy, pool)
-    device, host = _parts(cfg, settings, dtype, quantization, drafter, graphs and slots is None, slots)
-    choices = {"kv_pool_tokens": pool, "prefill_chunk": prefill, "kv_policy": settings.kv_policy,
-               "max_context": max_context, "quantization": quantization, "dtype": str(dtype).split(".")[-1],
-               "experts_on_host": slots is not None, "expert_slots": slots}
-    return VramPlan(sum(device.values()) <= budget, budget, device, host, choices)
-
-
-def _with_experts_on_host(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pairs,
-                          slots: int | None, first_prefill: int, first_pool: int) -> VramPlan:
+def _with_experts_on_host(request: _Request, pairs: list, slots: int | None, first: tuple[int, int]) -> VramPlan:
     """The routed experts in host memory, and the most device slots per MoE layer that fit (at
     least `top_k`, what one row chooses), at the largest pool and prefill chunk that leave room."""
-    per_slot = moe_layer_count(cfg) * one_expert_bytes(cfg, dtype, quantization)
-    fewest = slots or cfg.moe.top_k
+    cfg = request.cfg
+    per_slot = moe_layer_count(cfg) * one_expert_bytes(cfg, request.dtype, request.quantization)
     best = None
     for pool, prefill in pairs:
-        base = _plan_at(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pool, prefill, False, 0)
-        room = min(cfg.moe.num_experts, (budget - base.device_total) // per_slot)
-        chosen = slots or max(int(room), fewest)
-        candidate = _plan_at(cfg, budget, max_context, dtype, quantization, drafter, kv_policy, pool, prefill,
-                             False, chosen)
+        room = min(cfg.moe.num_experts, (request.budget - request.at(pool, prefill, False, 0).device_total) // per_slot)
+        chosen = slots or max(int(room), cfg.moe.top_k)
+        candidate = request.at(pool, prefill, False, chosen)
         if candidate.fits:
-            moved = routed_expert_bytes(cfg, dtype, quantization) / 2**30
+            moved = routed_expert_bytes(cfg, request.dtype, request.quantization) / 2**30
             candidate.notes.append(f"routed experts ({moved:.1f} GiB) moved to host memory; the device caches "
                                    f"{chosen} of each MoE layer's {cfg.moe.num_experts} experts; steps run eagerly, "
                                    "not as CUDA graphs")
-            return _explain_choices(candidate, first_prefill, first_pool)
+            return _explain_choices(candidate, *first)
         best = candidate if best is None or candidate.device_total < best.device_total else best
-    best.notes.append(_why_not(best, cfg, dtype, quantization))
-    return best
+    return request.why_not(best)
 
 
 def _pool_sizes(prefill: int, policy: str | None, max_context: int) -> list[int]:

@@ -96,7 +96,8 @@ class Decoder:
         layer_cache.store(positions, key, value)
         block = layer_cache.static_block(q)
         return self.kernels.attention_partial(q, block.k, block.v, positions, block.positions, self.scale,
-                                              self.cfg.layers[i].window, block.pinned, block.recent)[0]
+                                              self.cfg.layers[i].window, block.pinned, block.recent,
+                                              k_scale=block.k_scale, v_scale=block.v_scale)[0]
 
     def post_attention(self, i: int, x: torch.Tensor, h: torch.Tensor, out: torch.Tensor):
         """Gate, output projection, residual + norm, MLP, residual + the next norm: (x, h)."""

@@ -83,6 +83,12 @@ def exercise_wrappers() -> None:
                                                    positions < 64, 256)
                 attention_triton.attention_partial(q, k, v, positions[-M:] + S, positions, D**-0.5, None,
                                                    all_visible=True)
+                if window is None:  # int8 K/V (the paged pool's `kv_dtype="int8"`), select and streamed
+                    k8, v8, scale8 = k.to(torch.int8), v.to(torch.int8), torch.rand(KV, S)
+                    attention_triton.attention_partial(q, k8, v8, positions[-M:], positions, D**-0.5, None,
+                                                       positions < 64, 256, k_scale=scale8, v_scale=scale8)
+                    attention_triton.attention_partial(q, k8, v8, positions[-M:] + S, positions, D**-0.5, None,
+                                                       all_visible=True, k_scale=scale8, v_scale=scale8)
                 rope_triton.rotate((q,), positions[:M], torch.rand(D // 4), 1.0)  # partial rotary (full layers)
                 rope_triton.rotate((q,), positions[:M], torch.rand(D // 2), 1.0)
                 gate_triton.softplus_gate(q, torch.randn(M, heads, dtype=dtype))

@@ -25,15 +25,17 @@ PROMPT = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(
 CUDA = torch.cuda.is_available()
 
 
-@pytest.mark.parametrize("kv", ["exact", "select-offload"])
+@pytest.mark.parametrize("kv", ["exact", "select-offload", "select-offload-int8"])
 def test_graphed_steps_equal_the_plain_forward(reference_models, kv):
     """Plain decoding and verify blocks of 1 + 6 drafts; `select` with a pool smaller than the
-    context (chunks leave for the host, re-selection between steps)."""
+    context (chunks leave for the host, re-selection between steps), also with int8 K/V."""
     folder, _ = reference_models("laguna")
     options = dict(device="cpu", dtype="float64")
-    if kv == "select-offload":
+    if kv.startswith("select-offload"):
         options.update(max_context=1280, kv_pool_tokens=640, kv_policy="select", prefill_chunk=128)
-    prompt = PROMPT * (32 if kv == "select-offload" else 1)  # 960 tokens: past the pool
+    if kv.endswith("int8"):
+        options.update(kv_dtype="int8")
+    prompt = PROMPT * (32 if kv.startswith("select-offload") else 1)  # 960 tokens: past the pool
     plain = lucebox.LLM(folder, **options)
     graphed = lucebox.LLM(folder, draft=str(folder), draft_k=6, adaptive=False, **options)
     graphed.runner = StepRunner(graphed.decoder, graphs=True, capture=False)
@@ -71,11 +73,12 @@ SELECT_OFFLOAD = dict(max_context=1280, kv_pool_tokens=640, kv_policy="select")
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("kv", ["exact", "select-offload"])
+@pytest.mark.parametrize("kv", ["exact", "select-offload", "select-offload-int8"])
 def test_replayed_graphs_equal_the_uncaptured_step_on_cuda(tmp_path, dtype, kv):
     """The same kernels, replayed from graphs captured once per width, give the same tokens at
     every position (select-offload: chunks leave the pool and re-selection runs between graphs)."""
-    options = SELECT_OFFLOAD if kv == "select-offload" else {}
+    options = {"exact": {}, "select-offload": SELECT_OFFLOAD,
+               "select-offload-int8": dict(SELECT_OFFLOAD, kv_dtype="int8")}[kv]
     uncaptured = laguna_tiny(tmp_path, dtype, capture=False, **options)
     graphed = laguna_tiny(tmp_path, dtype, **options)
     prompt = PROMPT * (32 if kv == "select-offload" else 1)

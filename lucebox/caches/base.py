@@ -64,6 +64,8 @@ class KVBlock:
     pinned: torch.Tensor | None = None  # (S,) bool
     recent: int = 0
     all_visible: bool = False  # every key is older than every query and none is empty: no mask needed
+    k_scale: torch.Tensor | None = None  # (KV, S) float32: k and v hold int8 rows (`kernels.kv_int8`)
+    v_scale: torch.Tensor | None = None
 
 
 class LayerCache(ABC):

@@ -10,24 +10,29 @@ import torch
 
 
 class HostChunks:
-    """K and V as (chunks, KV, chunk, D): each chunk one contiguous block, so a chunk's copy to or
-    from the device is one asynchronous transfer from pinned memory; grown a few chunks at a time."""
+    """The pool's planes, chunk by chunk: K and V as (chunks, KV, chunk, D), and with int8 K/V
+    their scales as (chunks, KV, chunk). Each chunk of a plane is one contiguous block, so a
+    chunk's copy to or from the device is one asynchronous transfer from pinned memory; grown a
+    few chunks at a time."""
 
     def __init__(self, chunk: int, kv_heads: int, head_dim: int, max_chunks: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, int8: bool = False):
         self.chunk, self.max_chunks = chunk, max_chunks
         self.kv_heads, self.head_dim = kv_heads, head_dim
-        self.dtype, self.device = dtype, device
+        self.device = device
         self.pin = device.type == "cuda"
-        self.k = self._empty(0)
-        self.v = self._empty(0)
+        rows = (kv_heads, chunk, head_dim)
+        # (shape of one chunk, dtype) of each plane, in the pool's order: k, v[, k scales, v scales]
+        self.planes = [(rows, torch.int8), (rows, torch.int8), (rows[:2], torch.float32), (rows[:2], torch.float32)] \
+            if int8 else [(rows, dtype), (rows, dtype)]
+        self.parts = [self._empty(0, plane) for plane in self.planes]
 
-    def _empty(self, chunks: int) -> torch.Tensor:
-        shape = (chunks, self.kv_heads, self.chunk, self.head_dim)
-        return torch.empty(shape, dtype=self.dtype, pin_memory=self.pin)
+    def _empty(self, chunks: int, plane: tuple) -> torch.Tensor:
+        shape, dtype = plane
+        return torch.empty((chunks, *shape), dtype=dtype, pin_memory=self.pin)
 
     def reserve(self, chunks: int) -> None:
-        held = self.k.shape[0]
+        held = self.parts[0].shape[0]
         if chunks <= held:
             return
         if chunks > self.max_chunks:
@@ -36,27 +41,29 @@ class HostChunks:
         if self.pin:
             torch.cuda.synchronize(self.device)  # pending device-to-host copies (any stream) land first
         grown = []
-        for old in (self.k, self.v):
-            grown.append(self._empty(capacity))
+        for old, plane in zip(self.parts, self.planes, strict=True):
+            grown.append(self._empty(capacity, plane))
             grown[-1][:held] = old
-        self.k, self.v = grown  # both at once: a half-grown pair would pass the size check above
+        self.parts = grown  # all at once: a half-grown set would pass the size check above
 
-    def store(self, chunk: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """One chunk's rows (KV, chunk, D), from its slot in the device pool (async on CUDA, in the
-        current stream's order). Rows past what was written come along and are never read."""
+    def store(self, chunk: int, *parts: torch.Tensor) -> None:
+        """One chunk of every plane ((KV, chunk, D) rows, (KV, chunk) scales), from its slot in the
+        device pool (async on CUDA, in the current stream's order). Rows past what was written come
+        along and are never read."""
         self.reserve(chunk + 1)
-        self.k[chunk].copy_(k, non_blocking=self.pin)
-        self.v[chunk].copy_(v, non_blocking=self.pin)
+        for host, part in zip(self.parts, parts, strict=True):
+            host[chunk].copy_(part, non_blocking=self.pin)
 
-    def fetch(self, first: int, last: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chunks [first, last) on the device, (KV, n*chunk, D) each; stream-ordered after the stores."""
+    def fetch(self, first: int, last: int) -> list[torch.Tensor]:
+        """Chunks [first, last) of every plane on the device, (KV, n*chunk[, D]) each;
+        stream-ordered after the stores."""
         n = last - first
 
         def rows(t: torch.Tensor) -> torch.Tensor:
             t = t[first:last].to(self.device, non_blocking=self.pin)
-            return t.permute(1, 0, 2, 3).reshape(self.kv_heads, n * self.chunk, self.head_dim)
+            return t.transpose(0, 1).reshape(self.kv_heads, n * self.chunk, *t.shape[3:])
 
-        return rows(self.k), rows(self.v)
+        return [rows(t) for t in self.parts]
 
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return sum(t.numel() * t.element_size() for t in self.parts)

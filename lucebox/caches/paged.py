@@ -33,6 +33,7 @@ from lucebox.caches.chunk_selection import ChunkSelection
 from lucebox.caches.host_chunks import HostChunks
 from lucebox.config import DECODE_ROWS, KV_CHUNK
 from lucebox.errors import InvalidArgumentError
+from lucebox.kernels.kv_int8 import dequantize_rows, quantize_rows
 
 KV_POLICIES = ("exact", "select")
 
@@ -89,15 +90,24 @@ class KVFlashSettings:
 
 
 class PagedKV(LayerCache):
+    """With `int8`, K and V rows are stored as int8 codes with a float32 scale per (token, head)
+    (`kernels.kv_int8`), in the pool and on the host alike."""
+
     def __init__(self, settings: KVFlashSettings, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, int8: bool = False):
         settings.validate()
         self.s = settings
         C = settings.chunk
-        self.device = device
+        self.device, self.dtype, self.int8 = device, dtype, int8
         # (KV, pool_chunks * C, D): slot s holds rows [s*C, (s+1)*C) of every head.
-        self.pk = torch.zeros((kv_heads, settings.pool_chunks * C, head_dim), dtype=dtype, device=device)
+        self.pk = torch.zeros((kv_heads, settings.pool_chunks * C, head_dim), dtype=torch.int8 if int8 else dtype,
+                              device=device)
         self.pv = torch.zeros_like(self.pk)
+        # (KV, pool_chunks * C): each row's scale, int8 only. `planes` is what a chunk's rows are
+        # made of: what moves to and from the host, and what attention reads.
+        self.scales = tuple(torch.zeros(self.pk.shape[:2], dtype=torch.float32, device=device)
+                            for _ in range(2)) if int8 else ()
+        self.planes = (self.pk, self.pv, *self.scales)
         # The position of the row each pool row holds, -1 for none: kept up to date by stores, loads
         # and rollbacks, so a step hands it to attention as it is. It is derived from residency
         # (below); a residency update cut short leaves `_moving` above 0, and the next step
@@ -116,7 +126,7 @@ class PagedKV(LayerCache):
         self._pool_view: int | None = None  # `_used_slots()`, rebuilt on change
         max_chunks = -(-settings.max_context // C)
         self.page_table = torch.zeros(max_chunks, dtype=torch.int64, device=device)
-        self.host = HostChunks(C, kv_heads, head_dim, max_chunks, dtype, device) if settings.offload else None
+        self.host = HostChunks(C, kv_heads, head_dim, max_chunks, dtype, device, int8) if settings.offload else None
         # Chunks whose host copy holds every row written to them: a chunk is copied to the host
         # when it leaves the pool (not row by row as it is written, which a graphed step could not
         # do at a position-dependent offset), and is current until a step writes to it again.
@@ -182,9 +192,8 @@ class PagedKV(LayerCache):
         self.row_positions[rows] = -1  # the evicted chunk's rows are gone; the new chunk's are not there yet
         if self.host is not None and first < self.length:
             with torch.cuda.stream(stream) if stream is not None else nullcontext():
-                k, v = self.host.fetch(chunk, chunk + 1)
-                self.pk[:, rows].copy_(k, non_blocking=True)
-                self.pv[:, rows].copy_(v, non_blocking=True)
+                for plane, part in zip(self.planes, self.host.fetch(chunk, chunk + 1), strict=True):
+                    plane[:, rows].copy_(part, non_blocking=True)
             held = min(self.length - first, C)  # the rows of the chunk written so far
             self.row_positions[rows.start : rows.start + held] = torch.arange(first, first + held, device=self.device)
         if stream is not None:
@@ -198,7 +207,7 @@ class PagedKV(LayerCache):
         """The rows written to `chunk` (resident in pool `rows`) onto the host, unless already there."""
         if self.host is None or chunk in self._on_host or chunk * self.s.chunk >= self.length:
             return
-        self.host.store(chunk, self.pk[:, rows], self.pv[:, rows])
+        self.host.store(chunk, *(plane[:, rows] for plane in self.planes))
         self._on_host.add(chunk)
 
     # -- LayerCache -----------------------------------------------------------------------------
@@ -226,8 +235,12 @@ class PagedKV(LayerCache):
     def store(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         C = self.s.chunk
         rows = self.page_table[positions // C] * C + positions % C
-        self.pk.index_copy_(1, rows, k.transpose(0, 1))
-        self.pv.index_copy_(1, rows, v.transpose(0, 1))
+        parts = (k, v)  # (T, KV, D) each
+        if self.int8:
+            (k_codes, k_scales), (v_codes, v_scales) = quantize_rows(k), quantize_rows(v)
+            parts = (k_codes, v_codes, k_scales, v_scales)
+        for plane, part in zip(self.planes, parts, strict=True):
+            plane.index_copy_(1, rows, part.transpose(0, 1))
         self.row_positions.index_copy_(0, rows, positions)  # last: a row is visible once it holds its keys
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
@@ -240,11 +253,11 @@ class PagedKV(LayerCache):
         # Free slots are handed out lowest first, so the slots past the highest one in use hold
         # nothing: attention reads the pool up to there (a short context reads a short pool).
         rows = self._used_slots() * self.s.chunk
-        pool_k, pool_v, positions = self.pk[:, :rows], self.pv[:, :rows], self.row_positions[:rows]
+        pool = [plane[:, :rows] for plane in self.planes]
         if self.select and not step.prefill:
-            yield KVBlock(pool_k, pool_v, positions, self.pinned[:rows], self.s.tail_tokens)
+            yield self._block(pool, self.row_positions[:rows], self.pinned[:rows], self.s.tail_tokens)
             return
-        yield KVBlock(pool_k, pool_v, positions)
+        yield self._block(pool, self.row_positions[:rows])
         # A decode step's scores are one row per head, so it can take much longer runs than a prefill.
         run = self.s.stream_chunks * (16 if step.count <= self.s.decode_rows else 1)
         yield from self._streamed_blocks(run)
@@ -256,8 +269,15 @@ class PagedKV(LayerCache):
     def static_block(self, q: torch.Tensor) -> KVBlock:
         if self.select:
             self.selection.keep_queries(q)
-            return KVBlock(self.pk, self.pv, self.row_positions, self.pinned, self.s.tail_tokens)
-        return KVBlock(self.pk, self.pv, self.row_positions)
+            return self._block(self.planes, self.row_positions, self.pinned, self.s.tail_tokens)
+        return self._block(self.planes, self.row_positions)
+
+    @staticmethod
+    def _block(planes, positions: torch.Tensor, *mask, all_visible: bool = False) -> KVBlock:
+        """A block of the pool's planes (k, v[, k scales, v scales])."""
+        k, v, *scales = planes
+        return KVBlock(k, v, positions, *mask, all_visible=all_visible,
+                       k_scale=scales[0] if scales else None, v_scale=scales[1] if scales else None)
 
     def _streamed_blocks(self, max_run: int) -> Iterator[KVBlock]:
         """Chunks that are not resident, fetched from the host in runs of at most `max_run` chunks."""
@@ -272,10 +292,10 @@ class PagedKV(LayerCache):
             else:
                 runs.append([c])
         for run in runs:
-            k, v = self.host.fetch(run[0], run[-1] + 1)
+            planes = self.host.fetch(run[0], run[-1] + 1)
             positions = torch.arange(run[0] * self.s.chunk, (run[-1] + 1) * self.s.chunk, device=self.device)
             # Streamed chunks are complete and older than the step (the chunks it writes are resident).
-            yield KVBlock(k, v, positions, all_visible=True)
+            yield self._block(planes, positions, all_visible=True)
 
     @property
     def selected(self) -> list[int]:
@@ -299,9 +319,14 @@ class PagedKV(LayerCache):
         self._ensure_tail_resident(length)
 
     def _chunk_keys(self, chunk: int) -> torch.Tensor:
+        """Chunk `chunk`'s keys (KV, C, D) in the model dtype."""
         if chunk in self.chunk_slot:
-            return self.pk[:, self._rows(self.chunk_slot[chunk])]
-        return self.host.fetch(chunk, chunk + 1)[0]
+            rows = self._rows(self.chunk_slot[chunk])
+            keys, scales = self.pk[:, rows], self.scales[0][:, rows] if self.int8 else None
+        else:
+            planes = self.host.fetch(chunk, chunk + 1)
+            keys, scales = planes[0], planes[2] if self.int8 else None
+        return keys if scales is None else dequantize_rows(keys, scales, self.dtype)
 
     def _reselect(self, length: int, selected: list[int]) -> None:
         C = self.s.chunk
@@ -376,7 +401,7 @@ class PagedKV(LayerCache):
         return self.pool_bytes() + self.summary_bytes()
 
     def pool_bytes(self) -> int:
-        return 2 * self.pk.numel() * self.pk.element_size()
+        return sum(plane.numel() * plane.element_size() for plane in self.planes)
 
     def summary_bytes(self) -> int:
         return self.selection.summaries.nbytes() if self.select else 0

@@ -25,10 +25,12 @@ class CacheSettings:
     decode_rows: int = DECODE_ROWS
     reference: bool = False  # contiguous caches for every layer: the plain reference, for tests
     full_attention_window: int | None = None  # draft models: full layers keep only a ring this long
+    kv_int8: bool = False  # the paged pool and host chunks hold int8 rows (`kernels.kv_int8`)
 
     @classmethod
     def for_engine(cls, max_context: int, prefill_chunk: int, kv_policy: str | None = None,
-                   kv_pool_tokens: int | None = None, kv_reselect_every: int = 64) -> CacheSettings:
+                   kv_pool_tokens: int | None = None, kv_reselect_every: int = 64,
+                   kv_int8: bool = False) -> CacheSettings:
         """The engine's settings, defaults filled in: a pool holding the whole context up to
         DEFAULT_POOL_TOKENS (at least what one prefill chunk needs), and `exact` attention when
         the pool holds the whole context, `select` when it cannot."""
@@ -36,7 +38,7 @@ class CacheSettings:
         minimum = (-(-prefill_chunk // KV_CHUNK) + 2) * KV_CHUNK
         pool = kv_pool_tokens if kv_pool_tokens is not None else max(min(DEFAULT_POOL_TOKENS, rounded), minimum)
         policy = kv_policy or ("exact" if rounded <= pool else "select")
-        return cls(max_context, max(prefill_chunk, DECODE_ROWS), policy, pool, kv_reselect_every)
+        return cls(max_context, max(prefill_chunk, DECODE_ROWS), policy, pool, kv_reselect_every, kv_int8=kv_int8)
 
     def kvflash(self) -> KVFlashSettings:
         return KVFlashSettings(self.kv_policy, self.kv_pool_tokens, self.max_context, self.max_step,
@@ -63,7 +65,7 @@ class SequenceCache:
                 window = layer.window if layer.is_sliding else settings.full_attention_window
                 self.layers.append(SlidingRing(window, settings.max_step, kv, d, dtype, device))
             else:
-                self.layers.append(PagedKV(settings.kvflash(), kv, d, dtype, device))
+                self.layers.append(PagedKV(settings.kvflash(), kv, d, dtype, device, settings.kv_int8))
         self.length = 0
         self._unfinished = 0  # commits and rollbacks begun and not finished: an interrupted one stays counted
 
