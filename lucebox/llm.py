@@ -124,7 +124,7 @@ class LLM:
         self.prefill_chunk = prefill_chunk or (2048 if self.device.type == "cuda" else 512)
         self.cache_settings = self._cache_settings(max_context, kv_policy, kv_pool_tokens, kv_reselect_every)
         self.max_context = self.cache_settings.max_context
-        if load_format != "dummy":
+        if load_format != "dummy" and self.description.gguf is None:
             weight_files(self.description.folder)  # a folder without weights says so before any memory figure
         cost = drafter_cost(drafter, self.dtype, self.max_context, self.prefill_chunk, draft_ctx, DRAFT_WIDTH)
         self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization, cost)

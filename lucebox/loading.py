@@ -1,4 +1,5 @@
-"""From a model folder to a runnable `Decoder`: config, weights (or random ones), tokenizer."""
+"""From a model folder (or a llama.cpp .gguf file) to a runnable `Decoder`: config, weights (or
+random ones), tokenizer."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from lucebox.checkpoint import CheckpointIndex, load_weights, locate_config, read_json, weight_files
 from lucebox.config import ModelConfig
 from lucebox.errors import InvalidArgumentError
+from lucebox.gguf_loading import GGUFModel, describe_gguf, gguf_tokenizer
 from lucebox.kernels.backend import Kernels
 from lucebox.kernels.quant import SCHEMES, quantize
 from lucebox.models import adapter_for, build_model_config
@@ -26,6 +28,7 @@ class ModelDescription:
     hf_config: dict
     generation_config: dict
     cfg: ModelConfig
+    gguf: GGUFModel | None = None  # set when the model is one .gguf file (its folder is `folder`)
 
 
 @dataclass
@@ -36,7 +39,11 @@ class LoadedModel:
 
 
 def describe_model(path: str | Path) -> ModelDescription:
-    """Read config.json (and generation_config.json) and normalize it; no weights are touched."""
+    """Read config.json (and generation_config.json), or a GGUF file's metadata, and normalize it;
+    no weights are touched."""
+    gguf = describe_gguf(path)
+    if gguf is not None:
+        return ModelDescription(gguf.file.path.parent, gguf.hf_config, {}, build_model_config(gguf.hf_config), gguf)
     config_path = locate_config(path)
     folder = config_path.parent
     hf = read_json(config_path)
@@ -96,11 +103,16 @@ def load_model(
     transform = quantizer(quantization)
     if load_format == "dummy":
         weights = dummy_weights(shapes, dtype, device, transform=transform)
+    elif desc.gguf is not None:
+        weights = desc.gguf.load_weights(desc.cfg, dtype, device, transform, progress)
     else:
         index = CheckpointIndex(weight_files(desc.folder))
         sources = adapter_for(desc.hf_config).sources(desc.cfg)
         # With tied embeddings an exported lm_head.weight is a copy of the embedding; like transformers, ignore it.
         unused_ok = frozenset({"lm_head.weight"}) if desc.cfg.tie_word_embeddings else frozenset()
         weights = load_weights(index, sources, shapes, dtype, device, unused_ok, transform, progress)
-    tokenizer = load_tokenizer(desc.folder, desc.hf_config, desc.generation_config, desc.cfg.vocab_size)
+    if desc.gguf is not None:
+        tokenizer = gguf_tokenizer(desc.gguf.file)
+    else:
+        tokenizer = load_tokenizer(desc.folder, desc.hf_config, desc.generation_config, desc.cfg.vocab_size)
     return LoadedModel(desc, Decoder(desc.cfg, weights, kernels), tokenizer)
