@@ -163,10 +163,11 @@ def write_tiny_gguf(arch: str, qtype: str, path: Path, seed: int = 0, types: dic
     if hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation("eager")
     state = model.state_dict()
-    if arch == "laguna":  # a non-zero selection bias, so steering by it is tested
-        for name in state:
-            if name.endswith("e_score_correction_bias"):
-                state[name].copy_(torch.rand_like(state[name]) * 0.2)
+    for name in state:  # transformers starts biases at zero, where moving their rows would go unseen
+        if name.endswith("e_score_correction_bias"):  # non-zero, so that steering by it is tested
+            state[name].copy_(torch.rand_like(state[name]) * 0.2)
+        elif name.endswith(".bias"):
+            state[name].normal_(0.0, 0.5)
     writer = gguf.GGUFWriter(path, "llama" if arch == "mixtral" else arch)
     _metadata(writer, arch, model.config)
     interleaved = arch in ("llama", "mixtral")
