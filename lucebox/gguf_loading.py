@@ -13,7 +13,7 @@ import torch
 from lucebox.config import ModelConfig
 from lucebox.gguf_config import hf_config_from_gguf
 from lucebox.gguf_file import GGUFFile, locate_gguf
-from lucebox.gguf_weights import load_gguf_weights
+from lucebox.gguf_weights import device_bytes, load_gguf_weights
 
 
 @dataclass
@@ -24,6 +24,9 @@ class GGUFModel:
     @property
     def architecture(self) -> str:
         return str(self.file.metadata["general.architecture"])
+
+    def device_bytes(self, cfg: ModelConfig, dtype: torch.dtype) -> int:
+        return device_bytes(self.file, cfg, self.architecture, dtype)
 
     def load_weights(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, transform=None,
                      progress=None) -> dict:

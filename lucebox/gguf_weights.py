@@ -132,6 +132,25 @@ def _shape(w: Weight) -> tuple[int, ...]:
     return tuple(w.shape)
 
 
+# Bytes per weight of each block type once repacked (codes + scales + mins; see gguf_blocks).
+_REPACKED_BYTES = {"Q8_0": 1 + 2 / 32, "Q4_0": 0.5 + 2 / 32, "Q4_K": 0.5 + 8 / 32, "Q5_K": 1 + 8 / 32,
+                   "Q6_K": 1 + 4 / 16}
+
+
+def device_bytes(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.dtype) -> int:
+    """The bytes `load_gguf_weights` will hold, read from the file's index before loading: linear
+    weights in their repacked block types (fused halves of different types are counted as if not
+    widened), everything else in `dtype`."""
+    total = 0.0
+    for name, source in gguf_sources(cfg, arch).items():
+        for n in source.names:
+            entry = file.tensors.get(n)
+            if entry is not None:
+                per_weight = _REPACKED_BYTES.get(entry.type_name) if quantizable(name) else None
+                total += math.prod(entry.shape) * (per_weight or dtype.itemsize)
+    return int(total)
+
+
 def _check_present(file: GGUFFile, sources: dict[str, GGUFSource]) -> None:
     missing = [n for s in sources.values() for n in s.names if n not in file]
     if missing:

@@ -127,7 +127,9 @@ class LLM:
         if load_format != "dummy" and self.description.gguf is None:
             weight_files(self.description.folder)  # a folder without weights says so before any memory figure
         cost = drafter_cost(drafter, self.dtype, self.max_context, self.prefill_chunk, draft_ctx, DRAFT_WIDTH)
-        self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization, cost)
+        gguf = self.description.gguf
+        stored = None if gguf is None or load_format == "dummy" else gguf.device_bytes(self.config, self.dtype)
+        self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization, cost, stored)
         loaded = load_model(self.description, self.dtype, self.device, load_format, kernels_for(self.backend),
                             quantization, load_progress)
         self.decoder = loaded.decoder

@@ -51,8 +51,10 @@ def cache_ring_bytes(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dty
 
 
 def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
-         quantization: str | None = None, drafter: DrafterCost = DrafterCost()) -> dict[str, int]:
-    """Bytes of weights, ring caches, device KV pool (+ chunk summaries), the most host KV, drafter."""
+         quantization: str | None = None, drafter: DrafterCost = DrafterCost(),
+         stored_weights: int | None = None) -> dict[str, int]:
+    """Bytes of weights, ring caches, device KV pool (+ chunk summaries), the most host KV, drafter.
+    `stored_weights`: the weights' bytes when the checkpoint fixes them (a GGUF file's own quants)."""
     size = dtype.itemsize
     row = cfg.kv_bytes_per_token(size)
     full = sum(1 for layer in cfg.layers if not layer.is_sliding)
@@ -60,7 +62,7 @@ def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
     chunks = -(-settings.max_context // kvf.chunk)
     summaries = full * chunks * 3 * cfg.num_kv_heads * cfg.head_dim * size if kvf.policy == "select" else 0
     return {
-        "weights": weight_bytes(cfg, dtype, quantization),
+        "weights": weight_bytes(cfg, dtype, quantization) if stored_weights is None else stored_weights,
         "ring_caches": cache_ring_bytes(cfg, settings, dtype),
         "kv_pool_device": full * kvf.pool_chunks * kvf.chunk * row,
         "kv_chunk_summaries_max": summaries,
@@ -84,14 +86,15 @@ def _gib(n: float) -> str:
 
 
 def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, device: torch.device,
-               quantization: str | None = None, drafter: DrafterCost = DrafterCost()) -> dict[str, int]:
+               quantization: str | None = None, drafter: DrafterCost = DrafterCost(),
+               stored_weights: int | None = None) -> dict[str, int]:
     """The plan, or the first thing that does not fit: InsufficientMemoryError for the weights or
     the fixed-size caches (naming the largest `draft_ctx` that fits when the drafter's rings are
     what overflows), ContextLengthError naming the largest context whose offloaded KV fits.
 
     Weights, rings, the pool and the drafter are fixed costs on the device; host KV and chunk
     summaries grow with max_context (on the CPU, device and host are the same memory)."""
-    need = plan(cfg, settings, dtype, quantization, drafter)
+    need = plan(cfg, settings, dtype, quantization, drafter, stored_weights)
     fixed = need["weights"] + need["ring_caches"] + need["kv_pool_device"] + need["drafter"]
     per_token_summary = need["kv_chunk_summaries_max"] / settings.max_context
     per_token_host = need["kv_host_max"] / settings.max_context

@@ -223,3 +223,13 @@ def test_lucebox_info_reads_a_gguf(tmp_path, capsys):
     assert main(["info", str(tmp_path / "model.gguf"), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["architecture"] == "LagunaForCausalLM" and info["layers"] == 4
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_memory_plan_counts_the_weights_as_they_are_held(qtype, tmp_path):
+    """The plan that decides whether a model fits counts a GGUF model's quantized bytes, not 16 bits a weight."""
+    write_tiny_gguf("qwen3moe", qtype, tmp_path / "model.gguf")
+    llm = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32")
+    held = sum(w.nbytes() if isinstance(w, QuantizedTensor) else w.numel() * w.element_size()
+               for w in llm.decoder.w.values())
+    assert llm._plan["weights"] == held
