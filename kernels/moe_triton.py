@@ -70,15 +70,15 @@ def _block_rows(b, ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_
 def _weight_tile(shared, expert, rows, cols, mask,
                  w_ptr, s_ptr, z_ptr, stride_we, stride_se, stride_w, stride_s,
                  sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
-                 BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
-                 S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_HAS_ZEROS: tl.constexpr):
+                 BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr,
+                 S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_OFFSET: tl.constexpr):
     """A float32 tile of the shared expert's weight or of `expert`'s (plain or quantized)."""
     if shared:
         tile = load_weight_tile(sw_ptr, ss_ptr, sz_ptr, rows, cols, mask, stride_sw, stride_ss,
-                                S_BITS, S_GROUP, S_HAS_ZEROS)
+                                S_BITS, S_GROUP, S_OFFSET)
     else:
         tile = load_weight_tile(w_ptr + expert * stride_we, s_ptr + expert * stride_se, z_ptr + expert * stride_se,
-                                rows, cols, mask, stride_w, stride_s, BITS, GROUP, HAS_ZEROS)
+                                rows, cols, mask, stride_w, stride_s, BITS, GROUP, OFFSET)
     return tile
 
 
@@ -88,8 +88,8 @@ def _up_kernel(
     w_ptr, s_ptr, z_ptr, stride_we, stride_se, stride_w, stride_s,
     sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
     M, K, H, F, F_SHARED, stride_inter,
-    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
-    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_HAS_ZEROS: tl.constexpr, DEDUP: tl.constexpr,
+    BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr,
+    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_OFFSET: tl.constexpr, DEDUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -109,10 +109,10 @@ def _up_kernel(
             w_mask = i_ok[:, None] & h_ok[None, :]
             w_gate = _weight_tile(shared, expert, i, h, w_mask, w_ptr, s_ptr, z_ptr, stride_we, stride_se,
                                   stride_w, stride_s, sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
-                                  BITS, GROUP, HAS_ZEROS, S_BITS, S_GROUP, S_HAS_ZEROS)
+                                  BITS, GROUP, OFFSET, S_BITS, S_GROUP, S_OFFSET)
             w_up = _weight_tile(shared, expert, width + i, h, w_mask, w_ptr, s_ptr, z_ptr, stride_we, stride_se,
                                 stride_w, stride_s, sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
-                                BITS, GROUP, HAS_ZEROS, S_BITS, S_GROUP, S_HAS_ZEROS)
+                                BITS, GROUP, OFFSET, S_BITS, S_GROUP, S_OFFSET)
             gate += tl.dot(x, tl.trans(w_gate.to(x.dtype)), input_precision=PRECISION)
             up += tl.dot(x, tl.trans(w_up.to(x.dtype)), input_precision=PRECISION)
         act = gate / (1.0 + tl.exp(-gate)) * up
@@ -126,8 +126,8 @@ def _down_kernel(
     w_ptr, s_ptr, z_ptr, stride_we, stride_se, stride_w, stride_s,
     sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
     M, K, H, F, F_SHARED, stride_inter, scaling,
-    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
-    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_HAS_ZEROS: tl.constexpr, DEDUP: tl.constexpr,
+    BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr,
+    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_OFFSET: tl.constexpr, DEDUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -146,7 +146,7 @@ def _down_kernel(
                         other=0.0)
             w = _weight_tile(shared, expert, h, i, h_ok[:, None] & i_ok[None, :], w_ptr, s_ptr, z_ptr, stride_we,
                              stride_se, stride_w, stride_s, sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
-                             BITS, GROUP, HAS_ZEROS, S_BITS, S_GROUP, S_HAS_ZEROS)
+                             BITS, GROUP, OFFSET, S_BITS, S_GROUP, S_OFFSET)
             acc += tl.dot(a, tl.trans(w.to(a.dtype)), input_precision=PRECISION)
         routed = pair < M * K
         weight = tl.load(weights_ptr + pair, mask=valid & routed, other=0.0).to(tl.float32) * scaling
@@ -192,7 +192,7 @@ def _weight_args(experts: Weight, shared_weight: Weight | None, shared: bool) ->
 
 
 def _weight_flags(experts: Weight, shared_weight: Weight | None, shared: bool) -> tuple:
-    """(BITS, GROUP, HAS_ZEROS) of the experts, then of the shared expert."""
+    """(BITS, GROUP, OFFSET) of the experts, then of the shared expert."""
     return (*weight_args(experts)[5:], *weight_args(shared_weight if shared else experts[0])[5:])
 
 

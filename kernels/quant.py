@@ -9,6 +9,14 @@ consecutive input features of an output row:
 - int4: codes 0..15 packed two per byte along K (even k in the low nibble), zero 8 when
   symmetric, or an integer zero point 0..15 per group (stored as float16) when asymmetric.
 
+Weights read from GGUF files (`lucebox.gguf_blocks`) keep llama.cpp's arithmetic exactly instead:
+their scales are float32 (a super-block scale times a 6- or 8-bit sub-scale, a product float16
+cannot hold), and K-quants subtract a float32 per-group minimum rather than a zero point:
+
+    w[n, k] = code[n, k] * scale[n, k // group] - min[n, k // group]
+
+with codes 0..15 (int4, no implicit zero), or any int8 value (Q5_K's 0..31, Q6_K's -32..31).
+
 Activations stay in the model dtype; kernels dequantize a tile at a time, so a matmul reads
 1 (int8) or 0.5 (int4) bytes per weight plus the scales.
 """
@@ -28,25 +36,27 @@ class QuantizedTensor:
     """Quantized codes of a (..., N, K) weight; `shape` is the logical (dequantized) shape."""
 
     codes: torch.Tensor  # int8 (..., N, K) or uint8 (..., N, K/2) for int4
-    scales: torch.Tensor  # float16 (..., N, K/group)
+    scales: torch.Tensor  # float16 (..., N, K/group); float32 for GGUF weights
     zeros: torch.Tensor | None  # float16 (..., N, K/group), int4 asymmetric only
     bits: int
     group: int
     shape: tuple[int, ...]
     dtype: torch.dtype  # the activations' dtype, what dequantize returns
+    mins: torch.Tensor | None = None  # float32 (..., N, K/group), GGUF K-quants; never with zeros
 
     def __getitem__(self, index: int) -> QuantizedTensor:
         """One expert of an (E, N, K) stack."""
         zeros = None if self.zeros is None else self.zeros[index]
+        mins = None if self.mins is None else self.mins[index]
         return QuantizedTensor(self.codes[index], self.scales[index], zeros, self.bits, self.group,
-                               self.shape[1:], self.dtype)
+                               self.shape[1:], self.dtype, mins)
 
     @property
     def device(self) -> torch.device:
         return self.codes.device
 
     def nbytes(self) -> int:
-        parts = [self.codes, self.scales] + ([self.zeros] if self.zeros is not None else [])
+        parts = [self.codes, self.scales] + [t for t in (self.zeros, self.mins) if t is not None]
         return sum(t.numel() * t.element_size() for t in parts)
 
 
@@ -117,8 +127,11 @@ def dequantize(q: QuantizedTensor) -> torch.Tensor:
         codes = q.codes.to(torch.float32)
     else:
         codes = torch.stack((q.codes & 0xF, q.codes >> 4), dim=-1).reshape(q.shape).to(torch.float32)
-    zero = q.zeros.to(torch.float32) if q.zeros is not None else (8.0 if q.bits == 4 else 0.0)
     grouped = codes.reshape(*q.shape[:-1], -1, q.group)
+    if q.mins is not None:  # code * scale - min, in this order: llama.cpp's own float32 rounding
+        scaled = grouped * q.scales.to(torch.float32)[..., None] - q.mins[..., None]
+        return scaled.reshape(q.shape).to(q.dtype)
+    zero = q.zeros.to(torch.float32) if q.zeros is not None else (8.0 if q.bits == 4 else 0.0)
     if isinstance(zero, torch.Tensor):
         grouped = grouped - zero[..., None]
     else:

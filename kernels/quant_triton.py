@@ -16,13 +16,15 @@ from lucebox.kernels.quant import QuantizedTensor
 
 @triton.jit
 def load_weight_tile(
-    w_ptr, scale_ptr, zero_ptr,  # one matrix's base pointers (an expert's, for stacks)
+    w_ptr, scale_ptr, offset_ptr,  # one matrix's base pointers (an expert's, for stacks)
     rows, cols, mask,  # rows (R,) output features, cols (C,) input features, mask (R, C)
     stride_row, stride_scale_row,
-    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
+    BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr,
 ):
     """Tile (R, C) of the weight in float32. BITS 0: a plain (unquantized) weight; 8: int8 codes;
-    4: two codes per byte along the input features (even feature in the low nibble)."""
+    4: two codes per byte along the input features (even feature in the low nibble). OFFSET (see
+    `OFFSET_KINDS`) 0: (code - implicit zero) * scale; 1: (code - zero[group]) * scale; 2: code *
+    scale - min[group] (GGUF K-quants; codes have no implicit zero)."""
     if BITS == 0:
         return tl.load(w_ptr + rows[:, None] * stride_row + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if BITS == 8:
@@ -34,9 +36,25 @@ def load_weight_tile(
         zero = 8.0
     group_offsets = rows[:, None] * stride_scale_row + cols[None, :] // GROUP
     scale = tl.load(scale_ptr + group_offsets, mask=mask, other=0.0).to(tl.float32)
-    if HAS_ZEROS:
-        zero = tl.load(zero_ptr + group_offsets, mask=mask, other=0.0).to(tl.float32)
+    if OFFSET == 2:
+        low = tl.load(offset_ptr + group_offsets, mask=mask, other=0.0).to(tl.float32)
+        return codes * scale - low
+    if OFFSET == 1:
+        zero = tl.load(offset_ptr + group_offsets, mask=mask, other=0.0).to(tl.float32)
     return (codes - zero) * scale
+
+
+# How a quantized weight's codes are offset (the OFFSET argument of `load_weight_tile`).
+OFFSET_KINDS = {"none": 0, "zero_points": 1, "mins": 2}
+
+
+def offset_kind(w: QuantizedTensor) -> tuple[torch.Tensor | None, int]:
+    """(the tensor the kernel reads the per-group offsets from, OFFSET) of a quantized weight."""
+    if w.mins is not None:
+        return w.mins, OFFSET_KINDS["mins"]
+    if w.zeros is not None:
+        return w.zeros, OFFSET_KINDS["zero_points"]
+    return None, OFFSET_KINDS["none"]
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -47,15 +65,18 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 def weight_args(w: torch.Tensor | QuantizedTensor) -> tuple:
-    """(w_ptr, scale_ptr, zero_ptr, stride_row, stride_scale_row, BITS, GROUP, HAS_ZEROS) of a
-    matrix or a stack of matrices (strides of one matrix's rows)."""
+    """(w_ptr, scale_ptr, offset_ptr, stride_row, stride_scale_row, BITS, GROUP, OFFSET) of a
+    matrix or a stack of matrices (strides of one matrix's rows). Offsets (zero points or mins)
+    are laid out like the scales, so they share the scales' strides."""
     if isinstance(w, QuantizedTensor):
-        zeros = w.zeros if w.zeros is not None else w.scales  # a valid pointer that is never read
-        return (w.codes, w.scales, zeros, w.codes.stride(-2), w.scales.stride(-2), w.bits, w.group,
-                w.zeros is not None)
+        offsets, kind = offset_kind(w)
+        if offsets is not None and offsets.stride() != w.scales.stride():
+            raise ValueError("a quantized weight's zero points or mins must be laid out like its scales")
+        offsets = offsets if offsets is not None else w.scales  # a valid pointer that is never read
+        return (w.codes, w.scales, offsets, w.codes.stride(-2), w.scales.stride(-2), w.bits, w.group, kind)
     if w.stride(-1) != 1:
         raise ValueError("weights must be contiguous along their input features")
-    return (w, w, w, w.stride(-2), 0, 0, 1, False)
+    return (w, w, w, w.stride(-2), 0, 0, 1, OFFSET_KINDS["none"])
 
 
 def expert_strides(w: torch.Tensor | QuantizedTensor) -> tuple[int, int]:
@@ -67,9 +88,9 @@ def expert_strides(w: torch.Tensor | QuantizedTensor) -> tuple[int, int]:
 
 @triton.jit
 def _matmul_kernel(
-    x_ptr, y_ptr, w_ptr, scale_ptr, zero_ptr,
+    x_ptr, y_ptr, w_ptr, scale_ptr, offset_ptr,
     M, N, K, keys_per_split, stride_x, stride_y, stride_split, stride_w, stride_scale,
-    BITS: tl.constexpr, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
+    BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """y[split] (M, N) = x[:, the split's inputs] @ dequantize(w)[:, the split's inputs].T"""
@@ -82,8 +103,8 @@ def _matmul_kernel(
         ks = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < end),
                     other=0.0)
-        w = load_weight_tile(w_ptr, scale_ptr, zero_ptr, outs, ks, (outs[:, None] < N) & (ks[None, :] < end),
-                             stride_w, stride_scale, BITS, GROUP, HAS_ZEROS)
+        w = load_weight_tile(w_ptr, scale_ptr, offset_ptr, outs, ks, (outs[:, None] < N) & (ks[None, :] < end),
+                             stride_w, stride_scale, BITS, GROUP, OFFSET)
         acc += tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PRECISION)
     tl.store(y_ptr + split * stride_split + rows[:, None] * stride_y + outs[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=(rows[:, None] < M) & (outs[None, :] < N))
@@ -111,10 +132,10 @@ def quantized_linear(x: torch.Tensor, w: QuantizedTensor, bias: torch.Tensor | N
     keys_per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
     splits = triton.cdiv(K, keys_per_split)
     out = torch.empty((splits, M, N), dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
-    w_ptr, s_ptr, z_ptr, stride_w, stride_s, bits, group, has_zeros = weight_args(w)
+    w_ptr, s_ptr, z_ptr, stride_w, stride_s, bits, group, offset = weight_args(w)
     _matmul_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n), splits)](
         x2, out, w_ptr, s_ptr, z_ptr, M, N, K, keys_per_split, x2.stride(0), out.stride(1), out.stride(0),
-        stride_w, stride_s, bits, group, has_zeros, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        stride_w, stride_s, bits, group, offset, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         PRECISION=dot_precision(x.dtype))
     y = out[0] if splits == 1 else out.sum(0).to(x.dtype)
     if bias is not None:

@@ -150,11 +150,13 @@ class LLM:
         self.prefill_chunk = prefill_chunk or (2048 if self.device.type == "cuda" else 512)
         self.cache_settings = self._cache_settings(max_context, kv_policy, kv_pool_tokens, kv_reselect_every)
         self.max_context = self.cache_settings.max_context
-        if load_format != "dummy":
+        if load_format != "dummy" and self.description.gguf is None:
             weight_files(self.description.folder)  # a folder without weights says so before any memory figure
         cost = drafter_cost(drafter, self.dtype, self.max_context, self.prefill_chunk, draft_ctx, DRAFT_WIDTH)
+        gguf = self.description.gguf
+        stored = None if gguf is None or load_format == "dummy" else gguf.device_bytes(self.config, self.dtype)
         self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization, cost,
-                                self.expert_slots)
+                                self.expert_slots, stored)
         loaded = load_model(self.description, self.dtype, self.device, load_format, kernels_for(self.backend),
                             quantization, load_progress, self.expert_slots, self.expert_traffic)
         self.decoder = loaded.decoder

@@ -1,4 +1,5 @@
-"""From a model folder to a runnable `Decoder`: config, weights (or random ones), tokenizer."""
+"""From a model folder (or a llama.cpp .gguf file) to a runnable `Decoder`: config, weights (or
+random ones), tokenizer."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from lucebox.checkpoint import CheckpointIndex, load_weights, locate_config, rea
 from lucebox.config import ModelConfig
 from lucebox.errors import InvalidArgumentError
 from lucebox.expert_cache import ExpertTraffic, cache_experts, is_routed_expert, moved
+from lucebox.gguf_loading import GGUFModel, describe_gguf, gguf_tokenizer
 from lucebox.kernels.backend import Kernels
 from lucebox.kernels.quant import SCHEMES, quantize
 from lucebox.models import adapter_for, build_model_config
@@ -30,6 +32,7 @@ class ModelDescription:
     generation_config: dict
     cfg: ModelConfig
     quantization: str | None = None  # the scheme of a saved quantized checkpoint (`lucebox quantize`)
+    gguf: GGUFModel | None = None  # set when the model is one .gguf file (its folder is `folder`)
 
 
 @dataclass
@@ -40,7 +43,12 @@ class LoadedModel:
 
 
 def describe_model(path: str | Path) -> ModelDescription:
-    """Read config.json (and generation_config.json) and normalize it; no weights are touched."""
+    """Read config.json (and generation_config.json), or a GGUF file's metadata, and normalize it;
+    no weights are touched."""
+    gguf = describe_gguf(path)
+    if gguf is not None:
+        return ModelDescription(gguf.file.path.parent, gguf.hf_config, {}, build_model_config(gguf.hf_config),
+                                gguf=gguf)
     config_path = locate_config(path)
     folder = config_path.parent
     hf = read_json(config_path)
@@ -113,7 +121,7 @@ def placement(device: torch.device, experts_on_host: bool, quantization: str | N
     quantize_weight = quantizer(quantization)
 
     def place(name: str, weight):
-        if quantize_weight is not None:
+        if quantize_weight is not None and isinstance(weight, torch.Tensor):  # GGUF blocks stay as they are
             weight = quantize_weight(name, weight)
         if experts_on_host and is_routed_expert(name):
             return moved(weight, "cpu", pin=device.type == "cuda")
@@ -140,11 +148,16 @@ def load_model(
         weights = dummy_weights(shapes, dtype, device, transform=transform)
     elif desc.quantization is not None:
         weights = load_quantized(desc.folder, desc.cfg, dtype, placement(device, on_host), progress)
+    elif desc.gguf is not None:
+        weights = desc.gguf.load_weights(desc.cfg, dtype, device, transform, progress)
     else:
         index = CheckpointIndex(weight_files(desc.folder))
         sources, unused_ok = checkpoint_sources(desc)
         weights = load_weights(index, sources, shapes, dtype, device, unused_ok, transform, progress)
     if on_host:
         cache_experts(weights, len(desc.cfg.layers), expert_slots, device, expert_traffic or ExpertTraffic())
-    tokenizer = load_tokenizer(desc.folder, desc.hf_config, desc.generation_config, desc.cfg.vocab_size)
+    if desc.gguf is not None:
+        tokenizer = gguf_tokenizer(desc.gguf.file)
+    else:
+        tokenizer = load_tokenizer(desc.folder, desc.hf_config, desc.generation_config, desc.cfg.vocab_size)
     return LoadedModel(desc, Decoder(desc.cfg, weights, kernels), tokenizer)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -30,6 +31,13 @@ class DrafterCost:
     @property
     def total(self) -> int:
         return self.weights + self.caches
+
+
+class StoredWeights(NamedTuple):
+    """Bytes of all weights and of the routed experts among them, as the engine will hold them."""
+
+    total: int
+    routed_experts: int
 
 
 def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None = None) -> int:
@@ -72,10 +80,11 @@ def cache_ring_bytes(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dty
 
 def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
          quantization: str | None = None, drafter: DrafterCost = DrafterCost(),
-         expert_slots: int | None = None) -> dict[str, int]:
+         expert_slots: int | None = None, stored_weights: StoredWeights | None = None) -> dict[str, int]:
     """Bytes of weights, ring caches, device KV pool (+ chunk summaries), the most host KV, drafter.
     With `expert_slots` (experts in host memory) the routed experts count in host memory and the
-    device holds that many of each MoE layer's experts (`lucebox.expert_cache`)."""
+    device holds that many of each MoE layer's experts (`lucebox.expert_cache`). `stored_weights`:
+    the weights' bytes when the checkpoint fixes them (a GGUF file's own quants)."""
     size = dtype.itemsize
     # int8 rows: a byte per value and a float32 scale per (token, head) of K and of V
     row = cfg.kv_bytes_per_token(1) + 2 * cfg.num_kv_heads * 4 if settings.kv_int8 else cfg.kv_bytes_per_token(size)
@@ -83,10 +92,12 @@ def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
     kvf = settings.kvflash()
     chunks = -(-settings.max_context // kvf.chunk)
     summaries = full * chunks * 3 * cfg.num_kv_heads * cfg.head_dim * size if kvf.policy == "select" else 0
-    weights, experts_host = weight_bytes(cfg, dtype, quantization), 0
+    stored = stored_weights or StoredWeights(weight_bytes(cfg, dtype, quantization),
+                                             routed_expert_bytes(cfg, dtype, quantization))
+    weights, experts_host = stored.total, 0
     if expert_slots is not None and cfg.moe is not None:
-        experts_host = routed_expert_bytes(cfg, dtype, quantization)
-        weights += moe_layer_count(cfg) * expert_slots * one_expert_bytes(cfg, dtype, quantization) - experts_host
+        experts_host = stored.routed_experts
+        weights += expert_slots * experts_host // cfg.moe.num_experts - experts_host
     return {
         "weights": weights,
         "ring_caches": cache_ring_bytes(cfg, settings, dtype),
@@ -114,14 +125,14 @@ def _gib(n: float) -> str:
 
 def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, device: torch.device,
                quantization: str | None = None, drafter: DrafterCost = DrafterCost(),
-               expert_slots: int | None = None) -> dict[str, int]:
+               expert_slots: int | None = None, stored_weights: StoredWeights | None = None) -> dict[str, int]:
     """The plan, or the first thing that does not fit: InsufficientMemoryError for the weights or
     the fixed-size caches (naming the largest `draft_ctx` that fits when the drafter's rings are
     what overflows), ContextLengthError naming the largest context whose offloaded KV fits.
 
     Weights, rings, the pool and the drafter are fixed costs on the device; host KV and chunk
     summaries grow with max_context (on the CPU, device and host are the same memory)."""
-    need = plan(cfg, settings, dtype, quantization, drafter, expert_slots)
+    need = plan(cfg, settings, dtype, quantization, drafter, expert_slots, stored_weights)
     fixed = need["weights"] + need["ring_caches"] + need["kv_pool_device"] + need["drafter"]
     per_token_summary = need["kv_chunk_summaries_max"] / settings.max_context
     per_token_host = need["kv_host_max"] / settings.max_context

@@ -104,6 +104,9 @@ def quantize_checkpoint(model: str | Path, out: str | Path, bits: int, group: in
     `progress(done, total)` is told the bytes of float weights read so far."""
     scheme = _scheme(bits)
     desc = describe_model(model)
+    if desc.gguf is not None:
+        raise InvalidArgumentError(f"{desc.gguf.file.path} is a GGUF file, already quantized in llama.cpp's block "
+                                   "types: load it as it is (LLM(path) or lucebox chat path)")
     if saved_scheme(desc.folder) is not None:
         raise InvalidArgumentError(f"{desc.folder} is already a quantized checkpoint; quantize its float source")
     shapes = weight_shapes(desc.cfg)

@@ -1,0 +1,194 @@
+"""Tiny random models written as llama.cpp GGUF files, each with its transformers twin holding the
+very weights the file decodes to (by the `gguf` package's own `dequantize`), for parity tests.
+
+The writer follows llama.cpp's converter independently of lucebox's reader: its names, its
+metadata keys, and, for architecture `llama`, its interleaving of q/k rows. Float and Q8_0/Q4_0
+weights are quantized from the model's random weights by `gguf.quants.quantize`; K-quant blocks
+(which gguf-py cannot quantize to) are random bytes with sane float16 super-block scales.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
+VOCAB = 128
+# Every matrix is 256 inputs wide (or a multiple): K-quant blocks hold 256 weights along a row.
+_BASE = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64, max_position_embeddings=512, rms_norm_eps=1e-5,
+             bos_token_id=None, eos_token_id=None, pad_token_id=None)
+# Super-block scale d (and dmin) per K-quant, so weights land within a few hundredths of zero.
+_K_SCALES = {"Q4_K": (5e-5, 5e-4), "Q5_K": (2.5e-5, 5e-4), "Q6_K": (1e-5, None)}
+
+
+def _transformers_model(arch: str):
+    import transformers as tf
+
+    if arch == "llama":
+        return tf.LlamaForCausalLM(tf.LlamaConfig(**_BASE, attention_bias=True))
+    if arch == "mixtral":
+        return tf.MixtralForCausalLM(tf.MixtralConfig(**_BASE, num_local_experts=4, num_experts_per_tok=2))
+    if arch == "qwen3":
+        return tf.Qwen3ForCausalLM(tf.Qwen3Config(**_BASE, tie_word_embeddings=True))
+    if arch == "qwen3moe":
+        return tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(**_BASE, num_experts=4, num_experts_per_tok=2,
+                                                        moe_intermediate_size=256, norm_topk_prob=True,
+                                                        mlp_only_layers=[0]))
+    if arch == "laguna":
+        return tf.LagunaForCausalLM(tf.LagunaConfig(**{
+            **_BASE, "num_hidden_layers": 4, "num_attention_heads_per_layer": [4, 8, 8, 8], "sliding_window": 8,
+            "layer_types": ["full_attention"] + ["sliding_attention"] * 3, "gating": "per-element",
+            "mlp_layer_types": ["dense"] + ["sparse"] * 3, "num_experts": 4, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256, "moe_routed_scaling_factor": 2.5,
+            "moe_router_logit_softcapping": 2.0,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                                   "original_max_position_embeddings": 128, "partial_rotary_factor": 0.5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+            }}))
+    raise ValueError(arch)
+
+
+def _metadata(writer: gguf.GGUFWriter, arch: str, config) -> None:
+    """The `{arch}.*` keys llama.cpp's converter writes for this config."""
+    gguf_arch = "llama" if arch == "mixtral" else arch
+    put = {int: writer.add_uint32, float: writer.add_float32, bool: writer.add_bool}
+    values = {"block_count": config.num_hidden_layers, "context_length": config.max_position_embeddings,
+              "embedding_length": config.hidden_size, "feed_forward_length": config.intermediate_size,
+              "attention.head_count_kv": config.num_key_value_heads, "attention.key_length": config.head_dim,
+              "attention.value_length": config.head_dim, "attention.layer_norm_rms_epsilon": config.rms_norm_eps,
+              "rope.freq_base": float(config.rope_parameters.get("rope_theta", 0.0)),
+              "rope.dimension_count": config.head_dim}
+    if arch == "mixtral":
+        values.update({"expert_count": 4, "expert_used_count": 2})
+    if arch == "qwen3moe":
+        values.update({"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 256})
+    if arch == "laguna":
+        values.update({
+            "attention.sliding_window": 8, "attention.sliding_window_pattern": 4, "leading_dense_block_count": 1,
+            "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 256,
+            "expert_shared_feed_forward_length": 256, "expert_weights_norm": True, "expert_weights_scale": 2.5,
+            "expert_gating_func": 2, "router_logit_softcapping": 2.0, "rope.freq_base": 500000.0,
+            "rope.dimension_count": 32, "rope.freq_base_swa": 10000.0, "rope.dimension_count_swa": 64,
+            "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 128})
+        writer.add_string("laguna.rope.scaling.type", "yarn")
+        writer.add_array("laguna.attention.head_count", list(config.num_attention_heads_per_layer))
+    else:
+        values["attention.head_count"] = config.num_attention_heads
+    for key, value in values.items():
+        put[type(value)](f"{gguf_arch}.{key}", value)
+
+
+_NAMES = [(r"model\.embed_tokens\.weight", "token_embd.weight"), (r"model\.norm\.weight", "output_norm.weight"),
+          (r"lm_head\.weight", "output.weight"), (r"input_layernorm", "attn_norm"),
+          (r"post_attention_layernorm", "ffn_norm"), (r"self_attn\.q_proj", "attn_q"), (r"self_attn\.k_proj", "attn_k"),
+          (r"self_attn\.v_proj", "attn_v"), (r"self_attn\.o_proj", "attn_output"),
+          (r"self_attn\.q_norm", "attn_q_norm"), (r"self_attn\.k_norm", "attn_k_norm"),
+          (r"self_attn\.g_proj", "attn_gate"), (r"mlp\.gate\.e_score_correction_bias", "exp_probs_b.bias"),
+          (r"mlp\.gate\.weight", "ffn_gate_inp.weight"),
+          (r"mlp\.shared_experts\.(\w+)_proj\.weight", r"ffn_\1_shexp.weight"),
+          (r"mlp\.experts\.down_proj", "ffn_down_exps.weight"), (r"mlp\.(\w+)_proj", r"ffn_\1"),
+          (r"model\.layers\.(\d+)\.", r"blk.\1.")]
+
+
+def gguf_name(hf_name: str) -> str:
+    for pattern, replacement in _NAMES:
+        hf_name = re.sub(pattern, replacement, hf_name)
+    return hf_name
+
+
+def _interleave(w: np.ndarray, heads: int, inverse: bool = False) -> np.ndarray:
+    """llama.cpp's q/k row order for architecture llama (and its inverse)."""
+    D = w.shape[0] // heads
+    split = (heads, D // 2, 2) if inverse else (heads, 2, D // 2)
+    return w.reshape(*split, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _encode(w: np.ndarray, qtype: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(what the file stores, what it decodes to, float32) for weight w in `qtype`."""
+    kind = gguf.GGMLQuantizationType[qtype]
+    if qtype == "F32":
+        stored = w.astype(np.float32)
+    elif qtype == "F16":
+        stored = w.astype(np.float16)
+    elif qtype in _K_SCALES:
+        block_bytes = gguf.GGML_QUANT_SIZES[kind][1]
+        blocks = rng.integers(0, 256, (*w.shape[:-1], w.shape[-1] // 256, block_bytes), dtype=np.uint8)
+        d, dmin = _K_SCALES[qtype]
+        at = slice(block_bytes - 2, None) if qtype == "Q6_K" else slice(0, 2)
+        blocks[..., at] = _half_bytes(d, blocks.shape[:-1], rng)
+        if dmin is not None:
+            blocks[..., 2:4] = _half_bytes(dmin, blocks.shape[:-1], rng)
+        stored = blocks.reshape(*w.shape[:-1], -1)
+    else:
+        stored = gguf.quants.quantize(w.astype(np.float32), kind)
+    decoded = stored.astype(np.float32) if qtype in ("F32", "F16") else gguf.quants.dequantize(stored, kind)
+    return stored, decoded
+
+
+def _half_bytes(scale: float, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    values = (scale * rng.uniform(0.5, 1.5, shape)).astype(np.float16)
+    return values.view(np.uint8).reshape(*shape, 2)
+
+
+def _gguf_tensors(model, arch: str, qtype: str):
+    """(gguf name, HF name, row slice of the HF tensor, quant type) of every tensor to write."""
+    tied = model.config.tie_word_embeddings
+    for hf_name, param in model.state_dict().items():
+        if tied and hf_name == "lm_head.weight":
+            continue
+        linear = param.dim() >= 2 and not hf_name.endswith("mlp.gate.weight")  # llama.cpp keeps routers F32
+        kind = qtype if linear else "F32"
+        if hf_name.endswith("experts.gate_up_proj"):  # transformers fuses gate and up; llama.cpp keeps two
+            half = param.shape[1] // 2
+            prefix = "blk." + hf_name.split(".")[2] + "."  # model.layers.{i}.mlp.experts.gate_up_proj
+            yield prefix + "ffn_gate_exps.weight", hf_name, slice(0, half), kind
+            yield prefix + "ffn_up_exps.weight", hf_name, slice(half, None), kind
+        else:
+            yield gguf_name(hf_name), hf_name, slice(None), kind
+
+
+def write_tiny_gguf(arch: str, qtype: str, path: Path, seed: int = 0, types: dict[str, str] | None = None):
+    """Write a tiny random `arch` model to `path` with its linear weights in `qtype` (`types`
+    overrides single GGUF tensors), and return its float64 transformers twin, whose weights are
+    exactly what the file decodes to."""
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = _transformers_model(arch).to(torch.float64).eval()
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    state = model.state_dict()
+    for name in state:  # transformers starts biases at zero, where moving their rows would go unseen
+        if name.endswith("e_score_correction_bias"):  # non-zero, so that steering by it is tested
+            state[name].copy_(torch.rand_like(state[name]) * 0.2)
+        elif name.endswith(".bias"):
+            state[name].normal_(0.0, 0.5)
+    writer = gguf.GGUFWriter(path, "llama" if arch == "mixtral" else arch)
+    _metadata(writer, arch, model.config)
+    interleaved = arch in ("llama", "mixtral")
+    heads = {"attn_q": model.config.num_attention_heads, "attn_k": model.config.num_key_value_heads}
+    for name, hf_name, rows, kind in _gguf_tensors(model, arch, qtype):
+        kind = (types or {}).get(name, kind)
+        w = state[hf_name][:, rows].numpy() if rows != slice(None) else state[hf_name].numpy()
+        head_count = heads.get(name.split(".")[-2]) if interleaved else None
+        if head_count:
+            w = _interleave(w, head_count)
+        stored, decoded = _encode(w, kind, rng)
+        raw = None if kind in ("F32", "F16") else gguf.GGMLQuantizationType[kind]
+        writer.add_tensor(name, stored, raw_dtype=raw)
+        if head_count:
+            decoded = _interleave(decoded, head_count, inverse=True)
+        target = state[hf_name][:, rows] if rows != slice(None) else state[hf_name]
+        target.copy_(torch.from_numpy(decoded.astype(np.float64)))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    if model.config.tie_word_embeddings:
+        model.tie_weights()
+    return model
