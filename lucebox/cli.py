@@ -121,8 +121,9 @@ def _vram_plan(args, desc):
     cfg, quantization = desc.cfg, resolve_quantization(args.quantization, desc)
     context = integer("max_context", args.ctx, 1, optional=True) or cfg.max_position_embeddings
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    stored = desc.gguf.device_bytes(cfg, dtype) if desc.gguf is not None else None  # a GGUF's own block types
     return plan_for_budget(cfg, parse_size(args.vram), context, dtype, quantization, kv_policy=args.kv_policy,
-                           kv_int8=args.kv_dtype == "int8")
+                           kv_int8=args.kv_dtype == "int8", stored_weights=stored)
 
 
 def _print_vram_plan(out, plan) -> None:

@@ -19,7 +19,7 @@ from lucebox.expert_cache import ExpertTraffic
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.kernels.backend import kernels_for, resolve_backend
 from lucebox.loading import check_load_format, describe_model, load_model, resolve_quantization
-from lucebox.memory_plan import check_fits
+from lucebox.memory_plan import StoredWeights, check_fits
 from lucebox.models.hf_config import token_ids
 from lucebox.runner import StepRunner
 from lucebox.sampling import SamplingParams
@@ -110,6 +110,7 @@ class LLM:
         kv_dtype: str | None = None,
     ):
         check_load_format(load_format)
+        self.load_format = load_format
         model, draft = path("model", model, optional=True), path("draft", draft, optional=True)
         verify = choice("verify", verify, VERIFY_RULES)
         self.draft_k = draft_k
@@ -153,10 +154,8 @@ class LLM:
         if load_format != "dummy" and self.description.gguf is None:
             weight_files(self.description.folder)  # a folder without weights says so before any memory figure
         cost = drafter_cost(drafter, self.dtype, self.max_context, self.prefill_chunk, draft_ctx, DRAFT_WIDTH)
-        gguf = self.description.gguf
-        stored = None if gguf is None or load_format == "dummy" else gguf.device_bytes(self.config, self.dtype)
         self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization, cost,
-                                self.expert_slots, stored)
+                                self.expert_slots, self._stored_weights())
         loaded = load_model(self.description, self.dtype, self.device, load_format, kernels_for(self.backend),
                             quantization, load_progress, self.expert_slots, self.expert_traffic)
         self.decoder = loaded.decoder
@@ -187,6 +186,11 @@ class LLM:
                                        + (", experts in host memory" if self.expert_slots is not None else ""))
         return possible if asked is None else asked
 
+    def _stored_weights(self) -> StoredWeights | None:
+        """The weights' bytes as a GGUF file's blocks fix them (None: from the config and `quantization`)."""
+        gguf = self.description.gguf
+        return None if gguf is None or self.load_format == "dummy" else gguf.device_bytes(self.config, self.dtype)
+
     def _expert_slots(self, on_host: bool | None, slots: int | None) -> int | None:
         """Device slots per MoE layer with the experts in host memory, or None (all on the device).
         Default: 8 rows' worth of choices (8 x top_k), or every expert if there are fewer."""
@@ -215,7 +219,7 @@ class LLM:
         planned = plan_for_budget(self.config, budget, context, self.dtype, self.quantization, cost,
                                   choice("kv_policy", kv_policy, KV_POLICIES, optional=True),
                                   integer("kv_pool_tokens", kv_pool_tokens, 1, optional=True), prefill_chunk, graphs,
-                                  largest, experts_on_host, expert_slots, kv_int8)
+                                  largest, experts_on_host, expert_slots, kv_int8, self._stored_weights())
         if not planned.fits:
             raise InsufficientMemoryError(f"vram_budget={budget / 2**30:.1f}GiB: {planned.notes[-1]}")
         if self.device.type == "cuda":

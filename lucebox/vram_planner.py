@@ -24,7 +24,7 @@ import torch
 from lucebox.caches import CacheSettings
 from lucebox.config import DECODE_ROWS, KV_CHUNK, ModelConfig
 from lucebox.errors import InvalidArgumentError
-from lucebox.memory_plan import DrafterCost, moe_layer_count, one_expert_bytes, plan, routed_expert_bytes
+from lucebox.memory_plan import DrafterCost, StoredWeights, plan, routed_expert_bytes
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -88,9 +88,10 @@ def _min_pool(prefill: int, policy: str | None, max_context: int) -> int:
     return min(max(rounded, need("exact")), need("select"))
 
 
-def _parts(cfg, settings, dtype, quantization, drafter, graphs: bool, slots: int | None = None) -> tuple[dict, dict]:
-    need = plan(cfg, settings, dtype, quantization, drafter, slots)
-    cache = 0 if slots is None else moe_layer_count(cfg) * slots * one_expert_bytes(cfg, dtype, quantization)
+def _parts(cfg, settings, dtype, quantization, drafter, graphs: bool, slots: int | None = None,
+           stored: StoredWeights | None = None) -> tuple[dict, dict]:
+    need = plan(cfg, settings, dtype, quantization, drafter, slots, stored)
+    cache = 0 if slots is None else slots * _routed_bytes(cfg, dtype, quantization, stored) // cfg.moe.num_experts
     device = {
         "weights": need["weights"] - cache,
         "expert_cache": cache,
@@ -117,12 +118,17 @@ class _Request:
     drafter: DrafterCost
     kv_policy: str | None
     kv_int8: bool
+    stored: StoredWeights | None  # the weights as a GGUF file fixes them, else from the config
+
+    @property
+    def routed_expert_bytes(self) -> int:
+        return _routed_bytes(self.cfg, self.dtype, self.quantization, self.stored)
 
     def at(self, pool: int, prefill: int, graphs: bool, slots: int | None = None) -> VramPlan:
         """The plan at this pool and prefill chunk (and with `slots`, experts in host memory)."""
         settings = CacheSettings.for_engine(self.max_context, prefill, self.kv_policy, pool, kv_int8=self.kv_int8)
         device, host = _parts(self.cfg, settings, self.dtype, self.quantization, self.drafter,
-                              graphs and slots is None, slots)
+                              graphs and slots is None, slots, self.stored)
         choices = {"kv_pool_tokens": pool, "prefill_chunk": prefill, "kv_policy": settings.kv_policy,
                    "max_context": self.max_context, "quantization": self.quantization,
                    "dtype": str(self.dtype).split(".")[-1], "kv_dtype": "int8" if self.kv_int8 else "auto",
@@ -130,7 +136,7 @@ class _Request:
         return VramPlan(sum(device.values()) <= self.budget, self.budget, device, host, choices)
 
     def why_not(self, best: VramPlan) -> VramPlan:
-        best.notes.append(_why_not(best, self.cfg, self.dtype, self.quantization))
+        best.notes.append(_why_not(best, self.routed_expert_bytes, self.quantization))
         return best
 
 
@@ -139,13 +145,16 @@ def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torc
                     kv_policy: str | None = None, kv_pool_tokens: int | None = None,
                     prefill_chunk: int | None = None, graphs: bool = True,
                     largest_prefill: int = PREFILL_CHUNKS[0], experts_on_host: bool | None = None,
-                    expert_slots: int | None = None, kv_int8: bool = False) -> VramPlan:
+                    expert_slots: int | None = None, kv_int8: bool = False,
+                    stored_weights: StoredWeights | None = None) -> VramPlan:
     """The plan under `budget` device bytes. Values the caller gives are kept; the planner
     chooses the others from the defaults down: the prefill chunk first (from `largest_prefill`,
     the device's default), then the pool, then (`experts_on_host` None: when nothing else fits;
     True: always) the routed experts go to host memory with as many device slots per layer as fit
-    (or `expert_slots`). Experts in host memory make steps eager: `graphs` is then ignored."""
-    request = _Request(cfg, budget, max_context, dtype, quantization, drafter or DrafterCost(), kv_policy, kv_int8)
+    (or `expert_slots`). Experts in host memory make steps eager: `graphs` is then ignored.
+    `stored_weights`: the weights' bytes when the checkpoint fixes them (a GGUF file's blocks)."""
+    request = _Request(cfg, budget, max_context, dtype, quantization, drafter or DrafterCost(), kv_policy, kv_int8,
+                       stored_weights)
     prefills = [prefill_chunk] if prefill_chunk else [p for p in PREFILL_CHUNKS if p <= largest_prefill]
     pools = [kv_pool_tokens] if kv_pool_tokens else _pool_sizes(prefills[-1], kv_policy, max_context)
     # A pool must hold what one prefill chunk writes: pairs the engine would refuse are skipped
@@ -170,14 +179,14 @@ def _with_experts_on_host(request: _Request, pairs: list, slots: int | None, fir
     """The routed experts in host memory, and the most device slots per MoE layer that fit (at
     least `top_k`, what one row chooses), at the largest pool and prefill chunk that leave room."""
     cfg = request.cfg
-    per_slot = moe_layer_count(cfg) * one_expert_bytes(cfg, request.dtype, request.quantization)
+    per_slot = request.routed_expert_bytes // cfg.moe.num_experts  # one expert of every MoE layer
     best = None
     for pool, prefill in pairs:
         room = min(cfg.moe.num_experts, (request.budget - request.at(pool, prefill, False, 0).device_total) // per_slot)
         chosen = slots or max(int(room), cfg.moe.top_k)
         candidate = request.at(pool, prefill, False, chosen)
         if candidate.fits:
-            moved = routed_expert_bytes(cfg, request.dtype, request.quantization) / 2**30
+            moved = request.routed_expert_bytes / 2**30
             candidate.notes.append(f"routed experts ({moved:.1f} GiB) moved to host memory; the device caches "
                                    f"{chosen} of each MoE layer's {cfg.moe.num_experts} experts; steps run eagerly, "
                                    "not as CUDA graphs")
@@ -208,11 +217,10 @@ def _explain_choices(plan_: VramPlan, first_prefill: int, first_pool: int) -> Vr
     return plan_
 
 
-def _why_not(best: VramPlan, cfg: ModelConfig, dtype: torch.dtype, quantization: str | None) -> str:
+def _why_not(best: VramPlan, experts: int, quantization: str | None) -> str:
     d, gib = best.device, 2**30
     fixed = d["weights"] + d["expert_cache"] + d["drafter"]
     if fixed > best.budget:
-        experts = routed_expert_bytes(cfg, dtype, quantization)
         if best.choices["experts_on_host"]:
             more = (f" even with the routed experts ({experts / gib:.1f} GiB) in host memory and "
                     f"{best.choices['expert_slots']} per layer cached on the device")
@@ -228,3 +236,8 @@ def _why_not(best: VramPlan, cfg: ModelConfig, dtype: torch.dtype, quantization:
     context = f"; the largest context that fits is about {largest} tokens" if largest >= KV_CHUNK else ""
     return (f"does not fit: {best.device_total / gib:.1f} GiB on the device at the smallest pool and prefill "
             f"chunk, over the {best.budget / gib:.1f} GiB budget{context}")
+
+
+def _routed_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None, stored: StoredWeights | None) -> int:
+    """Bytes of the routed experts of every layer, as stored or as the engine would quantize them."""
+    return stored.routed_experts if stored is not None else routed_expert_bytes(cfg, dtype, quantization)

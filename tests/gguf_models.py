@@ -65,18 +65,31 @@ def _metadata(writer: gguf.GGUFWriter, arch: str, config) -> None:
               "rope.freq_base": float(config.rope_parameters.get("rope_theta", 0.0)),
               "rope.dimension_count": config.head_dim}
     if arch == "mixtral":
-        values.update({"expert_count": 4, "expert_used_count": 2})
+        values.update({"expert_count": config.num_local_experts, "expert_used_count": config.num_experts_per_tok})
     if arch == "qwen3moe":
-        values.update({"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 256})
+        values.update({"expert_count": config.num_experts, "expert_used_count": config.num_experts_per_tok,
+                       "expert_feed_forward_length": config.moe_intermediate_size})
     if arch == "laguna":
+        full, sliding = config.rope_parameters["full_attention"], config.rope_parameters["sliding_attention"]
+        pattern = (config.layer_types[1:] + ["full_attention"]).index("full_attention") + 1
         values.update({
-            "attention.sliding_window": 8, "attention.sliding_window_pattern": 4, "leading_dense_block_count": 1,
-            "expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 256,
-            "expert_shared_feed_forward_length": 256, "expert_weights_norm": True, "expert_weights_scale": 2.5,
-            "expert_gating_func": 2, "router_logit_softcapping": 2.0, "rope.freq_base": 500000.0,
-            "rope.dimension_count": 32, "rope.freq_base_swa": 10000.0, "rope.dimension_count_swa": 64,
-            "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 128})
-        writer.add_string("laguna.rope.scaling.type", "yarn")
+            "attention.sliding_window": config.sliding_window,
+            # one full layer in every `pattern`: the distance to the second full layer (or all of them)
+            "attention.sliding_window_pattern": pattern,
+            "leading_dense_block_count": config.mlp_layer_types.index("sparse"),
+            "expert_count": config.num_experts, "expert_used_count": config.num_experts_per_tok,
+            "expert_feed_forward_length": config.moe_intermediate_size,
+            "expert_shared_feed_forward_length": config.shared_expert_intermediate_size,
+            "expert_weights_norm": True, "expert_weights_scale": float(config.moe_routed_scaling_factor),
+            "expert_gating_func": 2, "router_logit_softcapping": float(config.moe_router_logit_softcapping),
+            "rope.freq_base": float(full["rope_theta"]),
+            "rope.dimension_count": int(config.head_dim * full["partial_rotary_factor"]),
+            "rope.freq_base_swa": float(sliding["rope_theta"]),
+            "rope.dimension_count_swa": int(config.head_dim * sliding["partial_rotary_factor"])})
+        if full["rope_type"] == "yarn":
+            values.update({"rope.scaling.factor": float(full["factor"]),
+                           "rope.scaling.original_context_length": full["original_max_position_embeddings"]})
+            writer.add_string("laguna.rope.scaling.type", "yarn")
         writer.add_array("laguna.attention.head_count", list(config.num_attention_heads_per_layer))
     else:
         values["attention.head_count"] = config.num_attention_heads
@@ -158,18 +171,28 @@ def write_tiny_gguf(arch: str, qtype: str, path: Path, seed: int = 0, types: dic
     overrides single GGUF tensors), and return its float64 transformers twin, whose weights are
     exactly what the file decodes to."""
     torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
     model = _transformers_model(arch).to(torch.float64).eval()
-    if hasattr(model, "set_experts_implementation"):
-        model.set_experts_implementation("eager")
     state = model.state_dict()
     for name in state:  # transformers starts biases at zero, where moving their rows would go unseen
         if name.endswith("e_score_correction_bias"):  # non-zero, so that steering by it is tested
             state[name].copy_(torch.rand_like(state[name]) * 0.2)
         elif name.endswith(".bias"):
             state[name].normal_(0.0, 0.5)
+    return write_gguf(model, arch, qtype, path, seed, types)
+
+
+def write_gguf(model, arch: str, qtype: str, path: Path, seed: int = 0, types: dict[str, str] | None = None,
+               more_metadata=None):
+    """Write a transformers `model` (float64) to `path` as llama.cpp's converter would, its weights
+    replaced by what the file decodes to; `more_metadata(writer)` adds keys (a tokenizer)."""
+    rng = np.random.default_rng(seed)
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    state = model.state_dict()
     writer = gguf.GGUFWriter(path, "llama" if arch == "mixtral" else arch)
     _metadata(writer, arch, model.config)
+    if more_metadata is not None:
+        more_metadata(writer)
     interleaved = arch in ("llama", "mixtral")
     heads = {"attn_q": model.config.num_attention_heads, "attn_k": model.config.num_key_value_heads}
     for name, hf_name, rows, kind in _gguf_tensors(model, arch, qtype):

@@ -226,10 +226,21 @@ def test_lucebox_info_reads_a_gguf(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
-def test_memory_plan_counts_the_weights_as_they_are_held(qtype, tmp_path):
+def test_memory_plan_counts_the_weights_as_they_are_held(qtype, tmp_path, capsys):
     """The plan that decides whether a model fits counts a GGUF model's quantized bytes, not 16 bits a weight."""
     write_tiny_gguf("qwen3moe", qtype, tmp_path / "model.gguf")
     llm = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32")
     held = sum(w.nbytes() if isinstance(w, QuantizedTensor) else w.numel() * w.element_size()
                for w in llm.decoder.w.values())
     assert llm._plan["weights"] == held
+    # The VRAM planner and `lucebox info --vram` count them so too, and the expert cache from them.
+    assert main(["info", str(tmp_path / "model.gguf"), "--vram", "1GiB", "--dtype", "float32", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["vram_plan"]["device_bytes"]["weights"] == held
+    on_host = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32", experts_on_host=True,
+                          expert_slots=2)
+    routed = sum(w.nbytes() if isinstance(w, QuantizedTensor) else w.numel() * w.element_size()
+                 for name, w in llm.decoder.w.items() if name.endswith(("experts_gate_up", "experts_down")))
+    assert on_host._plan["experts_host"] == routed
+    assert on_host._plan["weights"] == held - routed + routed * 2 // llm.config.moe.num_experts
+    assert on_host.generate([1, 2, 3], max_tokens=4, ignore_eos=True).token_ids == \
+        llm.generate([1, 2, 3], max_tokens=4, ignore_eos=True).token_ids
