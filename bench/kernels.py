@@ -50,6 +50,10 @@ def parse_args():
                    help="comma-separated contexts (e.g. 1024,32768,131072) for the long-context section: the "
                         "--config model with dummy int4 weights, CUDA graphs, KVFlash select, decode tokens/s "
                         "and peak memory at each")
+    p.add_argument("--vram", default=None,
+                   help="device memory budget for the long-context section (e.g. 24GiB): the engine plans within "
+                        "it (lucebox.vram_planner) and holds the allocator to it; the plan goes in the JSON")
+    p.add_argument("--kv-dtype", default="auto", help="auto | int8, for the long-context section")
     p.add_argument("--out", default=None, help="directory for the JSON (default bench/results/local; "
                                                               "bench/results replaces the committed result)")
     return p.parse_args()
@@ -273,16 +277,18 @@ def bench_model(folder, dtype, device, peak, tokens: int, dry: bool) -> list[dic
     return rows
 
 
-def bench_contexts(folder, dtype, device, contexts: list[int], tokens: int) -> list[dict]:
+def bench_contexts(folder, dtype, device, contexts: list[int], tokens: int, vram: str | None = None,
+                   kv_dtype: str = "auto") -> list[dict]:
     """Decode speed and peak device memory of the model (dummy int4 weights, graphs on) after
-    prompts of each length. Prompts nest, so each one reuses the cache of the one before and
-    prefills only its new tokens."""
+    prompts of each length, within the `vram` budget if given. Prompts nest, so each one reuses
+    the cache of the one before and prefills only its new tokens."""
     import torch
 
     import lucebox
 
     llm = lucebox.LLM(folder, device=device.type, dtype=str(dtype).split(".")[-1], load_format="dummy",
-                      quantization="int4", max_context=max(contexts) + tokens + 1)
+                      quantization="int4", max_context=max(contexts) + tokens + 1, vram_budget=vram,
+                      kv_dtype=kv_dtype)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, llm.config.vocab_size, (max(contexts),), generator=gen).tolist()
     rows = []
@@ -295,7 +301,9 @@ def bench_contexts(folder, dtype, device, contexts: list[int], tokens: int) -> l
                      "kv_pool_tokens": llm.cache_settings.kv_pool_tokens, "cuda_graphs": llm.runner.graphs,
                      "decode_tokens_per_s": stats["decode_tokens_per_s"], "generated_tokens": stats["generated_tokens"],
                      "peak_device_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-                     "memory": llm.memory()})
+                     "memory": llm.memory(), "vram_budget": vram, "kv_dtype": kv_dtype,
+                     "vram_plan": llm.vram_plan.as_json() if llm.vram_plan is not None else None,
+                     "expert_hit_rate": stats.get("expert_hit_rate")})
         print(f"context {context}: {rows[-1]['decode_tokens_per_s']:.1f} tokens/s", flush=True)
     return rows
 
@@ -348,7 +356,8 @@ def main() -> None:
         contexts = [int(c) for c in args.contexts.split(",")]
         folder = dry_run_model() if dry else Path(args.config)
         sections.append(("contexts", lambda: bench_contexts(folder, dtype, device, contexts,
-                                                            8 if dry else args.decode_tokens)))
+                                                            8 if dry else args.decode_tokens, args.vram,
+                                                            args.kv_dtype)))
     for name, run in sections:
         results[name] = run()
         path = write_result("kernels", results, out)  # after every section: a timeout keeps what was measured

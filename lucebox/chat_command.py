@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from lucebox.chat_commands import ChatCommands
-from lucebox.engine_flags import add_engine_flags, engine_options
+from lucebox.engine_flags import add_engine_flags, engine_options, report_plan
 from lucebox.errors import LuceboxError
 from lucebox.stats_line import stats_line
 
@@ -61,14 +61,15 @@ def _open(args, err: Console):
     from lucebox import LLM
 
     if not err.is_terminal:
-        return LLM(args.model, **engine_options(args))
+        return report_plan(LLM(args.model, **engine_options(args)))
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
     with Progress(TextColumn("[bold]loading weights"), BarColumn(), DownloadColumn(), console=err,
                   transient=True) as bar:
         task = bar.add_task("load", total=None)
-        return LLM(args.model, **engine_options(args),
-                   load_progress=lambda done, total: bar.update(task, completed=done, total=total))
+        llm = LLM(args.model, **engine_options(args),
+                  load_progress=lambda done, total: bar.update(task, completed=done, total=total))
+    return report_plan(llm)
 
 
 # -- plain mode ---------------------------------------------------------------------------------------

@@ -89,7 +89,8 @@ def _info(args) -> int:
 
     out = Console(highlight=False, soft_wrap=True)
     if plan is not None:
-        _print_vram_plan(out, plan)
+        for line in plan.lines():
+            out.print(line, markup=False)
     out.print(f"[bold]{summary['architecture']}[/bold]  {summary['layers']} layers, hidden {summary['hidden_size']}, "
               f"vocab {summary['vocab_size']}")
     out.print(f"parameters: {summary['parameters_total'] / 1e9:.2f}B total, "
@@ -124,24 +125,6 @@ def _vram_plan(args, desc):
     stored = desc.gguf.device_bytes(cfg, dtype) if desc.gguf is not None else None  # a GGUF's own block types
     return plan_for_budget(cfg, parse_size(args.vram), context, dtype, quantization, kv_policy=args.kv_policy,
                            kv_int8=args.kv_dtype == "int8", stored_weights=stored)
-
-
-def _print_vram_plan(out, plan) -> None:
-    gib = 2**30
-    c = plan.choices
-    verdict = "[green]fits[/green]" if plan.fits else "[red]does not fit[/red]"
-    out.print(f"[bold]VRAM plan[/bold] for {c['max_context']} tokens, {c['quantization'] or c['dtype']} weights: "
-              f"{plan.device_total / gib:.2f} of {plan.budget / gib:.2f} GiB, {verdict}")
-    for part, size in plan.device.items():
-        out.print(f"  {part:<20} {size / gib:8.2f} GiB")
-    out.print(f"  host KV (at most)    {plan.host['kv_host'] / gib:8.2f} GiB")
-    if plan.host["experts_host"]:
-        out.print(f"  experts in host      {plan.host['experts_host'] / gib:8.2f} GiB")
-    slots = f", expert_slots {c['expert_slots']}" if c["experts_on_host"] else ""
-    out.print(f"  chosen: kv_policy {c['kv_policy']}, kv_pool_tokens {c['kv_pool_tokens']}, "
-              f"prefill_chunk {c['prefill_chunk']}{slots}")
-    for note in plan.notes:
-        out.print(f"  {note}")
 
 
 def _generate(args) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 
 
 def add_engine_flags(p: argparse.ArgumentParser, draft_default: str = "none") -> None:
@@ -63,10 +64,17 @@ def engine_options(args: argparse.Namespace, **overrides) -> dict:
 
 
 def open_engine(args: argparse.Namespace, **overrides):
-    """The `LLM` the flags describe."""
+    """The `LLM` the flags describe (with --vram, its plan is printed on stderr)."""
     from lucebox import LLM
 
-    return LLM(args.model, **engine_options(args, **overrides))
+    return report_plan(LLM(args.model, **engine_options(args, **overrides)))
+
+
+def report_plan(llm):
+    """Print the engine's VRAM plan, if it was planned under a budget, on stderr; returns `llm`."""
+    if llm.vram_plan is not None:
+        print("\n".join(llm.vram_plan.lines()), file=sys.stderr)
+    return llm
 
 
 # The flag of each keyword argument the CLI sets (engine flags above, sampling flags of `generate`

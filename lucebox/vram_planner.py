@@ -71,6 +71,22 @@ class VramPlan:
     def device_total(self) -> int:
         return sum(self.device.values())
 
+    def lines(self) -> list[str]:
+        """The plan as text: the verdict, each part, the choices and the notes."""
+        gib, c = 2**30, self.choices
+        verdict = "fits" if self.fits else "does not fit"
+        weights = c["quantization"] or c["dtype"]
+        lines = [f"VRAM plan for {c['max_context']} tokens, {weights} weights: {self.device_total / gib:.2f} of "
+                 f"{self.budget / gib:.2f} GiB, {verdict}"]
+        lines += [f"  {part:<20} {size / gib:8.2f} GiB" for part, size in self.device.items()]
+        lines.append(f"  host KV (at most)    {self.host['kv_host'] / gib:8.2f} GiB")
+        if self.host["experts_host"]:
+            lines.append(f"  experts in host      {self.host['experts_host'] / gib:8.2f} GiB")
+        slots = f", expert_slots {c['expert_slots']}" if c["experts_on_host"] else ""
+        lines.append(f"  chosen: kv_policy {c['kv_policy']}, kv_pool_tokens {c['kv_pool_tokens']}, "
+                     f"prefill_chunk {c['prefill_chunk']}, kv_dtype {c['kv_dtype']}{slots}")
+        return lines + [f"  {note}" for note in self.notes]
+
     def as_json(self) -> dict:
         return {"fits": self.fits, "budget_bytes": self.budget, "device_total_bytes": self.device_total,
                 "device_bytes": self.device, "host_bytes": self.host, "choices": self.choices, "notes": self.notes}
@@ -130,7 +146,8 @@ class _Request:
         device, host = _parts(self.cfg, settings, self.dtype, self.quantization, self.drafter,
                               graphs and slots is None, slots, self.stored)
         choices = {"kv_pool_tokens": pool, "prefill_chunk": prefill, "kv_policy": settings.kv_policy,
-                   "max_context": self.max_context, "quantization": self.quantization,
+                   "max_context": self.max_context,
+                   "quantization": "gguf" if self.stored is not None else self.quantization,  # the file's blocks
                    "dtype": str(self.dtype).split(".")[-1], "kv_dtype": "int8" if self.kv_int8 else "auto",
                    "experts_on_host": slots is not None, "expert_slots": slots}
         return VramPlan(sum(device.values()) <= self.budget, self.budget, device, host, choices)

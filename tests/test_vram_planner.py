@@ -136,3 +136,12 @@ def test_the_engine_takes_the_planners_choices_and_refuses_what_cannot_fit(refer
     assert llm.prefill_chunk == llm.vram_plan.choices["prefill_chunk"]
     assert (llm.prefill_chunk, llm.cache_settings.kv_pool_tokens) != (512, 4096)  # something gave way
     assert llm.generate([1, 2, 3], max_tokens=3, ignore_eos=True).token_ids  # and it runs
+
+
+def test_commands_with_vram_print_the_plan(reference_models, capsys):
+    folder, _ = reference_models("laguna")
+    args = ["generate", str(folder), "--token-ids", "1,2,3", "--max-tokens", "2", "--device", "cpu", "--ctx", "1024",
+            "--vram", "1GiB", "--ignore-eos"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "VRAM plan for 1024 tokens" in err and "fits" in err and "chosen: kv_policy" in err
