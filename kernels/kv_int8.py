@@ -2,7 +2,8 @@
 
 Each (token, KV head) row of D values is stored as int8 codes and one float32 scale: its largest
 magnitude / 127, so the row's largest value is exact and every other value is off by at most
-half a step, max|row| / 254. Rows are quantized once, when a step stores them, and attention
+half a step, max|row| / 254 (plus, in bfloat16 or float16, the rounding of the dequantized
+value to the model dtype that attention computes in). Rows are quantized once, when a step stores them, and attention
 dequantizes a tile at a time; the host copies hold the same codes, so a chunk leaving the pool
 and coming back is unchanged. Sliding rings keep the model dtype: they are small and bounded.
 """
@@ -20,6 +21,10 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales = x.to(work).abs().amax(-1).to(torch.float32) / STEPS
     # A row of zeros gets scale 0 and codes 0: dividing by the clamped scale keeps it finite.
     codes = torch.round(x.to(work) / scales.clamp_min(torch.finfo(torch.float32).tiny).to(work)[..., None])
+    # A row holding inf or NaN gets a non-finite scale and codes 0: it dequantizes to NaN, as the
+    # float row would poison attention, instead of to some finite garbage.
+    codes = torch.where(torch.isfinite(scales)[..., None], codes, 0)
+    scales = torch.where(torch.isfinite(scales), scales, torch.nan)
     return codes.clamp(-STEPS, STEPS).to(torch.int8), scales
 
 

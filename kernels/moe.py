@@ -50,9 +50,13 @@ def moe_experts(
     scaling: float = 1.0,
     shared_gate_up: Weight | None = None,  # (2Is, H)
     shared_down: Weight | None = None,  # (H, Is)
+    layout_of: tuple[int, int] | None = None,
 ) -> torch.Tensor:  # (T, H)
-    """scaling * (sum over the k chosen experts of weight * expert(x)) + shared_expert(x)."""
-    out = _routed_experts(x, gate_up, down, weights, ids)
+    """scaling * (sum over the k chosen experts of weight * expert(x)) + shared_expert(x).
+    `layout_of` = (rows, experts) of the whole step when this call is one group of its rows (an
+    expert cache's, `lucebox.expert_cache`): the path is the whole step's, so each row's result
+    is the one the whole step would give."""
+    out = _routed_experts(x, gate_up, down, weights, ids, layout_of or (ids.shape[0], gate_up.shape[0]))
     if scaling != 1.0:
         out = out * scaling
     if shared_gate_up is not None:
@@ -84,17 +88,18 @@ def _expert_loop(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.
 
 
 def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
-                    ids: torch.Tensor) -> torch.Tensor:
+                    ids: torch.Tensor, layout_of: tuple[int, int]) -> torch.Tensor:
     """The weighted sum of the chosen experts' outputs, (T, H). Decode and verify steps (at most
     `DECODE_ROWS` rows) read no device value: on a GPU each read would wait for the queued work,
     and a few small batched ops cost less than a loop of ~10 ops per expert. A step that chooses
     at least one (row, expert) pair per expert touches most experts anyway and runs every expert
     densely; a sparser one gathers its chosen experts' weights. Prefill chunks loop over the
     experts they use: there each expert's GEMM has many rows."""
-    small = ids.shape[0] <= DECODE_ROWS and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)
+    rows, experts = layout_of
+    small = rows <= DECODE_ROWS and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)
     if not small:
         return _expert_loop(x, gate_up, down, weights, ids)
-    if ids.numel() >= gate_up.shape[0]:
+    if rows * ids.shape[1] >= experts:
         return _all_experts(x, gate_up, down, weights, ids)
     return _gathered_experts(x, gate_up, down, weights, ids)
 

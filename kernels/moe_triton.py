@@ -205,8 +205,9 @@ def moe_experts(
     scaling: float = 1.0,
     shared_gate_up: Weight | None = None,  # (2Fs, H)
     shared_down: Weight | None = None,  # (H, Fs)
+    layout_of: tuple[int, int] | None = None,
 ) -> torch.Tensor:  # (M, H)
-    """As `kernels.moe.moe_experts`."""
+    """As `kernels.moe.moe_experts` (the layout, and so its tiles, follows `layout_of`'s rows)."""
     M, H = x.shape
     E, K, F = gate_up.shape[0], ids.shape[1], down.shape[2]
     P = M * K
@@ -214,7 +215,7 @@ def moe_experts(
     f_shared = shared_down.shape[1] if shared else 0
     x = x.contiguous()
     ids = ids.contiguous()
-    dedup = M <= DECODE_ROWS
+    dedup = (layout_of[0] if layout_of else M) <= DECODE_ROWS
     block_m = DECODE_ROWS if dedup else 64
     # The dedup layout reads the ids alone; the table arguments are then unused placeholders.
     table = (ids, ids, ids, ids) if dedup else _sorted_blocks(ids, E, block_m, M if shared else 0)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -132,6 +131,7 @@ class CheckpointIndex:
         self.location: dict[str, Path] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.dtypes: dict[str, torch.dtype] = {}
+        self._open: dict[Path, SafetensorsFile] = {}
         for path in files:
             for name, entry in read_header(path).items():
                 self.location[name] = path
@@ -140,6 +140,31 @@ class CheckpointIndex:
 
     def __contains__(self, name: str) -> bool:
         return name in self.location
+
+    def copy_into(self, name: str, dest: torch.Tensor, check=None) -> None:
+        """Copy checkpoint tensor `name` into `dest` (after `check(file, entry)`, if given), then
+        drop its mapped pages. Files open on first use and stay open until `close`."""
+        path = self.location[name]
+        if path not in self._open:
+            self._open[path] = SafetensorsFile(path)
+        f = self._open[path]
+        if check is not None:
+            check(path, f.entries[name])
+        view = f.view(name)
+        dest.copy_(view)
+        del view
+        f.release(name)
+
+    def close(self) -> None:
+        for f in self._open.values():
+            f.close()
+        self._open = {}
+
+    def __enter__(self) -> CheckpointIndex:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _describe(shape: tuple[int, ...]) -> str:
@@ -204,7 +229,7 @@ def load_weights(
     sources: dict[str, Source],
     shapes: dict[str, tuple[int, ...]],
     dtype: torch.dtype,
-    device: torch.device,
+    device: torch.device | Callable[[str], torch.device],
     unused_ok: frozenset[str] = frozenset(),
     transform: Callable[[str, torch.Tensor], object] | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -224,46 +249,41 @@ def iter_weights(
     sources: dict[str, Source],
     shapes: dict[str, tuple[int, ...]],
     dtype: torch.dtype | None,
-    device: torch.device,
+    device: torch.device | Callable[[str], torch.device],
     unused_ok: frozenset[str] = frozenset(),
     progress: Callable[[int, int], None] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(our name, tensor) one at a time, in `dtype` on `device`; with dtype None, each in the
-    checkpoint's own dtype (that of its first part), so a caller that streams them on (`lucebox
-    quantize`) holds one tensor at a time. Every name is checked before the first is read."""
+    """(our name, tensor) one at a time, in `dtype` on `device` (or `device(name)`: experts bound for
+    host memory are read there); with dtype None, each in the checkpoint's own dtype (that of its
+    first part), so a caller that streams them on (`lucebox quantize`) holds one tensor at a time.
+    Every name is checked before the first is read."""
     chosen = resolve_sources(sources, shapes, index, unused_ok)
     total = sum(math.prod(shapes[name]) * (dtype or index.dtypes[next(leaf_names(src))]).itemsize
                 for name, src in chosen.items())
     done = 0
-    with ExitStack() as stack:
-        opened: dict[Path, SafetensorsFile] = {}
+    with index:
 
         def read(ckpt_name: str, dest: torch.Tensor) -> None:
-            path = index.location[ckpt_name]
-            if path not in opened:
-                opened[path] = stack.enter_context(SafetensorsFile(path))
-            f = opened[path]
-            if not f.entries[ckpt_name].dtype.is_floating_point:
-                # lucebox reads float checkpoints only (it quantizes them itself), so integer codes
-                # here would be converted to floats as if they were weights
-                raise TensorDtypeError(
-                    f"{path.name}: tensor {ckpt_name} is {f.entries[ckpt_name].dtype}, but it is a float weight; "
-                    "this is not a float checkpoint: load a float one (with quantization=), or one written "
-                    "by `lucebox quantize`"
-                )
-            found = f.entries[ckpt_name].shape
-            if tuple(found) != tuple(dest.shape):
-                raise TensorShapeError(
-                    f"{path.name}: tensor {ckpt_name} has shape {_describe(found)}, "
-                    f"config.json implies {_describe(tuple(dest.shape))}"
-                )
-            view = f.view(ckpt_name)
-            dest.copy_(view)
-            del view
-            f.release(ckpt_name)
+            def check(path: Path, entry) -> None:
+                if not entry.dtype.is_floating_point:
+                    # lucebox reads float checkpoints only (it quantizes them itself), so integer codes
+                    # here would be converted to floats as if they were weights
+                    raise TensorDtypeError(
+                        f"{path.name}: tensor {ckpt_name} is {entry.dtype}, but it is a float weight; "
+                        "this is not a float checkpoint: load a float one (with quantization=), or one "
+                        "written by `lucebox quantize`"
+                    )
+                if tuple(entry.shape) != tuple(dest.shape):
+                    raise TensorShapeError(
+                        f"{path.name}: tensor {ckpt_name} has shape {_describe(entry.shape)}, "
+                        f"config.json implies {_describe(tuple(dest.shape))}"
+                    )
+
+            index.copy_into(ckpt_name, dest, check)
 
         for name, source in chosen.items():
-            dest = torch.empty(shapes[name], dtype=dtype or index.dtypes[next(leaf_names(source))], device=device)
+            dest = torch.empty(shapes[name], dtype=dtype or index.dtypes[next(leaf_names(source))],
+                               device=device(name) if callable(device) else device)
             _fill(dest, source, read, name)
             done += dest.numel() * dest.element_size()
             yield name, dest

@@ -26,14 +26,16 @@ from lucebox.kernels.quant import Weight
 class ExpertTraffic:
     """What the caches of every layer did: a hit is a chosen expert already in its slot."""
 
-    hits: int = 0
-    misses: int = 0
+    hits: int = 0  # (row, choice) pairs whose expert was in its slot
+    misses: int = 0  # pairs whose expert was not: several rows choosing one missing expert miss once each
+    copies: int = 0  # experts copied in (one per missing expert per step)
     copied_bytes: int = 0
 
     def since(self, start: ExpertTraffic) -> dict:
         hits, misses = self.hits - start.hits, self.misses - start.misses
         return {"expert_hits": hits, "expert_misses": misses,
                 "expert_hit_rate": hits / (hits + misses) if hits + misses else 1.0,
+                "expert_copies": self.copies - start.copies,
                 "expert_copied_bytes": self.copied_bytes - start.copied_bytes}
 
 
@@ -56,13 +58,41 @@ def expert_bytes(w: Weight) -> int:
     return sum(t[0].numel() * t.element_size() for t in _tensors(w).values())
 
 
-def moved(w: Weight, device: torch.device | str, pin: bool = False) -> Weight:
-    """A plain or quantized weight on `device`; on the host, pinned with `pin` (for asynchronous copies)."""
+def moved(w: Weight, device: torch.device | str, arena: PinnedArena | None = None) -> Weight:
+    """A plain or quantized weight on `device`; on the host, in `arena`'s pinned memory if given."""
     def move(t: torch.Tensor) -> torch.Tensor:
-        t = t.to(device)
-        return t.pin_memory() if pin else t
+        return arena.hold(t) if arena is not None else t.to(device)
 
     return _rebuilt(w, {k: move(t) for k, t in _tensors(w).items()}, w.shape[0])
+
+
+class PinnedArena:
+    """Pinned host memory for the experts, allocated in blocks of `block` bytes and handed out in
+    order. Pinning each tensor on its own would cost more than its size: the caching host
+    allocator rounds every allocation up to a power of two (a 268 MB stack would pin 512 MB). A
+    block is a power of two, so only the tail of each block is left over."""
+
+    def __init__(self, block: int = 2**31, pin: bool = True):
+        self.block, self.pin = block, pin  # pin=False: plain host memory (tests on machines without CUDA)
+        self.blocks: list[torch.Tensor] = []
+        self.used = block  # of the last block: none yet
+
+    def hold(self, t: torch.Tensor) -> torch.Tensor:
+        """A pinned host copy of `t`."""
+        size = t.numel() * t.element_size()
+        if size > self.block:  # larger than a block: pinned on its own
+            return t.to("cpu").pin_memory() if self.pin else t.to("cpu", copy=True)
+        start = -(-self.used // 64) * 64  # every tensor starts 64-byte aligned
+        if start + size > self.block:
+            self.blocks.append(torch.empty(self.block, dtype=torch.uint8, pin_memory=self.pin))
+            start = 0
+        self.used = start + size
+        held = self.blocks[-1][start : start + size].view(t.dtype).view(t.shape)
+        held.copy_(t)
+        return held
+
+    def nbytes(self) -> int:
+        return len(self.blocks) * self.block
 
 
 def is_routed_expert(name: str) -> bool:
@@ -96,10 +126,11 @@ class ExpertCache:
             *args) -> torch.Tensor:
         """`moe_experts(x, gate_up, down, weights, ids, *args)` with this layer's experts."""
         chosen = ids.tolist()  # the one host read: which experts the rows chose
-        outputs = []
+        outputs, layout = [], (len(chosen), self.experts)  # each group computed as the whole step would be
         for start, end in self._row_groups(chosen):
             slot_ids = self._resident(chosen[start:end])
-            outputs.append(moe_experts(x[start:end], *self.slots, weights[start:end], slot_ids, *args))
+            outputs.append(moe_experts(x[start:end], *self.slots, weights[start:end], slot_ids, *args,
+                                       layout_of=layout))
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
     def _row_groups(self, chosen: list[list[int]]) -> list[tuple[int, int]]:
@@ -133,12 +164,16 @@ class ExpertCache:
             self.device, non_blocking=True)
 
     def _load(self, expert: int, slot: int) -> None:
+        # The slot is free before its copies start and taken after they are queued: an interrupt in
+        # between leaves a free slot, never one that claims an expert it does not hold.
         old = self.expert_in[slot]
         if old is not None:
             del self.slot_of[old]
+            self.expert_in[slot] = None
         for host, device in zip(self.host, self.slots, strict=True):
             for name, t in _tensors(device).items():
                 t[slot].copy_(_tensors(host)[name][expert], non_blocking=True)
+        self.traffic.copies += 1
         self.traffic.copied_bytes += sum(expert_bytes(w) for w in self.host)
         self.slot_of[expert], self.expert_in[slot] = slot, expert
 

@@ -1,10 +1,8 @@
 """A llama.cpp GGUF model as lucebox loads it: the file, the config.json its metadata translates
-to, its weights, and its tokenizer (from `lucebox.gguf_tokenizer`, when that module exists)."""
+to, its weights, and its tokenizer (`lucebox.gguf_tokenizer`)."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import torch
 from lucebox.config import ModelConfig
 from lucebox.gguf_config import hf_config_from_gguf
 from lucebox.gguf_file import GGUFFile, locate_gguf
+from lucebox.gguf_tokenizer import tokenizer_from_gguf
 from lucebox.gguf_weights import device_bytes, load_gguf_weights
 from lucebox.memory_plan import StoredWeights
 
@@ -44,9 +43,5 @@ def describe_gguf(path: str | Path) -> GGUFModel | None:
 
 
 def gguf_tokenizer(file: GGUFFile):
-    """The tokenizer the file's tokenizer.ggml.* metadata describes, or None while lucebox has no
-    GGUF tokenizer module (it is written separately)."""
-    if importlib.util.find_spec("lucebox.gguf_tokenizer") is None:
-        return None
-    module = importlib.import_module("lucebox.gguf_tokenizer")
-    return module.tokenizer_from_gguf(file.metadata, file.path)
+    """The tokenizer the file's tokenizer.ggml.* metadata describes (None without one)."""
+    return tokenizer_from_gguf(file.metadata, file.path)

@@ -169,7 +169,7 @@ def _check_present(file: GGUFFile, sources: dict[str, GGUFSource]) -> None:
                                     f"architecture: {', '.join(extra[:8])}{more}")
 
 
-def load_gguf_weights(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.dtype, device: torch.device,
+def load_gguf_weights(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.dtype, device,
                       transform=None, progress=None) -> dict[str, Weight]:
     """Every tensor the config needs, one at a time; `transform(name, tensor)` (lucebox's own
     quantization) applies to linear weights the file stores as floats."""
@@ -180,7 +180,8 @@ def load_gguf_weights(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.
     done = 0
     weights: dict[str, Weight] = {}
     for name, source in sources.items():
-        w = concat_rows([file.read(n, dtype, device) for n in source.names])
+        target = device(name) if callable(device) else device  # experts bound for host memory are read there
+        w = concat_rows([file.read(n, dtype, target) for n in source.names])
         if _shape(w) != tuple(shapes[name]):
             raise TensorShapeError(f"{file.path.name}: {' + '.join(source.names)} has shape {list(_shape(w))}, "
                                    f"the metadata implies {list(shapes[name])} (for {name})")

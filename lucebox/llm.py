@@ -12,14 +12,15 @@ import torch
 from lucebox.arguments import callback, choice, flag, integer, path, stops, token_id_list
 from lucebox.caches import KV_POLICIES, CacheSettings, SequenceCache, Step
 from lucebox.checkpoint import weight_files
-from lucebox.config import DECODE_ROWS
+from lucebox.config import DECODE_ROWS, DRAFT_WIDTH
 from lucebox.device import resolve_device, resolve_dtype
-from lucebox.errors import ContextLengthError, InsufficientMemoryError, InvalidArgumentError
+from lucebox.engine_memory import expert_slots_for, plan_vram, stored_weights
+from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.expert_cache import ExpertTraffic
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.kernels.backend import kernels_for, resolve_backend
 from lucebox.loading import check_load_format, describe_model, load_model, resolve_quantization
-from lucebox.memory_plan import StoredWeights, check_fits
+from lucebox.memory_plan import check_fits
 from lucebox.models.hf_config import token_ids
 from lucebox.runner import StepRunner
 from lucebox.sampling import SamplingParams
@@ -30,12 +31,9 @@ from lucebox.speculative.rounds import Speculation
 from lucebox.speculative.width import WidthPolicy
 from lucebox.text_stage import TextStage, timing_stats
 from lucebox.tokenizer import require_tokenizer
-from lucebox.vram_planner import VramPlan, parse_size, plan_for_budget
+from lucebox.vram_planner import parse_size
 
 Prompt = str | Sequence[int]
-# Drafters are built for the widest round a verify step holds; `draft_k` caps each round, and can
-# change between requests.
-DRAFT_WIDTH = DECODE_ROWS - 1
 
 
 class LLM:
@@ -74,13 +72,15 @@ class LLM:
     `kv_dtype="int8"` stores the paged pool's K/V rows, and their host copies, as int8 with a
     float32 scale per token and head (`kernels.kv_int8`): about half the bytes of bfloat16, so
     half the host memory and PCIe traffic at long contexts; sliding rings keep `dtype`. Each value
-    is off by at most max|row| / 254 (the logit error it causes: README, "Long contexts").
+    is off by at most max|row| / 254, plus the model dtype's rounding (the logit error it causes:
+    README, "Long contexts").
 
     `experts_on_host=True` keeps the routed experts in host memory (pinned on CUDA) and
     `expert_slots` of each MoE layer's experts in a device cache (default 8 x top_k); each step
     copies in the chosen experts it lacks (`lucebox.expert_cache`), so steps run eagerly, without
     CUDA graphs. The output is the same as with every expert on the device; `Generation.stats`
-    gains `expert_hit_rate`, `expert_hits`, `expert_misses` and `expert_copied_bytes`.
+    gains `expert_hit_rate`, `expert_hits` and `expert_misses` (per row and choice), `expert_copies`
+    and `expert_copied_bytes` (per expert copied in).
     """
 
     def __init__(
@@ -110,7 +110,6 @@ class LLM:
         kv_dtype: str | None = None,
     ):
         check_load_format(load_format)
-        self.load_format = load_format
         model, draft = path("model", model, optional=True), path("draft", draft, optional=True)
         verify = choice("verify", verify, VERIFY_RULES)
         self.draft_k = draft_k
@@ -119,6 +118,8 @@ class LLM:
         cuda_graphs = flag("cuda_graphs", cuda_graphs, optional=True)
         experts_on_host = flag("experts_on_host", experts_on_host, optional=True)
         expert_slots = integer("expert_slots", expert_slots, 1, optional=True)
+        if expert_slots is not None and experts_on_host is None:
+            experts_on_host = True  # asking for a cache size asks for the cache
         self.kv_dtype = choice("kv_dtype", kv_dtype, ("auto", "int8"), optional=True) or "auto"
         callback("load_progress", load_progress)
         self.device = resolve_device(device)
@@ -139,14 +140,18 @@ class LLM:
         drafter = resolve_drafter(draft, self.description)
         self.vram_plan = None
         if vram_budget is not None:
-            self.vram_plan = self._plan_vram(vram_budget, max_context, kv_policy, kv_pool_tokens, prefill_chunk,
-                                             drafter, draft_ctx, cuda_graphs, experts_on_host, expert_slots,
-                                             self.kv_dtype == "int8")
+            context = integer("max_context", max_context, 1, optional=True) or self.config.max_position_embeddings
+            self.vram_plan = plan_vram(
+                self.config, self.device, self.dtype, self.quantization, parse_size(vram_budget), context,
+                choice("kv_policy", kv_policy, KV_POLICIES, optional=True),
+                integer("kv_pool_tokens", kv_pool_tokens, 1, optional=True), prefill_chunk, drafter, draft_ctx,
+                cuda_graphs, experts_on_host, expert_slots, self.kv_dtype == "int8",
+                stored_weights(self.description, self.dtype, load_format))
             prefill_chunk = self.vram_plan.choices["prefill_chunk"]
             kv_pool_tokens = self.vram_plan.choices["kv_pool_tokens"]
             experts_on_host = self.vram_plan.choices["experts_on_host"]
             expert_slots = self.vram_plan.choices["expert_slots"]
-        self.expert_slots = self._expert_slots(experts_on_host, expert_slots)
+        self.expert_slots = expert_slots_for(self.config, experts_on_host, expert_slots)
         self.expert_traffic = ExpertTraffic()
         self.prefill_chunk = prefill_chunk or (2048 if self.device.type == "cuda" else 512)
         self.cache_settings = self._cache_settings(max_context, kv_policy, kv_pool_tokens, kv_reselect_every)
@@ -155,7 +160,7 @@ class LLM:
             weight_files(self.description.folder)  # a folder without weights says so before any memory figure
         cost = drafter_cost(drafter, self.dtype, self.max_context, self.prefill_chunk, draft_ctx, DRAFT_WIDTH)
         self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization, cost,
-                                self.expert_slots, self._stored_weights())
+                                self.expert_slots, stored_weights(self.description, self.dtype, load_format))
         loaded = load_model(self.description, self.dtype, self.device, load_format, kernels_for(self.backend),
                             quantization, load_progress, self.expert_slots, self.expert_traffic)
         self.decoder = loaded.decoder
@@ -185,47 +190,6 @@ class LLM:
                                        f"{self.device.type}, backend '{self.backend}'"
                                        + (", experts in host memory" if self.expert_slots is not None else ""))
         return possible if asked is None else asked
-
-    def _stored_weights(self) -> StoredWeights | None:
-        """The weights' bytes as a GGUF file's blocks fix them (None: from the config and `quantization`)."""
-        gguf = self.description.gguf
-        return None if gguf is None or self.load_format == "dummy" else gguf.device_bytes(self.config, self.dtype)
-
-    def _expert_slots(self, on_host: bool | None, slots: int | None) -> int | None:
-        """Device slots per MoE layer with the experts in host memory, or None (all on the device).
-        Default: 8 rows' worth of choices (8 x top_k), or every expert if there are fewer."""
-        moe = self.config.moe
-        if not on_host:
-            if slots is not None:
-                raise InvalidArgumentError("expert_slots needs experts_on_host=True (or a vram_budget that moves them)")
-            return None
-        if moe is None:
-            raise InvalidArgumentError("experts_on_host=True needs a mixture-of-experts model; this one is dense")
-        slots = slots or min(moe.num_experts, 8 * moe.top_k)
-        if not moe.top_k <= slots <= moe.num_experts:
-            raise InvalidArgumentError(f"expert_slots={slots} must be between top_k ({moe.top_k}) and the "
-                                       f"{moe.num_experts} experts of a layer")
-        return slots
-
-    def _plan_vram(self, budget, max_context, kv_policy, kv_pool_tokens, prefill_chunk, drafter, draft_ctx,
-                   cuda_graphs, experts_on_host, expert_slots, kv_int8) -> VramPlan:
-        """The planner's choices under the budget (`lucebox.vram_planner`), or InsufficientMemoryError
-        saying what does not fit; on CUDA the allocator is held to the budget from here on."""
-        budget = parse_size(budget)
-        context = integer("max_context", max_context, 1, optional=True) or self.config.max_position_embeddings
-        largest = 2048 if self.device.type == "cuda" else 512  # the default prefill chunk
-        cost = drafter_cost(drafter, self.dtype, context, prefill_chunk or largest, draft_ctx, DRAFT_WIDTH)
-        graphs = self.device.type == "cuda" and cuda_graphs is not False
-        planned = plan_for_budget(self.config, budget, context, self.dtype, self.quantization, cost,
-                                  choice("kv_policy", kv_policy, KV_POLICIES, optional=True),
-                                  integer("kv_pool_tokens", kv_pool_tokens, 1, optional=True), prefill_chunk, graphs,
-                                  largest, experts_on_host, expert_slots, kv_int8, self._stored_weights())
-        if not planned.fits:
-            raise InsufficientMemoryError(f"vram_budget={budget / 2**30:.1f}GiB: {planned.notes[-1]}")
-        if self.device.type == "cuda":
-            total = torch.cuda.get_device_properties(self.device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), self.device)
-        return planned
 
     def _cache_settings(self, max_context, kv_policy, kv_pool_tokens, reselect_every) -> CacheSettings:
         max_context = integer("max_context", max_context, 1, optional=True) or self.config.max_position_embeddings

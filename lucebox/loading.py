@@ -11,7 +11,7 @@ import torch
 from lucebox.checkpoint import CheckpointIndex, load_weights, locate_config, read_json, weight_files
 from lucebox.config import ModelConfig
 from lucebox.errors import InvalidArgumentError
-from lucebox.expert_cache import ExpertTraffic, cache_experts, is_routed_expert, moved
+from lucebox.expert_cache import ExpertTraffic, PinnedArena, cache_experts, is_routed_expert, moved
 from lucebox.gguf_loading import GGUFModel, describe_gguf, gguf_tokenizer
 from lucebox.kernels.backend import Kernels
 from lucebox.kernels.quant import SCHEMES, quantize
@@ -119,12 +119,13 @@ def placement(device: torch.device, experts_on_host: bool, quantization: str | N
     """The per-weight transform of a load: quantize (with `quantization`), then put the routed
     experts in host memory (pinned when a GPU reads them) with `experts_on_host`, the rest on `device`."""
     quantize_weight = quantizer(quantization)
+    arena = PinnedArena() if experts_on_host and device.type == "cuda" else None
 
     def place(name: str, weight):
         if quantize_weight is not None and isinstance(weight, torch.Tensor):  # GGUF blocks stay as they are
             weight = quantize_weight(name, weight)
         if experts_on_host and is_routed_expert(name):
-            return moved(weight, "cpu", pin=device.type == "cuda")
+            return moved(weight, "cpu", arena)
         return moved(weight, device)
 
     return place
@@ -144,16 +145,19 @@ def load_model(
     quantization = resolve_quantization(quantization, desc)
     on_host = expert_slots is not None
     transform = placement(device, on_host, quantization)
+    cpu = torch.device("cpu")
+    # Experts bound for host memory are read there, so a card they do not fit never holds one.
+    read_to = (lambda name: cpu if is_routed_expert(name) else device) if on_host else device
     if load_format == "dummy":
         weights = dummy_weights(shapes, dtype, device, transform=transform)
     elif desc.quantization is not None:
         weights = load_quantized(desc.folder, desc.cfg, dtype, placement(device, on_host), progress)
     elif desc.gguf is not None:
-        weights = desc.gguf.load_weights(desc.cfg, dtype, device, transform, progress)
+        weights = desc.gguf.load_weights(desc.cfg, dtype, read_to, transform, progress)
     else:
         index = CheckpointIndex(weight_files(desc.folder))
         sources, unused_ok = checkpoint_sources(desc)
-        weights = load_weights(index, sources, shapes, dtype, device, unused_ok, transform, progress)
+        weights = load_weights(index, sources, shapes, dtype, read_to, unused_ok, transform, progress)
     if on_host:
         cache_experts(weights, len(desc.cfg.layers), expert_slots, device, expert_traffic or ExpertTraffic())
     if desc.gguf is not None:

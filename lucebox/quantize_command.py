@@ -4,8 +4,8 @@ quantized one (`lucebox.quantized_checkpoint`) that `LLM(OUT)` loads without qua
 The checkpoint is streamed: one tensor is read (in its own dtype), quantized and added to the
 shard being filled; a shard is written once it holds `SHARD_BYTES`, so memory holds one float
 tensor and one shard at most. The codes are those `LLM(MODEL, quantization=...)` computes from the
-same float tensor. The metadata file is written last: an interrupted run leaves a folder that
-`LLM` refuses as incomplete.
+same float tensor. Everything is written to `OUT.partial`, renamed to OUT when complete: an
+interrupted run leaves no OUT, and running again starts over.
 """
 
 from __future__ import annotations
@@ -73,20 +73,26 @@ def _check_group(shapes: dict[str, tuple[int, ...]], scheme: str, group: int | N
     """Refuse a group that some weight's inputs cannot be split into, before anything is read."""
     if group is None:
         return
-    if group < 2 or (scheme == "int4" and group % 2):
-        raise InvalidArgumentError(f"--group {group} must be an even number of inputs, at least 2")
+    if group < 1 or (scheme == "int4" and group % 2):
+        raise InvalidArgumentError(f"--group {group} must be a positive number of inputs"
+                                   + (", and even for int4 (two codes a byte)" if scheme == "int4" else ""))
     for name, shape in shapes.items():
         if quantizable(name) and shape[-1] % group:
             raise InvalidArgumentError(f"--group {group} does not divide the {shape[-1]} inputs of {name}; "
                                        "choose a group that divides every weight's width (e.g. 32)")
 
 
-def _prepare_out(out: Path, source: Path) -> None:
+def _prepare_out(out: Path, source: Path) -> Path:
+    """The folder to write into: `OUT.partial`, renamed to OUT once complete, so a run cut short
+    leaves OUT untouched and the next run starts the partial folder afresh."""
     if out.resolve() == source.resolve():
         raise InvalidArgumentError(f"OUT {out} is the model folder itself; choose a new folder")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidArgumentError(f"OUT {out} already exists and is not an empty folder; choose a new one")
-    out.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    return partial
 
 
 def _copy_side_files(source: Path, out: Path) -> None:
@@ -114,9 +120,9 @@ def quantize_checkpoint(model: str | Path, out: str | Path, bits: int, group: in
     index = CheckpointIndex(weight_files(desc.folder))
     sources, unused_ok = checkpoint_sources(desc)
     out = Path(out).expanduser()
-    _prepare_out(out, desc.folder)
+    partial = _prepare_out(out, desc.folder)
     started = time.perf_counter()
-    writer, records, read = _ShardWriter(out, shard_bytes), {}, 0
+    writer, records, read = _ShardWriter(partial, shard_bytes), {}, 0
     for name, tensor in iter_weights(index, sources, shapes, None, torch.device("cpu"), unused_ok, progress):
         read += tensor.numel() * tensor.element_size()
         stored: torch.Tensor | QuantizedTensor = quantize(tensor, scheme, group) if quantizable(name) else tensor
@@ -124,10 +130,13 @@ def quantize_checkpoint(model: str | Path, out: str | Path, bits: int, group: in
         writer.add(stored_fields(name, stored) if isinstance(stored, QuantizedTensor) else {name: stored})
         del tensor, stored
     writer.close()
-    _copy_side_files(desc.folder, out)
+    _copy_side_files(desc.folder, partial)
     metadata = {"format": FORMAT, "version": VERSION, "scheme": scheme, "group": group, "asymmetric": False,
                 "quantized_by": f"lucebox {__version__}", "tensors": records}
-    (out / METADATA_FILE).write_text(json.dumps(metadata, indent=1) + "\n")
+    (partial / METADATA_FILE).write_text(json.dumps(metadata, indent=1) + "\n")
+    if out.exists():
+        out.rmdir()  # checked empty above
+    partial.rename(out)
     return {"out": str(out), "scheme": scheme, "group": group, "tensors": len(records), "read_bytes": read,
             "written_bytes": writer.bytes, "shards": writer.shards, "seconds": time.perf_counter() - started}
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -23,7 +22,6 @@ from lucebox.config import ModelConfig
 from lucebox.errors import CheckpointError
 from lucebox.kernels.quant import SCHEMES, QuantizedTensor
 from lucebox.models.layout import quantizable, weight_shapes
-from lucebox.safetensors_file import SafetensorsFile
 
 METADATA_FILE = "lucebox_quantization.json"
 FORMAT = "lucebox-quantized"
@@ -125,16 +123,12 @@ def load_quantized(folder: Path, cfg: ModelConfig, dtype: torch.dtype, place: Ca
         raise _refuse(folder, f"the weight files hold {len(extra)} tensor(s) it does not list: {', '.join(extra[:3])}")
     total = sum(math.prod(index.shapes[n]) * index.dtypes[n].itemsize for n in expected)
     done, weights = 0, {}
-    with ExitStack() as stack:
-        opened: dict[Path, SafetensorsFile] = {}
+    with index:
 
         def read(entry: str) -> torch.Tensor:
             nonlocal done
-            path = index.location[entry]
-            if path not in opened:
-                opened[path] = stack.enter_context(SafetensorsFile(path))
-            tensor = opened[path].view(entry).clone()  # out of the mapping, into host memory
-            opened[path].release(entry)
+            tensor = torch.empty(index.shapes[entry], dtype=index.dtypes[entry])  # out of the mapping, in host memory
+            index.copy_into(entry, tensor)
             done += tensor.numel() * tensor.element_size()
             return tensor
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import torch
+from tiny_models import laguna_settings
 
 QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
 VOCAB = 128
@@ -40,17 +41,7 @@ def _transformers_model(arch: str):
                                                         moe_intermediate_size=256, norm_topk_prob=True,
                                                         mlp_only_layers=[0]))
     if arch == "laguna":
-        return tf.LagunaForCausalLM(tf.LagunaConfig(**{
-            **_BASE, "num_hidden_layers": 4, "num_attention_heads_per_layer": [4, 8, 8, 8], "sliding_window": 8,
-            "layer_types": ["full_attention"] + ["sliding_attention"] * 3, "gating": "per-element",
-            "mlp_layer_types": ["dense"] + ["sparse"] * 3, "num_experts": 4, "num_experts_per_tok": 2,
-            "moe_intermediate_size": 256, "shared_expert_intermediate_size": 256, "moe_routed_scaling_factor": 2.5,
-            "moe_router_logit_softcapping": 2.0,
-            "rope_parameters": {
-                "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
-                                   "original_max_position_embeddings": 128, "partial_rotary_factor": 0.5},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
-            }}))
+        return tf.LagunaForCausalLM(tf.LagunaConfig(**laguna_settings(_BASE, 8, 4, 2, 256, 256, 128)))
     raise ValueError(arch)
 
 

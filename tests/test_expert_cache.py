@@ -90,8 +90,9 @@ def test_bad_expert_options_are_refused(reference_models):
     folder, _ = reference_models("qwen3_moe")
     with pytest.raises(InvalidArgumentError, match="expert_slots=1 must be between top_k"):
         _engine(folder, experts_on_host=True, expert_slots=1)
-    with pytest.raises(InvalidArgumentError, match="expert_slots needs experts_on_host=True"):
-        _engine(folder, expert_slots=4)
+    with pytest.raises(InvalidArgumentError, match="expert_slots needs the experts in host memory"):
+        _engine(folder, experts_on_host=False, expert_slots=4)
+    assert _engine(folder, expert_slots=4).expert_slots == 4  # a cache size asks for the cache
     dense, _ = reference_models("llama")
     with pytest.raises(InvalidArgumentError, match="needs a mixture-of-experts model"):
         _engine(dense, experts_on_host=True)
@@ -143,3 +144,36 @@ def test_a_budget_too_small_for_every_expert_moves_them_to_host_memory(reference
     assert llm.memory()["weights"] < on_device
     want = _engine(folder, max_context=1024).generate(PROMPT, max_tokens=5, ignore_eos=True).token_ids
     assert llm.generate(PROMPT, max_tokens=5, ignore_eos=True).token_ids == want
+
+
+def test_row_groups_give_the_bits_of_the_whole_step_on_the_triton_kernel():
+    """A 17-row step (the prefill layout: 64-wide tiles over H and I) run as row groups of a
+    3-slot cache: each group is computed in the whole step's layout, not the one its own few rows
+    would pick (the decode layout sums over other tile widths), so the bits are the same."""
+    from lucebox.kernels import moe_triton
+
+    E, W, H, k, rows = 8, 192, 320, 2, 17
+    gen = torch.Generator().manual_seed(7)
+    gate_up, down = torch.randn(E, 2 * W, H, generator=gen) / 16, torch.randn(E, H, W, generator=gen) / 16
+    shared = (torch.randn(2 * W, H, generator=gen) / 16, torch.randn(H, W, generator=gen) / 16)
+    x, weights = torch.randn(rows, H, generator=gen), torch.rand(rows, k, generator=gen)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(rows)])
+    cache = ExpertCache(gate_up, down, 3, torch.device("cpu"), ExpertTraffic())
+    got = cache.moe(moe_triton.moe_experts, x, weights, ids, 2.5, *shared)
+    assert torch.equal(got, moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5, *shared))
+
+
+def test_the_pinned_arena_packs_tensors_into_blocks():
+    """Experts are pinned in power-of-two blocks, not one allocation each (which the caching host
+    allocator would round up to a power of two): here without pinning, which needs CUDA."""
+    from lucebox.expert_cache import PinnedArena
+
+    arena = PinnedArena(block=1024, pin=False)
+    parts = [torch.randn(40, dtype=torch.float32), torch.randint(0, 255, (100,), dtype=torch.uint8),
+             torch.randn(3, 50, dtype=torch.float16), torch.randn(200, dtype=torch.float32), torch.randn(300)]
+    held = [arena.hold(t) for t in parts]
+    for t, h in zip(parts, held, strict=True):
+        assert torch.equal(t, h) and h.dtype == t.dtype and h.shape == t.shape and h.data_ptr() % 64 == 0
+    assert len(arena.blocks) == 2 and arena.nbytes() == 2048  # 160 + 100 + 300 + 800 bytes do not fit one
+    assert held[3].untyped_storage().data_ptr() == arena.blocks[1].data_ptr()  # the first that did not fit
+    assert not torch.equal(held[4], torch.zeros(300)) and held[4].untyped_storage().nbytes() == 1200  # on its own

@@ -14,23 +14,30 @@ _BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_
              bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
-def _laguna():
-    from transformers import LagunaConfig, LagunaForCausalLM
-
-    config = LagunaConfig(**{
-        **_BASE, "num_hidden_layers": 4,
+def laguna_settings(base: dict, window: int, experts: int, top_k: int, expert_width: int, shared_width: int,
+                    original_context: int) -> dict:
+    """A 4-layer Laguna (one full layer with YaRN and partial rotary, three sliding ones, a dense
+    MLP then MoE with a shared expert, per-element gate, soft-capped router) for LagunaConfig."""
+    return {
+        **base, "num_hidden_layers": 4,
         "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "sliding_attention"],
-        "num_attention_heads_per_layer": [4, 8, 8, 8], "sliding_window": WINDOW, "gating": "per-element",
-        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "num_experts": 8, "num_experts_per_tok": 3,
-        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 24, "moe_routed_scaling_factor": 2.5,
+        "num_attention_heads_per_layer": [4, 8, 8, 8], "sliding_window": window, "gating": "per-element",
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"], "num_experts": experts,
+        "num_experts_per_tok": top_k, "moe_intermediate_size": expert_width,
+        "shared_expert_intermediate_size": shared_width, "moe_routed_scaling_factor": 2.5,
         "moe_router_logit_softcapping": 2.0,
         "rope_parameters": {
             "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
-                               "original_max_position_embeddings": 32, "partial_rotary_factor": 0.5},
+                               "original_max_position_embeddings": original_context, "partial_rotary_factor": 0.5},
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
         },
-    })
-    return LagunaForCausalLM(config)
+    }
+
+
+def _laguna():
+    from transformers import LagunaConfig, LagunaForCausalLM
+
+    return LagunaForCausalLM(LagunaConfig(**laguna_settings(_BASE, WINDOW, 8, 3, 32, 24, 32)))
 
 
 def _llama():
