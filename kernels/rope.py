@@ -15,6 +15,13 @@ from lucebox.config import RopeSpec
 
 def inverse_frequencies(spec: RopeSpec) -> tuple[torch.Tensor, float]:
     """(inv_freq [rotary_dim/2] float32, attention scaling applied to cos and sin)."""
+    inv_freq, scaling = _by_kind(spec)
+    if spec.freq_factors is not None:
+        inv_freq = inv_freq / torch.tensor(spec.freq_factors, dtype=torch.float32)
+    return inv_freq, scaling
+
+
+def _by_kind(spec: RopeSpec) -> tuple[torch.Tensor, float]:
     dim, base = spec.rotary_dim, spec.theta
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
     inv_freq = 1.0 / (base**exponents)

@@ -41,6 +41,9 @@ class RopeSpec:
     mscale: float | None = None
     mscale_all_dim: float | None = None
     truncate: bool = True
+    # Divisors of each frequency (rotary_dim/2 of them), as a llama.cpp GGUF file stores Llama 3's
+    # RoPE scaling: its `rope_freqs` tensor, applied on top of `kind`.
+    freq_factors: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

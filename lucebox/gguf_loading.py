@@ -3,17 +3,20 @@ to, its weights, and its tokenizer (`lucebox.gguf_tokenizer`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from lucebox.config import ModelConfig
+from lucebox.errors import ConfigError
 from lucebox.gguf_config import hf_config_from_gguf
 from lucebox.gguf_file import GGUFFile, locate_gguf
 from lucebox.gguf_tokenizer import tokenizer_from_gguf
-from lucebox.gguf_weights import device_bytes, load_gguf_weights
+from lucebox.gguf_weights import ROPE_FREQS, device_bytes, load_gguf_weights
 from lucebox.memory_plan import StoredWeights
+from lucebox.models import build_model_config
 
 
 @dataclass
@@ -24,6 +27,21 @@ class GGUFModel:
     @property
     def architecture(self) -> str:
         return str(self.file.metadata["general.architecture"])
+
+    def model_config(self) -> ModelConfig:
+        """The normalized config; a `rope_freqs` tensor (how llama.cpp's converter stores Llama 3's
+        RoPE scaling) divides every full-rotary layer's frequencies."""
+        cfg = build_model_config(self.hf_config)
+        if ROPE_FREQS not in self.file:
+            return cfg
+        factors = tuple(self.file.read(ROPE_FREQS, torch.float32, torch.device("cpu")).tolist())
+        layers = []
+        for layer in cfg.layers:
+            if len(factors) != layer.rope.rotary_dim // 2:
+                raise ConfigError(f"{self.file.path.name}: tensor {ROPE_FREQS} holds {len(factors)} factors, the "
+                                  f"rotary dimension {layer.rope.rotary_dim} needs {layer.rope.rotary_dim // 2}")
+            layers.append(dataclasses.replace(layer, rope=dataclasses.replace(layer.rope, freq_factors=factors)))
+        return dataclasses.replace(cfg, layers=tuple(layers))
 
     def device_bytes(self, cfg: ModelConfig, dtype: torch.dtype) -> StoredWeights:
         return device_bytes(self.file, cfg, self.architecture, dtype)

@@ -155,13 +155,16 @@ def device_bytes(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.dtype
     return StoredWeights(int(total), int(experts))
 
 
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3's RoPE scaling as per-frequency divisors (gguf_loading)
+
+
 def _check_present(file: GGUFFile, sources: dict[str, GGUFSource]) -> None:
     missing = [n for s in sources.values() for n in s.names if n not in file]
     if missing:
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
         raise MissingTensorError(f"{file.path.name} lacks {len(missing)} tensor(s) the architecture needs: "
                                  f"{', '.join(missing[:8])}{more}")
-    used = {n for s in sources.values() for n in s.names}
+    used = {n for s in sources.values() for n in s.names} | {ROPE_FREQS}  # that one is read with the config
     extra = sorted(n for n in file.tensors if n not in used)
     if extra:
         more = f" and {len(extra) - 8} more" if len(extra) > 8 else ""

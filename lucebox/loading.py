@@ -47,8 +47,7 @@ def describe_model(path: str | Path) -> ModelDescription:
     no weights are touched."""
     gguf = describe_gguf(path)
     if gguf is not None:
-        return ModelDescription(gguf.file.path.parent, gguf.hf_config, {}, build_model_config(gguf.hf_config),
-                                gguf=gguf)
+        return ModelDescription(gguf.file.path.parent, gguf.hf_config, {}, gguf.model_config(), gguf=gguf)
     config_path = locate_config(path)
     folder = config_path.parent
     hf = read_json(config_path)

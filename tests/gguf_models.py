@@ -30,6 +30,10 @@ _K_SCALES = {"Q4_K": (5e-5, 5e-4), "Q5_K": (2.5e-5, 5e-4), "Q6_K": (1e-5, None)}
 def _transformers_model(arch: str):
     import transformers as tf
 
+    if arch == "llama3":  # Llama 3.1's RoPE scaling, which the converter stores as a rope_freqs tensor
+        return tf.LlamaForCausalLM(tf.LlamaConfig(**_BASE, attention_bias=True, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}))
     if arch == "llama":
         return tf.LlamaForCausalLM(tf.LlamaConfig(**_BASE, attention_bias=True))
     if arch == "mixtral":
@@ -45,9 +49,33 @@ def _transformers_model(arch: str):
     raise ValueError(arch)
 
 
+_GGUF_ARCH = {"mixtral": "llama", "llama3": "llama"}  # what llama.cpp calls them
+
+
+def llama3_rope_factors(config) -> np.ndarray:
+    """Per-frequency divisors of Llama 3's RoPE scaling, as the converter computes them (float32):
+    1 for short wavelengths, `factor` for long ones, a smooth blend between."""
+    p = config.rope_parameters
+    dim = config.head_dim
+    freqs = 1.0 / (p["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    old, low, high = p["original_max_position_embeddings"], p["low_freq_factor"], p["high_freq_factor"]
+    factor = p["factor"]
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
 def _metadata(writer: gguf.GGUFWriter, arch: str, config) -> None:
     """The `{arch}.*` keys llama.cpp's converter writes for this config."""
-    gguf_arch = "llama" if arch == "mixtral" else arch
+    gguf_arch = _GGUF_ARCH.get(arch, arch)
     put = {int: writer.add_uint32, float: writer.add_float32, bool: writer.add_bool}
     values = {"block_count": config.num_hidden_layers, "context_length": config.max_position_embeddings,
               "embedding_length": config.hidden_size, "feed_forward_length": config.intermediate_size,
@@ -180,11 +208,13 @@ def write_gguf(model, arch: str, qtype: str, path: Path, seed: int = 0, types: d
     if hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation("eager")
     state = model.state_dict()
-    writer = gguf.GGUFWriter(path, "llama" if arch == "mixtral" else arch)
+    writer = gguf.GGUFWriter(path, _GGUF_ARCH.get(arch, arch))
     _metadata(writer, arch, model.config)
     if more_metadata is not None:
         more_metadata(writer)
-    interleaved = arch in ("llama", "mixtral")
+    interleaved = _GGUF_ARCH.get(arch, arch) == "llama"
+    if arch == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(model.config))
     heads = {"attn_q": model.config.num_attention_heads, "attn_k": model.config.num_key_value_heads}
     for name, hf_name, rows, kind in _gguf_tensors(model, arch, qtype):
         kind = (types or {}).get(name, kind)

@@ -65,10 +65,11 @@ def test_logits_equal_the_gguf_dequantized_model(qtype, tmp_path):
                           want) <= 1e-4
 
 
-@pytest.mark.parametrize("arch,qtype", [("llama", "Q4_K"), ("mixtral", "Q8_0"), ("qwen3", "Q6_K"),
+@pytest.mark.parametrize("arch,qtype", [("llama", "Q4_K"), ("llama3", "Q8_0"), ("mixtral", "Q8_0"), ("qwen3", "Q6_K"),
                                         ("laguna", "Q5_K")])
 def test_every_architecture_matches_transformers(arch, qtype, tmp_path):
-    """llama's q/k rows come un-interleaved (its attention has biases, which move too); Mixtral is
+    """llama's q/k rows come un-interleaved (its attention has biases, which move too); Llama 3.1's
+    RoPE scaling comes as a rope_freqs tensor of frequency divisors; Mixtral is
     architecture llama with experts; qwen3 ties its embeddings; laguna: per-layer heads, sliding
     layers by pattern, YaRN partial rotary, per-element gate, soft-capped sigmoid router with a
     correction bias, shared expert, routed scaling."""
