@@ -230,13 +230,14 @@ def bench_small(shapes, dtype, device, timer, peak) -> list[dict]:
 def decode_bytes_per_token(llm, context: int) -> int:
     """Bytes one decode token must read: every weight but the unchosen experts, one embedding
     row instead of the table, and the KV of the context."""
+    from lucebox.expert_cache import is_routed_expert
     from lucebox.speculative.proposer import tensor_bytes
 
     cfg, w = llm.config, llm.decoder.w
     total = tensor_bytes(w.values()) - tensor_bytes([w["embed"]]) + w["embed"][0].numel() * w["embed"].element_size()
     if cfg.moe is not None:
         for name, t in w.items():
-            if name.endswith(("experts_gate_up", "experts_down")):
+            if is_routed_expert(name):
                 total -= tensor_bytes([t]) * (cfg.moe.num_experts - cfg.moe.top_k) // cfg.moe.num_experts
     row = cfg.kv_bytes_per_token(llm.dtype.itemsize)  # one layer's K and V of one token
     total += sum(min(context, layer.window or context) * row for layer in cfg.layers)

@@ -77,8 +77,9 @@ def _info(args) -> int:
         args.model = builtin_model()
     desc = describe_model(args.model)
     cfg = desc.cfg
-    int8 = args.kv_dtype == "int8"
-    summary = model_summary(cfg, 1 if int8 else resolve_dtype(args.kv_dtype, torch.device("cpu")).itemsize)
+    int8 = args.kv_dtype == "int8"  # the pool's rows; sliding rings stay in the activations' dtype
+    ring_dtype = args.dtype if int8 else args.kv_dtype
+    summary = model_summary(cfg, resolve_dtype(ring_dtype, torch.device("cpu")).itemsize, int8)
     plan = _vram_plan(args, desc) if args.vram is not None else None
     if plan is not None:
         summary.update(fits=plan.fits, vram_plan=plan.as_json())

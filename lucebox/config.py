@@ -138,6 +138,9 @@ class ModelConfig:
         windows = [layer.window for layer in self.layers if layer.is_sliding]
         return max(windows) if windows else None
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """K and V of one token in one layer (every layer kind stores the same row)."""
+    def kv_bytes_per_token(self, dtype_bytes: int, int8: bool = False) -> int:
+        """K and V of one token in one layer (every layer kind stores the same row); `int8`: as the
+        paged pool stores them with kv_dtype="int8", a byte a value and a float32 scale per head."""
+        if int8:
+            return 2 * self.num_kv_heads * (self.head_dim + 4)
         return 2 * self.num_kv_heads * self.head_dim * dtype_bytes

@@ -8,13 +8,14 @@ from lucebox.config import ModelConfig
 from lucebox.models.layout import parameter_counts
 
 
-def model_summary(cfg: ModelConfig, kv_dtype_bytes: int = 2) -> dict:
-    """Parameter counts, layer layout, and KV-cache bytes per token for each attention kind."""
+def model_summary(cfg: ModelConfig, kv_dtype_bytes: int = 2, kv_int8: bool = False) -> dict:
+    """Parameter counts, layer layout, and KV-cache bytes per token for each attention kind (with
+    `kv_int8`, full layers' rows as the int8 pool stores them; sliding rings keep `kv_dtype_bytes`)."""
     total, active = parameter_counts(cfg)
-    per_token = cfg.kv_bytes_per_token(kv_dtype_bytes)
     kinds = Counter((layer.attention, layer.window, layer.num_heads) for layer in cfg.layers)
     attention = []
     for (kind, window, heads), count in sorted(kinds.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+        per_token = cfg.kv_bytes_per_token(kv_dtype_bytes, kv_int8 and kind == "full")
         attention.append({
             "kind": kind, "layers": count, "query_heads": heads, "window": window,
             "kv_bytes_per_token_per_layer": per_token,

@@ -86,8 +86,7 @@ def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
     device holds that many of each MoE layer's experts (`lucebox.expert_cache`). `stored_weights`:
     the weights' bytes when the checkpoint fixes them (a GGUF file's own quants)."""
     size = dtype.itemsize
-    # int8 rows: a byte per value and a float32 scale per (token, head) of K and of V
-    row = cfg.kv_bytes_per_token(1) + 2 * cfg.num_kv_heads * 4 if settings.kv_int8 else cfg.kv_bytes_per_token(size)
+    row = cfg.kv_bytes_per_token(size, settings.kv_int8)  # the paged pool's rows
     full = sum(1 for layer in cfg.layers if not layer.is_sliding)
     kvf = settings.kvflash()
     chunks = -(-settings.max_context // kvf.chunk)
