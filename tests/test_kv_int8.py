@@ -28,6 +28,15 @@ def test_each_value_is_within_half_a_step_of_its_row_maximum():
     torch.testing.assert_close(back.gather(-1, peaks), x.gather(-1, peaks), rtol=3e-7, atol=0)
 
 
+def test_a_row_holding_inf_or_nan_dequantizes_to_nan_not_to_finite_values():
+    """As the float row would, it poisons attention (and the engine's non-finite check) instead
+    of passing for plausible keys."""
+    x = torch.randn(3, 8, dtype=torch.float32)
+    x[0, 2], x[1, 5] = float("inf"), float("nan")
+    back = dequantize_rows(*quantize_rows(x), torch.float32)
+    assert back[:2].isnan().all() and torch.isfinite(back[2]).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_the_triton_kernel_reads_int8_blocks_like_the_reference(dtype):
     T, Hq, KV, S, D = 3, 4, 2, 150, 32
