@@ -138,6 +138,7 @@ class LLM:
         # an unknown scheme, or one a saved quantized checkpoint was not written in, fails here
         self.quantization = quantization = resolve_quantization(quantization, self.description)
         drafter = resolve_drafter(draft, self.description)
+        stored = stored_weights(self.description, self.dtype, load_format)  # a GGUF file's own bytes, or None
         self.vram_plan = None
         if vram_budget is not None:
             context = integer("max_context", max_context, 1, optional=True) or self.config.max_position_embeddings
@@ -145,8 +146,7 @@ class LLM:
                 self.config, self.device, self.dtype, self.quantization, parse_size(vram_budget), context,
                 choice("kv_policy", kv_policy, KV_POLICIES, optional=True),
                 integer("kv_pool_tokens", kv_pool_tokens, 1, optional=True), prefill_chunk, drafter, draft_ctx,
-                cuda_graphs, experts_on_host, expert_slots, self.kv_dtype == "int8",
-                stored_weights(self.description, self.dtype, load_format))
+                cuda_graphs, experts_on_host, expert_slots, self.kv_dtype == "int8", stored)
             prefill_chunk = self.vram_plan.choices["prefill_chunk"]
             kv_pool_tokens = self.vram_plan.choices["kv_pool_tokens"]
             experts_on_host = self.vram_plan.choices["experts_on_host"]
@@ -160,7 +160,7 @@ class LLM:
             weight_files(self.description.folder)  # a folder without weights says so before any memory figure
         cost = drafter_cost(drafter, self.dtype, self.max_context, self.prefill_chunk, draft_ctx, DRAFT_WIDTH)
         self._plan = check_fits(self.config, self.cache_settings, self.dtype, self.device, quantization, cost,
-                                self.expert_slots, stored_weights(self.description, self.dtype, load_format))
+                                self.expert_slots, stored)
         loaded = load_model(self.description, self.dtype, self.device, load_format, kernels_for(self.backend),
                             quantization, load_progress, self.expert_slots, self.expert_traffic)
         self.decoder = loaded.decoder

@@ -37,13 +37,15 @@ class _ShardWriter:
     def __init__(self, out: Path, shard_bytes: int):
         self.out, self.shard_bytes = out, shard_bytes
         self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
         self.weight_map: dict[str, str] = {}
         self.shards = 0
         self.bytes = 0
 
     def add(self, entries: dict[str, torch.Tensor]) -> None:
         self.pending.update(entries)
-        if sum(t.numel() * t.element_size() for t in self.pending.values()) >= self.shard_bytes:
+        self.pending_bytes += sum(t.numel() * t.element_size() for t in entries.values())
+        if self.pending_bytes >= self.shard_bytes:
             self._flush()
 
     def _flush(self) -> None:
@@ -54,8 +56,8 @@ class _ShardWriter:
         save_file({k: t.contiguous() for k, t in self.pending.items()}, str(self.out / name),
                   metadata={"format": "pt"})
         self.weight_map.update(dict.fromkeys(self.pending, name))
-        self.bytes += sum(t.numel() * t.element_size() for t in self.pending.values())
-        self.pending = {}
+        self.bytes += self.pending_bytes
+        self.pending, self.pending_bytes = {}, 0
 
     def close(self) -> None:
         self._flush()
