@@ -3,7 +3,7 @@ GPU waiting.
 
 The model is Laguna XS.2's layer pattern (40 layers, 1 full : 3 sliding, 256 experts top-8,
 window 512) at a tiny width with random weights, on the graphed path (Triton kernels, each
-decode/verify step one graph, `lucebox.runner`). Device work is made free so only host work
+decode/verify step one graph, `lucebox.engine.runner`). Device work is made free so only host work
 remains:
 - every Triton launch is stubbed (counted, not run);
 - a graph's replay returns the outputs its first run left (counted, not run);
@@ -125,7 +125,7 @@ def graphed_path(llm):
     """Put the engine on its graphed path, run without capture; returns the class whose `run`
     replays a graph (this commit's one graph per step, or the piecewise segments before it)."""
     try:
-        from lucebox.runner import StepGraph, StepRunner
+        from lucebox.engine.runner import StepGraph, StepRunner
     except ImportError:
         from lucebox.models.graphs import DecodeGraphs, _Segment
         llm.decoder.graphs = DecodeGraphs(llm.decoder, capture=False)
@@ -186,7 +186,7 @@ def instruments(counters: Counters, llm, graph_class) -> ExitStack:
     stack.enter_context(patched(loop, "decide", phase("decide")))
     stack.enter_context(patched(SequenceCache, "commit", phase("commit_and_reselect")))
     stack.enter_context(patched(SequenceCache, "rollback", phase("rollback")))
-    runner = sys.modules.get("lucebox.runner")
+    runner = sys.modules.get("lucebox.engine.runner")
     if runner is not None:
         stack.enter_context(patched(runner.StepRunner, "step", phase("step")))
 

@@ -52,7 +52,7 @@ def parse_args():
                         "and peak memory at each")
     p.add_argument("--vram", default=None,
                    help="device memory budget for the long-context section (e.g. 24GiB): the engine plans within "
-                        "it (lucebox.vram_planner) and holds the allocator to it; the plan goes in the JSON")
+                        "it (lucebox.memory.vram) and holds the allocator to it; the plan goes in the JSON")
     p.add_argument("--kv-dtype", default="auto", help="auto | int8, for the long-context section")
     p.add_argument("--out", default=None, help="directory for the JSON (default bench/results/local; "
                                                               "bench/results replaces the committed result)")
@@ -230,7 +230,7 @@ def bench_small(shapes, dtype, device, timer, peak) -> list[dict]:
 def decode_bytes_per_token(llm, context: int) -> int:
     """Bytes one decode token must read: every weight but the unchosen experts, one embedding
     row instead of the table, and the KV of the context."""
-    from lucebox.expert_cache import is_routed_expert
+    from lucebox.memory.expert_cache import is_routed_expert
     from lucebox.speculative.proposer import tensor_bytes
 
     cfg, w = llm.config, llm.decoder.w

@@ -10,7 +10,11 @@ import torch
 import torch.nn.functional as F
 from lucebox.kernels.quant import Weight, linear
 
-from lucebox.config import DECODE_ROWS, MoESpec
+from lucebox.config import MoESpec
+
+# Steps of at most this many rows (a decode or verify step) route without reading the device: see
+# `_routed_experts`. The engine's widest step (`DECODE_ROWS`) fits under it, which a test checks.
+SMALL_STEP_ROWS = 16
 
 
 def route(
@@ -54,7 +58,7 @@ def moe_experts(
 ) -> torch.Tensor:  # (T, H)
     """scaling * (sum over the k chosen experts of weight * expert(x)) + shared_expert(x).
     `layout_of` = (rows, experts) of the whole step when this call is one group of its rows (an
-    expert cache's, `lucebox.expert_cache`): the path is the whole step's, so each row's result
+    expert cache's, `lucebox.memory.expert_cache`): the path is the whole step's, so each row's result
     is the one the whole step would give."""
     out = _routed_experts(x, gate_up, down, weights, ids, layout_of or (ids.shape[0], gate_up.shape[0]))
     if scaling != 1.0:
@@ -90,13 +94,13 @@ def _expert_loop(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.
 def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
                     ids: torch.Tensor, layout_of: tuple[int, int]) -> torch.Tensor:
     """The weighted sum of the chosen experts' outputs, (T, H). Decode and verify steps (at most
-    `DECODE_ROWS` rows) read no device value: on a GPU each read would wait for the queued work,
+    `SMALL_STEP_ROWS` rows) read no device value: on a GPU each read would wait for the queued work,
     and a few small batched ops cost less than a loop of ~10 ops per expert. A step that chooses
     at least one (row, expert) pair per expert touches most experts anyway and runs every expert
     densely; a sparser one gathers its chosen experts' weights. Prefill chunks loop over the
     experts they use: there each expert's GEMM has many rows."""
     rows, experts = layout_of
-    small = rows <= DECODE_ROWS and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)
+    small = rows <= SMALL_STEP_ROWS and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)
     if not small:
         return _expert_loop(x, gate_up, down, weights, ids)
     if rows * ids.shape[1] >= experts:

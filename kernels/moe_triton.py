@@ -16,7 +16,7 @@ weights instead of an expert's, so it costs no extra launch and overlaps with th
 Its results land in M extra pair rows after the M * K routed ones.
 
 Row layouts:
-- decode/verify (M <= 16 rows, DEDUP): one program per (row, choice) pair; a program whose expert
+- decode/verify (M <= DEDUP_ROWS rows, DEDUP): one program per (row, choice) pair; a program whose expert
   already appears in an earlier pair does nothing, the others gather every row that chose their
   expert. No sorting, no host sync: the launch fits in a CUDA graph.
 - prefill (SORTED): pairs sorted by expert and cut into blocks of BLOCK_M rows of one expert
@@ -32,7 +32,9 @@ import triton.language as tl
 from lucebox.kernels.quant import Weight
 from lucebox.kernels.quant_triton import dot_precision, expert_strides, load_weight_tile, weight_args
 
-from lucebox.config import DECODE_ROWS
+# The most rows a step may have for the decode layout (DEDUP): one tile of rows, each program a
+# (row, choice) pair. Wider steps take the prefill layout's 64-row tiles.
+DEDUP_ROWS = 16
 
 
 @triton.jit
@@ -215,8 +217,8 @@ def moe_experts(
     f_shared = shared_down.shape[1] if shared else 0
     x = x.contiguous()
     ids = ids.contiguous()
-    dedup = (layout_of[0] if layout_of else M) <= DECODE_ROWS
-    block_m = DECODE_ROWS if dedup else 64
+    dedup = (layout_of[0] if layout_of else M) <= DEDUP_ROWS
+    block_m = DEDUP_ROWS if dedup else 64
     # The dedup layout reads the ids alone; the table arguments are then unused placeholders.
     table = (ids, ids, ids, ids) if dedup else _sorted_blocks(ids, E, block_m, M if shared else 0)
     n_blocks = P + shared if dedup else table[1].numel()

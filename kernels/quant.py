@@ -9,7 +9,7 @@ consecutive input features of an output row:
 - int4: codes 0..15 packed two per byte along K (even k in the low nibble), zero 8 when
   symmetric, or an integer zero point 0..15 per group (stored as float16) when asymmetric.
 
-Weights read from GGUF files (`lucebox.gguf_blocks`) keep llama.cpp's arithmetic exactly instead:
+Weights read from GGUF files (`lucebox.checkpoints.gguf.blocks`) keep llama.cpp's arithmetic exactly instead:
 their scales are float32 (a super-block scale times a 6- or 8-bit sub-scale, a product float16
 cannot hold), and K-quants subtract a float32 per-group minimum rather than a zero point:
 

@@ -11,16 +11,6 @@ from dataclasses import dataclass, field
 
 from lucebox.errors import ConfigError
 
-# The most rows one decode or verify step forwards: the last token plus up to 15 drafts. Rings,
-# the paged pool, CUDA graphs and the MoE kernels' small-step layouts are all sized by it.
-DECODE_ROWS = 16
-# Drafters are built for the widest round a verify step holds; `draft_k` caps each round, and can
-# change between requests.
-DRAFT_WIDTH = DECODE_ROWS - 1
-# Full-attention K/V moves in chunks of this many positions: the paged pool's page, the unit KVFlash
-# offloads, streams and selects, and the granularity of context sizes.
-KV_CHUNK = 64
-
 
 @dataclass(frozen=True)
 class RopeSpec:

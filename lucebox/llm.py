@@ -11,27 +11,27 @@ import torch
 
 from lucebox.arguments import callback, choice, flag, integer, path, stops, token_id_list
 from lucebox.caches import KV_POLICIES, CacheSettings, SequenceCache, Step
-from lucebox.checkpoint import weight_files
-from lucebox.config import DECODE_ROWS, DRAFT_WIDTH
+from lucebox.checkpoints.hf_folder import weight_files
+from lucebox.checkpoints.loading import check_load_format, describe_model, load_model, resolve_quantization
 from lucebox.device import resolve_device, resolve_dtype
-from lucebox.engine_memory import expert_slots_for, plan_vram, stored_weights
+from lucebox.engine.config import DECODE_ROWS, DRAFT_WIDTH
+from lucebox.engine.runner import StepRunner
+from lucebox.engine.text_stage import TextStage, timing_stats
 from lucebox.errors import ContextLengthError, InvalidArgumentError
-from lucebox.expert_cache import ExpertTraffic
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.kernels.backend import kernels_for, resolve_backend
-from lucebox.loading import check_load_format, describe_model, load_model, resolve_quantization
-from lucebox.memory_plan import check_fits
+from lucebox.memory.engine import expert_slots_for, plan_vram, stored_weights
+from lucebox.memory.expert_cache import ExpertTraffic
+from lucebox.memory.plan import check_fits
+from lucebox.memory.vram import parse_size
 from lucebox.models.hf_config import token_ids
-from lucebox.runner import StepRunner
 from lucebox.sampling import SamplingParams
 from lucebox.speculative import VERIFY_RULES
 from lucebox.speculative.drafters import drafter_cost, make_proposer, measure_verify_seconds, resolve_drafter
 from lucebox.speculative.proposer import tensor_bytes
 from lucebox.speculative.rounds import Speculation
 from lucebox.speculative.width import WidthPolicy
-from lucebox.text_stage import TextStage, timing_stats
-from lucebox.tokenizer import require_tokenizer
-from lucebox.vram_planner import parse_size
+from lucebox.text.tokenizer import require_tokenizer
 
 Prompt = str | Sequence[int]
 
@@ -60,11 +60,11 @@ class LLM:
     (round-to-nearest, float16 scales per group: per row for int8, 128 inputs for int4); the
     embeddings, output head and routers stay in `dtype`. A folder written by `lucebox quantize`
     loads as stored, in its own scheme (`quantization` may only repeat it). `cuda_graphs` (default: on with CUDA
-    and Triton) runs each decode and verify step as one CUDA graph per width (`lucebox.runner`).
+    and Triton) runs each decode and verify step as one CUDA graph per width (`lucebox.engine.runner`).
     `load_progress(done, total)` is called with bytes of weights read as they load.
 
     `vram_budget` ("24GiB", or bytes) plans device memory within that budget from the config
-    alone (`lucebox.vram_planner`): it keeps the pool size and prefill chunk you give and chooses
+    alone (`lucebox.memory.vram`): it keeps the pool size and prefill chunk you give and chooses
     the others so the plan fits (kept in `vram_plan`), refuses with what does not fit, and on
     CUDA holds the allocator to the budget. When nothing else fits an MoE model, it moves the
     routed experts to host memory (`experts_on_host` None; False forbids it).
@@ -77,7 +77,7 @@ class LLM:
 
     `experts_on_host=True` keeps the routed experts in host memory (pinned on CUDA) and
     `expert_slots` of each MoE layer's experts in a device cache (default 8 x top_k); each step
-    copies in the chosen experts it lacks (`lucebox.expert_cache`), so steps run eagerly, without
+    copies in the chosen experts it lacks (`lucebox.memory.expert_cache`), so steps run eagerly, without
     CUDA graphs. The output is the same as with every expert on the device; `Generation.stats`
     gains `expert_hit_rate`, `expert_hits` and `expert_misses` (per row and choice), `expert_copies`
     and `expert_copied_bytes` (per expert copied in).
@@ -223,10 +223,10 @@ class LLM:
         return collect(self.stream(prompt, max_tokens=max_tokens, **options), self._tokenizer is not None)
 
     def chat(self, system: str | None = None, **sampling):
-        """A multi-turn conversation (`lucebox.chat.ChatSession`) in the model's chat template; each
+        """A multi-turn conversation (`lucebox.chat.session.ChatSession`) in the model's chat template; each
         turn reuses the cache of the ones before, so only the new turn is prefilled. `sampling`: the
         defaults of every turn (`max_tokens`, `temperature`, `top_p`, `stop`, ...)."""
-        from lucebox.chat import ChatSession
+        from lucebox.chat.session import ChatSession
 
         return ChatSession(self, system, **sampling)
 

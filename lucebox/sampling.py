@@ -76,3 +76,8 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return (probs / noise).argmax()
 
+
+def greedy_choices(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax (k+1,), on the device; -1 everywhere when any logit is not finite (the
+    host sees that when it reads the tokens, which it must do anyway: no extra sync)."""
+    return torch.where(torch.isfinite(logits).all(), logits.float().argmax(-1), -1)

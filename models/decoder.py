@@ -57,7 +57,7 @@ class Decoder:
         head = self.w["embed"] if self.cfg.tie_word_embeddings else self.w["lm_head"]
         return F.linear(hidden, head)
 
-    # -- the pieces of one forward (`lucebox.runner` composes them into a graphed step) ------------
+    # -- the pieces of one forward (`lucebox.engine.runner` composes them into a graphed step) ------------
 
     def embed(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(residual stream x, first layer's normed input h), both (T, H)."""
@@ -120,7 +120,7 @@ class Decoder:
         moe = self.cfg.moe
         weights, ids = route(F.linear(h, w[p + "router"]), moe, w.get(p + "router_bias"))
         shared = (w[p + "shared_gate_up"], w[p + "shared_down"]) if moe.shared_expert_size else ()
-        if p + "experts" in w:  # experts in host memory, a device cache of them (lucebox.expert_cache)
+        if p + "experts" in w:  # experts in host memory, a device cache of them (lucebox.memory.expert_cache)
             return w[p + "experts"].moe(k.moe_experts, h, weights, ids, moe.routed_scaling, *shared)
         return k.moe_experts(h, w[p + "experts_gate_up"], w[p + "experts_down"], weights, ids, moe.routed_scaling,
                              *shared)

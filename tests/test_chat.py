@@ -6,7 +6,7 @@ import json
 import pytest
 
 import lucebox
-from lucebox.conversation import encode_all, render
+from lucebox.chat.conversation import encode_all, render
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 
 

@@ -14,10 +14,10 @@ from lucebox.kernels import moe, quant
 from lucebox.kernels.quant import QuantizedTensor
 
 import lucebox
-from lucebox import gguf_loading
+from lucebox.checkpoints.gguf import model as gguf_loading
+from lucebox.checkpoints.gguf.blocks import BLOCK_SHAPES, unpack
 from lucebox.cli import main
 from lucebox.errors import ConfigError, ModelNotFoundError, TensorDtypeError, UnsupportedArchitectureError
-from lucebox.gguf_blocks import BLOCK_SHAPES, unpack
 
 PROMPT = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(1)).tolist()
 

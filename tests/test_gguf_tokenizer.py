@@ -1,4 +1,4 @@
-"""lucebox.gguf_tokenizer against the tokenizers a GGUF file was converted from.
+"""lucebox.checkpoints.gguf.tokenizer against the tokenizers a GGUF file was converted from.
 
 Each original is trained here, turned into tokenizer.ggml.* metadata the way llama.cpp's
 convert_hf_to_gguf.py does, written to a real .gguf with gguf.GGUFWriter and read back with
@@ -16,8 +16,8 @@ import sentencepiece as spm
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
+from lucebox.checkpoints.gguf.tokenizer import tokenizer_from_gguf
 from lucebox.errors import TokenizerError
-from lucebox.gguf_tokenizer import tokenizer_from_gguf
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 CORPUS = [

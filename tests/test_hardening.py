@@ -22,8 +22,10 @@ from tokenizers import Tokenizer, models
 import lucebox
 import lucebox.cli
 import lucebox.llm
-import lucebox.memory_plan
-import lucebox.tokenizer
+import lucebox.memory.plan
+import lucebox.text.tokenizer
+from lucebox.checkpoints.loading import describe_model
+from lucebox.checkpoints.safetensors_file import read_header
 from lucebox.errors import (
     CheckpointError,
     ConfigError,
@@ -36,8 +38,6 @@ from lucebox.errors import (
     TensorDtypeError,
     TokenizerError,
 )
-from lucebox.loading import describe_model
-from lucebox.safetensors_file import read_header
 
 
 @pytest.fixture
@@ -226,7 +226,7 @@ def templated(llama_copy):
 ], ids=["nested-loop", "repeat", "center", "ljust", "format-width", "power", "output-size", "type-error"])
 def test_chat_templates_render_within_time_and_size_limits(templated, monkeypatch, template):
     tok = templated(template)
-    monkeypatch.setattr(lucebox.tokenizer, "TEMPLATE_SECONDS", 0.5, raising=False)
+    monkeypatch.setattr(lucebox.text.tokenizer, "TEMPLATE_SECONDS", 0.5, raising=False)
     start = time.perf_counter()
     with pytest.raises(TokenizerError, match="chat template"):
         tok.apply_chat_template([{"role": "user", "content": "hi"}])
@@ -291,7 +291,7 @@ def test_a_draft_ctx_that_does_not_fit_is_refused_before_loading_and_names_what_
         drafter_folders, monkeypatch, kind):
     """draft_ctx=10**8 used to build the engine and fail inside generate with a raw allocator error."""
     target, drafters = drafter_folders
-    monkeypatch.setattr(lucebox.memory_plan, "_host_available", lambda: 64 * 2**20)
+    monkeypatch.setattr(lucebox.memory.plan, "_host_available", lambda: 64 * 2**20)
     real_load = lucebox.llm.load_model
     monkeypatch.setattr(lucebox.llm, "load_model", lambda *a, **k: pytest.fail("weights loaded before the plan"))
     with pytest.raises(InsufficientMemoryError, match=r"draft_ctx=100000000: .* the largest draft_ctx that fits "
@@ -410,7 +410,7 @@ def test_a_folder_without_weights_says_so_before_any_memory_figure(tmp_path, cap
 
 
 def test_weights_that_do_not_fit_raise_insufficient_memory_not_context_length(llama_copy, monkeypatch):
-    monkeypatch.setattr(lucebox.memory_plan, "_host_available", lambda: 2**10)
+    monkeypatch.setattr(lucebox.memory.plan, "_host_available", lambda: 2**10)
     with pytest.raises(InsufficientMemoryError, match="the weights need") as caught:
         lucebox.LLM(llama_copy, device="cpu")
     assert isinstance(caught.value, MemoryError) and not isinstance(caught.value, ContextLengthError)

@@ -7,7 +7,7 @@ import torch
 from tiny_models import VOCAB, WINDOW
 
 import lucebox
-import lucebox.memory_plan
+import lucebox.memory.plan
 from lucebox.caches import SequenceCache, Step
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 
@@ -120,7 +120,7 @@ def test_second_turn_reuses_the_cache_and_prefills_only_new_tokens(reference_mod
 
 def test_a_context_that_cannot_fit_names_the_largest_that_does(reference_models, monkeypatch):
     folder, _ = reference_models("laguna")
-    monkeypatch.setattr(lucebox.memory_plan, "_host_available", lambda: 64 * 2**20)
+    monkeypatch.setattr(lucebox.memory.plan, "_host_available", lambda: 64 * 2**20)
     with pytest.raises(ContextLengthError, match=r"largest context that fits is about (\d+) tokens") as info:
         lucebox.LLM(folder, device="cpu", max_context=10_000_000, kv_pool_tokens=1024)
     largest = int(info.value.args[0].split("about ")[-1].split(" tokens")[0])

@@ -43,3 +43,16 @@ def test_wheel_installs_and_imports_cleanly(tmp_path):
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0].startswith(str(target))
     assert out[1] == repr([str(target)])  # every submodule came from the installed wheel
+
+
+def test_a_plain_checkout_imports_models_and_kernels_under_lucebox():
+    """With only the repository root on the path (no install: `-S` skips the editable install's
+    finder), `lucebox.models` and `lucebox.kernels` come from the top-level folders."""
+    import torch
+
+    site = Path(torch.__file__).resolve().parents[1]  # torch and the other dependencies, without .pth files
+    probe = ("import lucebox.models.decoder, lucebox.kernels.moe; "
+             "print(lucebox.models.decoder.__file__); print(lucebox.kernels.moe.__file__)")
+    out = subprocess.run([sys.executable, "-S", "-c", probe], cwd="/", env={"PYTHONPATH": f"{ROOT}:{site}"},
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == [str(ROOT / "models" / "decoder.py"), str(ROOT / "kernels" / "moe.py")]

@@ -14,11 +14,11 @@ from lucebox.kernels.quant import QuantizedTensor, quantize
 from lucebox.models.layout import quantizable
 
 import lucebox
-from lucebox import quantize_command
+from lucebox.checkpoints.quantized import METADATA_FILE
 from lucebox.cli import main
+from lucebox.cli import quantize as quantize_command
+from lucebox.cli.quantize import quantize_checkpoint
 from lucebox.errors import CheckpointError, InvalidArgumentError
-from lucebox.quantize_command import quantize_checkpoint
-from lucebox.quantized_checkpoint import METADATA_FILE
 
 SMALL_SHARDS = 20_000  # bytes: the tiny models then span several shards
 

@@ -13,8 +13,8 @@ import time
 import pytest
 
 import lucebox
-from lucebox.chat import model_defaults
-from lucebox.conversation import encode_all, render
+from lucebox.chat.conversation import encode_all, render
+from lucebox.chat.session import model_defaults
 from lucebox.server.process import ServerProcess
 
 openai = pytest.importorskip("openai")

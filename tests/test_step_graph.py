@@ -23,7 +23,7 @@ import lucebox
 from lucebox.caches import Step
 from lucebox.caches.paged import PagedKV
 from lucebox.caches.ring import SlidingRing
-from lucebox.runner import StepGraph, StepRunner
+from lucebox.engine.runner import StepGraph, StepRunner
 
 
 class OpRecorder(TorchDispatchMode):

@@ -1,6 +1,6 @@
 """Stop strings are found across token boundaries and never emitted."""
 
-from lucebox.stopping import StopStrings
+from lucebox.text.stopping import StopStrings
 
 
 def feed_all(stops, pieces):

@@ -13,7 +13,7 @@ from lucebox.kernels.quant import QuantizedTensor
 from tiny_models import VOCAB
 
 import lucebox
-import lucebox.memory_plan
+import lucebox.memory.plan
 from lucebox.errors import BackendError, InvalidArgumentError
 
 PROMPT = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -107,7 +107,7 @@ def test_memory_plan_counts_quantized_weights_exactly(tmp_path, quantization):
     shutil.copytree(EXAMPLES / "laguna-tiny", tmp_path / "model")
     llm = lucebox.LLM(tmp_path / "model", device="cpu", dtype="float32", backend="torch", load_format="dummy",
                       quantization=quantization, max_context=1024)
-    plain = lucebox.memory_plan.weight_bytes(llm.config, torch.float32)
-    assert llm.memory()["weights"] == lucebox.memory_plan.weight_bytes(llm.config, torch.float32, quantization)
+    plain = lucebox.memory.plan.weight_bytes(llm.config, torch.float32)
+    assert llm.memory()["weights"] == lucebox.memory.plan.weight_bytes(llm.config, torch.float32, quantization)
     # float32 embeddings and head stay; the linear layers shrink 4x (int8) or about 8x (int4).
     assert llm.memory()["weights"] < (0.36 if quantization == "int8" else 0.25) * plain

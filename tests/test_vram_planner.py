@@ -10,10 +10,10 @@ from conftest import EXAMPLES
 
 import lucebox
 from lucebox.caches import CacheSettings
+from lucebox.checkpoints.loading import describe_model
 from lucebox.cli import main
 from lucebox.errors import InsufficientMemoryError, InvalidArgumentError
-from lucebox.loading import describe_model
-from lucebox.vram_planner import parse_size, plan_for_budget
+from lucebox.memory.vram import parse_size, plan_for_budget
 
 GIB = 2**30
 XS2 = describe_model(EXAMPLES / "laguna-xs2").cfg

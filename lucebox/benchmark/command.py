@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from lucebox.engine_flags import add_engine_flags, engine_options
+from lucebox.cli.engine_flags import add_engine_flags, engine_options
 from lucebox.errors import InvalidArgumentError
 
 QUICK = {"depths": "1k,2k,4k", "gen": 64, "repeat": 3}

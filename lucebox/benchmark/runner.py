@@ -194,7 +194,7 @@ def _peak_bytes(device: torch.device) -> int:
 
 def _model_record(llm) -> dict:
     from lucebox.builtin import BUILTIN_MODEL, BUILTIN_NAME
-    from lucebox.info import model_summary
+    from lucebox.cli.info import model_summary
 
     folder = llm.description.folder
     builtin = folder.resolve() == BUILTIN_MODEL.resolve()

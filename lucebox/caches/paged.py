@@ -31,7 +31,7 @@ import torch
 from lucebox.caches.base import KVBlock, LayerCache, Step
 from lucebox.caches.chunk_selection import ChunkSelection
 from lucebox.caches.host_chunks import HostChunks
-from lucebox.config import DECODE_ROWS, KV_CHUNK
+from lucebox.engine.config import DECODE_ROWS, KV_CHUNK
 from lucebox.errors import InvalidArgumentError
 from lucebox.kernels.kv_int8 import dequantize_rows, quantize_rows
 

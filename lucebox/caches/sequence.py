@@ -10,7 +10,8 @@ from lucebox.caches.base import LayerCache
 from lucebox.caches.contiguous import ContiguousCache
 from lucebox.caches.paged import KVFlashSettings, PagedKV
 from lucebox.caches.ring import SlidingRing
-from lucebox.config import DECODE_ROWS, KV_CHUNK, ModelConfig
+from lucebox.config import ModelConfig
+from lucebox.engine.config import DECODE_ROWS, KV_CHUNK
 
 DEFAULT_POOL_TOKENS = 8192  # the device KV pool of each full-attention layer, unless given
 

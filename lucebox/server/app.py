@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from lucebox.chat import PLAIN_STOP, model_defaults
-from lucebox.conversation import encode_all, render
+from lucebox.chat.conversation import encode_all, render
+from lucebox.chat.session import PLAIN_STOP, model_defaults
 from lucebox.errors import LuceboxError
 from lucebox.server import openai_api as api
 from lucebox.server.worker import EngineWorker, Job

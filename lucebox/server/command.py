@@ -6,7 +6,7 @@ import argparse
 import signal
 import sys
 
-from lucebox.engine_flags import add_engine_flags, open_engine
+from lucebox.cli.engine_flags import add_engine_flags, open_engine
 from lucebox.errors import InvalidArgumentError
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")

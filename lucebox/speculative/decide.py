@@ -5,17 +5,11 @@ from __future__ import annotations
 import torch
 
 from lucebox.errors import NonFiniteLogitsError
-from lucebox.sampling import SamplingParams, distribution, penalize_repetition
+from lucebox.sampling import SamplingParams, distribution, greedy_choices, penalize_repetition
 from lucebox.speculative.proposer import Draft
 from lucebox.speculative.verify import Verdict, block_outcomes, sample, tokenwise_outcomes, verify_greedy
 
 VERIFY_RULES = ("tokenwise", "block")
-
-
-def greedy_choices(logits: torch.Tensor) -> torch.Tensor:
-    """Each row's argmax (k+1,), on the device; -1 everywhere when any logit is not finite (the
-    host sees that when it reads the tokens, which it must do anyway: no extra sync)."""
-    return torch.where(torch.isfinite(logits).all(), logits.float().argmax(-1), -1)
 
 
 def _seen_per_row(seen: torch.Tensor, drafts: list[int], penalty: float) -> list[torch.Tensor]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from lucebox.caches import CacheSettings, SequenceCache, Step
-from lucebox.config import DECODE_ROWS, KV_CHUNK
+from lucebox.engine.config import DECODE_ROWS, KV_CHUNK
 from lucebox.models.decoder import Decoder
 from lucebox.sampling import SamplingParams, distribution, draw
 from lucebox.speculative.proposer import Draft, Proposer, confidence, tensor_bytes

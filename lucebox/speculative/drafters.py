@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch
 
-from lucebox.checkpoint import CheckpointIndex, load_weights, locate_config, read_json, weight_files
+from lucebox.checkpoints.hf_folder import CheckpointIndex, load_weights, locate_config, read_json, weight_files
+from lucebox.checkpoints.loading import ModelDescription, describe_model, load_model
 from lucebox.config import ModelConfig
 from lucebox.errors import DraftModelError
-from lucebox.loading import ModelDescription, describe_model, load_model
-from lucebox.memory_plan import DrafterCost, cache_ring_bytes, ring_bytes, weight_bytes
+from lucebox.memory.plan import DrafterCost, cache_ring_bytes, ring_bytes, weight_bytes
 from lucebox.models import dflash
 from lucebox.models.decoder import Decoder
 from lucebox.speculative.dflash import DFlashProposer, ring_step

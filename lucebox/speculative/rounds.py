@@ -17,7 +17,7 @@ import secrets
 import torch
 
 from lucebox.caches import SequenceCache, Step
-from lucebox.config import DECODE_ROWS
+from lucebox.engine.config import DECODE_ROWS
 from lucebox.sampling import SamplingParams
 from lucebox.speculative.decide import decide
 from lucebox.speculative.proposer import Draft

@@ -64,7 +64,7 @@ def measure_acceptance(target_path: str, drafter: Path, prompts: list[list[int]]
 
 def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str] | None, s: DistillSettings,
         threads: int | None, progress_factory, eval_prompts: int = 8, eval_tokens: int = 128) -> dict:
-    from lucebox.loading import describe_model, load_model
+    from lucebox.checkpoints.loading import describe_model, load_model
 
     if threads:
         torch.set_num_threads(threads)

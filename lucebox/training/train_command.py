@@ -110,7 +110,7 @@ def command(args) -> int:
                              eval_every=args.eval_every, save_every=args.eval_every)
     architecture = None
     if args.config:
-        from lucebox.checkpoint import read_json
+        from lucebox.checkpoints.hf_folder import read_json
         from lucebox.models import build_model_config
 
         architecture = read_json(Path(args.config))

@@ -10,7 +10,8 @@ from typing import NamedTuple
 import torch
 
 from lucebox.caches import CacheSettings
-from lucebox.config import KV_CHUNK, ModelConfig
+from lucebox.config import ModelConfig
+from lucebox.engine.config import KV_CHUNK
 from lucebox.errors import ContextLengthError, InsufficientMemoryError
 from lucebox.kernels.quant import quantized_bytes
 from lucebox.models.layout import quantizable, weight_shapes
@@ -83,7 +84,7 @@ def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
          expert_slots: int | None = None, stored_weights: StoredWeights | None = None) -> dict[str, int]:
     """Bytes of weights, ring caches, device KV pool (+ chunk summaries), the most host KV, drafter.
     With `expert_slots` (experts in host memory) the routed experts count in host memory and the
-    device holds that many of each MoE layer's experts (`lucebox.expert_cache`). `stored_weights`:
+    device holds that many of each MoE layer's experts (`lucebox.memory.expert_cache`). `stored_weights`:
     the weights' bytes when the checkpoint fixes them (a GGUF file's own quants)."""
     size = dtype.itemsize
     row = cfg.kv_bytes_per_token(size, settings.kv_int8)  # the paged pool's rows

@@ -2,7 +2,7 @@
 
 "gpt2" files (byte-level BPE) become a `tokenizers` BPE split by the regex llama.cpp picks for
 `tokenizer.ggml.pre`; "llama" files (SentencePiece) become a sentencepiece model made of the file's
-own pieces, scores and types. Either goes to lucebox.tokenizer.Tokenizer, as a model folder's would.
+own pieces, scores and types. Either goes to lucebox.text.tokenizer.Tokenizer, as a model folder's would.
 What each key means, and its default when absent, follows llama.cpp's src/llama-vocab.cpp.
 """
 
@@ -17,7 +17,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, processors
 
 from lucebox.errors import TokenizerError
-from lucebox.tokenizer import Tokenizer
+from lucebox.text.tokenizer import Tokenizer
 
 # gguf-py's TokenType; sentencepiece's SentencePiece.Type uses the same numbers, so "llama" types pass through
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from lucebox.checkpoint import CheckpointIndex, read_json, weight_files
+from lucebox.checkpoints.hf_folder import CheckpointIndex, read_json, weight_files
 from lucebox.config import ModelConfig
 from lucebox.errors import CheckpointError
 from lucebox.kernels.quant import SCHEMES, QuantizedTensor

@@ -1,5 +1,5 @@
 """A llama.cpp GGUF model as lucebox loads it: the file, the config.json its metadata translates
-to, its weights, and its tokenizer (`lucebox.gguf_tokenizer`)."""
+to, its weights, and its tokenizer (`lucebox.checkpoints.gguf.tokenizer`)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import torch
 
+from lucebox.checkpoints.gguf.config import hf_config_from_gguf
+from lucebox.checkpoints.gguf.file import GGUFFile, locate_gguf
+from lucebox.checkpoints.gguf.tokenizer import tokenizer_from_gguf
+from lucebox.checkpoints.gguf.weights import ROPE_FREQS, device_bytes, load_gguf_weights
 from lucebox.config import ModelConfig
 from lucebox.errors import ConfigError
-from lucebox.gguf_config import hf_config_from_gguf
-from lucebox.gguf_file import GGUFFile, locate_gguf
-from lucebox.gguf_tokenizer import tokenizer_from_gguf
-from lucebox.gguf_weights import ROPE_FREQS, device_bytes, load_gguf_weights
-from lucebox.memory_plan import StoredWeights
+from lucebox.memory.plan import StoredWeights
 from lucebox.models import build_model_config
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lucebox.checkpoints.gguf.blocks import BLOCK_SHAPES, unpack
 from lucebox.errors import CorruptCheckpointError, ModelNotFoundError, TensorDtypeError
-from lucebox.gguf_blocks import BLOCK_SHAPES, unpack
 from lucebox.kernels.quant import QuantizedTensor
 
 FLOAT_TYPES = ("F32", "F16", "BF16")

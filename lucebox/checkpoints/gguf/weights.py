@@ -5,7 +5,7 @@ and per block `blk.{i}.attn_norm`, `attn_q/k/v/output` (+ `.bias`), `attn_q_norm
 `attn_gate`, `ffn_norm`, `ffn_gate/up/down`, `ffn_gate_inp` (router), `exp_probs_b` (router
 bias), `ffn_{gate,up,down}_exps` (experts, already stacked) and `ffn_{gate,up,down}_shexp`.
 
-Quantized linear weights stay quantized (`lucebox.gguf_blocks`); embeddings, the output head,
+Quantized linear weights stay quantized (`lucebox.checkpoints.gguf.blocks`); embeddings, the output head,
 routers, norms and biases are read in the model dtype, as lucebox keeps them for its own
 quantization. llama.cpp's converter interleaves the two rotary halves of each attention head's
 q and k rows for architecture `llama` (its RoPE rotates adjacent pairs); we put them back.
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
+from lucebox.checkpoints.gguf.file import GGUFFile
 from lucebox.config import ModelConfig
 from lucebox.errors import MissingTensorError, TensorShapeError, UnexpectedTensorError
-from lucebox.expert_cache import is_routed_expert
-from lucebox.gguf_file import GGUFFile
 from lucebox.kernels.quant import QuantizedTensor, dequantize
-from lucebox.memory_plan import StoredWeights
+from lucebox.memory.expert_cache import is_routed_expert
+from lucebox.memory.plan import StoredWeights
 from lucebox.models.layout import quantizable, weight_shapes
 
 Weight = torch.Tensor | QuantizedTensor

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import torch
 
 from lucebox.caches import SequenceCache, Step
-from lucebox.config import DECODE_ROWS
-from lucebox.speculative.decide import greedy_choices
+from lucebox.engine.config import DECODE_ROWS
+from lucebox.sampling import greedy_choices
 
 
 @dataclass

@@ -14,10 +14,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from lucebox.chat_commands import ChatCommands
-from lucebox.engine_flags import add_engine_flags, engine_options, report_plan
+from lucebox.chat.slash_commands import ChatCommands
+from lucebox.cli.engine_flags import add_engine_flags, engine_options, report_plan
+from lucebox.cli.stats_line import stats_line
 from lucebox.errors import LuceboxError
-from lucebox.stats_line import stats_line
 
 HISTORY_FILE = Path.home() / ".local" / "state" / "lucebox" / "chat_history"
 DOUBLE_PRESS_SECONDS = 1.0

@@ -12,7 +12,7 @@ from contextlib import closing
 from pathlib import Path
 
 from lucebox.arguments import integer
-from lucebox.conversation import GrowingContext, encode_all, render
+from lucebox.chat.conversation import GrowingContext, encode_all, render
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.sampling import SamplingParams

@@ -8,19 +8,19 @@ from pathlib import Path
 
 import torch
 
-from lucebox.checkpoint import CheckpointIndex, load_weights, locate_config, read_json, weight_files
+from lucebox.checkpoints.gguf.model import GGUFModel, describe_gguf, gguf_tokenizer
+from lucebox.checkpoints.hf_folder import CheckpointIndex, load_weights, locate_config, read_json, weight_files
+from lucebox.checkpoints.quantized import load_quantized, saved_scheme
 from lucebox.config import ModelConfig
 from lucebox.errors import InvalidArgumentError
-from lucebox.expert_cache import ExpertTraffic, PinnedArena, cache_experts, is_routed_expert, moved
-from lucebox.gguf_loading import GGUFModel, describe_gguf, gguf_tokenizer
 from lucebox.kernels.backend import Kernels
 from lucebox.kernels.quant import SCHEMES, quantize
+from lucebox.memory.expert_cache import ExpertTraffic, PinnedArena, cache_experts, is_routed_expert, moved
 from lucebox.models import adapter_for, build_model_config
 from lucebox.models.decoder import Decoder
 from lucebox.models.layout import quantizable, weight_shapes
 from lucebox.models.sources import Source
-from lucebox.quantized_checkpoint import load_quantized, saved_scheme
-from lucebox.tokenizer import Tokenizer, load_tokenizer
+from lucebox.text.tokenizer import Tokenizer, load_tokenizer
 
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 
@@ -138,7 +138,7 @@ def load_model(
     """Weights (quantized as they are read, with `quantization`), tokenizer and a `Decoder` that
     runs on `kernels` (the torch references by default); `progress(done, total)` in bytes read.
     With `expert_slots`, the routed experts stay in host memory and each MoE layer caches that
-    many of them on the device, counting its traffic in `expert_traffic` (`lucebox.expert_cache`)."""
+    many of them on the device, counting its traffic in `expert_traffic` (`lucebox.memory.expert_cache`)."""
     check_load_format(load_format)
     shapes = weight_shapes(desc.cfg)
     quantization = resolve_quantization(quantization, desc)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from lucebox.checkpoints.safetensors_file import SafetensorsFile, read_header
 from lucebox.errors import (
     CheckpointError,
     ConfigError,
@@ -26,7 +27,6 @@ from lucebox.errors import (
     UnexpectedTensorError,
 )
 from lucebox.models.sources import Cat, Source, Stack, first_available, leaf_names
-from lucebox.safetensors_file import SafetensorsFile, read_header
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # Tensors some exporters leave behind that carry no weights.

@@ -9,7 +9,7 @@ defaults while they fit and otherwise gives up, in order, prefill chunk size (do
 and pool size (down to what the policy needs): a smaller prefill chunk costs prefill speed, a
 smaller pool long-context decode speed. If that is not enough for an MoE model (and experts in
 host memory are allowed), it moves the routed experts to host memory and gives the device cache
-of experts what is left at the default pool and prefill chunk (`lucebox.expert_cache`): misses
+of experts what is left at the default pool and prefill chunk (`lucebox.memory.expert_cache`): misses
 cost PCIe copies, so this comes last. What still does not fit is named, with the largest context
 that would.
 """
@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 import torch
 
 from lucebox.caches import CacheSettings
-from lucebox.config import DECODE_ROWS, KV_CHUNK, ModelConfig
+from lucebox.config import ModelConfig
+from lucebox.engine.config import DECODE_ROWS, KV_CHUNK
 from lucebox.errors import InvalidArgumentError
-from lucebox.memory_plan import DrafterCost, StoredWeights, plan, routed_expert_bytes
+from lucebox.memory.plan import DrafterCost, StoredWeights, plan, routed_expert_bytes
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}

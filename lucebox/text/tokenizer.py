@@ -22,7 +22,7 @@ import jinja2.sandbox
 import sentencepiece
 import tokenizers
 
-from lucebox.checkpoint import inside_folder
+from lucebox.checkpoints.hf_folder import inside_folder
 from lucebox.errors import ModelNotFoundError, TokenizerError
 
 _FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")

@@ -1,5 +1,5 @@
 """`lucebox quantize MODEL OUT --bits 4|8 [--group N]`: a float checkpoint written as a saved
-quantized one (`lucebox.quantized_checkpoint`) that `LLM(OUT)` loads without quantizing again.
+quantized one (`lucebox.checkpoints.quantized`) that `LLM(OUT)` loads without quantizing again.
 
 The checkpoint is streamed: one tensor is read (in its own dtype), quantized and added to the
 shard being filled; a shard is written once it holds `SHARD_BYTES`, so memory holds one float
@@ -19,12 +19,12 @@ import torch
 from safetensors.torch import save_file
 
 from lucebox import __version__
-from lucebox.checkpoint import CheckpointIndex, iter_weights, weight_files
+from lucebox.checkpoints.hf_folder import CheckpointIndex, iter_weights, weight_files
+from lucebox.checkpoints.loading import checkpoint_sources, describe_model
+from lucebox.checkpoints.quantized import FORMAT, METADATA_FILE, VERSION, saved_scheme, stored_fields, tensor_record
 from lucebox.errors import InvalidArgumentError
 from lucebox.kernels.quant import QuantizedTensor, quantize
-from lucebox.loading import checkpoint_sources, describe_model
 from lucebox.models.layout import quantizable, weight_shapes
-from lucebox.quantized_checkpoint import FORMAT, METADATA_FILE, VERSION, saved_scheme, stored_fields, tensor_record
 
 SHARD_BYTES = 2 * 2**30
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".gguf")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from lucebox.config import DRAFT_WIDTH, ModelConfig
+from lucebox.config import ModelConfig
+from lucebox.engine.config import DRAFT_WIDTH
 from lucebox.errors import InsufficientMemoryError, InvalidArgumentError
-from lucebox.memory_plan import StoredWeights
+from lucebox.memory.plan import StoredWeights
+from lucebox.memory.vram import VramPlan, plan_for_budget
 from lucebox.speculative.drafters import drafter_cost
-from lucebox.vram_planner import VramPlan, plan_for_budget
 
 
 def stored_weights(description, dtype: torch.dtype, load_format: str) -> StoredWeights | None:
@@ -40,7 +41,7 @@ def plan_vram(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, quanti
               context: int, kv_policy: str | None, kv_pool_tokens: int | None, prefill_chunk: int | None, drafter,
               draft_ctx: int, cuda_graphs: bool | None, experts_on_host: bool | None, expert_slots: int | None,
               kv_int8: bool, stored: StoredWeights | None) -> VramPlan:
-    """The planner's choices under the budget (`lucebox.vram_planner`), or InsufficientMemoryError
+    """The planner's choices under the budget (`lucebox.memory.vram`), or InsufficientMemoryError
     saying what does not fit; on CUDA the allocator is held to the budget from here on."""
     largest = 2048 if device.type == "cuda" else 512  # the default prefill chunk
     cost = drafter_cost(drafter, dtype, context, prefill_chunk or largest, draft_ctx, DRAFT_WIDTH)

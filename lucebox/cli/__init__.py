@@ -1,0 +1,59 @@
+"""The `lucebox` command: one module per subcommand, each with `add_parser(sub)` and
+`command(args)`. Every LuceboxError becomes one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from lucebox import __version__
+from lucebox.cli.engine_flags import in_flag_terms
+from lucebox.errors import LuceboxError
+
+
+def _commands() -> dict:
+    """Subcommand name -> its module, in the order `--help` lists them (imported on first use)."""
+    from lucebox.benchmark import command as bench
+    from lucebox.chat import command as chat
+    from lucebox.cli import generate, info, quantize
+    from lucebox.server import command as serve
+    from lucebox.training import distill_command, train_command
+
+    return {"info": info, "generate": generate, "quantize": quantize, "train": train_command,
+            "distill": distill_command, "chat": chat, "bench": bench, "serve": serve}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lucebox", description="Single-GPU inference for big open MoE models.")
+    parser.add_argument("--version", action="version", version=f"lucebox {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in _commands().values():
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return _commands()[args.command].command(args)
+    except LuceboxError as e:
+        print(f"lucebox: error: {in_flag_terms(str(e))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("lucebox: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`lucebox generate ... | head`): stop quietly, like other Unix tools.
+        # Python's own flush of stdout at exit would fail again and print a warning: point it at
+        # /dev/null first.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout is not a file (tests capture it)
+            pass
+        return 128 + signal.SIGPIPE

@@ -1,0 +1,127 @@
+"""`lucebox info [MODEL]`: what a model is, from config.json alone (parameters, layers, KV bytes),
+and with `--vram` the memory plan under a budget."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from lucebox.config import ModelConfig
+from lucebox.models.layout import parameter_counts
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("info", help="describe a model from its config.json: parameters, layers, KV bytes")
+    p.add_argument("model", nargs="?", default=None,
+                   help="model folder, or a config.json file (no weights are needed); default: the built-in model")
+    p.add_argument("--kv-dtype", default="bfloat16",
+                   help="dtype of cached K/V for the byte counts (int8: the pool and host KV as int8 rows)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--vram", default=None,
+                   help="plan device memory within this budget (e.g. 24GiB), from the config alone: the JSON "
+                        "gains a top-level `fits` and `vram_plan` with the bytes of each part")
+    p.add_argument("--quantization", default=None, help="int8 | int4: weights as the engine would quantize them")
+    p.add_argument("--ctx", type=int, default=None, help="context to plan for (default: the model's)")
+    p.add_argument("--dtype", default="bfloat16", help="activation and unquantized weight dtype for the plan")
+    p.add_argument("--kv-policy", choices=["exact", "select"], default=None)
+
+
+def model_summary(cfg: ModelConfig, kv_dtype_bytes: int = 2, kv_int8: bool = False) -> dict:
+    """Parameter counts, layer layout, and KV-cache bytes per token for each attention kind (with
+    `kv_int8`, full layers' rows as the int8 pool stores them; sliding rings keep `kv_dtype_bytes`)."""
+    total, active = parameter_counts(cfg)
+    kinds = Counter((layer.attention, layer.window, layer.num_heads) for layer in cfg.layers)
+    attention = []
+    for (kind, window, heads), count in sorted(kinds.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+        per_token = cfg.kv_bytes_per_token(kv_dtype_bytes, kv_int8 and kind == "full")
+        attention.append({
+            "kind": kind, "layers": count, "query_heads": heads, "window": window,
+            "kv_bytes_per_token_per_layer": per_token,
+            # A sliding layer never holds more than `window` rows, whatever the context.
+            "kv_bytes_max_per_layer": per_token * window if window else None,
+        })
+    mlp = Counter(layer.mlp for layer in cfg.layers)
+    summary = {
+        "architecture": cfg.architecture,
+        "parameters_total": total,
+        "parameters_active": active,
+        "layers": cfg.num_layers,
+        "hidden_size": cfg.hidden_size,
+        "vocab_size": cfg.vocab_size,
+        "kv_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "attention": attention,
+        "mlp": {"dense": mlp.get("dense", 0), "moe": mlp.get("moe", 0)},
+        "kv_dtype_bytes": kv_dtype_bytes,
+        "layer_pattern": "".join("F" if layer.attention == "full" else "S" for layer in cfg.layers),
+    }
+    if cfg.moe is not None:
+        m = cfg.moe
+        summary["moe"] = {"experts": m.num_experts, "top_k": m.top_k, "expert_size": m.expert_size,
+                          "shared_expert_size": m.shared_expert_size, "router": m.router}
+    return summary
+
+
+def command(args) -> int:
+    import torch
+
+    from lucebox.checkpoints.loading import describe_model
+    from lucebox.device import resolve_dtype
+
+    if args.model is None:
+        from lucebox.builtin import builtin_model
+
+        args.model = builtin_model()
+    desc = describe_model(args.model)
+    cfg = desc.cfg
+    int8 = args.kv_dtype == "int8"  # the pool's rows; sliding rings stay in the activations' dtype
+    ring_dtype = args.dtype if int8 else args.kv_dtype
+    summary = model_summary(cfg, resolve_dtype(ring_dtype, torch.device("cpu")).itemsize, int8)
+    plan = vram_plan(args, desc) if args.vram is not None else None
+    if plan is not None:
+        summary.update(fits=plan.fits, vram_plan=plan.as_json())
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    from rich.console import Console
+
+    out = Console(highlight=False, soft_wrap=True)
+    if plan is not None:
+        for line in plan.lines():
+            out.print(line, markup=False)
+    out.print(f"[bold]{summary['architecture']}[/bold]  {summary['layers']} layers, hidden {summary['hidden_size']}, "
+              f"vocab {summary['vocab_size']}")
+    out.print(f"parameters: {summary['parameters_total'] / 1e9:.2f}B total, "
+              f"{summary['parameters_active'] / 1e9:.2f}B active per token")
+    out.print(f"layer pattern (F full, S sliding): {summary['layer_pattern']}")
+    for a in summary["attention"]:
+        window = f", window {a['window']}" if a["window"] else ""
+        cap = f", at most {a['kv_bytes_max_per_layer'] / 2**20:.2f} MiB per layer" if a["window"] else ""
+        out.print(f"  {a['layers']} x {a['kind']} attention, {a['query_heads']} query / {summary['kv_heads']} KV heads "
+                  f"x {summary['head_dim']}{window}: KV {a['kv_bytes_per_token_per_layer']} bytes/token/layer{cap}")
+    mlp = summary["mlp"]
+    line = f"MLP: {mlp['dense']} dense, {mlp['moe']} MoE"
+    if "moe" in summary:
+        m = summary["moe"]
+        shared = f" + shared {m['shared_expert_size']}" if m["shared_expert_size"] else ""
+        line += f" ({m['experts']} experts of width {m['expert_size']}, top-{m['top_k']} {m['router']} router{shared})"
+    out.print(line)
+    return 0
+
+
+def vram_plan(args, desc):
+    import torch
+
+    from lucebox.arguments import integer
+    from lucebox.checkpoints.loading import resolve_quantization
+    from lucebox.device import resolve_dtype
+    from lucebox.memory.vram import parse_size, plan_for_budget
+
+    cfg, quantization = desc.cfg, resolve_quantization(args.quantization, desc)
+    context = integer("max_context", args.ctx, 1, optional=True) or cfg.max_position_embeddings
+    dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    stored = desc.gguf.device_bytes(cfg, dtype) if desc.gguf is not None else None  # a GGUF's own block types
+    return plan_for_budget(cfg, parse_size(args.vram), context, dtype, quantization, kv_policy=args.kv_policy,
+                           kv_int8=args.kv_dtype == "int8", stored_weights=stored)
+
+
