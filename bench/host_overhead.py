@@ -130,7 +130,8 @@ def graphed_path(llm):
         from lucebox.models.graphs import DecodeGraphs, _Segment
         llm.decoder.graphs = DecodeGraphs(llm.decoder, capture=False)
         return _Segment
-    llm.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    engine = getattr(llm, "engine", llm)  # the engine's parts moved out of `LLM` itself
+    engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
     return StepGraph
 
 
@@ -213,12 +214,16 @@ def instruments(counters: Counters, llm, graph_class) -> ExitStack:
 
     def clock(original):
         def f(self, *args, **kwargs):
-            if not args or args[0]:  # `_clock()` / `_clock(True)` synchronizes on a GPU
+            if not args or args[0]:  # `clock()` / `clock(True)` synchronizes on a GPU
                 counters.add("synchronizing_clock_reads")
             return original(self, *args, **kwargs)
         return f
 
-    stack.enter_context(patched(type(llm), "_clock", clock))
+    try:
+        from lucebox.device import DeviceClock
+        stack.enter_context(patched(DeviceClock, "__call__", clock))
+    except ImportError:  # before the clock was its own object: a method of `LLM`
+        stack.enter_context(patched(type(llm), "_clock", clock))
     return stack
 
 

@@ -265,7 +265,7 @@ def bench_model(folder, dtype, device, peak, tokens: int, dry: bool) -> list[dic
         if not dry:
             from lucebox.speculative.drafters import measure_verify_seconds
 
-            verify = measure_verify_seconds(llm, llm._new_cache(), widths=(1, 8))
+            verify = measure_verify_seconds(llm.runner, llm.engine.new_cache(), llm.engine.clock, widths=(1, 8))
         rate = stats["decode_tokens_per_s"]
         rows.append({"backend": backend, "weights": scheme or str(dtype).split(".")[-1], "cuda_graphs": graphs,
                      "decode_tokens_per_s": rate, "bytes_per_token": per_token,

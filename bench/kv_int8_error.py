@@ -45,8 +45,8 @@ def teacher_forced(llm, tokens: list[int], prefill: int) -> tuple[torch.Tensor, 
     in chunks, then each later token fed as a one-token decode step."""
     from lucebox.caches import Step
 
-    cache = llm._new_cache()
-    first = torch.cat([llm.decoder.logits(h) for h in llm._prefill(tokens[:prefill], cache)])
+    cache = llm.engine.new_cache()
+    first = torch.cat([llm.decoder.logits(h) for h in llm.engine.prefill(tokens[:prefill], cache)])
     ids = torch.tensor(tokens)
     steps = []
     for position in range(prefill, len(tokens)):

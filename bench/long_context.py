@@ -73,11 +73,12 @@ def run_lucebox(model, policy, contexts, args) -> list[dict]:
     """The rows of `lucebox bench` (one code path measures): plain decoding, one row per context,
     each prefilled from an empty cache and decoded `--decode-tokens` tokens, `--repeats` times."""
     from lucebox.benchmark.runner import BenchSettings, run_benchmark
+    from lucebox.engine.config import EngineConfig
 
-    engine = dict(device=args.device, dtype=args.dtype, load_format=args.load_format, kv_policy=policy,
-                  kv_pool_tokens=args.kv_pool, prefill_chunk=args.prefill_chunk, draft=None)
+    engine = EngineConfig(model, device=args.device, dtype=args.dtype, load_format=args.load_format, kv_policy=policy,
+                          kv_pool_tokens=args.kv_pool, prefill_chunk=args.prefill_chunk)
     settings = BenchSettings(depths=tuple(contexts), gen=args.decode_tokens, repeat=args.repeats, seed=args.seed)
-    rows = run_benchmark(model, engine, settings)["rows"]
+    rows = run_benchmark(engine, settings)["rows"]
     for row in rows:
         print(f"lucebox {policy:6s} ctx {row['depth']:>7}: decode {row['decode_tokens_per_s']:8.2f} tok/s (median of "
               f"{args.repeats}), prefill {row['prefill_tokens_per_s']:8.1f} tok/s", flush=True)

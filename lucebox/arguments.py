@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+import re
 from collections.abc import Callable, Iterable, Sequence
 from numbers import Real
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 from lucebox.errors import InvalidArgumentError
 
 SEED_MAX = 2**63 - 1  # sampling seeds are 0..SEED_MAX
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def _shown(value: Any) -> str:
@@ -133,3 +136,13 @@ def stops(value: Any, vocab_size: int) -> tuple[list[str], set[int]]:
         else:
             ids.add(integer("stop token id", item, 0, vocab_size - 1))
     return strings, ids
+
+
+def size(name: str, text: Any) -> int:
+    """Bytes from "24GiB", "24 GB", "512MiB" or a positive integer."""
+    if isinstance(text, int) and not isinstance(text, bool) and text > 0:
+        return text
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", str(text), re.IGNORECASE)
+    if not match or float(match.group(1)) <= 0:
+        raise InvalidArgumentError(f"{name} '{text}' is not a size; write it like 24GiB, 16GB or 512MiB")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])

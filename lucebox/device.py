@@ -1,6 +1,9 @@
-"""Choosing the device and the dtype from the user's `device=` and `dtype=` arguments."""
+"""Choosing the device and the dtype from the user's `device=` and `dtype=` arguments, and a clock that
+waits for the device."""
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -44,3 +47,17 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
         choices = ", ".join(sorted(_DTYPES))
         raise InvalidArgumentError(f"dtype '{dtype}' is not supported; use 'auto' or one of {choices}")
     return _DTYPES[dtype]
+
+
+class DeviceClock:
+    """Seconds on a wall clock read after the device has finished what was queued, so timings are
+    honest on CUDA; `clock(synchronize=False)` reads the host's time alone (no wait), for figures
+    nothing decides on."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __call__(self, synchronize: bool = True) -> float:
+        if synchronize and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()

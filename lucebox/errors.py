@@ -79,3 +79,8 @@ class InsufficientMemoryError(LuceboxError, MemoryError):
 
 class BackendError(LuceboxError):
     """The kernel backend asked for cannot run here (no Triton, no interpreter, unsupported dtype)."""
+
+
+class LuceboxWarning(UserWarning):
+    """Something runs, but not as the model was made to (a context past its trained length, ...);
+    the CLI prints it as one `lucebox: warning:` line."""

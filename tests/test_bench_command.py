@@ -11,10 +11,11 @@ import sys
 
 import pytest
 
-import lucebox.llm
 from lucebox.benchmark import record, report, runner
 from lucebox.benchmark.command import parse_depths
 from lucebox.cli import main
+from lucebox.engine import setup
+from lucebox.engine.config import EngineConfig
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 
 TINY = ["--depths", "256,512", "--gen", "8", "--repeat", "2", "--device", "cpu"]
@@ -143,21 +144,21 @@ def test_every_request_prefills_from_an_empty_cache():
 
 
 def test_default_depths_stop_at_16k_on_a_cpu_and_drop_what_does_not_fit(monkeypatch):
-    options = dict(device="cpu", draft=None)
-    depths, llm = runner._open_engine(None, options, runner.BenchSettings(gen=8))
+    options = EngineConfig(device="cpu")
+    depths, llm = runner._open_engine(options, runner.BenchSettings(gen=8))
     assert depths == [1024, 4096, 16384] and llm.proposer is None
-    real = lucebox.llm.check_fits
+    real = setup.check_fits
 
     def small_machine(cfg, settings, *args):
         if settings.max_context > 8192:
             raise ContextLengthError(f"max_context={settings.max_context} does not fit (test)")
         return real(cfg, settings, *args)
 
-    monkeypatch.setattr(lucebox.llm, "check_fits", small_machine)
-    depths, plain = runner._open_engine(None, options, runner.BenchSettings(gen=8))
+    monkeypatch.setattr(setup, "check_fits", small_machine)
+    depths, plain = runner._open_engine(options, runner.BenchSettings(gen=8))
     assert depths == [1024, 4096] and plain.max_context == 4096 + 8
     with pytest.raises(ContextLengthError):  # depths asked for are never dropped
-        runner._open_engine(None, options, runner.BenchSettings(depths=(1024, 16384), gen=8))
+        runner._open_engine(options, runner.BenchSettings(depths=(1024, 16384), gen=8))
 
 
 def test_commit_is_unknown_outside_the_checkout(monkeypatch, tmp_path):

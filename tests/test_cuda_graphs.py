@@ -99,8 +99,8 @@ def test_every_width_replays_the_uncaptured_steps_logits_on_cuda(tmp_path):
     engines = [laguna_tiny(tmp_path, "float32"), laguna_tiny(tmp_path, "float32", capture=False)]
     caches = []
     for llm in engines:
-        cache = llm._new_cache()
-        for _ in llm._prefill(PROMPT, cache):
+        cache = llm.engine.new_cache()
+        for _ in llm.engine.prefill(PROMPT, cache):
             pass
         caches.append(cache)
     position = len(PROMPT)
@@ -124,7 +124,7 @@ def test_the_graphed_step_never_syncs_with_the_host(reference_models):
     folder, _ = reference_models("laguna")
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", backend="triton", max_context=1024,
                       kv_pool_tokens=640, kv_policy="select")
-    cache = llm._new_cache()
+    cache = llm.engine.new_cache()
     llm.runner.step(PROMPT, Step.span(0, len(PROMPT), llm.device, prefill=True), cache)
     cache.commit(len(PROMPT))
     step = Step.span(len(PROMPT), 5, llm.device)
@@ -143,12 +143,12 @@ def test_graphs_follow_the_session_cache_and_let_dropped_ones_go(reference_model
     empties and reuses it, and a dropped cache is no longer held by the runner."""
     folder, _ = reference_models("laguna")
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", draft="ngram")
-    cache = llm._session[0]
+    cache = llm.session.cache
     assert llm.runner._bound is cache and not cache.dirty  # timed at start-up, left clean
     llm.generate(PROMPT, max_tokens=4, ignore_eos=True)
     llm.generate(PROMPT[::-1], max_tokens=4, ignore_eos=True)  # shares nothing: emptied, not replaced
-    assert llm._session[0] is cache and llm.runner._bound is cache
+    assert llm.session.cache is cache and llm.runner._bound is cache
     llm.drop_cache()
     assert llm.runner._bound is None
     llm.generate(PROMPT, max_tokens=4, ignore_eos=True)
-    assert llm.runner._bound is llm._session[0] is not cache
+    assert llm.runner._bound is llm.session.cache is not cache

@@ -228,7 +228,7 @@ def test_memory_plan_counts_the_weights_as_they_are_held(qtype, tmp_path, capsys
     llm = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32")
     held = sum(w.nbytes() if isinstance(w, QuantizedTensor) else w.numel() * w.element_size()
                for w in llm.decoder.w.values())
-    assert llm._plan["weights"] == held
+    assert llm.setup.memory["weights"] == held
     # The VRAM planner and `lucebox info --vram` count them so too, and the expert cache from them.
     assert main(["info", str(tmp_path / "model.gguf"), "--vram", "1GiB", "--dtype", "float32", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["vram_plan"]["device_bytes"]["weights"] == held
@@ -236,7 +236,7 @@ def test_memory_plan_counts_the_weights_as_they_are_held(qtype, tmp_path, capsys
                           expert_slots=2)
     routed = sum(w.nbytes() if isinstance(w, QuantizedTensor) else w.numel() * w.element_size()
                  for name, w in llm.decoder.w.items() if name.endswith(("experts_gate_up", "experts_down")))
-    assert on_host._plan["experts_host"] == routed
-    assert on_host._plan["weights"] == held - routed + routed * 2 // llm.config.moe.num_experts
+    assert on_host.setup.memory["experts_host"] == routed
+    assert on_host.setup.memory["weights"] == held - routed + routed * 2 // llm.config.moe.num_experts
     assert on_host.generate([1, 2, 3], max_tokens=4, ignore_eos=True).token_ids == \
         llm.generate([1, 2, 3], max_tokens=4, ignore_eos=True).token_ids

@@ -18,7 +18,7 @@ def stepwise_logits(llm, ids, n_prefill, reference=False):
     """Logits of every position: a chunked prefill of ids[:n_prefill], then one decode step per token."""
     settings = dataclasses.replace(llm.cache_settings, reference=reference)
     cache = SequenceCache(llm.config, settings, llm.dtype, llm.device)
-    out = [llm.decoder.logits(h) for h in llm._prefill(ids[:n_prefill], cache)]
+    out = [llm.decoder.logits(h) for h in llm.engine.prefill(ids[:n_prefill], cache)]
     for i in range(n_prefill, len(ids)):
         hidden = llm.decoder.forward(torch.tensor([ids[i]]), Step(torch.tensor([i])), cache)
         cache.commit(i + 1)

@@ -115,6 +115,24 @@ def test_stop_inside_a_round_ends_at_that_token(laguna, plain):
     assert again.token_ids == fresh.generate(PROMPT + out.token_ids, max_tokens=5, ignore_eos=True).token_ids
 
 
+def test_nothing_past_a_stop_is_ever_committed(laguna, plain, monkeypatch):
+    """A round's new tokens go through the text stage before the cache commits them, so a stop
+    inside a round commits the rows up to it and no further (none are committed and rolled back)."""
+    from lucebox.caches import SequenceCache
+
+    lengths = []
+    commit = SequenceCache.commit
+    monkeypatch.setattr(SequenceCache, "commit", lambda cache, length: (lengths.append(length), commit(cache, length)))
+    llm = lucebox.LLM(laguna, draft="ngram", adaptive=False, kv_policy="exact", kv_pool_tokens=256, **COMMON)
+    reference = plain["exact"]
+    for position in (20, 30, 40, 50):  # stops at different places in the n-gram drafter's rounds
+        stop = reference[position]
+        lengths.clear()
+        out = llm.generate(PROMPT, max_tokens=N, stop=[stop], ignore_eos=True)
+        assert out.token_ids == reference[: reference.index(stop) + 1]
+        assert max(lengths) == len(PROMPT) + len(out.token_ids) - 1  # the stop token itself is never forwarded
+
+
 def drafter_variant(folder, tmp_path, change_config=None, change_tensors=None):
     from safetensors.torch import load_file, save_file
 

@@ -72,8 +72,8 @@ def recorded_steps(reference_models, monkeypatch):
 
     monkeypatch.setattr(StepGraph, "body", recorded_body)
     prompt = torch.randint(0, VOCAB, (700,), generator=torch.Generator().manual_seed(5)).tolist()
-    cache = llm._new_cache()
-    for _ in llm._prefill(prompt, cache):
+    cache = llm.engine.new_cache()
+    for _ in llm.engine.prefill(prompt, cache):
         pass
     paged = next(layer for layer in cache.layers if isinstance(layer, PagedKV))
     ring = next(layer for layer in cache.layers if isinstance(layer, SlidingRing))

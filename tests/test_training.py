@@ -31,7 +31,7 @@ def test_batched_training_forward_equals_the_engine(laguna):
     for row in range(len(TOKENS)):
         ids = TOKENS[row].tolist()
         assert torch.allclose(llm.decoder.logits(hidden[row]), llm.logits(ids), atol=1e-9)
-        step, cache = Step(torch.arange(40)), llm._new_cache()
+        step, cache = Step(torch.arange(40)), llm.engine.new_cache()
         _, engine_features = llm.decoder.forward_capturing(TOKENS[row], step, cache, (0, 2))
         assert torch.allclose(features[row], engine_features, atol=1e-9)
 
@@ -48,7 +48,7 @@ def _engine_draft(llm, tokens: list[int], anchor: int, temperature: float = 1.0)
     """The engine's draft for the block after `tokens[:anchor + 1]`."""
     proposer = llm.proposer
     proposer.start(tokens[:anchor], None)
-    for _ in llm._prefill(tokens[:anchor], llm._new_cache(), proposer):
+    for _ in llm.engine.prefill(tokens[:anchor], llm.engine.new_cache(), proposer):
         pass
     k = proposer.max_width
     return proposer.propose(tokens[: anchor + 1], k, SamplingParams(temperature=temperature), torch.Generator())

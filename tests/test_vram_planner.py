@@ -9,11 +9,12 @@ import torch
 from conftest import EXAMPLES
 
 import lucebox
+from lucebox.arguments import size
 from lucebox.caches import CacheSettings
 from lucebox.checkpoints.loading import describe_model
 from lucebox.cli import main
 from lucebox.errors import InsufficientMemoryError, InvalidArgumentError
-from lucebox.memory.vram import parse_size, plan_for_budget
+from lucebox.memory.vram import plan_for_budget
 
 GIB = 2**30
 XS2 = describe_model(EXAMPLES / "laguna-xs2").cfg
@@ -92,16 +93,16 @@ def test_every_plan_that_fits_is_one_the_engine_accepts(model, context):
         CacheSettings(context, max(c["prefill_chunk"], 16), c["kv_policy"], c["kv_pool_tokens"]).kvflash().validate()
 
 
-@pytest.mark.parametrize("text, size", [("24GiB", 24 * GIB), ("16 GB", 16 * 10**9), ("512mib", 512 * 2**20),
+@pytest.mark.parametrize("text, expected", [("24GiB", 24 * GIB), ("16 GB", 16 * 10**9), ("512mib", 512 * 2**20),
                                         ("1.5GiB", int(1.5 * GIB)), (1000, 1000)])
-def test_sizes_read_like_people_write_them(text, size):
-    assert parse_size(text) == size
+def test_sizes_read_like_people_write_them(text, expected):
+    assert size("vram_budget", text) == expected
 
 
 @pytest.mark.parametrize("text", ["24Gx", "", "-1GiB", "0", "GiB"])
 def test_a_size_that_is_not_one_is_refused(text):
     with pytest.raises(InvalidArgumentError, match="is not a size; write it like 24GiB"):
-        parse_size(text)
+        size("vram_budget", text)
 
 
 def test_info_prints_the_plan_as_json_with_a_top_level_fits(capsys):

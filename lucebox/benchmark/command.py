@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from lucebox.cli.engine_flags import add_engine_flags, engine_options
+from lucebox.cli.engine_flags import add_engine_flags, engine_config
 from lucebox.errors import InvalidArgumentError
 
 QUICK = {"depths": "1k,2k,4k", "gen": 64, "repeat": 3}
@@ -148,7 +148,7 @@ def measure(args: argparse.Namespace, settings) -> dict:
 
     started = utc_now()
     with bench_progress() as progress:
-        measured = run_benchmark(args.model, engine_options(args), settings, progress)
+        measured = run_benchmark(engine_config(args), settings, progress)
     return {"schema": SCHEMA, "date": started, "commit": commit(), "lucebox": __version__,
             "command": equivalent_command(args), "machine": machine(), **measured}
 

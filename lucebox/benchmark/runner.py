@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from lucebox.benchmark.progress import LineProgress
+from lucebox.engine.config import EngineConfig
 from lucebox.errors import ContextLengthError, InsufficientMemoryError, InvalidArgumentError
 
 LADDER = (1024, 4096, 16384, 65536, 262144)
@@ -37,17 +38,15 @@ class BenchSettings:
     seed: int = 0
 
 
-def run_benchmark(model, engine: dict, settings: BenchSettings, progress: LineProgress | None = None) -> dict:
-    """Rows of figures by depth, plus the model and the settings that produced them.
-
-    `engine` holds `LLM` keyword arguments (`engine_flags.engine_options`); with a `draft`, each depth
-    is measured plain and speculative (None: plain only)."""
+def run_benchmark(engine: EngineConfig, settings: BenchSettings, progress: LineProgress | None = None) -> dict:
+    """Rows of figures by depth, plus the model and the settings that produced them. With a
+    `draft`, each depth is measured plain and speculative (None: plain only)."""
     progress = progress or LineProgress()
-    depths, plain = _open_engine(model, engine, settings)
+    depths, plain = _open_engine(engine, settings)
     spec = plain if plain.proposer is not None else None
     body = _prompt_body(plain, settings, depths[-1])
     prompts = _Prompts(body, plain.config.vocab_size)
-    modes = "plain only" if spec is None else f"plain and speculative ({_drafter(plain, engine['draft'])})"
+    modes = "plain only" if spec is None else f"plain and speculative ({_drafter(plain, engine.draft)})"
     progress.start(f"{_model_record(plain)['name']}: depths {', '.join(map(str, depths))}, {modes}, "
                    f"{settings.repeat} x {settings.gen} tokens each", len(depths))
     for speculate in (False, True) if spec is not None else (False,):
@@ -62,7 +61,7 @@ def run_benchmark(model, engine: dict, settings: BenchSettings, progress: LinePr
             "rows": rows}
 
 
-def _open_engine(model, engine: dict, settings: BenchSettings):
+def _open_engine(engine: EngineConfig, settings: BenchSettings):
     """The engine, opened for the deepest depth. Default depths drop from the deepest until it fits;
     depths asked for fail if they do not fit."""
     from lucebox import LLM
@@ -72,9 +71,9 @@ def _open_engine(model, engine: dict, settings: BenchSettings):
     if explicit:
         depths = sorted(settings.depths)
     else:
-        deepest = CPU_DEFAULT_DEEPEST if resolve_device(engine.get("device", "auto")).type == "cpu" else LADDER[-1]
+        deepest = CPU_DEFAULT_DEEPEST if resolve_device(engine.device).type == "cpu" else LADDER[-1]
         depths = [d for d in LADDER if d <= deepest]
-    ctx = engine.get("max_context")
+    ctx = engine.max_context
     if ctx is not None:
         too_deep = [d for d in depths if d + settings.gen > ctx]
         if too_deep and explicit:
@@ -83,9 +82,8 @@ def _open_engine(model, engine: dict, settings: BenchSettings):
         if not depths:
             raise InvalidArgumentError(f"--ctx {ctx} leaves no room for the shallowest depth + --gen {settings.gen}")
     while True:
-        options = {**engine, "max_context": ctx or depths[-1] + settings.gen}
         try:
-            return depths, LLM(model, **options)
+            return depths, LLM.from_config(engine.replace(max_context=ctx or depths[-1] + settings.gen))
         except (ContextLengthError, InsufficientMemoryError):  # the KV pool grows with the context too
             if explicit or len(depths) == 1:
                 raise
@@ -204,7 +202,7 @@ def _model_record(llm) -> dict:
             "parameters_active": summary["parameters_active"]}
 
 
-def _drafter(plain, draft: str) -> str:
+def _drafter(plain, draft) -> str:
     """The drafter `draft` names: "auto" resolves to the folder shipped with the model."""
     if draft != "auto":
         return str(draft)
@@ -213,8 +211,8 @@ def _drafter(plain, draft: str) -> str:
     return str(paired_drafter(plain.description.folder))
 
 
-def _settings_record(plain, spec, engine: dict, settings: BenchSettings, depths: list[int]) -> dict:
-    drafter = _drafter(plain, engine["draft"]) if spec is not None else None
+def _settings_record(plain, spec, engine: EngineConfig, settings: BenchSettings, depths: list[int]) -> dict:
+    drafter = _drafter(plain, engine.draft) if spec is not None else None
     cache = plain.cache_settings
     return {
         "depths": depths, "gen": settings.gen, "repeat": settings.repeat, "seed": settings.seed,
@@ -223,6 +221,6 @@ def _settings_record(plain, spec, engine: dict, settings: BenchSettings, depths:
         "quantization": plain.quantization, "max_context": plain.max_context, "prefill_chunk": plain.prefill_chunk,
         "kv_policy": cache.kv_policy, "kv_pool_tokens": cache.kv_pool_tokens,
         "cuda_graphs": plain.runner.graphs,
-        "draft": engine.get("draft"), "drafter": drafter, "draft_k": engine.get("draft_k"),
-        "verify": engine.get("verify"),
+        "draft": None if engine.draft is None else str(engine.draft), "drafter": drafter, "draft_k": engine.draft_k,
+        "verify": engine.verify,
     }

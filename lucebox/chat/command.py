@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from lucebox.chat.slash_commands import ChatCommands
-from lucebox.cli.engine_flags import add_engine_flags, engine_options, report_plan
+from lucebox.cli.engine_flags import add_engine_flags, open_engine
 from lucebox.cli.stats_line import stats_line
 from lucebox.errors import LuceboxError
 
@@ -33,11 +33,15 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=None, help="most tokens per answer (default 256)")
     p.add_argument("--temp", type=float, default=None,
                    help="temperature; 0 is greedy (default: the model's generation_config.json, else 0)")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--min-p", type=float, default=None)
-    p.add_argument("--repetition-penalty", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    model = "(default: the model's generation_config.json, else {})"
+    p.add_argument("--top-k", type=int, help="sample from the k most likely tokens " + model.format("0: off"))
+    p.add_argument("--top-p", type=float, help="sample from the smallest set holding this probability "
+                                               + model.format("1.0: off"))
+    p.add_argument("--min-p", type=float, help="drop tokens below this share of the most likely one "
+                                               + model.format("0: off"))
+    p.add_argument("--repetition-penalty", type=float,
+                   help="CTRL-style penalty of tokens seen " + model.format("1: off"))
+    p.add_argument("--seed", type=int, help="sampling seed (default: a fresh one from the OS each answer)")
     p.add_argument("--plain", action="store_true", help="plain mode even on a terminal")
 
 
@@ -58,18 +62,14 @@ def command(args: argparse.Namespace) -> int:
 
 
 def _open(args, err: Console):
-    from lucebox import LLM
-
     if not err.is_terminal:
-        return report_plan(LLM(args.model, **engine_options(args)))
+        return open_engine(args)
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
     with Progress(TextColumn("[bold]loading weights"), BarColumn(), DownloadColumn(), console=err,
                   transient=True) as bar:
         task = bar.add_task("load", total=None)
-        llm = LLM(args.model, **engine_options(args),
-                  load_progress=lambda done, total: bar.update(task, completed=done, total=total))
-    return report_plan(llm)
+        return open_engine(args, load_progress=lambda done, total: bar.update(task, completed=done, total=total))
 
 
 # -- plain mode ---------------------------------------------------------------------------------------

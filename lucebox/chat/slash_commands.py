@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from lucebox.engine.config import DECODE_ROWS, DRAFT_WIDTH
 from lucebox.errors import LuceboxError
 
 HELP = [
@@ -121,8 +122,9 @@ class ChatCommands:
                 draft_k = parsed
             else:
                 changes[name] = [parsed] if name == "stop" and parsed is not None else parsed
-        if draft_k is not None and not 1 <= draft_k <= 15:
-            raise CommandError(f"draft_k must be in 1..15 (a verify step holds at most 16 rows), got {draft_k}")
+        if draft_k is not None and not 1 <= draft_k <= DRAFT_WIDTH:
+            raise CommandError(f"draft_k must be in 1..{DRAFT_WIDTH} (a verify step holds at most {DECODE_ROWS} rows), "
+                               f"got {draft_k}")
         self.session.set(**changes)  # checks every value before it changes any
         if draft_k is not None:
             self.session.llm.draft_k = draft_k

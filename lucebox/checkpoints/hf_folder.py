@@ -38,7 +38,8 @@ def locate_config(path: str | Path) -> Path:
     `lucebox info` and load_format='dummy')."""
     given = Path(path).expanduser()
     if not given.exists():
-        raise ModelNotFoundError(f"model folder {given} does not exist; pass a local Hugging Face model folder")
+        raise ModelNotFoundError(f"model folder {given} does not exist; pass a local Hugging Face model folder, "
+                                 "a .gguf file, or laguna-code-6m for the built-in model")
     if given.is_file():
         if given.suffix != ".json":
             raise ModelNotFoundError(f"{given} is a file; pass the model folder that holds config.json")

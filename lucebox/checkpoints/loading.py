@@ -8,10 +8,12 @@ from pathlib import Path
 
 import torch
 
+from lucebox.builtin import model_path
 from lucebox.checkpoints.gguf.model import GGUFModel, describe_gguf, gguf_tokenizer
 from lucebox.checkpoints.hf_folder import CheckpointIndex, load_weights, locate_config, read_json, weight_files
 from lucebox.checkpoints.quantized import load_quantized, saved_scheme
 from lucebox.config import ModelConfig
+from lucebox.engine.config import LOAD_FORMATS
 from lucebox.errors import InvalidArgumentError
 from lucebox.kernels.backend import Kernels
 from lucebox.kernels.quant import SCHEMES, quantize
@@ -21,8 +23,6 @@ from lucebox.models.decoder import Decoder
 from lucebox.models.layout import quantizable, weight_shapes
 from lucebox.models.sources import Source
 from lucebox.text.tokenizer import Tokenizer, load_tokenizer
-
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
 
 
 @dataclass
@@ -42,9 +42,10 @@ class LoadedModel:
     tokenizer: Tokenizer | None
 
 
-def describe_model(path: str | Path) -> ModelDescription:
+def describe_model(path: str | Path | None) -> ModelDescription:
     """Read config.json (and generation_config.json), or a GGUF file's metadata, and normalize it;
-    no weights are touched."""
+    no weights are touched. None, or the built-in model's name, is the built-in model."""
+    path = model_path(path)
     gguf = describe_gguf(path)
     if gguf is not None:
         return ModelDescription(gguf.file.path.parent, gguf.hf_config, {}, gguf.model_config(), gguf=gguf)

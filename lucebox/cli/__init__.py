@@ -7,10 +7,12 @@ import argparse
 import os
 import signal
 import sys
+import warnings
 
 from lucebox import __version__
 from lucebox.cli.engine_flags import in_flag_terms
-from lucebox.errors import LuceboxError
+from lucebox.cli.help import show_defaults
+from lucebox.errors import LuceboxError, LuceboxWarning
 
 
 def _commands() -> dict:
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _commands().values():
         module.add_parser(sub)
+    for command in sub.choices.values():
+        show_defaults(command)
     return parser
 
 
@@ -40,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    warnings.showwarning = _warning_line
     try:
         return _commands()[args.command].command(args)
     except LuceboxError as e:
@@ -57,3 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError):  # stdout is not a file (tests capture it)
             pass
         return 128 + signal.SIGPIPE
+
+
+_python_warning = warnings.showwarning
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """lucebox's own warnings as one line in the user's terms; anyone else's as Python shows them."""
+    if issubclass(category, LuceboxWarning):
+        print(f"lucebox: warning: {in_flag_terms(str(message))}", file=sys.stderr)
+    else:
+        _python_warning(message, category, filename, lineno, file, line)

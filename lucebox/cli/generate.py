@@ -14,17 +14,19 @@ def add_parser(sub) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--token-ids", help="prompt as comma-separated token ids (for models without a tokenizer)")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate")
+    p.add_argument("--temp", type=float, default=0.0,
+                   help="temperature; 0 is greedy (default: 0, greedy, for output that repeats run to run; chat and "
+                        "serve default to the model's generation_config.json)")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens; 0 turns it off")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the smallest set holding this probability")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below this share of the most likely one")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="CTRL-style penalty of tokens seen; 1 is off")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: a fresh one from the OS)")
     p.add_argument("--stop", action="append", default=[], help="stop string, never printed (repeatable); "
                    "for a newline use the shell's quoting, e.g. $'\\n\\n'")
     p.add_argument("--stop-token-id", type=int, action="append", default=[], help="stop token id (repeatable)")
-    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     p.add_argument("--stats", action="store_true",
                    help="add context used and device/host KV memory to the closing line of figures")
 

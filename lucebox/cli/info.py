@@ -7,23 +7,27 @@ import json
 from collections import Counter
 
 from lucebox.config import ModelConfig
+from lucebox.engine.config import KV_POLICIES
 from lucebox.models.layout import parameter_counts
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("info", help="describe a model from its config.json: parameters, layers, KV bytes")
     p.add_argument("model", nargs="?", default=None,
-                   help="model folder, or a config.json file (no weights are needed); default: the built-in model")
+                   help="model folder, config.json file (no weights are needed), .gguf file or laguna-code-6m "
+                        "(default: the built-in model, laguna-code-6m)")
     p.add_argument("--kv-dtype", default="bfloat16",
                    help="dtype of cached K/V for the byte counts (int8: the pool and host KV as int8 rows)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--vram", default=None,
                    help="plan device memory within this budget (e.g. 24GiB), from the config alone: the JSON "
-                        "gains a top-level `fits` and `vram_plan` with the bytes of each part")
-    p.add_argument("--quantization", default=None, help="int8 | int4: weights as the engine would quantize them")
+                        "gains a top-level `fits` and `vram_plan` with the bytes of each part (default: no plan)")
+    p.add_argument("--quantization", default=None,
+                   help="int8 | int4: weights as the engine would quantize them (default: none)")
     p.add_argument("--ctx", type=int, default=None, help="context to plan for (default: the model's)")
     p.add_argument("--dtype", default="bfloat16", help="activation and unquantized weight dtype for the plan")
-    p.add_argument("--kv-policy", choices=["exact", "select"], default=None)
+    p.add_argument("--kv-policy", choices=KV_POLICIES,
+                   help="the policy to plan for (default: exact when the context fits the pool, else select)")
 
 
 def model_summary(cfg: ModelConfig, kv_dtype_bytes: int = 2, kv_int8: bool = False) -> dict:
@@ -68,15 +72,12 @@ def command(args) -> int:
     from lucebox.checkpoints.loading import describe_model
     from lucebox.device import resolve_dtype
 
-    if args.model is None:
-        from lucebox.builtin import builtin_model
-
-        args.model = builtin_model()
     desc = describe_model(args.model)
     cfg = desc.cfg
     int8 = args.kv_dtype == "int8"  # the pool's rows; sliding rings stay in the activations' dtype
     ring_dtype = args.dtype if int8 else args.kv_dtype
-    summary = model_summary(cfg, resolve_dtype(ring_dtype, torch.device("cpu")).itemsize, int8)
+    summary = {"folder": str(desc.folder), **model_summary(cfg, resolve_dtype(ring_dtype, torch.device("cpu")).itemsize,
+                                                                int8)}
     plan = vram_plan(args, desc) if args.vram is not None else None
     if plan is not None:
         summary.update(fits=plan.fits, vram_plan=plan.as_json())
@@ -91,6 +92,7 @@ def command(args) -> int:
             out.print(line, markup=False)
     out.print(f"[bold]{summary['architecture']}[/bold]  {summary['layers']} layers, hidden {summary['hidden_size']}, "
               f"vocab {summary['vocab_size']}")
+    out.print(f"folder: {summary['folder']}", markup=False)
     out.print(f"parameters: {summary['parameters_total'] / 1e9:.2f}B total, "
               f"{summary['parameters_active'] / 1e9:.2f}B active per token")
     out.print(f"layer pattern (F full, S sliding): {summary['layer_pattern']}")
@@ -110,18 +112,19 @@ def command(args) -> int:
 
 
 def vram_plan(args, desc):
+    """The plan `--vram` asks for, by the planner every engine uses, for a CUDA device."""
     import torch
 
-    from lucebox.arguments import integer
     from lucebox.checkpoints.loading import resolve_quantization
     from lucebox.device import resolve_dtype
-    from lucebox.memory.vram import parse_size, plan_for_budget
+    from lucebox.engine.config import EngineConfig
+    from lucebox.memory.plan import DrafterCost
+    from lucebox.memory.vram import plan_for_config
 
-    cfg, quantization = desc.cfg, resolve_quantization(args.quantization, desc)
-    context = integer("max_context", args.ctx, 1, optional=True) or cfg.max_position_embeddings
-    dtype = resolve_dtype(args.dtype, torch.device("cpu"))
+    config = EngineConfig(args.model, dtype=args.dtype, max_context=args.ctx, kv_policy=args.kv_policy,
+                          quantization=args.quantization, vram_budget=args.vram,
+                          kv_dtype="int8" if args.kv_dtype == "int8" else "auto")
+    cfg, quantization = desc.cfg, resolve_quantization(config.quantization, desc)
+    dtype = resolve_dtype(config.dtype, torch.device("cpu"))
     stored = desc.gguf.device_bytes(cfg, dtype) if desc.gguf is not None else None  # a GGUF's own block types
-    return plan_for_budget(cfg, parse_size(args.vram), context, dtype, quantization, kv_policy=args.kv_policy,
-                           kv_int8=args.kv_dtype == "int8", stored_weights=stored)
-
-
+    return plan_for_config(cfg, config, "cuda", dtype, quantization, DrafterCost(), True, stored)

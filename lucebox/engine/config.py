@@ -1,10 +1,20 @@
-"""The engine's limits and defaults, each defined once: every other module imports them from here.
+"""The engine's one configuration, and its limits and defaults, each defined once.
 
-Limits are sizes the engine is built around; defaults are what a setting takes when the caller
-gives none (the CLI, the server, `bench` and the planner all read them from here).
+`EngineConfig` is what the caller asked for: `LLM(...)`'s keyword arguments, the CLI's engine flags
+(`cli.engine_flags.engine_config`), the server's and `bench`'s, all checked here for type and
+range. What depends on the machine or the model (the device, the prefill chunk, whether CUDA
+graphs run, the memory plan) is settled from it by `engine.setup`. Limits are sizes the engine is
+built around. This module imports nothing heavy: the caches read its limits.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from lucebox.arguments import choice, flag, integer, path, size
 
 # The most rows one decode or verify step forwards: the last token plus up to DRAFT_WIDTH drafts.
 # Rings, the paged pool, CUDA graphs (one per width) and the speculation stage's statistics are
@@ -18,9 +28,105 @@ DRAFT_WIDTH = DECODE_ROWS - 1
 # offloads, streams and selects, and the granularity of context sizes.
 KV_CHUNK = 64
 
-# Defaults of the engine's settings (`LLM(...)` keyword arguments and the CLI's engine flags).
+# Defaults of settings whose default depends on nothing else.
 PREFILL_CHUNK = {"cuda": 2048, "cpu": 512}  # rows per prefill forward, by device type
 KV_POOL_TOKENS = 8192  # the device KV pool of each full-attention layer, at most (less for a short context)
 KV_RESELECT_EVERY = 64  # committed tokens between KVFlash `select` re-selections
 SELECT_TAIL_TOKENS = 256  # `select` always attends to at least this many recent positions
 DRAFT_CTX = 4096  # tokens of context a drafter keeps (its ring)
+
+# The words some settings take.
+KV_POLICIES = ("exact", "select")
+VERIFY_RULES = ("tokenwise", "block")
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+BACKENDS = ("auto", "torch", "triton")
+KV_DTYPES = ("auto", "int8")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to open and run a model. None means "decided from the device and the model" where a
+    field says so; every other default is the constant above.
+
+    model: a Hugging Face folder, a config.json, a .gguf file, the built-in model's name
+        (`laguna-code-6m`) or None (the built-in model).
+    draft: speculative decoding: None (off), "auto" (the model's paired drafter if one ships with
+        it, else none), "ngram" (prompt lookup), or a drafter folder (DFlash, or a smaller model
+        sharing the vocabulary). The output is the target's own either way.
+    device, dtype: "auto" is CUDA when present (bfloat16), else the CPU (float32).
+    load_format: "auto" | "safetensors" | "dummy" (random weights at the real shapes).
+    max_context: most prompt + generated tokens of one sequence (None: the model's
+        max_position_embeddings; more gets a warning).
+    kv_policy: what a decode step attends to: "exact" (everything; None picks it when the whole
+        context fits the pool) or "select" (sink + recent tail + the chunks that score highest).
+    kv_pool_tokens: full-attention K/V kept on the device per layer (None: the context, at most
+        KV_POOL_TOKENS); the rest lives in host memory.
+    kv_reselect_every: committed tokens between `select` re-selections.
+    prefill_chunk: rows per prefill forward (None: PREFILL_CHUNK of the device).
+    draft_k: most drafts per round (the width adapts below it); draft_ctx: the drafter's ring.
+    verify: how sampled drafts are verified ("tokenwise" or "block"; both keep the distribution).
+    adaptive: choose each round's width by cost (False: always draft_k, never switched off).
+    backend: kernels: "auto" (Triton on CUDA, the torch references on the CPU) | "triton" | "torch".
+    quantization: "int8" | "int4": quantize the linear layers' weights as they load.
+    cuda_graphs: run decode/verify steps as CUDA graphs (None: wherever they can run).
+    vram_budget: plan device memory within this many bytes ("24GiB", or an int).
+    experts_on_host: keep routed experts in host memory behind a device cache (None: only when the
+        budget needs it); expert_slots: that cache's experts per layer (giving it implies True).
+    kv_dtype: "auto" (the model dtype) | "int8" (the pool's rows as int8 with per-token scales).
+    """
+
+    model: str | os.PathLike | None = None
+    draft: str | os.PathLike | None = None
+    device: Any = "auto"
+    dtype: Any = "auto"
+    load_format: str = "auto"
+    max_context: int | None = None
+    kv_policy: str | None = None
+    kv_pool_tokens: int | None = None
+    kv_reselect_every: int = KV_RESELECT_EVERY
+    prefill_chunk: int | None = None
+    draft_k: int = DRAFT_WIDTH
+    verify: str = "tokenwise"
+    draft_ctx: int = DRAFT_CTX
+    adaptive: bool = True
+    backend: str = "auto"
+    quantization: str | None = None
+    cuda_graphs: bool | None = None
+    vram_budget: str | int | None = None
+    experts_on_host: bool | None = None
+    expert_slots: int | None = None
+    kv_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        checked = {
+            "model": path("model", self.model, optional=True),
+            "draft": path("draft", self.draft, optional=True),
+            "load_format": choice("load_format", self.load_format, LOAD_FORMATS),
+            "max_context": integer("max_context", self.max_context, 1, optional=True),
+            "kv_policy": choice("kv_policy", self.kv_policy, KV_POLICIES, optional=True),
+            "kv_pool_tokens": integer("kv_pool_tokens", self.kv_pool_tokens, 1, optional=True),
+            "kv_reselect_every": integer("kv_reselect_every", self.kv_reselect_every, 1),
+            "prefill_chunk": integer("prefill_chunk", self.prefill_chunk, 1, optional=True),
+            "draft_k": integer("draft_k", self.draft_k, 1, DRAFT_WIDTH),
+            "verify": choice("verify", self.verify, VERIFY_RULES),
+            "draft_ctx": integer("draft_ctx", self.draft_ctx, 1),
+            "adaptive": flag("adaptive", self.adaptive),
+            "backend": choice("backend", self.backend, BACKENDS),
+            "cuda_graphs": flag("cuda_graphs", self.cuda_graphs, optional=True),
+            "vram_budget": None if self.vram_budget is None else size("vram_budget", self.vram_budget),
+            "experts_on_host": flag("experts_on_host", self.experts_on_host, optional=True),
+            "expert_slots": integer("expert_slots", self.expert_slots, 1, optional=True),
+            "kv_dtype": choice("kv_dtype", "auto" if self.kv_dtype is None else self.kv_dtype, KV_DTYPES),
+        }
+        if checked["expert_slots"] is not None and checked["experts_on_host"] is None:
+            checked["experts_on_host"] = True  # asking for a cache size asks for the cache
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)  # frozen: the documented way to normalize in __post_init__
+
+    def replace(self, **changes) -> EngineConfig:
+        """This configuration with `changes` (checked like the rest)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def kv_int8(self) -> bool:
+        return self.kv_dtype == "int8"

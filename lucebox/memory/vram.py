@@ -16,30 +16,16 @@ that would.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import torch
 
 from lucebox.caches import CacheSettings
 from lucebox.config import ModelConfig
-from lucebox.engine.config import DECODE_ROWS, KV_CHUNK
-from lucebox.errors import InvalidArgumentError
+from lucebox.engine.config import DECODE_ROWS, KV_CHUNK, KV_RESELECT_EVERY, PREFILL_CHUNK, EngineConfig
 from lucebox.memory.plan import DrafterCost, StoredWeights, plan, routed_expert_bytes
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-PREFILL_CHUNKS = (2048, 1024, 512, 256)  # tried largest first
-
-
-def parse_size(text: str | int, name: str = "vram_budget") -> int:
-    """Bytes from "24GiB", "24 GB", "512MiB" or a plain integer."""
-    if isinstance(text, int) and not isinstance(text, bool) and text > 0:
-        return text
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", str(text), re.IGNORECASE)
-    if not match or float(match.group(1)) <= 0:
-        raise InvalidArgumentError(f"{name} '{text}' is not a size; write it like 24GiB, 16GB or 512MiB")
-    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+PREFILL_CHUNKS = (2048, 1024, 512, 256)  # tried largest first, from the device's default (PREFILL_CHUNK)
 
 
 def activation_bytes(cfg: ModelConfig, rows: int, dtype: torch.dtype) -> int:
@@ -93,11 +79,12 @@ class VramPlan:
                 "device_bytes": self.device, "host_bytes": self.host, "choices": self.choices, "notes": self.notes}
 
 
-def _min_pool(prefill: int, policy: str | None, max_context: int) -> int:
+def _min_pool(prefill: int, policy: str | None, max_context: int, reselect: int) -> int:
     """The smallest pool the engine accepts for this prefill chunk and policy (with no policy
     given, a pool smaller than the context means `select`)."""
     def need(p: str) -> int:
-        return CacheSettings.for_engine(max_context, prefill, p, KV_CHUNK).kvflash().min_pool_chunks * KV_CHUNK
+        settings = CacheSettings.for_engine(max_context, prefill, p, KV_CHUNK, reselect)
+        return settings.kvflash().min_pool_chunks * KV_CHUNK
 
     if policy is not None:
         return need(policy)
@@ -135,6 +122,7 @@ class _Request:
     drafter: DrafterCost
     kv_policy: str | None
     kv_int8: bool
+    kv_reselect_every: int
     stored: StoredWeights | None  # the weights as a GGUF file fixes them, else from the config
 
     @property
@@ -143,7 +131,8 @@ class _Request:
 
     def at(self, pool: int, prefill: int, graphs: bool, slots: int | None = None) -> VramPlan:
         """The plan at this pool and prefill chunk (and with `slots`, experts in host memory)."""
-        settings = CacheSettings.for_engine(self.max_context, prefill, self.kv_policy, pool, kv_int8=self.kv_int8)
+        settings = CacheSettings.for_engine(self.max_context, prefill, self.kv_policy, pool, self.kv_reselect_every,
+                                            kv_int8=self.kv_int8)
         device, host = _parts(self.cfg, settings, self.dtype, self.quantization, self.drafter,
                               graphs and slots is None, slots, self.stored)
         choices = {"kv_pool_tokens": pool, "prefill_chunk": prefill, "kv_policy": settings.kv_policy,
@@ -162,9 +151,10 @@ def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torc
                     quantization: str | None = None, drafter: DrafterCost | None = None,
                     kv_policy: str | None = None, kv_pool_tokens: int | None = None,
                     prefill_chunk: int | None = None, graphs: bool = True,
-                    largest_prefill: int = PREFILL_CHUNKS[0], experts_on_host: bool | None = None,
+                    largest_prefill: int = PREFILL_CHUNK["cuda"], experts_on_host: bool | None = None,
                     expert_slots: int | None = None, kv_int8: bool = False,
-                    stored_weights: StoredWeights | None = None) -> VramPlan:
+                    stored_weights: StoredWeights | None = None,
+                    kv_reselect_every: int = KV_RESELECT_EVERY) -> VramPlan:
     """The plan under `budget` device bytes. Values the caller gives are kept; the planner
     chooses the others from the defaults down: the prefill chunk first (from `largest_prefill`,
     the device's default), then the pool, then (`experts_on_host` None: when nothing else fits;
@@ -172,13 +162,13 @@ def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torc
     (or `expert_slots`). Experts in host memory make steps eager: `graphs` is then ignored.
     `stored_weights`: the weights' bytes when the checkpoint fixes them (a GGUF file's blocks)."""
     request = _Request(cfg, budget, max_context, dtype, quantization, drafter or DrafterCost(), kv_policy, kv_int8,
-                       stored_weights)
+                       kv_reselect_every, stored_weights)
     prefills = [prefill_chunk] if prefill_chunk else [p for p in PREFILL_CHUNKS if p <= largest_prefill]
-    pools = [kv_pool_tokens] if kv_pool_tokens else _pool_sizes(prefills[-1], kv_policy, max_context)
+    pools = [kv_pool_tokens] if kv_pool_tokens else _pool_sizes(prefills[-1], kv_policy, max_context, kv_reselect_every)
     # A pool must hold what one prefill chunk writes: pairs the engine would refuse are skipped
     # (unless nothing else is left, and then the engine's own check names the problem).
     pairs = [(pool, prefill) for pool in pools for prefill in prefills
-             if pool >= _min_pool(prefill, kv_policy, max_context)] or [(pools[-1], prefills[-1])]
+             if pool >= _min_pool(prefill, kv_policy, max_context, kv_reselect_every)] or [(pools[-1], prefills[-1])]
     first = (prefills[0], pools[0])
     if experts_on_host and cfg.moe is not None:
         return _with_experts_on_host(request, pairs, expert_slots, first)
@@ -191,6 +181,18 @@ def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torc
     if experts_on_host is None and cfg.moe is not None:  # the last resort; if it fails too, it says why
         return _with_experts_on_host(request, pairs, expert_slots, first)
     return request.why_not(best)
+
+
+def plan_for_config(cfg: ModelConfig, config: EngineConfig, device_type: str, dtype: torch.dtype,
+                    quantization: str | None, drafter: DrafterCost, graphs: bool,
+                    stored_weights: StoredWeights | None = None) -> VramPlan:
+    """`plan_for_budget` for an engine configuration (its budget, context, policy, pool, prefill
+    chunk, expert placement and KV dtype), on a device of `device_type`, whose default prefill
+    chunk is the largest tried."""
+    return plan_for_budget(cfg, config.vram_budget, config.max_context or cfg.max_position_embeddings, dtype,
+                           quantization, drafter, config.kv_policy, config.kv_pool_tokens, config.prefill_chunk,
+                           graphs, PREFILL_CHUNK[device_type], config.experts_on_host, config.expert_slots,
+                           config.kv_int8, stored_weights, config.kv_reselect_every)
 
 
 def _with_experts_on_host(request: _Request, pairs: list, slots: int | None, first: tuple[int, int]) -> VramPlan:
@@ -213,9 +215,9 @@ def _with_experts_on_host(request: _Request, pairs: list, slots: int | None, fir
     return request.why_not(best)
 
 
-def _pool_sizes(prefill: int, policy: str | None, max_context: int) -> list[int]:
+def _pool_sizes(prefill: int, policy: str | None, max_context: int, reselect: int) -> list[int]:
     """The engine's default pool first, then halvings down to the minimum."""
-    minimum = _min_pool(prefill, policy, max_context)
+    minimum = _min_pool(prefill, policy, max_context, reselect)
     pool = max(CacheSettings.for_engine(max_context, prefill, policy).kv_pool_tokens, minimum)
     sizes = [pool]
     while pool // 2 >= minimum:

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
                                    "One engine runs one request at a time; the others wait in a queue.")
     add_engine_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every /v1 request")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: its folder's)")
     p.add_argument("--max-queue", type=int, default=32,

@@ -1,7 +1,8 @@
 """Lossless speculative decoding: proposers (n-gram, draft model, DFlash), exact verification,
 adaptive width. See verify.py for the vocabulary every file uses."""
 
-from lucebox.speculative.decide import VERIFY_RULES, decide
+from lucebox.engine.config import VERIFY_RULES
+from lucebox.speculative.decide import decide
 from lucebox.speculative.proposer import Draft, Proposer
 
 __all__ = ["VERIFY_RULES", "Draft", "Proposer", "decide"]

@@ -9,8 +9,6 @@ from lucebox.sampling import SamplingParams, distribution, greedy_choices, penal
 from lucebox.speculative.proposer import Draft
 from lucebox.speculative.verify import Verdict, block_outcomes, sample, tokenwise_outcomes, verify_greedy
 
-VERIFY_RULES = ("tokenwise", "block")
-
 
 def _seen_per_row(seen: torch.Tensor, drafts: list[int], penalty: float) -> list[torch.Tensor]:
     """Row i's token history includes the drafts before it (repetition penalty counts them)."""

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lucebox.caches import SlidingRing, Step
+from lucebox.engine.config import DRAFT_CTX
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashConfig, DFlashDrafter
 from lucebox.sampling import SamplingParams, distribution, draw
@@ -20,7 +21,7 @@ def ring_step(cfg: DFlashConfig, prefill_chunk: int) -> int:
 
 
 class DFlashProposer(Proposer):
-    def __init__(self, drafter: DFlashDrafter, target: Decoder, prefill_chunk: int, draft_ctx: int = 4096):
+    def __init__(self, drafter: DFlashDrafter, target: Decoder, prefill_chunk: int, draft_ctx: int = DRAFT_CTX):
         self.drafter, self.target = drafter, target
         self.feature_layers = drafter.cfg.target_layer_ids
         self.max_width = drafter.cfg.block_size - 1

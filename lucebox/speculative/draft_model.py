@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from lucebox.caches import CacheSettings, SequenceCache, Step
-from lucebox.engine.config import DECODE_ROWS, KV_CHUNK
+from lucebox.engine.config import DECODE_ROWS, DRAFT_CTX, DRAFT_WIDTH, KV_CHUNK
 from lucebox.models.decoder import Decoder
 from lucebox.sampling import SamplingParams, distribution, draw
 from lucebox.speculative.proposer import Draft, Proposer, confidence, tensor_bytes
@@ -24,8 +24,8 @@ def draft_cache_settings(max_context: int, prefill_chunk: int, draft_ctx: int, m
 
 
 class DraftModelProposer(Proposer):
-    def __init__(self, decoder: Decoder, max_context: int, prefill_chunk: int, draft_ctx: int = 4096,
-                 max_width: int = 15):
+    def __init__(self, decoder: Decoder, max_context: int, prefill_chunk: int, draft_ctx: int = DRAFT_CTX,
+                 max_width: int = DRAFT_WIDTH):
         self.decoder = decoder
         self.max_width = max_width
         self.prefill_chunk = prefill_chunk

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import torch
 
+from lucebox.caches import SequenceCache, Step
 from lucebox.checkpoints.hf_folder import CheckpointIndex, load_weights, locate_config, read_json, weight_files
 from lucebox.checkpoints.loading import ModelDescription, describe_model, load_model
 from lucebox.config import ModelConfig
+from lucebox.device import DeviceClock
+from lucebox.engine.config import DECODE_ROWS
 from lucebox.errors import DraftModelError
 from lucebox.memory.plan import DrafterCost, cache_ring_bytes, ring_bytes, weight_bytes
 from lucebox.models import dflash
@@ -103,8 +106,10 @@ def drafter_cost(spec: DrafterSpec | None, dtype: torch.dtype, max_context: int,
     return DrafterCost(weight_bytes(cfg, dtype), rings, full * (cfg.kv_bytes_per_token(dtype.itemsize) + 8), draft_ctx)
 
 
-def make_proposer(spec: DrafterSpec | None, llm, draft_ctx: int, max_width: int) -> Proposer | None:
-    """The proposer `spec` describes, its weights loaded next to the target's (`llm`)."""
+def make_proposer(spec: DrafterSpec | None, target: Decoder, max_context: int, prefill_chunk: int, draft_ctx: int,
+                  max_width: int) -> Proposer | None:
+    """The proposer `spec` describes, its weights loaded next to the `target`'s (same dtype,
+    device and kernels)."""
     if spec is None:
         return None
     if spec.kind == "ngram":
@@ -112,32 +117,33 @@ def make_proposer(spec: DrafterSpec | None, llm, draft_ctx: int, max_width: int)
     if spec.kind == "dflash":
         cfg = spec.dflash
         weights = load_weights(CheckpointIndex(weight_files(spec.folder)), dflash.sources(cfg),
-                               dflash.weight_shapes(cfg), llm.dtype, llm.device)
-        drafter = dflash.DFlashDrafter(cfg, weights, llm.decoder.kernels)
-        proposer = DFlashProposer(drafter, llm.decoder, llm.prefill_chunk, draft_ctx)
+                               dflash.weight_shapes(cfg), target.dtype, target.device)
+        drafter = dflash.DFlashDrafter(cfg, weights, target.kernels)
+        proposer = DFlashProposer(drafter, target, prefill_chunk, draft_ctx)
         proposer.max_width = min(proposer.max_width, max_width)
         return proposer
-    decoder: Decoder = load_model(spec.model, llm.dtype, llm.device, kernels=llm.decoder.kernels).decoder
-    return DraftModelProposer(decoder, llm.max_context, llm.prefill_chunk, draft_ctx, max_width)
+    decoder: Decoder = load_model(spec.model, target.dtype, target.device, kernels=target.kernels).decoder
+    return DraftModelProposer(decoder, max_context, prefill_chunk, draft_ctx, max_width)
 
 
-def measure_verify_seconds(llm, cache, widths=(1, 2, 4, 8, 16)) -> dict[int, float]:
-    """Seconds of one target step of each width, on an empty cache (the start-up cost model)."""
-
-    from lucebox.caches import Step
-
+def measure_verify_seconds(runner, cache: SequenceCache, clock: DeviceClock,
+                           widths=(1, 2, 4, 8, DECODE_ROWS)) -> dict[int, float]:
+    """Seconds of one target step of each width through `runner`, on an empty `cache` (the
+    start-up cost model)."""
+    decoder = runner.decoder
+    device = decoder.device
     # Distinct tokens, so MoE rows spread over experts as real ones do (identical rows share two).
-    ids = torch.arange(max(widths) + 8, dtype=torch.long, device=llm.device) * 7919 % llm.config.vocab_size
-    llm.decoder.forward(ids[:8], Step.span(0, 8, llm.device, prefill=True), cache)
+    ids = torch.arange(max(widths) + 8, dtype=torch.long, device=device) * 7919 % decoder.cfg.vocab_size
+    decoder.forward(ids[:8], Step.span(0, 8, device, prefill=True), cache)
     cache.commit(8)
     seconds = {}
     rows = ids.tolist()
     for w in widths:
         best = float("inf")
         for _ in range(2):  # the first run of a width also captures its graph: the second is the one
-            start = llm._clock()
-            llm.runner.step(rows[:w], Step.span(8, w, llm.device), cache)
-            best = min(best, llm._clock() - start)
+            start = clock()
+            runner.step(rows[:w], Step.span(8, w, device), cache)
+            best = min(best, clock() - start)
             cache.rollback(8)
         seconds[w] = best
     cache.commit(8)  # the step completed: the cache is clean, so the first request can reuse it

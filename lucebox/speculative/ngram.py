@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import torch
 
+from lucebox.engine.config import DRAFT_WIDTH
 from lucebox.sampling import SamplingParams
 from lucebox.speculative.proposer import Draft, Proposer
 
 
 class NgramProposer(Proposer):
-    def __init__(self, max_n: int = 4, min_n: int = 1, max_width: int = 15):
+    def __init__(self, max_n: int = 4, min_n: int = 1, max_width: int = DRAFT_WIDTH):
         self.max_n, self.min_n, self.max_width = max_n, min_n, max_width
         self.tokens: list[int] = []
         self.last_end: dict[tuple[int, ...], int] = {}

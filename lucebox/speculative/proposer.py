@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lucebox.engine.config import DRAFT_WIDTH
 from lucebox.sampling import SamplingParams
 
 
@@ -29,7 +30,7 @@ class Proposer(ABC):
     set, the target's outputs of those layers for them (from the verifying forward itself)."""
 
     feature_layers: tuple[int, ...] = ()
-    max_width: int = 15
+    max_width: int = DRAFT_WIDTH
 
     def start(self, prompt: list[int], features: torch.Tensor | None) -> None:  # noqa: B027 - optional
         """A new request begins with `prompt` committed."""

@@ -1,32 +1,57 @@
 """The speculation stage of a request: rounds of draft, verify, commit.
 
-Contract: `first(logits)` chooses the token after the prompt (from the prefill's last row).
-Each `round(cache, tokens, remaining)` drafts d1..dk after the newest token (k = 0 without a
-drafter, or when the width policy says drafting does not pay), runs one target step over
-[last, d1..dk] through the runner, decides, commits the accepted drafts and the target's next
-token to the cache and the drafter, rolls back the rejected rows, and returns the committed
-tokens. `tokens` is the list whose rows the cache holds; a round extends it. Host reads of
-device values per round: the verdict (one list), plus the drafts when the drafter makes them on
-the device (DFlash, a draft model). `stats()` sums the rounds for `Generation.stats`.
+Contract: the stage works only with what its `DecodeContext` hands it (runner, cache, clock,
+verify-cost table, limits, rules) and owns `tokens`, the ids whose rows the cache holds (the
+prompt, then every committed token). `first(logits)` chooses the token after the prompt (from
+the prefill's last row). Each `round(remaining, take)` drafts d1..dk after the newest token (k = 0
+without a drafter, or when the width policy says drafting does not pay), runs one target step
+over [last, d1..dk] through the runner, decides, and offers the new tokens to `take` (the text
+stage), which returns the chunk of those it accepts: all of them, or the ones up to a stop. Only
+the accepted tokens are committed, to the cache and the drafter; every other row is rolled back.
+So nothing past a stop is ever committed. Host reads of device values per round: the verdict
+(one list), plus the drafts when the drafter makes them on the device (DFlash, a draft model).
+`stats()` sums the rounds for `Generation.stats`.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from lucebox.caches import SequenceCache, Step
+from lucebox.device import DeviceClock
 from lucebox.engine.config import DECODE_ROWS
+from lucebox.generation import Chunk
 from lucebox.sampling import SamplingParams
 from lucebox.speculative.decide import decide
-from lucebox.speculative.proposer import Draft
+from lucebox.speculative.proposer import Draft, Proposer
+from lucebox.speculative.width import width_policy
+
+
+@dataclass(frozen=True)
+class DecodeContext:
+    """What one request's speculation stage works with, handed to it by the engine."""
+
+    runner: object  # `engine.runner.StepRunner`: one target step of any width
+    cache: SequenceCache
+    clock: DeviceClock
+    verify_seconds: dict[int, float] | None  # the start-up cost table; None: fixed width (never judged)
+    draft_k: int  # most drafts one round verifies
+    verify_rule: str  # "tokenwise" | "block", for sampled drafts
+    adaptive: bool  # choose each round's width by cost (else always the most the limits allow)
+    vocab_size: int
+    device: torch.device
 
 
 class Speculation:
-    def __init__(self, llm, params: SamplingParams, proposer, prompt_ids: list[int]):
-        self.llm, self.params, self.proposer = llm, params, proposer
-        device = llm.device
+    def __init__(self, context: DecodeContext, params: SamplingParams, proposer: Proposer | None,
+                 prompt_ids: list[int]):
+        self.context, self.params, self.proposer = context, params, proposer
+        self.tokens = list(prompt_ids)  # the ids whose rows the cache holds, in order
+        device = context.device
         self.verify_gen = self.draft_gen = None
         if not params.greedy:
             # Unseeded requests draw their seed from the OS, leaving torch's global RNG alone.
@@ -34,94 +59,120 @@ class Speculation:
             self.verify_gen = torch.Generator(device=device).manual_seed(seed)
             self.draft_gen = torch.Generator(device=device).manual_seed(seed ^ 0x5DEECE66D)  # its own stream
         # Tokens so far, for the repetition penalty (kept up to date only when there is one).
-        self.seen = torch.zeros(llm.config.vocab_size, dtype=torch.bool, device=device)
+        self.seen = torch.zeros(context.vocab_size, dtype=torch.bool, device=device)
         self.penalized = params.repetition_penalty != 1.0
         self._mark_seen(prompt_ids)
-        self.width = llm._width_policy(timed=params.greedy or params.seed is None)
+        self.width = width_policy(context.verify_seconds, proposer is not None,
+                                  timed=params.greedy or params.seed is None)
         self.last: int | None = None  # the newest token: chosen, not yet forwarded
-        self.totals = {"rounds": 0, "committed": 0, "draft_time_s": 0.0, "verify_time_s": 0.0,
-                       **{key: [0] * DECODE_ROWS for key in ("drafted", "accepted", "widths", "kept", "confident")},
-                       "confidence": [0.0] * DECODE_ROWS}
+        self.totals = RoundTotals()
 
     def first(self, logits: torch.Tensor) -> int:
-        verdict = decide(logits, Draft([]), self.params, self.seen, self.llm.verify_rule, self.verify_gen)
+        verdict = decide(logits, Draft([]), self.params, self.seen, self.context.verify_rule, self.verify_gen)
         self.last = verdict.next_token
         self._mark_seen([self.last])
         return self.last
 
-    def round(self, cache: SequenceCache, tokens: list[int], remaining: int) -> list[int]:
-        llm, proposer, width = self.llm, self.proposer, self.width
+    def round(self, remaining: int, take: Callable[[list[int]], Chunk]) -> Chunk:
+        """One round; `remaining`: tokens the request may still produce."""
+        ctx, cache = self.context, self.context.cache
         c = cache.length
-        draft, draft_seconds = Draft([]), 0.0
-        limit = min(remaining - 1, cache.rows_before_reselect(c) - 1, llm.cache_settings.max_step - 1,
-                    llm.cache_settings.decode_rows - 1, llm.draft_k)
         # Rounds are timed on a synchronized clock only where the adaptive width judges them:
         # on a GPU a synchronize per token would stop the host from queueing ahead.
-        timed = proposer is not None and width.speculating and width.timed and llm.adaptive
-        if proposer is not None and limit > 0 and width.speculating:
-            t0 = llm._clock(timed)
-            draft = proposer.propose(tokens + [self.last], min(limit, proposer.max_width), self.params,
-                                     self.draft_gen)
-            available = len(draft.tokens)
-            k = width.choose(draft.confidence, available, limit) if llm.adaptive else min(available, limit)
-            draft = Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k])
-            draft_seconds = llm._clock(timed) - t0
-        t1 = llm._clock(timed)
+        timed = self.proposer is not None and self.width.speculating and self.width.timed and ctx.adaptive
+        t0 = ctx.clock(timed)
+        draft, proposed = self._draft(min(remaining - 1, cache.rows_before_reselect(c) - 1,
+                                          cache.settings.max_step - 1, cache.settings.decode_rows - 1, ctx.draft_k))
+        t1 = ctx.clock(timed)
         rows = [self.last, *draft.tokens]
-        out = llm.runner.step(rows, Step.span(c, len(rows), llm.device), cache,
-                              proposer.feature_layers if proposer else ())
+        layers = self.proposer.feature_layers if self.proposer is not None else ()
+        out = ctx.runner.step(rows, Step.span(c, len(rows), ctx.device), cache, layers)
         # The step's own argmax (computed with it, in its graph) serves greedy decoding unless a
         # repetition penalty changes the logits first.
         choices = None if self.penalized else out.choices
-        verdict = decide(out.logits, draft, self.params, self.seen, llm.verify_rule, self.verify_gen, choices)
+        verdict = decide(out.logits, draft, self.params, self.seen, ctx.verify_rule, self.verify_gen, choices)
         n = verdict.accepted
-        cache.commit(c + n + 1)
-        if n < len(draft.tokens):
-            cache.rollback(c + n + 1)  # rejected drafts' rows leave every cache
-        tokens.extend(rows[: n + 1])
-        if proposer is not None:
-            proposer.commit(tokens, n + 1, None if out.features is None else out.features[: n + 1])
-        verify_seconds = llm._clock(timed) - t1
-        self._record(draft, n, draft_seconds, verify_seconds)
-        committed = [*draft.tokens[:n], verdict.next_token]
-        self.last = verdict.next_token
-        self._mark_seen(committed)
-        return committed
+        chunk = take([*draft.tokens[:n], verdict.next_token])
+        kept = len(chunk.token_ids)  # n + 1, or fewer when a stop ends the request inside the round
+        self._commit(rows[:kept], len(rows), None if out.features is None else out.features[:kept])
+        draft_seconds = t1 - t0 if proposed else 0.0
+        verify_seconds = ctx.clock(timed) - t1
+        self.totals.add(draft, n, draft_seconds, verify_seconds)
+        self.width.record(n + 1, draft_seconds + verify_seconds, verify_seconds, len(rows), proposed=proposed,
+                          confidence=draft.confidence)
+        self.last = chunk.token_ids[-1]
+        self._mark_seen(chunk.token_ids)
+        return chunk
+
+    def _draft(self, limit: int) -> tuple[Draft, bool]:
+        """Up to `limit` drafts after `last`, cut to the width the policy chooses, and whether the
+        drafter was asked at all (its time counts even when the width keeps no draft)."""
+        proposer, width = self.proposer, self.width
+        if proposer is None or limit <= 0 or not width.speculating:
+            return Draft([]), False
+        draft = proposer.propose(self.tokens + [self.last], min(limit, proposer.max_width), self.params,
+                                 self.draft_gen)
+        available = len(draft.tokens)
+        k = width.choose(draft.confidence, available, limit) if self.context.adaptive else min(available, limit)
+        return Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k]), True
+
+    def _commit(self, kept_rows: list[int], written: int, features: torch.Tensor | None) -> None:
+        """The kept rows ([last, d1..]) into the cache and the drafter; the rest of the `written` rolled back."""
+        cache = self.context.cache
+        end = cache.length + len(kept_rows)
+        cache.commit(end)
+        if len(kept_rows) < written:
+            cache.rollback(end)  # rejected drafts' rows (and any past a stop) leave every cache
+        self.tokens.extend(kept_rows)
+        if self.proposer is not None:
+            self.proposer.commit(self.tokens, len(kept_rows), features)
 
     def _mark_seen(self, ids: list[int]) -> None:
         if self.penalized:  # without a penalty nothing reads it
             self.seen[torch.tensor(ids, device=self.seen.device)] = True
 
-    def _record(self, draft: Draft, n: int, draft_s: float, verify_s: float) -> None:
-        spec, k = self.totals, len(draft.tokens)
-        for i, c in enumerate(draft.confidence):
-            spec["confidence"][i] += c
-            spec["confident"][i] += 1
-        spec["rounds"] += 1
-        spec["committed"] += n + 1
-        spec["draft_time_s"] += draft_s
-        spec["verify_time_s"] += verify_s
-        spec["widths"][k] += 1
-        spec["kept"][n] += 1
-        for i in range(k):
-            spec["drafted"][i] += 1
-            spec["accepted"][i] += int(i < n)
-        self.width.record(n + 1, draft_s + verify_s, verify_s, k + 1, proposed=draft_s > 0,
-                          confidence=draft.confidence)
-
     def stats(self) -> dict:
-        spec = self.totals
-        positions = [a / d for a, d in zip(spec["accepted"], spec["drafted"], strict=True) if d]
+        return self.totals.as_stats()
+
+
+class RoundTotals:
+    """The rounds of one request summed: what `Generation.stats` reports about speculation."""
+
+    def __init__(self):
+        self.rounds, self.committed = 0, 0
+        self.draft_time_s = self.verify_time_s = 0.0
+        # per draft position (or per width / kept count), DECODE_ROWS of each
+        self.drafted, self.accepted, self.widths, self.kept, self.confident = ([0] * DECODE_ROWS for _ in range(5))
+        self.confidence = [0.0] * DECODE_ROWS
+
+    def add(self, draft: Draft, n: int, draft_s: float, verify_s: float) -> None:
+        """A round that verified `draft` and accepted its first `n` drafts."""
+        k = len(draft.tokens)
+        for i, c in enumerate(draft.confidence):
+            self.confidence[i] += c
+            self.confident[i] += 1
+        self.rounds += 1
+        self.committed += n + 1
+        self.draft_time_s += draft_s
+        self.verify_time_s += verify_s
+        self.widths[k] += 1
+        self.kept[n] += 1
+        for i in range(k):
+            self.drafted[i] += 1
+            self.accepted[i] += int(i < n)
+
+    def as_stats(self) -> dict:
+        positions = [a / d for a, d in zip(self.accepted, self.drafted, strict=True) if d]
         return {
-            "rounds": spec["rounds"],
+            "rounds": self.rounds,
             # Mean tokens committed per verify round (1.0 without drafts).
-            "acceptance_length": spec["committed"] / spec["rounds"] if spec["rounds"] else 0.0,
+            "acceptance_length": self.committed / self.rounds if self.rounds else 0.0,
             "acceptance_by_position": positions,  # share of drafted i-th positions that were kept
             # The drafter's mean confidence in its i-th drafts (its own probability of the token, when it
             # reports one), beside acceptance_by_position: how well confidence predicts acceptance.
-            "confidence_by_position": [c / n for c, n in zip(spec["confidence"], spec["confident"], strict=True) if n],
-            "draft_time_s": spec["draft_time_s"],
-            "verify_time_s": spec["verify_time_s"],
-            "width_histogram": {k: c for k, c in enumerate(spec["widths"]) if c},  # drafts verified -> rounds
-            "accepted_histogram": {n: c for n, c in enumerate(spec["kept"]) if c},  # drafts kept -> rounds
+            "confidence_by_position": [c / n for c, n in zip(self.confidence, self.confident, strict=True) if n],
+            "draft_time_s": self.draft_time_s,
+            "verify_time_s": self.verify_time_s,
+            "width_histogram": {k: c for k, c in enumerate(self.widths) if c},  # drafts verified -> rounds
+            "accepted_histogram": {n: c for n, c in enumerate(self.kept) if c},  # drafts kept -> rounds
         }

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lucebox.engine.config import DECODE_ROWS, DRAFT_WIDTH
+
 
 @dataclass
 class WidthPolicy:
@@ -100,3 +102,12 @@ class WidthPolicy:
         self._rounds += 1
         if self._rounds >= self.min_rounds and self._tokens / self._seconds < 1.0 / self.cost(1):
             self.speculating = False
+
+
+def width_policy(verify_seconds: dict[int, float] | None, speculating: bool, timed: bool) -> WidthPolicy:
+    """A request's policy. `verify_seconds`: the engine's measured cost table, shared by its
+    requests so that each refines it for the next; None for a fixed width, never judged and never
+    turned off (`adaptive=False`). `speculating`: whether the request has a drafter."""
+    if verify_seconds is None:
+        return WidthPolicy(DRAFT_WIDTH, {1: 1.0, DECODE_ROWS: 1.0}, min_rounds=2**62, speculating=speculating)
+    return WidthPolicy(DRAFT_WIDTH, verify_seconds, timed=timed)

@@ -120,17 +120,23 @@ def add_parser(sub) -> None:
     p.add_argument("--eval-data", nargs="+", default=None,
                    help="held-out files for the acceptance measurement (default: the held-out stdlib modules)")
     d = DistillSettings()
-    for name in ("layers", "block_size", "heads", "kv_heads", "head_dim", "intermediate_size", "steps", "batch",
-                 "anchors", "prompt_tokens", "generated_tokens", "sequences", "seed"):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
-    p.add_argument("--lr", type=float, default=d.lr)
+    for name, what in (("layers", "drafter layers"), ("block_size", "tokens per drafted block (the first is the "
+                       "anchor: block_size - 1 drafts)"), ("heads", "drafter query heads"),
+                       ("kv_heads", "drafter KV heads"), ("head_dim", "drafter head size"),
+                       ("intermediate_size", "drafter MLP width"), ("steps", "optimizer steps"),
+                       ("batch", "sequences per step"), ("anchors", "blocks per sequence per step"),
+                       ("prompt_tokens", "text tokens each generated sequence starts from"),
+                       ("generated_tokens", "target's greedy tokens after each prompt"),
+                       ("sequences", "sequences generated before training"), ("seed", "random seed")):
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name), help=what)
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (AdamW, warm-up then cosine)")
     p.add_argument("--mask-token-id", type=int, default=None, help="default: the tokenizer's mask token")
     p.add_argument("--target-layers", default=None,
                    help="comma-separated decoder layers whose outputs the drafter reads (default: 3 spread "
                         "over the depth)")
     p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for the acceptance measurement")
     p.add_argument("--eval-tokens", type=int, default=128, help="greedy tokens generated per held-out prompt")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
 
 
 def command(args) -> int:

@@ -87,13 +87,13 @@ def add_parser(sub) -> None:
     p.add_argument("--eval-data", nargs="+", default=None,
                    help="held-out files or folders (default: the held-out standard library modules)")
     defaults = TrainSettings()
-    p.add_argument("--steps", type=int, default=defaults.steps)
+    p.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
     p.add_argument("--batch", type=int, default=defaults.batch, help="sequences per step")
     p.add_argument("--length", type=int, default=defaults.length, help="tokens per sequence")
-    p.add_argument("--lr", type=float, default=defaults.lr)
-    p.add_argument("--seed", type=int, default=defaults.seed)
-    p.add_argument("--eval-every", type=int, default=defaults.eval_every)
-    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate (AdamW, warm-up then cosine)")
+    p.add_argument("--seed", type=int, default=defaults.seed, help="random seed")
+    p.add_argument("--eval-every", type=int, default=defaults.eval_every, help="steps between held-out evaluations")
+    p.add_argument("--vocab-size", type=int, default=4096, help="tokens of the BPE vocabulary trained on the corpus")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
     p.add_argument("--config", default=None,
                    help="a LagunaForCausalLM config.json to train instead of the built-in model's (its vocab_size, "

@@ -1,0 +1,73 @@
+"""One request, start to end: the same loop for plain and speculative decoding.
+
+Three stages, each with a contract docstring: the runner (`engine.runner`, one target step of
+any width), the speculation stage (`speculative.rounds`: draft, verify, commit; k = 0 without a
+drafter) and the text stage (`engine.text_stage`: detokenize, stop strings and ids,
+`max_tokens`). The prompt is prefilled in chunks (reusing the session's prefix), its last logits
+choose the first token, then each round's new tokens go through the text stage before the cache
+commits them, so a stop inside a round commits nothing past it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from lucebox.engine.build import Engine
+from lucebox.engine.session import Session
+from lucebox.engine.text_stage import TextStage, timing_stats
+from lucebox.generation import Chunk
+from lucebox.sampling import SamplingParams
+from lucebox.speculative.rounds import DecodeContext, Speculation
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    stop_strings: list[str]
+    stop_ids: set[int]
+    speculate: bool  # False: this request leaves the engine's drafter out
+    draft_k: int  # most drafts per round
+
+
+@torch.inference_mode()
+def run_request(engine: Engine, session: Session, request: Request) -> Iterator[Chunk]:
+    """Yield the request's chunks; the last carries finish_reason and stats. A second request
+    started while one is still streaming gets a cache of its own."""
+    private = session.open_streams > 0
+    session.open_streams += 1
+    try:
+        yield from _decode(engine, session, request, private)
+    finally:
+        session.open_streams -= 1
+
+
+def _decode(engine: Engine, session: Session, request: Request, private: bool) -> Iterator[Chunk]:
+    prompt_ids = request.prompt_ids
+    cache, proposer = session.open(prompt_ids, private, request.speculate)
+    reused = cache.length
+    setup = engine.setup
+    context = DecodeContext(engine.runner, cache, engine.clock, engine.verify_seconds, request.draft_k,
+                            setup.config.verify, setup.config.adaptive, setup.model.vocab_size, setup.device)
+    rounds = Speculation(context, request.params, proposer, prompt_ids)
+    text = TextStage(engine.tokenizer, prompt_ids, request.stop_strings, request.stop_ids, request.max_tokens)
+    traffic = dataclasses.replace(engine.expert_traffic)  # this request's expert cache traffic is counted from here
+    try:
+        start = engine.clock()
+        *_, hidden = engine.prefill(prompt_ids, cache, proposer)
+        first = rounds.first(engine.decoder.logits(hidden[-1:]))
+        prefill_done = engine.clock()
+        chunk = text.feed([first])
+        while text.finish is None:
+            yield chunk
+            chunk = rounds.round(text.remaining, text.feed)
+    finally:
+        session.keep(cache, rounds.tokens)
+    stats = timing_stats(len(prompt_ids), reused, len(text.generated), start, prefill_done, engine.clock())
+    experts = engine.expert_traffic.since(traffic) if setup.expert_slots is not None else {}
+    yield text.last({**stats, **rounds.stats(), **experts})

@@ -1,0 +1,87 @@
+"""The session: the sequence cache an engine keeps between requests, so that a prompt extending
+the previous request's tokens prefills only its new ones.
+
+Contract: `open(prompt_ids, private, speculate)` hands a request its cache (the session's, rolled
+back to what the prompt shares with the tokens it holds, or a private one when another stream is
+open) and its drafter, ready for the prompt; `keep(cache, tokens)` records, when the request
+ends however it ends, the tokens whose rows the session's cache now holds. A cache left dirty by
+an interrupted step is never reused (`SequenceCache.dirty`). CUDA graphs read the session's cache
+by address, so it is emptied and reused rather than reallocated whenever it can be.
+"""
+
+from __future__ import annotations
+
+from lucebox.caches import SequenceCache
+from lucebox.engine.build import Engine
+from lucebox.speculative.proposer import Proposer
+
+
+class Session:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.cache: SequenceCache | None = None
+        self.tokens: list[int] = []  # ids whose rows `cache` holds (its first `cache.length` at least)
+        # Whether the drafter has seen every row the session's cache holds (so `resume` can trust it).
+        self.drafter_follows = False
+        self.open_streams = 0  # streams begun and not finished; a second one gets a private cache
+
+    def warm(self) -> None:
+        """Measure the adaptive width's start-up cost table on the session's cache (capturing its
+        graphs), which the first request then reuses."""
+        from lucebox.speculative.drafters import measure_verify_seconds
+
+        engine = self.engine
+        cache = self._fresh()
+        engine.verify_seconds = measure_verify_seconds(engine.runner, cache, engine.clock)
+        self.cache, self.tokens = cache, []
+
+    def open(self, prompt_ids: list[int], private: bool, speculate: bool = True
+             ) -> tuple[SequenceCache, Proposer | None]:
+        engine = self.engine
+        cache = engine.new_cache() if private else self._reusable(prompt_ids)
+        proposer = None if private or not speculate else engine.proposer  # a drafter serves one stream at a time
+        if proposer is not None and not (self.drafter_follows and proposer.resume(cache.length)):
+            if proposer.feature_layers:
+                cache.rollback(0)  # the drafter needs target features of every row: prefill them again
+            proposer.start(prompt_ids, None)
+        if not private:
+            self.cache, self.tokens = cache, list(prompt_ids[: cache.length])
+            self.drafter_follows = proposer is not None
+        return cache, proposer
+
+    def keep(self, cache: SequenceCache, tokens: list[int]) -> None:
+        """A request on the session's cache has ended: its rows are those of `tokens`."""
+        if cache is self.cache:
+            self.tokens = list(tokens[: cache.length])
+
+    def drop(self) -> None:
+        """Forget the cached conversation (freeing its cache and the graphs over it)."""
+        self.cache, self.tokens = None, []
+        self.engine.runner.release()
+
+    def _reusable(self, prompt_ids: list[int]) -> SequenceCache:
+        """The previous request's cache rolled back to the longest prefix it shares with this prompt
+        (at least one prompt token is forwarded again, for its logits), or emptied; a fresh cache
+        when it was left dirty."""
+        cache = self.cache
+        if cache is not None:
+            held = self.tokens[: cache.length]  # a request that failed midway committed only part of its ids
+            shared = 0
+            for a, b in zip(held, prompt_ids, strict=False):
+                if a != b:
+                    break
+                shared += 1
+            keep = min(shared, len(prompt_ids) - 1)
+            if keep > 0 and cache.can_rewind_to(keep):
+                cache.rollback(keep)
+                return cache
+            if not cache.dirty:  # nothing shared: its buffers (and the graphs captured over them) serve again
+                cache.rollback(0)
+                return cache
+        return self._fresh()
+
+    def _fresh(self) -> SequenceCache:
+        self.drop()  # the old cache (and the graphs over it) go before a new one is allocated
+        cache = self.engine.new_cache()
+        self.engine.runner.bind(cache)
+        return cache

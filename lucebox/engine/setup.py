@@ -1,0 +1,167 @@
+"""From an `EngineConfig` to everything an engine is before a byte of weights loads.
+
+`plan_engine` runs one step after another, each a function with one job: the device, dtype and
+kernels; the model's description and the drafter `draft` names (checked against it); the memory
+choices (the VRAM planner's under a budget, else the configuration's); the cache settings;
+whether decode steps run as CUDA graphs; and the memory check, which refuses what cannot fit.
+Nothing here allocates device memory (a budget only holds the allocator to it).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from lucebox.caches import CacheSettings
+from lucebox.checkpoints.hf_folder import weight_files
+from lucebox.checkpoints.loading import ModelDescription, describe_model, resolve_quantization
+from lucebox.config import ModelConfig
+from lucebox.device import resolve_device, resolve_dtype
+from lucebox.engine.config import DRAFT_WIDTH, PREFILL_CHUNK, EngineConfig
+from lucebox.errors import InsufficientMemoryError, InvalidArgumentError, LuceboxWarning
+from lucebox.kernels.backend import resolve_backend
+from lucebox.memory.plan import StoredWeights, check_fits
+from lucebox.memory.vram import VramPlan, plan_for_config
+from lucebox.speculative.drafters import DrafterSpec, drafter_cost, resolve_drafter
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """An engine's concrete settings: what `EngineConfig` left to the machine and the model, settled."""
+
+    config: EngineConfig
+    device: torch.device
+    dtype: torch.dtype
+    backend: str  # "torch" | "triton"
+    description: ModelDescription
+    quantization: str | None  # the weights' scheme (a saved checkpoint's own, or the one asked for)
+    drafter: DrafterSpec | None
+    prefill_chunk: int
+    cache: CacheSettings
+    cuda_graphs: bool
+    expert_slots: int | None  # device slots per MoE layer with the experts in host memory; None: all on the device
+    vram_plan: VramPlan | None  # the planner's, when a budget was given
+    memory: dict[str, int]  # bytes of each part (`memory.plan.check_fits`)
+    stored_weights: StoredWeights | None  # a GGUF file's own weight bytes
+
+    @property
+    def model(self) -> ModelConfig:
+        return self.description.cfg
+
+
+@dataclass(frozen=True)
+class MemoryChoices:
+    """The settings a VRAM budget may choose (else the configuration's own)."""
+
+    prefill_chunk: int
+    kv_pool_tokens: int | None
+    expert_slots: int | None
+
+
+def plan_engine(config: EngineConfig) -> EngineSetup:
+    device = resolve_device(config.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # Triton launches and CUDA graph capture follow the current device
+    dtype = resolve_dtype(config.dtype, device)
+    backend = resolve_backend(config.backend, device, dtype)
+    description = describe_model(config.model)
+    quantization = resolve_quantization(config.quantization, description)  # a saved scheme may only be repeated
+    drafter = resolve_drafter(config.draft, description)
+    stored = stored_weights(description, dtype, config.load_format)
+    max_context = config.max_context or description.cfg.max_position_embeddings
+    warn_past_training(max_context, description.cfg)
+    vram_plan = None
+    if config.vram_budget is not None:
+        vram_plan = plan_vram(config, description.cfg, device, dtype, backend, quantization, drafter, stored)
+    choices = memory_choices(config, description.cfg, device, vram_plan)
+    cache = CacheSettings.for_engine(max_context, choices.prefill_chunk, config.kv_policy, choices.kv_pool_tokens,
+                                     config.kv_reselect_every, kv_int8=config.kv_int8)
+    cache.kvflash().validate()
+    if config.load_format != "dummy" and description.gguf is None:
+        weight_files(description.folder)  # a folder without weights says so before any memory figure
+    cost = drafter_cost(drafter, dtype, max_context, choices.prefill_chunk, config.draft_ctx, DRAFT_WIDTH)
+    memory = check_fits(description.cfg, cache, dtype, device, quantization, cost, choices.expert_slots, stored)
+    graphs = use_cuda_graphs(config.cuda_graphs, device, backend, choices.expert_slots)
+    return EngineSetup(config, device, dtype, backend, description, quantization, drafter, choices.prefill_chunk,
+                       cache, graphs, choices.expert_slots, vram_plan, memory, stored)
+
+
+def stored_weights(description: ModelDescription, dtype: torch.dtype, load_format: str) -> StoredWeights | None:
+    """The weights' bytes as a GGUF file's blocks fix them (None: from the config and `quantization`)."""
+    gguf = description.gguf
+    return None if gguf is None or load_format == "dummy" else gguf.device_bytes(description.cfg, dtype)
+
+
+def warn_past_training(max_context: int, cfg: ModelConfig) -> None:
+    """A context beyond the model's trained length runs, but its quality is the model's problem:
+    say so rather than stay silent."""
+    if max_context > cfg.max_position_embeddings:
+        warnings.warn(f"max_context={max_context} is beyond the {cfg.max_position_embeddings} tokens this model "
+                      "was trained for (max_position_embeddings in config.json); output past that length may "
+                      "degrade", LuceboxWarning, stacklevel=5)  # LLM(...)'s caller
+
+
+def graphs_possible(device: torch.device, backend: str, experts_on_host: bool) -> bool:
+    """CUDA graphs run on CUDA with the Triton kernels (the torch reference MoE syncs with the host,
+    which a graph cannot hold) and the experts on the device (an expert cache reads its choices)."""
+    return device.type == "cuda" and backend == "triton" and not experts_on_host
+
+
+def use_cuda_graphs(asked: bool | None, device: torch.device, backend: str, expert_slots: int | None) -> bool:
+    """`asked`, or wherever they can run when None; asking for them where they cannot is refused."""
+    possible = graphs_possible(device, backend, expert_slots is not None)
+    if asked and not possible:
+        raise InvalidArgumentError("cuda_graphs=True needs device='cuda', the Triton kernels "
+                                   "(backend='triton' or 'auto') and the experts on the device; this engine has "
+                                   f"{device.type}, backend '{backend}'"
+                                   + (", experts in host memory" if expert_slots is not None else ""))
+    return possible if asked is None else asked
+
+
+def plan_vram(config: EngineConfig, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, backend: str,
+              quantization: str | None, drafter: DrafterSpec | None, stored: StoredWeights | None) -> VramPlan:
+    """The planner's choices under `config.vram_budget`, or InsufficientMemoryError saying what does
+    not fit; on CUDA the allocator is held to the budget from here on."""
+    context = config.max_context or cfg.max_position_embeddings
+    prefill = config.prefill_chunk or PREFILL_CHUNK[device.type]
+    cost = drafter_cost(drafter, dtype, context, prefill, config.draft_ctx, DRAFT_WIDTH)
+    graphs = config.cuda_graphs is not False and graphs_possible(device, backend, experts_on_host=False)
+    planned = plan_for_config(cfg, config, device.type, dtype, quantization, cost, graphs, stored)
+    if not planned.fits:
+        raise InsufficientMemoryError(f"vram_budget={config.vram_budget / 2**30:.1f}GiB: {planned.notes[-1]}")
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, config.vram_budget / total), device)
+    return planned
+
+
+def memory_choices(config: EngineConfig, cfg: ModelConfig, device: torch.device,
+                   vram_plan: VramPlan | None) -> MemoryChoices:
+    """Prefill chunk, pool and expert slots: the VRAM plan's, else the configuration's (the prefill
+    chunk defaulting by device)."""
+    if vram_plan is not None:
+        c = vram_plan.choices
+        slots = expert_slots_for(cfg, c["experts_on_host"], c["expert_slots"])
+        return MemoryChoices(c["prefill_chunk"], c["kv_pool_tokens"], slots)
+    slots = expert_slots_for(cfg, config.experts_on_host, config.expert_slots)
+    return MemoryChoices(config.prefill_chunk or PREFILL_CHUNK[device.type], config.kv_pool_tokens, slots)
+
+
+def expert_slots_for(cfg: ModelConfig, on_host: bool | None, slots: int | None) -> int | None:
+    """Device slots per MoE layer with the experts in host memory, or None (all on the device).
+    Default: 8 rows' worth of choices (8 x top_k), or every expert if there are fewer."""
+    moe = cfg.moe
+    if not on_host:
+        if slots is not None:
+            raise InvalidArgumentError("expert_slots needs the experts in host memory; it contradicts "
+                                       "experts_on_host=False")
+        return None
+    if moe is None:
+        raise InvalidArgumentError("experts_on_host=True needs a mixture-of-experts model; this one is dense")
+    slots = slots or min(moe.num_experts, 8 * moe.top_k)
+    if not moe.top_k <= slots <= moe.num_experts:
+        raise InvalidArgumentError(f"expert_slots={slots} must be between top_k ({moe.top_k}) and the "
+                                   f"{moe.num_experts} experts of a layer")
+    return slots
