@@ -89,7 +89,7 @@ def paged(pool_tokens, max_context, policy="exact", max_step=16):
 @pytest.mark.parametrize("seed", range(3))
 def test_paged_pool_resident_rollback_matches_reference(seed):
     cache = paged(pool_tokens=512, max_context=512)  # everything fits: no host
-    assert cache.host is None
+    assert cache.residency.host is None
     run_script(cache, ContiguousCache(KV, D, 1000, **F64), random_script(16, steps=25, seed=seed), seed=seed)
 
 
@@ -98,8 +98,8 @@ def test_paged_offload_rollback_across_chunk_pool_and_host_matches_reference(see
     cache = paged(pool_tokens=40, max_context=2048)  # 5 chunks of 8 on the device, the rest on the host
     reference = ContiguousCache(KV, D, 2048, **F64)
     run_script(cache, reference, random_script(16, steps=80, seed=seed), seed=seed)
-    assert cache.host is not None and cache.host_bytes() > 0
-    resident = {c for c in cache.slot_chunk if c >= 0}
+    assert cache.residency.host is not None and cache.host_bytes() > 0
+    resident = {c for c in cache.residency.slot_chunk if c >= 0}
     assert len(resident) <= 5 < -(-cache.length // 8)  # most chunks live only on the host
 
 

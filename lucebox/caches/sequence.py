@@ -8,8 +8,9 @@ import torch
 
 from lucebox.caches.base import LayerCache
 from lucebox.caches.contiguous import ContiguousCache
-from lucebox.caches.paged import KVFlashSettings, PagedKV
+from lucebox.caches.paged import PagedKV
 from lucebox.caches.ring import SlidingRing
+from lucebox.caches.settings import KVFlashSettings
 from lucebox.config import ModelConfig
 from lucebox.engine.config import DECODE_ROWS, KV_CHUNK
 
