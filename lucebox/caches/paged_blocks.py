@@ -18,6 +18,11 @@ from lucebox.caches.planes import KVPlanes
 from lucebox.caches.residency import ChunkResidency
 from lucebox.caches.settings import KVFlashSettings
 
+# A decode/verify step streams host chunks in runs this many times longer than a prefill's: its
+# scores are at most `decode_rows` rows per head, so a long run costs little memory and saves
+# merges. A cache-internal choice.
+DECODE_RUN_MULTIPLE = 16
+
 
 class PagedBlocks:
     """Builds the `KVBlock`s of one paged pool from its `planes` and `residency`.
@@ -45,8 +50,8 @@ class PagedBlocks:
             yield self._block(pool, self.residency.row_positions[:rows], self.pinned[:rows], self.s.tail_tokens)
             return
         yield self._block(pool, self.residency.row_positions[:rows])
-        # A decode step's scores are one row per head, so it can take much longer runs than a prefill.
-        yield from self._streamed_blocks(self.s.stream_chunks * (16 if step.count <= self.s.decode_rows else 1))
+        decode = step.count <= self.s.decode_rows
+        yield from self._streamed_blocks(self.s.stream_chunks * (DECODE_RUN_MULTIPLE if decode else 1))
 
     def static_block(self) -> KVBlock:
         """The one block of a graphed decode/verify step: the whole pool."""

@@ -1,13 +1,23 @@
-"""The settings of one full-attention layer's paged pool (`KVFlashSettings`) and its policies."""
+"""What the caches of one sequence are built from: `CacheSettings` (the engine's choices) and
+`KVFlashSettings` (one full-attention layer's paged pool, derived from them).
+
+Defaults that are the engine's (pool size, reselect interval, `select` tail, step rows, chunk size)
+are imported from `lucebox.engine.config`, where the CLI, the planner and `LLM` read them too;
+only choices internal to the pool are defined here.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lucebox.engine.config import DECODE_ROWS, KV_CHUNK
+from lucebox.engine.config import DECODE_ROWS, KV_CHUNK, KV_POOL_TOKENS, KV_RESELECT_EVERY, SELECT_TAIL_TOKENS
 from lucebox.errors import InvalidArgumentError
 
 KV_POLICIES = ("exact", "select")
+# `exact` streams host chunks to attention in runs of this many (a prefill's; a decode step takes
+# longer ones, `paged_blocks.DECODE_RUN_MULTIPLE`): a cache-internal trade between the number of
+# blocks merged and the device memory one run of fetched chunks takes.
+STREAM_CHUNKS = 64
 
 
 @dataclass(frozen=True)
@@ -18,9 +28,9 @@ class KVFlashSettings:
     max_step: int  # most rows one forward writes (prefill chunk or verify width)
     decode_rows: int = DECODE_ROWS
     chunk: int = KV_CHUNK
-    tail_tokens: int = 256
-    reselect_every: int = 64
-    stream_chunks: int = 64
+    tail_tokens: int = SELECT_TAIL_TOKENS
+    reselect_every: int = KV_RESELECT_EVERY
+    stream_chunks: int = STREAM_CHUNKS
 
     @property
     def pool_chunks(self) -> int:
@@ -63,3 +73,35 @@ class KVFlashSettings:
             )
         if self.tail_tokens < 2 * self.reselect_every:
             raise InvalidArgumentError("tail_tokens must be at least twice kv_reselect_every")
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    max_context: int
+    max_step: int  # most rows one forward writes: max(prefill_chunk, verify width)
+    kv_policy: str
+    kv_pool_tokens: int
+    kv_reselect_every: int = KV_RESELECT_EVERY
+    decode_rows: int = DECODE_ROWS
+    reference: bool = False  # contiguous caches for every layer: the plain reference, for tests
+    full_attention_window: int | None = None  # draft models: full layers keep only a ring this long
+    kv_int8: bool = False  # the paged pool and host chunks hold int8 rows (`kernels.kv_int8`)
+
+    @classmethod
+    def for_engine(cls, max_context: int, prefill_chunk: int, kv_policy: str | None = None,
+                   kv_pool_tokens: int | None = None, kv_reselect_every: int = KV_RESELECT_EVERY,
+                   kv_int8: bool = False) -> CacheSettings:
+        """The engine's settings, defaults filled in: a pool holding the whole context up to
+        KV_POOL_TOKENS (at least what one prefill chunk needs), and `exact` attention when the
+        pool holds the whole context, `select` when it cannot."""
+        rounded = -(-max_context // KV_CHUNK) * KV_CHUNK
+        minimum = (-(-prefill_chunk // KV_CHUNK) + 2) * KV_CHUNK
+        pool = kv_pool_tokens if kv_pool_tokens is not None else max(min(KV_POOL_TOKENS, rounded), minimum)
+        policy = kv_policy or ("exact" if rounded <= pool else "select")
+        return cls(max_context, max(prefill_chunk, DECODE_ROWS), policy, pool, kv_reselect_every, kv_int8=kv_int8)
+
+    def kvflash(self) -> KVFlashSettings:
+        # The tail is at least two reselect intervals long, as `KVFlashSettings.validate` demands.
+        return KVFlashSettings(self.kv_policy, self.kv_pool_tokens, self.max_context, self.max_step,
+                               decode_rows=self.decode_rows, reselect_every=self.kv_reselect_every,
+                               tail_tokens=max(SELECT_TAIL_TOKENS, 2 * self.kv_reselect_every))
