@@ -23,6 +23,7 @@ from tiny_models import VOCAB
 import lucebox
 from lucebox.caches import KV_POLICIES, KVFlashSettings, PagedKV, Step
 from lucebox.caches.contiguous import ContiguousCache
+from lucebox.caches.residency import ChunkResidency
 
 CACHES = str(Path(lucebox.caches.__file__).parent)
 Line = tuple[str, int]  # (file, line number)
@@ -63,9 +64,9 @@ def where(line: Line, nth: int) -> str:
 
 
 def residency_lines(counts: Counter) -> list[Line]:
-    """The executed lines of the paged pool's residency update (`PagedKV._make_resident`: evict a
-    slot's chunk, load the new chunk's rows from the host, install it)."""
-    code = PagedKV._make_resident.__code__
+    """The executed lines of the paged pool's residency update (`ChunkResidency.make_resident`: evict
+    a slot's chunk, load the new chunk's rows from the host, install it)."""
+    code = ChunkResidency.make_resident.__code__
     body = {line for _, _, line in code.co_lines() if line is not None and line > code.co_firstlineno}
     return sorted(line for line in counts if line[0] == code.co_filename and line[1] in body)
 
@@ -205,7 +206,7 @@ def test_interrupt_in_the_residency_update_leaves_the_pool_consistent(policy):
     counting = LineTrace()
     run_steps(small_pool(policy), counting)
     lines = residency_lines(counting.counts)
-    assert len(lines) >= 6 and small_pool(policy).host is not None
+    assert len(lines) >= 6 and small_pool(policy).residency.host is not None
     wrong = []
     for line in lines:
         count = counting.counts[line]

@@ -89,7 +89,7 @@ def paged(pool_tokens, max_context, policy="exact", max_step=16):
 @pytest.mark.parametrize("seed", range(3))
 def test_paged_pool_resident_rollback_matches_reference(seed):
     cache = paged(pool_tokens=512, max_context=512)  # everything fits: no host
-    assert cache.host is None
+    assert cache.residency.host is None
     run_script(cache, ContiguousCache(KV, D, 1000, **F64), random_script(16, steps=25, seed=seed), seed=seed)
 
 
@@ -98,8 +98,8 @@ def test_paged_offload_rollback_across_chunk_pool_and_host_matches_reference(see
     cache = paged(pool_tokens=40, max_context=2048)  # 5 chunks of 8 on the device, the rest on the host
     reference = ContiguousCache(KV, D, 2048, **F64)
     run_script(cache, reference, random_script(16, steps=80, seed=seed), seed=seed)
-    assert cache.host is not None and cache.host_bytes() > 0
-    resident = {c for c in cache.slot_chunk if c >= 0}
+    assert cache.residency.host is not None and cache.host_bytes() > 0
+    resident = {c for c in cache.residency.slot_chunk if c >= 0}
     assert len(resident) <= 5 < -(-cache.length // 8)  # most chunks live only on the host
 
 
@@ -167,3 +167,46 @@ def test_ring_rewind_is_judged_from_the_highest_row_written():
     ring.rollback(17)  # drafts 17..19 rejected; writing them overwrote the rows of positions 5..7
     assert ring.can_rewind_to(17) and ring.can_rewind_to(15)  # a query at 15 needs positions 8..15: intact
     assert not ring.can_rewind_to(14)  # a query at 14 needs position 7, whose slot position 19 took
+
+
+def test_ring_rollback_hides_forgotten_rows_from_queries_past_the_rows_written():
+    """A DFlash drafter's context ring is read by draft queries at positions it holds no rows for
+    yet (`DFlashDrafter.draft`): after a rollback and a shorter rewrite, the rows the rollback
+    forgot must be invisible to them, though no write has overwritten their slots."""
+    ring = SlidingRing(8, 4, KV, D, **F64)  # 12 slots
+    reference = ContiguousCache(KV, D, 100, **F64)
+    gen = torch.Generator().manual_seed(0)
+    for start in range(0, 12, 4):  # the previous request's rows 0..11
+        step, k, v = Step(torch.arange(start, start + 4)), rows(4, gen), rows(4, gen)
+        for cache in (ring, reference):
+            cache.write(step, k, v)
+    step, k, v = Step(torch.arange(6, 8)), rows(2, gen), rows(2, gen)
+    for cache in (ring, reference):  # rewound to 6, the new request's rows 6, 7
+        cache.rollback(6)
+        cache.write(step, k, v)
+    drafts = Step(torch.arange(8, 12))  # queries at 8..11, attending to rows 0..7 only
+    q = torch.randn(4, HQ, D, generator=gen, dtype=torch.float64)
+    assert (attend(ring, q, drafts) - attend(reference, q, drafts)).abs().max() < 1e-12
+
+
+def test_an_emptied_and_refilled_ring_can_be_rewound_to_a_prefix_of_the_new_sequence():
+    """A cache reused for a new request is emptied (`rollback(0)`) and refilled: it allows the
+    rewinds a fresh ring allows (prefix reuse), and attention after one matches the reference."""
+    ring, fresh = SlidingRing(8, 4, KV, D, **F64), SlidingRing(8, 4, KV, D, **F64)  # 12 slots
+    gen = torch.Generator().manual_seed(0)
+    for start in range(0, 40, 4):  # the previous request, wrapping the ring three times
+        ring.write(Step(torch.arange(start, start + 4)), rows(4, gen), rows(4, gen))
+    ring.rollback(0)
+    reference = ContiguousCache(KV, D, 100, **F64)
+    for start in (0, 4):  # the new request: rows 0..7
+        step, k, v = Step(torch.arange(start, start + 4)), rows(4, gen), rows(4, gen)
+        for cache in (ring, reference, fresh):
+            cache.write(step, k, v)
+    assert [ring.can_rewind_to(p) for p in range(9)] == [fresh.can_rewind_to(p) for p in range(9)]
+    assert ring.can_rewind_to(4)
+    step = Step(torch.arange(4, 8))  # the next request shares rows 0..3
+    k, v, q = rows(4, gen), rows(4, gen), torch.randn(4, HQ, D, generator=gen, dtype=torch.float64)
+    for cache in (ring, reference):
+        cache.rollback(4)
+        cache.write(step, k, v)
+    assert (attend(ring, q, step, 8) - attend(reference, q, step, 8)).abs().max() < 1e-12

@@ -79,7 +79,7 @@ def recorded_steps(reference_models, monkeypatch):
     ring = next(layer for layer in cache.layers if isinstance(layer, SlidingRing))
     position, gen = len(prompt), torch.Generator().manual_seed(6)
     while position < 780:
-        before = (set(paged.chunk_slot), list(paged.selected), ring.highest // ring.capacity)
+        before = (set(paged.residency.chunk_slot), list(paged.selected), ring.highest // ring.capacity)
         # Width 1 (plain decoding) and verify blocks of 3 of which 2 are kept and 1 rolled back,
         # never spanning a reselect boundary (as the engine steps).
         width = 1 if position < 740 else min(3, cache.rows_before_reselect(position))
@@ -90,7 +90,7 @@ def recorded_steps(reference_models, monkeypatch):
         if kept < width:
             cache.rollback(position + kept)
         position += kept
-        after = (set(paged.chunk_slot), list(paged.selected), ring.highest // ring.capacity)
+        after = (set(paged.residency.chunk_slot), list(paged.selected), ring.highest // ring.capacity)
         events["chunk left the pool"] += bool(before[0] - after[0])
         events["re-selection changed the chosen chunks"] += before[1] != after[1]
         events["ring wrapped"] += before[2] != after[2]

@@ -2,9 +2,10 @@
 layer, and the plain contiguous cache they are tested against."""
 
 from lucebox.caches.base import KVBlock, LayerCache, Step
-from lucebox.caches.paged import KV_POLICIES, KVFlashSettings, PagedKV
+from lucebox.caches.paged import PagedKV
 from lucebox.caches.ring import SlidingRing
-from lucebox.caches.sequence import CacheSettings, SequenceCache
+from lucebox.caches.sequence import SequenceCache
+from lucebox.caches.settings import KV_POLICIES, CacheSettings, KVFlashSettings
 
 __all__ = ["KV_POLICIES", "CacheSettings", "KVBlock", "KVFlashSettings", "LayerCache", "PagedKV",
            "SequenceCache", "SlidingRing", "Step"]

@@ -25,19 +25,20 @@ class Step:
 
     __slots__ = ("_device", "_positions", "count", "prefill", "start")
 
-    def __init__(self, positions: torch.Tensor, prefill: bool = False, start: int | None = None):
-        self._positions, self._device = positions, positions.device  # (T,) int64, consecutive
+    def __init__(self, positions: torch.Tensor | None = None, prefill: bool = False, start: int | None = None,
+                 count: int | None = None, device: torch.device | None = None):
+        """From `positions` (T,) int64, consecutive (their start read from them unless given), or,
+        with `positions` None, from `start`, `count` and `device` (what `span` passes)."""
+        self._positions = positions
+        self._device = positions.device if positions is not None else device
         self.prefill = prefill
         self.start = int(positions[0]) if start is None else start
-        self.count = len(positions)
+        self.count = len(positions) if positions is not None else count
 
     @classmethod
     def span(cls, start: int, count: int, device: torch.device, prefill: bool = False) -> Step:
         """The step of `count` rows at positions start, start + 1, ..."""
-        step = cls.__new__(cls)
-        step._positions, step._device = None, device
-        step.prefill, step.start, step.count = prefill, start, count
-        return step
+        return cls(None, prefill, start, count, device)
 
     @property
     def positions(self) -> torch.Tensor:

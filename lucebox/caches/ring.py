@@ -8,6 +8,18 @@ later query at q >= r needs keys > q - window >= r - window, and every overwritt
 A rollback is safe when measured from the highest position ever written, not from the committed
 length: rejected drafts wrote past it. `can_rewind_to` checks exactly that (the rows still intact
 start at `highest - capacity`), which is what reusing a cache for a new prompt must ask.
+
+What `rollback(r)` does, and why each part is needed:
+- It marks the slots of positions >= r empty at once. A forward that writes before it attends
+  would not need that: a query at q sees keys at positions <= q only, and every such position
+  from r on is rewritten, into the same slot, before q attends. But a DFlash drafter reads its
+  context ring with draft queries at positions the ring holds no rows for yet
+  (`DFlashDrafter.draft`), after rewinding the ring to a shorter prompt (`resume`): those queries
+  would see the forgotten rows.
+- `rollback(0)` also forgets `highest`: with no row left there is none to lose, and an emptied
+  ring refilled by a new request must allow the rewinds a fresh ring allows (`can_rewind_to`),
+  or prefix reuse would refuse it. A partial rollback keeps `highest`: the rows its drafts
+  overwrote are lost.
 """
 
 from __future__ import annotations

@@ -2,49 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from lucebox.caches.base import LayerCache
 from lucebox.caches.contiguous import ContiguousCache
-from lucebox.caches.paged import KVFlashSettings, PagedKV
+from lucebox.caches.paged import PagedKV
 from lucebox.caches.ring import SlidingRing
+from lucebox.caches.settings import CacheSettings
 from lucebox.config import ModelConfig
-from lucebox.engine.config import DECODE_ROWS, KV_CHUNK
-
-DEFAULT_POOL_TOKENS = 8192  # the device KV pool of each full-attention layer, unless given
-
-
-@dataclass(frozen=True)
-class CacheSettings:
-    max_context: int
-    max_step: int  # most rows one forward writes: max(prefill_chunk, verify width)
-    kv_policy: str
-    kv_pool_tokens: int
-    kv_reselect_every: int = 64
-    decode_rows: int = DECODE_ROWS
-    reference: bool = False  # contiguous caches for every layer: the plain reference, for tests
-    full_attention_window: int | None = None  # draft models: full layers keep only a ring this long
-    kv_int8: bool = False  # the paged pool and host chunks hold int8 rows (`kernels.kv_int8`)
-
-    @classmethod
-    def for_engine(cls, max_context: int, prefill_chunk: int, kv_policy: str | None = None,
-                   kv_pool_tokens: int | None = None, kv_reselect_every: int = 64,
-                   kv_int8: bool = False) -> CacheSettings:
-        """The engine's settings, defaults filled in: a pool holding the whole context up to
-        DEFAULT_POOL_TOKENS (at least what one prefill chunk needs), and `exact` attention when
-        the pool holds the whole context, `select` when it cannot."""
-        rounded = -(-max_context // KV_CHUNK) * KV_CHUNK
-        minimum = (-(-prefill_chunk // KV_CHUNK) + 2) * KV_CHUNK
-        pool = kv_pool_tokens if kv_pool_tokens is not None else max(min(DEFAULT_POOL_TOKENS, rounded), minimum)
-        policy = kv_policy or ("exact" if rounded <= pool else "select")
-        return cls(max_context, max(prefill_chunk, DECODE_ROWS), policy, pool, kv_reselect_every, kv_int8=kv_int8)
-
-    def kvflash(self) -> KVFlashSettings:
-        return KVFlashSettings(self.kv_policy, self.kv_pool_tokens, self.max_context, self.max_step,
-                               decode_rows=self.decode_rows, reselect_every=self.kv_reselect_every,
-                               tail_tokens=max(256, 2 * self.kv_reselect_every))
 
 
 class SequenceCache:
