@@ -1,17 +1,18 @@
 """The one decoder every architecture runs on: a `ModelConfig` plus a flat dict of tensors.
 
-One sequence at a time (the runtime serves one user): activations are (T, H) for the T rows of
-one forward, whether those are a prefill chunk, one decode token or a verify block.
+Activations are (N, H) for the N rows of one forward: a prefill chunk, one decode token or a
+verify block of the one sequence the runtime serves, or the B*T rows of a training batch.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from lucebox.kernels.attention import attention_over_blocks
 from lucebox.kernels.backend import Kernels, kernels_for
 from lucebox.kernels.moe import route, swiglu
 from lucebox.kernels.rope import RotaryTables
+from lucebox.models.cache_contexts import CacheContext
+from lucebox.models.token_mixers import ForwardContext, token_mixer
 
 from lucebox.caches import SequenceCache, Step
 from lucebox.config import LayerSpec, ModelConfig
@@ -19,16 +20,34 @@ from lucebox.config import LayerSpec, ModelConfig
 
 class Decoder:
     """`weights` maps internal names to tensors, or to `QuantizedTensor`s for quantized linear
-    layers; `kernels` is the backend's operator table (the torch references by default)."""
+    layers; `kernels` is the backend's operator table (the torch references by default).
+
+    Every forward (eager decoding, the graphed step, both training forwards) runs `run`: embed,
+    then each layer through `run_layer`, with a `ForwardContext` saying how its rows reach their
+    keys."""
 
     def __init__(self, cfg: ModelConfig, weights: dict, kernels: Kernels | None = None):
         self.cfg = cfg
         self.w = weights
-        self.kernels = kernels or kernels_for("torch")
         first = weights["embed"]
         self.dtype, self.device = first.dtype, first.device
         self.rope = RotaryTables(self.device)
         self.scale = cfg.head_dim**-0.5
+        self.kernels = kernels or kernels_for("torch")
+        layers = len(cfg.layers)
+        self._mlp_norm = [f"layers.{i}.mlp_norm" for i in range(layers)]
+        # Each residual add is fused with the norm that reads its result: the next layer's, or the final one.
+        self._next_norm = [f"layers.{i + 1}.attn_norm" for i in range(layers - 1)] + ["norm"]
+
+    @property
+    def kernels(self) -> Kernels:
+        return self._kernels
+
+    @kernels.setter
+    def kernels(self, table: Kernels) -> None:
+        # The token mixers hold the table they run with, so a new one (a test's spy) reaches them too.
+        self._kernels = table
+        self.mixers = [token_mixer(self.cfg, i, self.w, table, self.rope) for i in range(len(self.cfg.layers))]
 
     def forward(
         self,
@@ -41,77 +60,42 @@ class Decoder:
     def forward_capturing(
         self, token_ids: torch.Tensor, step: Step, cache: SequenceCache, layers: tuple[int, ...]
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(hidden (T, H) after the final norm, the outputs of decoder `layers` side by side
-        (T, len(layers) * H), or None) from one forward: what a DFlash drafter reads."""
-        x, h = self.embed(token_ids)
-        captured: dict[int, torch.Tensor] = {}
-        for i in range(len(self.cfg.layers)):
-            q, key, value = self.pre_attention(i, h, step.positions)
-            x, h = self.post_attention(i, x, h, self.attend(i, q, key, value, step, cache))
-            if i in layers:
-                captured[i] = x
-        features = torch.cat([captured[i] for i in layers], dim=-1) if layers else None
-        return h, features
+        """`run` of one eager step over `cache`, writing the step's rows into it."""
+        return self.run(token_ids, CacheContext(step, cache, self.kernels, self.scale), layers)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (T, V)
         head = self.w["embed"] if self.cfg.tie_word_embeddings else self.w["lm_head"]
         return F.linear(hidden, head)
 
-    # -- the pieces of one forward (`lucebox.engine.runner` composes them into a graphed step) ------------
+    # -- the one layer loop, for every kind of forward --------------------------------------------------------
+
+    def run(self, token_ids: torch.Tensor, context: ForwardContext,
+            capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """token_ids (N,) -> (hidden (N, H) after the final norm, the outputs of decoder layers
+        `capture` side by side (N, len(capture) * H), or None: what a DFlash drafter reads), every
+        layer reaching its context through `context`."""
+        x, h = self.embed(token_ids)
+        captured: dict[int, torch.Tensor] = {}
+        for i in range(len(self.mixers)):
+            x, h = self.run_layer(i, x, h, context)
+            if i in capture:
+                captured[i] = x
+        features = torch.cat([captured[i] for i in capture], dim=-1) if capture else None
+        return h, features
 
     def embed(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(residual stream x, first layer's normed input h), both (T, H)."""
+        """(residual stream x, first layer's normed input h), both (N, H)."""
         x = F.embedding(token_ids, self.w["embed"])
         return x, self.kernels.rms_norm(x, self.w["layers.0.attn_norm"], self.cfg.rms_norm_eps)
 
-    def pre_attention(self, i: int, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q (T, Hq, D), k and v (T, KV, D) of layer i, QK-normed and rotated."""
-        cfg, w, k, p = self.cfg, self.w, self.kernels, f"layers.{i}."
-        layer = cfg.layers[i]
-        T, D = h.shape[0], cfg.head_dim
-        bias = cfg.attention_bias
-        q = k.linear(h, w[p + "wq"], w[p + "bq"] if bias else None).view(T, layer.num_heads, D)
-        key = k.linear(h, w[p + "wk"], w[p + "bk"] if bias else None).view(T, cfg.num_kv_heads, D)
-        value = k.linear(h, w[p + "wv"], w[p + "bv"] if bias else None).view(T, cfg.num_kv_heads, D)
-        if cfg.qk_norm:
-            q = k.rms_norm(q, w[p + "q_norm"], cfg.rms_norm_eps)
-            key = k.rms_norm(key, w[p + "k_norm"], cfg.rms_norm_eps)
-        inv_freq, scaling = self.rope.frequencies(layer.rope)
-        return (*k.rotate((q, key), positions, inv_freq, scaling), value)
-
-    def attend(self, i: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, step: Step,
-               cache: SequenceCache) -> torch.Tensor:
-        """Write this step's rows into layer i's cache and attend over the blocks it hands out:
-        (T, Hq, D). The eager path: the cache may stream blocks from the host."""
-        layer_cache = cache.layers[i]
-        layer_cache.write(step, key, value)
-        return attention_over_blocks(q, step.positions, layer_cache.blocks(q, step), self.scale,
-                                     self.cfg.layers[i].window, self.kernels.attention_partial)
-
-    def attend_static(self, i: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      positions: torch.Tensor, cache: SequenceCache) -> torch.Tensor:
-        """`attend` for a graphed step, after the cache's `reserve`: store the rows and attend over
-        the cache's static block, by device work that is the same at every position."""
-        layer_cache = cache.layers[i]
-        layer_cache.store(positions, key, value)
-        block = layer_cache.static_block(q)
-        return self.kernels.attention_partial(q, block.k, block.v, positions, block.positions, self.scale,
-                                              self.cfg.layers[i].window, block.pinned, block.recent,
-                                              k_scale=block.k_scale, v_scale=block.v_scale)[0]
-
-    def post_attention(self, i: int, x: torch.Tensor, h: torch.Tensor, out: torch.Tensor):
-        """Gate, output projection, residual + norm, MLP, residual + the next norm: (x, h)."""
-        cfg, w, k, p = self.cfg, self.w, self.kernels, f"layers.{i}."
-        layer, eps = cfg.layers[i], cfg.rms_norm_eps
-        if cfg.attention_gate:
-            out = k.softplus_gate(out, k.linear(h, w[p + "wg"]))
-        T = out.shape[0]
-        bias = w[p + "bo"] if cfg.attention_bias else None
-        attn = k.linear(out.reshape(T, layer.num_heads * cfg.head_dim), w[p + "wo"], bias)
-        # Each residual add is fused with the norm that reads its result.
-        x, h = k.add_rms_norm(x, attn, w[p + "mlp_norm"], eps)
-        next_norm = f"layers.{i + 1}.attn_norm" if i + 1 < len(cfg.layers) else "norm"
-        return k.add_rms_norm(x, self._mlp(i, layer, h), w[next_norm], eps)
+    def run_layer(self, i: int, x: torch.Tensor, h: torch.Tensor,
+                  context: ForwardContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i on the residual stream x and its normed input h (both (N, H)): the token mixer,
+        residual add + the MLP's norm, a dense SwiGLU MLP or routed experts, residual add + the
+        next layer's norm (the final norm after the last layer): the next (x, h)."""
+        w, k, eps = self.w, self.kernels, self.cfg.rms_norm_eps
+        x, h = k.add_rms_norm(x, self.mixers[i].mix(h, context), w[self._mlp_norm[i]], eps)
+        return k.add_rms_norm(x, self._mlp(i, self.cfg.layers[i], h), w[self._next_norm[i]], eps)
 
     def _mlp(self, i: int, layer: LayerSpec, h: torch.Tensor) -> torch.Tensor:
         w, k, p = self.w, self.kernels, f"layers.{i}."

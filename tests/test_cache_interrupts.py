@@ -149,15 +149,15 @@ def test_a_step_cut_short_outside_the_caches_is_never_reused(scenario, monkeypat
     """An interrupt in the model between two layers' writes: the cache is dirty, so the next
     request prefills afresh instead of trusting rows some layers hold and others lack."""
     llm = scenario.after_first_request()
-    real, calls = llm.decoder.post_attention, []
+    real, calls = llm.decoder.run_layer, []
 
     def cut(i, *args):
         calls.append(i)
-        if len(calls) == 3 * 4 + 2:  # request 2's first decode round, after layers 0 and 1 wrote their rows
+        if len(calls) == 3 * 4 + 3:  # request 2's first decode round, layer 2, after layers 0 and 1 wrote their rows
             raise KeyboardInterrupt
         return real(i, *args)
 
-    monkeypatch.setattr(llm.decoder, "post_attention", cut)
+    monkeypatch.setattr(llm.decoder, "run_layer", cut)
     with pytest.raises(KeyboardInterrupt):
         llm.generate(SECOND, max_tokens=12, ignore_eos=True)
     monkeypatch.undo()

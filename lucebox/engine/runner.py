@@ -32,6 +32,7 @@ import torch
 
 from lucebox.caches import SequenceCache, Step
 from lucebox.engine.config import DECODE_ROWS
+from lucebox.models.cache_contexts import StaticCacheContext
 from lucebox.sampling import greedy_choices
 
 
@@ -55,15 +56,9 @@ class StepGraph:
     def body(self) -> StepOutput:
         """The step's device work, reading only `inputs` and the cache's tables."""
         d, ids, positions = self.decoder, self.inputs[0], self.inputs[1]
-        x, h = d.embed(ids)
-        captured: dict[int, torch.Tensor] = {}
-        for i in range(len(d.cfg.layers)):
-            q, key, value = d.pre_attention(i, h, positions)
-            x, h = d.post_attention(i, x, h, d.attend_static(i, q, key, value, positions, self.cache))
-            if i in self.layers:
-                captured[i] = x
-        features = torch.cat([captured[i] for i in self.layers], dim=-1) if self.layers else None
-        logits = d.logits(h)
+        context = StaticCacheContext(positions, self.cache, d.kernels, d.scale)
+        hidden, features = d.run(ids, context, self.layers)
+        logits = d.logits(hidden)
         return StepOutput(logits, greedy_choices(logits), features)
 
     def run(self) -> StepOutput:

@@ -1,11 +1,12 @@
-"""The engine's own decoder run over a batch of whole sequences, differentiably: the forward that
-trains a target and that captures target features for a drafter.
+"""The engine's own decoder run over a batch of whole sequences: differentiably, the forward that
+trains a target and that captures target features for a drafter (`forward_batch`); without
+gradients, batched greedy generation over a growing `BatchCache` (distillation data).
 
-Everything but attention is the decoder's own code (`Decoder.embed`, `pre_attention`,
-`post_attention`) on the (B*T, H) rows of the batch; attention is one masked scaled-dot-product
-over each sequence (causal, and windowed on sliding layers), which is what the engine's caches
-compute step by step. So a model trained here runs unchanged in the engine, and the features a
-drafter learns from are the ones the engine hands it at inference.
+Both are the decoder's own layer loop (`Decoder.run`) on the (B*T, H) rows of the batch; only how
+attention reaches its keys differs (`BatchContext`): one masked scaled-dot-product over each
+sequence (causal, and windowed on sliding layers), which is what the engine's caches compute step
+by step. So a model trained here runs unchanged in the engine, and the features a drafter learns
+from are the ones the engine hands it at inference.
 """
 
 from __future__ import annotations
@@ -37,28 +38,6 @@ def batch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     return out.transpose(1, 2)
 
 
-def forward_batch(decoder: Decoder, token_ids: torch.Tensor, layers: tuple[int, ...] = ()):
-    """token_ids (B, T) -> (hidden after the final norm (B, T, H), the outputs of decoder `layers`
-    side by side (B, T, len(layers) * H) or None): `Decoder.forward_capturing` for a batch."""
-    cfg = decoder.cfg
-    B, T = token_ids.shape
-    positions = torch.arange(T, device=token_ids.device).repeat(B)  # (B*T,) each row's position
-    masks = {}
-    x, h = decoder.embed(token_ids.reshape(-1))
-    captured = {}
-    for i, layer in enumerate(cfg.layers):
-        q, key, value = decoder.pre_attention(i, h, positions)
-        if layer.window not in masks:
-            masks[layer.window] = visibility(T, layer.window, token_ids.device)
-        out = batch_attention(q.view(B, T, *q.shape[1:]), key.view(B, T, *key.shape[1:]),
-                              value.view(B, T, *value.shape[1:]), masks[layer.window], decoder.scale)
-        x, h = decoder.post_attention(i, x, h, out.reshape(B * T, *q.shape[1:]))
-        if i in layers:
-            captured[i] = x
-    features = torch.cat([captured[i] for i in layers], dim=-1).view(B, T, -1) if layers else None
-    return h.view(B, T, -1), features
-
-
 class BatchCache:
     """K/V of every layer for a batch of equally long sequences, for batched greedy generation."""
 
@@ -74,21 +53,47 @@ class BatchCache:
         return self.k[i], self.v[i]
 
 
+class BatchContext:
+    """A forward over B sequences of T rows each, at positions start .. start + T - 1 (start: the
+    rows `cache` already holds, else 0), as (B*T, ...) rows: each layer attends by one masked
+    scaled-dot-product per sequence over its earlier rows, causal and windowed on sliding
+    layers. With a `BatchCache` the rows are appended to it first and attend over all it holds
+    (batched generation); without one, over this forward's rows alone (training)."""
+
+    def __init__(self, B: int, T: int, device: torch.device, scale: float, cache: BatchCache | None = None):
+        self.B, self.T, self.device, self.scale, self.cache = B, T, device, scale, cache
+        self.start = cache.length if cache is not None else 0
+        self.positions = torch.arange(self.start, self.start + T, device=device).repeat(B)  # (B*T,)
+        self.masks: dict[int | None, torch.Tensor] = {}  # by window
+
+    def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               window: int | None) -> torch.Tensor:
+        B, T = self.B, self.T
+        key, value = key.view(B, T, *key.shape[1:]), value.view(B, T, *value.shape[1:])
+        if self.cache is not None:
+            key, value = self.cache.extend(layer, key, value)
+        if window not in self.masks:
+            self.masks[window] = visibility(T, window, self.device, self.start)
+        out = batch_attention(q.view(B, T, *q.shape[1:]), key, value, self.masks[window], self.scale)
+        return out.reshape(B * T, *q.shape[1:])
+
+
+def forward_batch(decoder: Decoder, token_ids: torch.Tensor, layers: tuple[int, ...] = ()):
+    """token_ids (B, T) -> (hidden after the final norm (B, T, H), the outputs of decoder `layers`
+    side by side (B, T, len(layers) * H) or None): `Decoder.run` for a batch of whole sequences."""
+    B, T = token_ids.shape
+    context = BatchContext(B, T, token_ids.device, decoder.scale)
+    hidden, features = decoder.run(token_ids.reshape(-1), context, layers)
+    return hidden.view(B, T, -1), None if features is None else features.view(B, T, -1)
+
+
 @torch.no_grad()
 def forward_cached(decoder: Decoder, token_ids: torch.Tensor, cache: BatchCache) -> torch.Tensor:
     """token_ids (B, t) following the cache's rows -> hidden after the final norm (B, t, H)."""
     B, t = token_ids.shape
-    start = cache.length
-    positions = torch.arange(start, start + t, device=token_ids.device).repeat(B)
-    x, h = decoder.embed(token_ids.reshape(-1))
-    for i, layer in enumerate(decoder.cfg.layers):
-        q, key, value = decoder.pre_attention(i, h, positions)
-        keys, values = cache.extend(i, key.view(B, t, *key.shape[1:]), value.view(B, t, *value.shape[1:]))
-        mask = visibility(t, layer.window, token_ids.device, start)
-        out = batch_attention(q.view(B, t, *q.shape[1:]), keys, values, mask, decoder.scale)
-        x, h = decoder.post_attention(i, x, h, out.reshape(B * t, *q.shape[1:]))
+    hidden, _ = decoder.run(token_ids.reshape(-1), BatchContext(B, t, token_ids.device, decoder.scale, cache))
     cache.length += t
-    return h.view(B, t, -1)
+    return hidden.view(B, t, -1)
 
 
 @torch.no_grad()

@@ -1,0 +1,97 @@
+"""A layer's token mixer (the part of a decoder layer that lets rows see other rows), and the
+per-forward context it reaches those other rows through.
+
+Two interfaces keep each extension in one place:
+- `TokenMixer`, chosen per layer from `cfg.layers[i]` by `token_mixer`: today attention (full or
+  sliding, `AttentionMixer`); a recurrent mixer (Gated DeltaNet) would be a second class with its
+  own projections, reading a state cache through the context.
+- `ForwardContext`, one per kind of forward (`models/cache_contexts.py`: eager and graphed decoding
+  over a `SequenceCache`; `lucebox/training/forward.py`: a batch of whole sequences, or batched
+  generation over a growing `BatchCache`): how this forward's rows reach what they attend to. A
+  tree-verify mask is one more context; every mixer and the layer loop stay as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from lucebox.kernels.backend import Kernels
+from lucebox.kernels.rope import RotaryTables
+
+from lucebox.config import ModelConfig
+from lucebox.errors import ConfigError
+
+
+class ForwardContext(Protocol):
+    """How the rows of one forward reach their context, for every layer of that forward.
+
+    `positions` (N,) int64: each row's absolute position (RoPE). `attend(layer, q, key, value,
+    window)` takes layer `layer`'s rotated q (N, Hq, D) and this forward's own k, v (N, KV, D),
+    makes k, v visible to this and later forwards where the forward keeps them (a cache write),
+    and returns attention (N, Hq, D) of each row over the keys at positions <= its own (and within
+    `window` when given) among those already kept and its own. Called once per attention layer,
+    in layer order."""
+
+    positions: torch.Tensor
+
+    def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               window: int | None) -> torch.Tensor: ...
+
+
+class TokenMixer(Protocol):
+    """One layer's token mixing: `mix(h, context)` takes the layer's normed input h (N, H) and
+    returns what the layer adds to the residual stream (N, H), reaching earlier rows only through
+    `context`. It holds no per-forward state: one mixer serves every forward."""
+
+    def mix(self, h: torch.Tensor, context: ForwardContext) -> torch.Tensor: ...
+
+
+class AttentionMixer:
+    """Full or sliding attention of layer i: q/k/v projections, QK norm, RoPE, attention through
+    the forward's context, the optional softplus output gate and the output projection."""
+
+    def __init__(self, cfg: ModelConfig, i: int, weights: dict, kernels: Kernels, rope: RotaryTables):
+        layer, p = cfg.layers[i], f"layers.{i}."
+        self.layer, self.window, self.w, self.kernels = i, layer.window, weights, kernels
+        self.heads, self.kv_heads, self.head_dim = layer.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qk_norm, self.gate, self.eps = cfg.qk_norm, cfg.attention_gate, cfg.rms_norm_eps
+        # Weight names are resolved once; the tensors are looked up per call, so a weight the
+        # engine swaps in the dict later (an expert cache, a quantized copy) is the one used.
+        bias = cfg.attention_bias
+        self.wq, self.wk, self.wv, self.wo, self.wg = (p + n for n in ("wq", "wk", "wv", "wo", "wg"))
+        self.bq, self.bk, self.bv, self.bo = ((p + n) if bias else None for n in ("bq", "bk", "bv", "bo"))
+        self.q_norm, self.k_norm = p + "q_norm", p + "k_norm"
+        self.inv_freq, self.rope_scaling = rope.frequencies(layer.rope)
+
+    def mix(self, h: torch.Tensor, context: ForwardContext) -> torch.Tensor:
+        w, k, T, D = self.w, self.kernels, h.shape[0], self.head_dim
+        q, key, value = self.qkv(h, context.positions)
+        out = context.attend(self.layer, q, key, value, self.window)  # (T, Hq, D)
+        if self.gate:
+            out = k.softplus_gate(out, k.linear(h, w[self.wg]))
+        bias = w[self.bo] if self.bo else None
+        return k.linear(out.reshape(T, self.heads * D), w[self.wo], bias)
+
+    def qkv(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q (T, Hq, D), k and v (T, KV, D), QK-normed and rotated."""
+        w, k, T, D = self.w, self.kernels, h.shape[0], self.head_dim
+        q = k.linear(h, w[self.wq], w[self.bq] if self.bq else None).view(T, self.heads, D)
+        key = k.linear(h, w[self.wk], w[self.bk] if self.bk else None).view(T, self.kv_heads, D)
+        value = k.linear(h, w[self.wv], w[self.bv] if self.bv else None).view(T, self.kv_heads, D)
+        if self.qk_norm:
+            q = k.rms_norm(q, w[self.q_norm], self.eps)
+            key = k.rms_norm(key, w[self.k_norm], self.eps)
+        return (*k.rotate((q, key), positions, self.inv_freq, self.rope_scaling), value)
+
+
+# The token mixer of each attention kind a `LayerSpec` names (a sliding layer is attention with a window).
+MIXERS: dict[str, type] = {"full": AttentionMixer, "sliding": AttentionMixer}
+
+
+def token_mixer(cfg: ModelConfig, i: int, weights: dict, kernels: Kernels, rope: RotaryTables) -> TokenMixer:
+    """Layer i's token mixer, by the kind its `LayerSpec.attention` names."""
+    kind = cfg.layers[i].attention
+    if kind not in MIXERS:
+        raise ConfigError(f"layer {i}: no token mixer for attention kind '{kind}' (known: {', '.join(MIXERS)})")
+    return MIXERS[kind](cfg, i, weights, kernels, rope)
