@@ -162,6 +162,9 @@ def sources(cfg: DFlashConfig) -> dict[str, Source]:
 
 
 class DFlashDrafter:
+    """A DFlash drafter: `context_rows` writes the target's features of committed tokens into its rings,
+    `draft` turns a block of embeddings into hidden states read through the target's LM head (`logits`)."""
+
     def __init__(self, cfg: DFlashConfig, weights: dict[str, torch.Tensor], kernels: Kernels | None = None):
         self.cfg, self.w = cfg, weights
         self.kernels = kernels or kernels_for("torch")
@@ -178,31 +181,38 @@ class DFlashDrafter:
             logits = torch.tanh(logits / cfg.logit_softcap) * cfg.logit_softcap
         return logits
 
-    def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+    def norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """RMSNorm of x's last dimension with the weight `name` ("norm", "layers.{i}.attn_norm", ...)."""
         return self.kernels.rms_norm(x, self.w[name], self.cfg.rms_norm_eps)
 
-    def _split_qkv(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def split_qkv(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """x (T, H) -> layer's q (T, heads, D) and k, v (T, kv_heads, D); q and k normed, not rotated."""
         cfg, p = self.cfg, f"layers.{layer}."
         qkv = F.linear(x, self.w[p + "wqkv"], self.w.get(p + "bqkv"))
         q, k, v = qkv.split([cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim,
                              cfg.num_kv_heads * cfg.head_dim], dim=-1)
         T = x.shape[0]
-        q = self._norm(q.view(T, cfg.num_heads, cfg.head_dim), p + "q_norm")
-        k = self._norm(k.reshape(T, cfg.num_kv_heads, cfg.head_dim), p + "k_norm")
+        q = self.norm(q.view(T, cfg.num_heads, cfg.head_dim), p + "q_norm")
+        k = self.norm(k.reshape(T, cfg.num_kv_heads, cfg.head_dim), p + "k_norm")
         return q, k, v.reshape(T, cfg.num_kv_heads, cfg.head_dim)
 
-    def context_rows(self, features: torch.Tensor, step: Step, rings: list[SlidingRing]) -> None:
-        """Project committed tokens' target features (T, n*H) into every layer's context ring."""
+    def project_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Target features (T, n*H) -> the context rows (T, H) every layer's keys and values come from."""
         cfg = self.cfg
         x = features.to(self.dtype)
         if cfg.laguna:  # one norm per captured target layer, before the concatenation
             parts = x.view(x.shape[0], len(cfg.target_layer_ids), cfg.hidden_size).unbind(1)
-            x = torch.cat([self._norm(part, f"aux_norms.{i}") for i, part in enumerate(parts)], dim=-1)
-        ctx = self._norm(F.linear(x, self.w["fc"]), "hidden_norm")
+            x = torch.cat([self.norm(part, f"aux_norms.{i}") for i, part in enumerate(parts)], dim=-1)
+        return self.norm(F.linear(x, self.w["fc"]), "hidden_norm")
+
+    def context_rows(self, features: torch.Tensor, step: Step, rings: list[SlidingRing]) -> None:
+        """Project committed tokens' target features (T, n*H) into every layer's context ring."""
+        cfg = self.cfg
+        ctx = self.project_features(features)
         inv_freq, scaling = self.rope.frequencies(cfg.rope)
         for layer, ring in enumerate(rings):
-            src = self._norm(ctx, f"layers.{layer}.attn_norm") if cfg.laguna else ctx
-            _, k, v = self._split_qkv(layer, src)
+            src = self.norm(ctx, f"layers.{layer}.attn_norm") if cfg.laguna else ctx
+            _, k, v = self.split_qkv(layer, src)
             ring.write(step, self.kernels.rotate((k,), step.positions, inv_freq, scaling)[0], v)
 
     def draft(self, block_embeddings: torch.Tensor, step: Step, rings: list[SlidingRing]) -> torch.Tensor:
@@ -216,8 +226,8 @@ class DFlashDrafter:
         block_end = torch.full_like(positions, step.end - 1)
         for layer, ring in enumerate(rings):
             p = f"layers.{layer}."
-            h = self._norm(x, p + "attn_norm")
-            q, k, v = self._split_qkv(layer, h)
+            h = self.norm(x, p + "attn_norm")
+            q, k, v = self.split_qkv(layer, h)
             q, k = kern.rotate((q, k), positions, inv_freq, scaling)
             window = cfg.windows[layer]
             causal = cfg.causal or window is not None
@@ -232,5 +242,5 @@ class DFlashDrafter:
             if cfg.gate:
                 out = kern.softplus_gate(out, F.linear(h, self.w[p + "wg"]))
             x = x + F.linear(out.reshape(B, -1), self.w[p + "wo"])
-            x = x + swiglu(self._norm(x, p + "mlp_norm"), self.w[p + "w_gate_up"], self.w[p + "w_down"], kern.linear)
-        return self._norm(x, "norm")
+            x = x + swiglu(self.norm(x, p + "mlp_norm"), self.w[p + "w_gate_up"], self.w[p + "w_down"], kern.linear)
+        return self.norm(x, "norm")

@@ -7,13 +7,14 @@ import csv
 import json
 import math
 import re
+import shlex
 import sys
 
 import pytest
 
 from lucebox.benchmark import record, report, runner
-from lucebox.benchmark.command import parse_depths
-from lucebox.cli import main
+from lucebox.benchmark.command import equivalent_command, parse_depths
+from lucebox.cli import build_parser, main
 from lucebox.engine import setup
 from lucebox.engine.config import EngineConfig
 from lucebox.errors import ContextLengthError, InvalidArgumentError
@@ -135,6 +136,20 @@ def test_depths_read_k_and_m_suffixes_and_plain_counts():
     for bad in ("", "0", "-1", "1.5k", "4kk"):
         with pytest.raises(InvalidArgumentError):
             parse_depths(bad)
+
+
+@pytest.mark.parametrize("argv", [
+    [],
+    ["my model", "--device", "cpu", "--no-cuda-graphs", "--quick", "--depths", "1k,2k", "--json", "r.json"],
+    ["--experts-on-host", "--compare", "a b.json", "b.json"],
+    ["--no-experts-on-host", "--draft", "none", "--gen", "3"],
+])
+def test_the_recorded_command_parses_back_to_the_same_flags(argv):
+    parser = build_parser()
+    args = parser.parse_args(["bench", *argv])
+    words = shlex.split(equivalent_command(args))
+    assert words[:2] == ["lucebox", "bench"] and len(words) == 2 + len(argv)  # flags at their default are left out
+    assert vars(parser.parse_args(words[1:])) == vars(args)
 
 
 def test_every_request_prefills_from_an_empty_cache():

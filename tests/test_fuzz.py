@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import lucebox
-import lucebox.text.tokenizer
+import lucebox.text.chat_template
 from lucebox.errors import LuceboxError
 
 SEED, MAX_CASES, BUDGET_S, SLOW_S = 13, 600, 20.0, 5.0
@@ -140,7 +140,7 @@ def exercise(folder) -> None:
 
 def test_mutated_model_folders_load_or_raise_typed_errors(base_folder, tmp_path, monkeypatch):
     # the limit itself is tested in test_hardening.py
-    monkeypatch.setattr(lucebox.text.tokenizer, "TEMPLATE_SECONDS", 1.0, raising=False)
+    monkeypatch.setattr(lucebox.text.chat_template, "TEMPLATE_SECONDS", 1.0)
     mutators = {
         "model.safetensors": mutate_weights,
         "config.json": lambda rng, raw: mutate_json(rng, raw, CONFIG_KEYS),

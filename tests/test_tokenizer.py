@@ -1,4 +1,4 @@
-"""lucebox.text.tokenizer against transformers (the reference) on tokenizers built here, in tmp folders."""
+"""lucebox.text's tokenizer against transformers (the reference) on tokenizers built here, in tmp folders."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from lucebox.errors import ModelNotFoundError, TokenizerError
-from lucebox.text.tokenizer import IncrementalDecoder, Tokenizer, load_tokenizer, require_tokenizer
+from lucebox.text.incremental import IncrementalDecoder
+from lucebox.text.tokenizer import Tokenizer, require_tokenizer
+from lucebox.text.tokenizer_files import load_tokenizer
 
 CORPUS = [
     "héllo wörld 你好 🙂",

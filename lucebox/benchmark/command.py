@@ -88,18 +88,34 @@ def settings_from(args: argparse.Namespace):
                          prompt_file=prompt_file, seed=args.seed)
 
 
+class _FlagRecorder(argparse.ArgumentParser):
+    """A parser that keeps, in order, the Action each add_argument call returns (argparse lists them only
+    in a private attribute)."""
+
+    def __init__(self) -> None:
+        super().__init__(add_help=False)
+        self.recorded: list[argparse.Action] = []
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.recorded.append(action)
+        return action
+
+
 def equivalent_command(args: argparse.Namespace) -> str:
     """The command line that repeats this run: `lucebox bench` and every flag not at its default."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = _FlagRecorder()
     _add_arguments(p)
     words = ["lucebox", "bench"]
-    for action in p._actions:
+    for action in p.recorded:
         value = getattr(args, action.dest, action.default)
         if value == action.default:
             continue
         if not action.option_strings:
             words.append(str(value))
-        elif isinstance(action, argparse._StoreTrueAction):
+        elif isinstance(action, argparse.BooleanOptionalAction):  # --flag / --no-flag: the value picks one
+            words.append(action.option_strings[0 if value else 1])
+        elif action.nargs == 0:  # a switch (store_true): the flag alone sets it
             words.append(action.option_strings[-1])
         else:
             words += [action.option_strings[-1], *map(str, value if isinstance(value, list) else [value])]

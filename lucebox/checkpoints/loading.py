@@ -22,7 +22,8 @@ from lucebox.models import adapter_for, build_model_config
 from lucebox.models.decoder import Decoder
 from lucebox.models.layout import quantizable, weight_shapes
 from lucebox.models.sources import Source
-from lucebox.text.tokenizer import Tokenizer, load_tokenizer
+from lucebox.text.tokenizer import Tokenizer
+from lucebox.text.tokenizer_files import load_tokenizer
 
 
 @dataclass

@@ -77,6 +77,14 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
     Messages never quote the file's bytes: a file that is not safetensors at all (a text file, a
     pickle) must not have its first bytes printed as a "header length"."""
     size = os.path.getsize(path)
+    header, base = _json_header(path, size)
+    entries = {name: _entry(path, name, info, base, size) for name, info in header.items()}
+    _check_tiling(path, entries, base, size)
+    return entries
+
+
+def _json_header(path: Path, size: int) -> tuple[dict, int]:
+    """The header's tensor entries (__metadata__ checked and removed) and the data area's file offset."""
     with open(path, "rb") as f:
         raw = f.read(8)
         if len(raw) < 8:
@@ -100,33 +108,38 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
     if metadata is not None and not (isinstance(metadata, dict)
                                      and all(isinstance(v, str) for v in metadata.values())):
         raise _corrupt(path, "__metadata__ is not a map of strings")
-    base = 8 + header_len
-    entries: dict[str, TensorEntry] = {}
-    for name, info in header.items():
-        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-            raise _corrupt(path, f"tensor {_quoted(name)} is not an entry of dtype, shape and data_offsets")
-        kind, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-        if not isinstance(kind, str):
-            raise _corrupt(path, f"tensor {_quoted(name)} has a dtype that is not a string")
-        if kind not in DTYPES:
-            raise CorruptCheckpointError(
-                f"{path}: tensor {_quoted(name)} has dtype {_quoted(kind)}, which lucebox cannot read "
-                f"(supported: {', '.join(DTYPES)}); convert the checkpoint to bf16/fp16/fp32"
-            )
-        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
-            raise _corrupt(path, f"tensor {_quoted(name)} has a shape that is not a list of non-negative integers")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(x) for x in offsets)
-                and offsets[0] <= offsets[1]):
-            raise _corrupt(path, f"tensor {_quoted(name)} has data_offsets that are not two ordered non-negative "
-                                 "integers")
-        dtype, (start, end) = DTYPES[kind], offsets
-        expected = math.prod(shape) * dtype.itemsize
-        if end - start != expected:
-            raise _corrupt(path, f"tensor {_quoted(name)} ({kind}{shape}) needs {expected} bytes but its offsets "
-                                 f"[{start}, {end}) hold {end - start}")
-        if base + end > size:
-            raise _corrupt(path, f"the offsets [{start}, {end}) of tensor {_quoted(name)} pass the end of the file")
-        entries[name] = TensorEntry(name, dtype, tuple(shape), base + start, base + end)
+    return header, 8 + header_len
+
+
+def _entry(path: Path, name: str, info: object, base: int, size: int) -> TensorEntry:
+    """The header's entry `info` for tensor `name`, checked; the data area starts at byte `base`."""
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        raise _corrupt(path, f"tensor {_quoted(name)} is not an entry of dtype, shape and data_offsets")
+    kind, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(kind, str):
+        raise _corrupt(path, f"tensor {_quoted(name)} has a dtype that is not a string")
+    if kind not in DTYPES:
+        raise CorruptCheckpointError(
+            f"{path}: tensor {_quoted(name)} has dtype {_quoted(kind)}, which lucebox cannot read "
+            f"(supported: {', '.join(DTYPES)}); convert the checkpoint to bf16/fp16/fp32"
+        )
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise _corrupt(path, f"tensor {_quoted(name)} has a shape that is not a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(x) for x in offsets)
+            and offsets[0] <= offsets[1]):
+        raise _corrupt(path, f"tensor {_quoted(name)} has data_offsets that are not two ordered non-negative "
+                             "integers")
+    dtype, (start, end) = DTYPES[kind], offsets
+    expected = math.prod(shape) * dtype.itemsize
+    if end - start != expected:
+        raise _corrupt(path, f"tensor {_quoted(name)} ({kind}{shape}) needs {expected} bytes but its offsets "
+                             f"[{start}, {end}) hold {end - start}")
+    if base + end > size:
+        raise _corrupt(path, f"the offsets [{start}, {end}) of tensor {_quoted(name)} pass the end of the file")
+    return TensorEntry(name, dtype, tuple(shape), base + start, base + end)
+
+
+def _check_tiling(path: Path, entries: dict[str, TensorEntry], base: int, size: int) -> None:
     # The entries, in offset order, must tile the data area: each starts where the previous ended.
     position = base
     for e in sorted(entries.values(), key=lambda e: (e.start, e.end)):
@@ -136,7 +149,6 @@ def read_header(path: Path) -> dict[str, TensorEntry]:
         position = e.end
     if position != size:
         raise _corrupt(path, f"{size - position} bytes after the last tensor belong to none")
-    return entries
 
 
 class SafetensorsFile:

@@ -11,8 +11,8 @@ string that never came, finish_reason and stats. Device values are never read he
 from __future__ import annotations
 
 from lucebox.generation import Chunk
+from lucebox.text.incremental import IncrementalDecoder
 from lucebox.text.stopping import StopStrings
-from lucebox.text.tokenizer import IncrementalDecoder
 
 
 class TextStage:

@@ -1,1 +1,3 @@
-"""Text: tokenizers of model folders (`tokenizer`) and stop strings over streamed text (`stopping`)."""
+"""Text: a model's tokenizer (`tokenizer`, built from a folder's files in `tokenizer_files`), chat templates
+rendered in a bounded sandbox (`chat_template`), streamed detokenization (`incremental`) and stop strings over
+streamed text (`stopping`)."""

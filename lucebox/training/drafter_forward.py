@@ -3,7 +3,7 @@ trains. It is `DFlashDrafter.context_rows` + `draft` (the engine's inference cod
 ring and the per-block passes replaced by one masked attention:
 
 - the context rows are every position of each sequence, projected from the target's features
-  exactly as `context_rows` projects them;
+  by `project_features`, as `context_rows` projects them;
 - a block anchored at position a is [token a, MASK x (block_size - 1)] at positions a.., and sees
   the context rows before a (what the ring holds when the engine drafts after token a - 1 is
   committed) and its own block (all of it, or causally), within the layer's window.
@@ -18,16 +18,6 @@ from lucebox.kernels.moe import swiglu
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashDrafter
 from lucebox.training.forward import batch_attention
-
-
-def context_features(drafter: DFlashDrafter, features: torch.Tensor) -> torch.Tensor:
-    """Target features (N, n*H) -> the drafter's context rows (N, H), as `context_rows` computes them."""
-    cfg = drafter.cfg
-    x = features.to(drafter.dtype)
-    if cfg.laguna:
-        parts = x.view(x.shape[0], len(cfg.target_layer_ids), cfg.hidden_size).unbind(1)
-        x = torch.cat([drafter._norm(part, f"aux_norms.{i}") for i, part in enumerate(parts)], dim=-1)
-    return drafter._norm(F.linear(x, drafter.w["fc"]), "hidden_norm")
 
 
 def block_mask(anchors: torch.Tensor, T: int, block: int, window: int | None, causal: bool) -> torch.Tensor:
@@ -56,7 +46,7 @@ def draft_hidden(drafter: DFlashDrafter, target: Decoder, features: torch.Tensor
     B, T = tokens.shape
     M, bs = anchors.shape[1], cfg.block_size
     device = tokens.device
-    ctx = context_features(drafter, features.reshape(B * T, -1))  # (B*T, H)
+    ctx = drafter.project_features(features.reshape(B * T, -1))  # (B*T, H)
     ctx_pos = torch.arange(T, device=device).repeat(B)
     ids = torch.full((B, M, bs), cfg.mask_token_id, device=device)
     ids[:, :, 0] = tokens.gather(1, anchors)
@@ -66,11 +56,11 @@ def draft_hidden(drafter: DFlashDrafter, target: Decoder, features: torch.Tensor
     R = M * bs
     for layer in range(cfg.num_layers):
         p = f"layers.{layer}."
-        h = drafter._norm(x, p + "attn_norm")
-        q, k, v = drafter._split_qkv(layer, h)
+        h = drafter.norm(x, p + "attn_norm")
+        q, k, v = drafter.split_qkv(layer, h)
         q, k = kern.rotate((q, k), q_pos, inv_freq, scaling)
-        src = drafter._norm(ctx, p + "attn_norm") if cfg.laguna else ctx
-        _, kc, vc = drafter._split_qkv(layer, src)
+        src = drafter.norm(ctx, p + "attn_norm") if cfg.laguna else ctx
+        _, kc, vc = drafter.split_qkv(layer, src)
         kc = kern.rotate((kc,), ctx_pos, inv_freq, scaling)[0]
         keys = torch.cat([kc.view(B, T, *kc.shape[1:]), k.view(B, R, *k.shape[1:])], dim=1)
         values = torch.cat([vc.view(B, T, *vc.shape[1:]), v.view(B, R, *v.shape[1:])], dim=1)
@@ -80,6 +70,6 @@ def draft_hidden(drafter: DFlashDrafter, target: Decoder, features: torch.Tensor
         if cfg.gate:
             out = kern.softplus_gate(out, F.linear(h, drafter.w[p + "wg"]))
         x = x + F.linear(out.reshape(B * R, -1), drafter.w[p + "wo"])
-        x = x + swiglu(drafter._norm(x, p + "mlp_norm"), drafter.w[p + "w_gate_up"], drafter.w[p + "w_down"],
+        x = x + swiglu(drafter.norm(x, p + "mlp_norm"), drafter.w[p + "w_gate_up"], drafter.w[p + "w_down"],
                        kern.linear)
-    return drafter._norm(x, "norm").view(B, M, bs, -1)
+    return drafter.norm(x, "norm").view(B, M, bs, -1)

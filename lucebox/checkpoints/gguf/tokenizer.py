@@ -52,42 +52,63 @@ def tokenizer_from_gguf(metadata: dict[str, object], source: Path) -> Tokenizer 
     if model not in ("gpt2", "llama"):
         raise TokenizerError(f"{source}: tokenizer.ggml.model is {model!r}; lucebox reads only 'gpt2' "
                              "(byte-level BPE) and 'llama' (SentencePiece) tokenizers")
-    tokens = meta.strings("tokens")
-    n = len(tokens)
-    if not n:
-        raise TokenizerError(f"{source}: tokenizer.ggml.tokens is missing or empty")
-    types = meta.numbers("token_type", n, int) or [NORMAL] * n
-    scores = meta.numbers("scores", n, float) or [0.0] * n  # only SentencePiece uses them; llama.cpp reads n
-    if any(t not in range(0, 7) for t in types):
-        raise TokenizerError(f"{source}: tokenizer.ggml.token_type holds a type outside 0..6")
-    # llama.cpp renames empty tokens the same way; a repeated token would leave two ids with one text
-    tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
-    if len(set(tokens)) != n:
-        seen: set[str] = set()
-        dup = next(t for t in tokens if t in seen or seen.add(t))
-        raise TokenizerError(f"{source}: tokenizer.ggml.tokens holds {dup!r} twice")
-    # llama.cpp's defaults for ids a "llama" file leaves out; a "gpt2" one's (11, GPT-2's ",") are not followed
+    tokens, types, scores = _vocabulary(meta)
     spm = model == "llama"
-    ids = {k: meta.token_id(k, n, d if spm else None) for k, d in
+    # llama.cpp's defaults for ids a "llama" file leaves out; a "gpt2" one's (11, GPT-2's ",") are not followed
+    ids = {k: meta.token_id(k, len(tokens), d if spm else None) for k, d in
            (("bos", 1), ("eos", 2), ("unknown", 0), ("padding", None), ("eot", None), ("eom", None))}
     if spm:
         add_bos = True
         backend, legacy = _sentencepiece(meta, tokens, scores, types, ids)
     else:
-        pre = metadata.get("tokenizer.ggml.pre")
-        if pre is None:
-            raise TokenizerError(f"{source} has no tokenizer.ggml.pre, so how its BPE splits text is unknown "
-                                 "(llama.cpp guesses 'default' and warns of degraded output); re-convert it with "
-                                 "a current llama.cpp")
-        if pre not in _PRE:
-            raise TokenizerError(f"{source}: tokenizer.ggml.pre is {pre!r}, a pre-tokenizer lucebox does not know "
-                                 f"(known: {', '.join(sorted(_PRE))}); its text splitting cannot be reproduced")
-        regexes, ignore_merges, add_bos = _PRE[pre]
+        regexes, ignore_merges, add_bos = _pre_tokenizer(meta)
         backend, legacy = _byte_level_bpe(meta, tokens, regexes, ignore_merges), False
     add_bos = meta.flag("add_bos_token", add_bos)
     add_eos = meta.flag("add_eos_token", False)
     if not spm:
         _add_bos_eos(backend, tokens, ids["bos"] if add_bos else None, ids["eos"] if add_eos else None)
+    tok_config = _tok_config(tokens, types, ids)
+    tok_config.update(add_bos_token=add_bos, add_eos_token=add_eos, legacy=legacy)
+    eos = [ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None]  # llama.cpp stops on each of them
+    config = {"bos_token_id": ids["bos"], "eos_token_id": eos}
+    templates = _chat_templates(meta)
+    return Tokenizer(meta.source, backend, tok_config, config, None, templates, f"{source} (tokenizer.chat_template)")
+
+
+def _vocabulary(meta: _Metadata) -> tuple[list[str], list[int], list[float]]:
+    """The tokens (empty ones renamed, as llama.cpp does), their types and their scores, each checked."""
+    tokens = meta.strings("tokens")
+    n = len(tokens)
+    if not n:
+        raise TokenizerError(f"{meta.source}: tokenizer.ggml.tokens is missing or empty")
+    types = meta.numbers("token_type", n, int) or [NORMAL] * n
+    scores = meta.numbers("scores", n, float) or [0.0] * n  # only SentencePiece uses them; llama.cpp reads n
+    if any(t not in range(0, 7) for t in types):
+        raise TokenizerError(f"{meta.source}: tokenizer.ggml.token_type holds a type outside 0..6")
+    # llama.cpp renames empty tokens the same way; a repeated token would leave two ids with one text
+    tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    if len(set(tokens)) != n:
+        seen: set[str] = set()
+        dup = next(t for t in tokens if t in seen or seen.add(t))
+        raise TokenizerError(f"{meta.source}: tokenizer.ggml.tokens holds {dup!r} twice")
+    return tokens, types, scores
+
+
+def _pre_tokenizer(meta: _Metadata) -> tuple[tuple[str, ...], bool, bool]:
+    """A "gpt2" file's `_PRE` entry, named by tokenizer.ggml.pre."""
+    pre = meta.metadata.get("tokenizer.ggml.pre")
+    if pre is None:
+        raise TokenizerError(f"{meta.source} has no tokenizer.ggml.pre, so how its BPE splits text is unknown "
+                             "(llama.cpp guesses 'default' and warns of degraded output); re-convert it with "
+                             "a current llama.cpp")
+    if pre not in _PRE:
+        raise TokenizerError(f"{meta.source}: tokenizer.ggml.pre is {pre!r}, a pre-tokenizer lucebox does not know "
+                             f"(known: {', '.join(sorted(_PRE))}); its text splitting cannot be reproduced")
+    return _PRE[pre]
+
+
+def _tok_config(tokens: list[str], types: list[int], ids: dict[str, int | None]) -> dict[str, Any]:
+    """The named and added tokens, as a model folder's tokenizer_config.json would hold them."""
     tok_config: dict[str, Any] = {
         f"{k}_token": tokens[ids[key]] for k, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"))
         if ids[key] is not None}
@@ -95,17 +116,20 @@ def tokenizer_from_gguf(metadata: dict[str, object], source: Path) -> Tokenizer 
     tok_config["added_tokens_decoder"] = {
         str(i): {"content": t, "special": ty != USER_DEFINED, "normalized": False}
         for i, (t, ty) in enumerate(zip(tokens, types, strict=True)) if ty in _SPECIAL_TYPES}
-    tok_config.update(add_bos_token=add_bos, add_eos_token=add_eos, legacy=legacy)
-    eos = [ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None]  # llama.cpp stops on each of them
-    config = {"bos_token_id": ids["bos"], "eos_token_id": eos}
+    return tok_config
+
+
+def _chat_templates(meta: _Metadata) -> dict[str, str]:
+    """tokenizer.chat_template as "default", and each tokenizer.chat_template.<name> as <name>."""
+    metadata = meta.metadata
     templates = {"default": metadata["tokenizer.chat_template"]} if "tokenizer.chat_template" in metadata else {}
     prefix = "tokenizer.chat_template."
     templates.update({k[len(prefix):]: v for k, v in metadata.items() if k.startswith(prefix)})
     bad = next((name for name, t in templates.items() if not isinstance(t, str)), None)
     if bad is not None:
         key = "tokenizer.chat_template" + ("" if bad == "default" else f".{bad}")
-        raise TokenizerError(f"{source}: {key} holds a {type(templates[bad]).__name__}, not a string")
-    return Tokenizer(meta.source, backend, tok_config, config, None, templates, f"{source} (tokenizer.chat_template)")
+        raise TokenizerError(f"{meta.source}: {key} holds a {type(templates[bad]).__name__}, not a string")
+    return templates
 
 
 class _Metadata:
@@ -114,14 +138,15 @@ class _Metadata:
     def __init__(self, metadata: dict[str, object], source: Path) -> None:
         self.metadata, self.source = metadata, source
 
-    def _fail(self, name: str, why: str) -> TokenizerError:
+    def error(self, name: str, why: str) -> TokenizerError:
+        """The error for key tokenizer.ggml.<name>, saying `why` it is wrong (raise it)."""
         return TokenizerError(f"{self.source}: tokenizer.ggml.{name} {why}; the file is damaged or was not "
                               "written by llama.cpp's converter")
 
     def strings(self, name: str) -> list[str]:
         value = self.metadata.get(f"tokenizer.ggml.{name}", [])
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self._fail(name, "is not a list of strings")
+            raise self.error(name, "is not a list of strings")
         return value
 
     def numbers(self, name: str, n: int, kind: type) -> list | None:
@@ -130,9 +155,9 @@ class _Metadata:
             return None
         if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                   and (kind is float or isinstance(v, int)) for v in value):
-            raise self._fail(name, f"is not a list of {kind.__name__}s")
+            raise self.error(name, f"is not a list of {kind.__name__}s")
         if len(value) != n:
-            raise self._fail(name, f"has {len(value)} entries for {n} tokens (tokenizer.ggml.tokens)")
+            raise self.error(name, f"has {len(value)} entries for {n} tokens (tokenizer.ggml.tokens)")
         return [kind(v) for v in value]
 
     def token_id(self, name: str, n: int, default: int | None) -> int | None:
@@ -141,13 +166,13 @@ class _Metadata:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
-            raise self._fail(key, f"is {value!r}, not a token id below {n}")
+            raise self.error(key, f"is {value!r}, not a token id below {n}")
         return value
 
     def flag(self, name: str, default: bool) -> bool:
         value = self.metadata.get(f"tokenizer.ggml.{name}", default)
         if not isinstance(value, bool):
-            raise self._fail(name, f"is {value!r}, not true or false")
+            raise self.error(name, f"is {value!r}, not true or false")
         return value
 
 
@@ -155,14 +180,14 @@ def _byte_level_bpe(meta: _Metadata, tokens: list[str], regexes: tuple[str, ...]
                     ignore_merges: bool) -> tokenizers.Tokenizer:
     vocab = {t: i for i, t in enumerate(tokens)}
     if "tokenizer.ggml.merges" not in meta.metadata:
-        raise meta._fail("merges", "is missing (a 'gpt2' tokenizer needs its merges)")
+        raise meta.error("merges", "is missing (a 'gpt2' tokenizer needs its merges)")
     merges = []
     for k, merge in enumerate(meta.strings("merges")):
         # byte-level tokens hold no plain space, so the first space after position 0 separates the pair
         cut = merge.find(" ", 1)
         a, b = merge[:cut], merge[cut + 1:]
         if cut < 0 or a not in vocab or b not in vocab or a + b not in vocab:
-            raise meta._fail("merges", f"entry {k} ({merge!r}) names a pair or result not in tokenizer.ggml.tokens")
+            raise meta.error("merges", f"entry {k} ({merge!r}) names a pair or result not in tokenizer.ggml.tokens")
         merges.append((a, b))
     tk = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges))
     # split the raw text by each regex in turn (llama.cpp keeps the unmatched gaps too), then map bytes
@@ -207,7 +232,7 @@ def _sentencepiece(meta: _Metadata, tokens: list[str], scores: list[float], type
     try:
         sp.LoadFromSerializedProto(bytes(proto))
     except Exception as e:  # sentencepiece raises plain RuntimeError/OSError on a model it rejects
-        raise meta._fail("tokens", f"does not make a valid SentencePiece model ({str(e)[:200]})") from None
+        raise meta.error("tokens", f"does not make a valid SentencePiece model ({str(e)[:200]})") from None
     return sp, prefix
 
 
