@@ -17,9 +17,9 @@ from functools import cache
 
 import torch
 
+from lucebox.engine.config import BACKENDS
 from lucebox.errors import BackendError, InvalidArgumentError
 
-BACKENDS = ("auto", "torch", "triton")
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

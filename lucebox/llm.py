@@ -34,7 +34,7 @@ class LLM:
     one and its default: `draft`, `device`, `dtype`, `load_format`, `max_context`, `kv_policy`,
     `kv_pool_tokens`, `kv_reselect_every`, `prefill_chunk`, `draft_k`, `verify`, `draft_ctx`,
     `adaptive`, `backend`, `quantization`, `cuda_graphs`, `vram_budget`, `experts_on_host`,
-    `expert_slots`, `kv_dtype`. A whole configuration can be given instead (`LLM.from_config`).
+    `expert_slots`, `kv_dtype`. A whole configuration can be given instead (`config=`, `LLM.from_config`).
     `load_progress(done, total)` is called with bytes of weights read as they load.
 
     A prompt that extends the previous request's tokens reuses their cache and prefills only the
@@ -44,15 +44,17 @@ class LLM:
     `expert_hit_rate`, `expert_hits`, `expert_misses`, `expert_copies` and `expert_copied_bytes`.
     """
 
-    def __init__(self, model=None, *, load_progress: Callable[[int, int], None] | None = None, **options):
-        self._open(EngineConfig(model, **options), load_progress)
+    def __init__(self, model=None, *, load_progress: Callable[[int, int], None] | None = None,
+                 config: EngineConfig | None = None, **options):
+        if config is not None and (model is not None or options):
+            raise InvalidArgumentError("give LLM either a config or the model and its options, not both; "
+                                       "config.replace(...) changes a config")
+        self._open(config or EngineConfig(model, **options), load_progress)
 
     @classmethod
     def from_config(cls, config: EngineConfig, load_progress: Callable[[int, int], None] | None = None) -> LLM:
         """The engine `config` describes (the CLI, the server and `bench` open theirs this way)."""
-        llm = cls.__new__(cls)
-        llm._open(config, load_progress)
-        return llm
+        return cls(config=config, load_progress=load_progress)
 
     def _open(self, config: EngineConfig, load_progress) -> None:
         callback("load_progress", load_progress)

@@ -38,12 +38,12 @@ def test_graphed_steps_equal_the_plain_forward(reference_models, kv):
     prompt = PROMPT * (32 if kv.startswith("select-offload") else 1)  # 960 tokens: past the pool
     plain = lucebox.LLM(folder, **options)
     graphed = lucebox.LLM(folder, draft=str(folder), draft_k=6, adaptive=False, **options)
-    graphed.runner = StepRunner(graphed.decoder, graphs=True, capture=False)
+    graphed.engine.runner = StepRunner(graphed.decoder, graphs=True, capture=False)
     want = plain.generate(prompt, max_tokens=70, ignore_eos=True).token_ids
     got = graphed.generate(prompt, max_tokens=70, ignore_eos=True)
     assert got.token_ids == want
     assert {w for w, _ in graphed.runner.widths} >= {7}  # verify blocks of 1 + 6 drafts ran through it
-    plain.runner = StepRunner(plain.decoder, graphs=True, capture=False)
+    plain.engine.runner = StepRunner(plain.decoder, graphs=True, capture=False)
     assert plain.generate(prompt, max_tokens=70, ignore_eos=True).token_ids == want
     assert {w for w, _ in plain.runner.widths} == {1}
 
@@ -64,7 +64,7 @@ def laguna_tiny(tmp_path, dtype: str, capture: bool = True, **options) -> lucebo
     llm = lucebox.LLM(folder, device="cuda", dtype=dtype, backend="triton", load_format="dummy", cuda_graphs=True,
                       **{"max_context": 2048, **options})
     if not capture:
-        llm.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+        llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
     return llm
 
 

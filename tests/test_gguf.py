@@ -211,7 +211,7 @@ def test_tokenizer_module_gets_every_key_as_plain_python_values(tmp_path, monkey
     assert seen["metadata"]["general.architecture"] == "qwen3" and seen["metadata"]["qwen3.block_count"] == 2
     assert type(seen["metadata"]["qwen3.attention.layer_norm_rms_epsilon"]) is float
     monkeypatch.undo()
-    assert lucebox.LLM(path, device="cpu", dtype="float32")._tokenizer is None  # the file has no tokenizer.ggml.*
+    assert lucebox.LLM(path, device="cpu", dtype="float32").engine.tokenizer is None  # the file has no tokenizer.ggml.*
 
 
 def test_lucebox_info_reads_a_gguf(tmp_path, capsys):

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, models
 
 import lucebox
 import lucebox.cli
-import lucebox.llm
+import lucebox.engine.build
 import lucebox.memory.plan
 import lucebox.text.chat_template
 from lucebox.checkpoints.loading import describe_model
@@ -292,14 +292,15 @@ def test_a_draft_ctx_that_does_not_fit_is_refused_before_loading_and_names_what_
     """draft_ctx=10**8 used to build the engine and fail inside generate with a raw allocator error."""
     target, drafters = drafter_folders
     monkeypatch.setattr(lucebox.memory.plan, "_host_available", lambda: 64 * 2**20)
-    real_load = lucebox.llm.load_model
-    monkeypatch.setattr(lucebox.llm, "load_model", lambda *a, **k: pytest.fail("weights loaded before the plan"))
+    real_load = lucebox.engine.build.load_model
+    monkeypatch.setattr(lucebox.engine.build, "load_model",
+                        lambda *a, **k: pytest.fail("weights loaded before the plan"))
     with pytest.raises(InsufficientMemoryError, match=r"draft_ctx=100000000: .* the largest draft_ctx that fits "
                                                       r"is about (\d+)") as caught:
         lucebox.LLM(target, draft=drafters[kind], draft_ctx=10**8, **SMALL)
     fits = int(re.search(r"about (\d+)", str(caught.value)).group(1))
     assert 1000 < fits < 10**8
-    monkeypatch.setattr(lucebox.llm, "load_model", real_load)
+    monkeypatch.setattr(lucebox.engine.build, "load_model", real_load)
     llm = lucebox.LLM(target, draft=drafters[kind], draft_ctx=fits, **SMALL)
     assert len(llm.generate([1, 2, 3], max_tokens=4, ignore_eos=True).token_ids) == 4
     assert llm.memory()["drafter"] <= 0.9 * 64 * 2**20

@@ -40,8 +40,8 @@ def layer_calls(monkeypatch):
 def test_every_forward_runs_its_layers_through_the_one_loop(reference_models, layer_calls):
     folder, _ = reference_models("laguna")
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", max_context=256)
-    llm.runner = StepRunner(llm.decoder, graphs=True, capture=False)
-    cache, prompt = llm._new_cache(), PROMPT[0].tolist()
+    llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    cache, prompt = llm.engine.new_cache(), PROMPT[0].tolist()
     one_pass = ["loop", *range(len(llm.config.layers))]
 
     def graphed_step():

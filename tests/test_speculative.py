@@ -120,12 +120,19 @@ def test_nothing_past_a_stop_is_ever_committed(laguna, plain, monkeypatch):
     inside a round commits the rows up to it and no further (none are committed and rolled back)."""
     from lucebox.caches import SequenceCache
 
-    lengths = []
+    # The target drafting for itself: every draft is kept, so a stop lands inside a round's drafts.
+    llm = lucebox.LLM(laguna, draft=laguna, adaptive=False, kv_policy="exact", kv_pool_tokens=256, **COMMON)
+    lengths = []  # what the target's cache commits (the draft model's own cache commits its drafts)
     commit = SequenceCache.commit
-    monkeypatch.setattr(SequenceCache, "commit", lambda cache, length: (lengths.append(length), commit(cache, length)))
-    llm = lucebox.LLM(laguna, draft="ngram", adaptive=False, kv_policy="exact", kv_pool_tokens=256, **COMMON)
+
+    def watched(cache, length):
+        if cache is llm.session.cache:
+            lengths.append(length)
+        commit(cache, length)
+
+    monkeypatch.setattr(SequenceCache, "commit", watched)
     reference = plain["exact"]
-    for position in (20, 30, 40, 50):  # stops at different places in the n-gram drafter's rounds
+    for position in (20, 30, 40, 50):  # stops at different places of the rounds
         stop = reference[position]
         lengths.clear()
         out = llm.generate(PROMPT, max_tokens=N, stop=[stop], ignore_eos=True)

@@ -58,7 +58,7 @@ def recorded_steps(reference_models, monkeypatch):
     folder, _ = reference_models("laguna")
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", max_context=1024, kv_pool_tokens=640,
                       kv_policy="select", kv_reselect_every=16, prefill_chunk=64)
-    llm.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
     recordings: dict[int, list[tuple[int, list]]] = defaultdict(list)
     events = defaultdict(int)
     body = StepGraph.body

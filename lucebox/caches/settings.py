@@ -10,10 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lucebox.engine.config import DECODE_ROWS, KV_CHUNK, KV_POOL_TOKENS, KV_RESELECT_EVERY, SELECT_TAIL_TOKENS
+from lucebox.engine.config import (
+    DECODE_ROWS,
+    KV_CHUNK,
+    KV_POLICIES,
+    KV_POOL_TOKENS,
+    KV_RESELECT_EVERY,
+    SELECT_TAIL_TOKENS,
+)
 from lucebox.errors import InvalidArgumentError
 
-KV_POLICIES = ("exact", "select")
 # `exact` streams host chunks to attention in runs of this many (a prefill's; a decode step takes
 # longer ones, `paged_blocks.DECODE_RUN_MULTIPLE`): a cache-internal trade between the number of
 # blocks merged and the device memory one run of fetched chunks takes.

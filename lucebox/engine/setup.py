@@ -71,7 +71,6 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
     drafter = resolve_drafter(config.draft, description)
     stored = stored_weights(description, dtype, config.load_format)
     max_context = config.max_context or description.cfg.max_position_embeddings
-    warn_past_training(max_context, description.cfg)
     vram_plan = None
     if config.vram_budget is not None:
         vram_plan = plan_vram(config, description.cfg, device, dtype, backend, quantization, drafter, stored)
@@ -84,6 +83,7 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
     cost = drafter_cost(drafter, dtype, max_context, choices.prefill_chunk, config.draft_ctx, DRAFT_WIDTH)
     memory = check_fits(description.cfg, cache, dtype, device, quantization, cost, choices.expert_slots, stored)
     graphs = use_cuda_graphs(config.cuda_graphs, device, backend, choices.expert_slots)
+    warn_past_training(max_context, description.cfg)  # once the engine is known to open: no warning before an error
     return EngineSetup(config, device, dtype, backend, description, quantization, drafter, choices.prefill_chunk,
                        cache, graphs, choices.expert_slots, vram_plan, memory, stored)
 
