@@ -41,29 +41,31 @@ def _refuse_existing(target: Path, what: str, overwrite: bool) -> None:
         raise OutputExistsError(f"{target} is a folder; give a file name")
 
 
-def _overlaps(a: Path, b: Path) -> bool:
-    a, b = a.resolve(), b.resolve()
-    return a == b or a in b.parents or b in a.parents
+def _holds(out: Path, source: Path) -> bool:
+    """Would replacing `out` remove `source`?"""
+    out, source = out.resolve(), source.resolve()
+    return out == source or out in source.parents
 
 
 def partial_folder(out: Path) -> Path:
     return out.with_name(out.name + PARTIAL_SUFFIX)
 
 
-def _open_partial(partial: Path, command: str, resume: bool) -> None:
-    """Make `partial` (or keep it, to resume, if lucebox made it)."""
+def _open_partial(partial: Path, command: str, resume: bool) -> bool:
+    """Make `partial`, or keep it (to resume) if lucebox made it; True if it was kept."""
     if partial.exists() or partial.is_symlink():
         if partial.is_symlink() or not (partial / PARTIAL_MARKER).is_file():
             raise OutputExistsError(f"{partial} exists and was not made by lucebox; move it away first (lucebox "
                                     "writes there before renaming to the folder asked for)")
         if resume:
-            return
+            return True
         shutil.rmtree(partial)
     try:
         partial.mkdir(parents=True)
         (partial / PARTIAL_MARKER).write_text(command + "\n")
     except OSError as e:
         raise InvalidArgumentError(f"cannot create {partial}: {e.strerror or e}") from None
+    return False
 
 
 def _replace(partial: Path, out: Path) -> None:
@@ -83,18 +85,23 @@ def _replace(partial: Path, out: Path) -> None:
 
 @contextlib.contextmanager
 def new_folder(out: str | Path, command: str, *, overwrite: bool = False, resume: bool = False,
-               reads: tuple[str | Path, ...] = ()) -> Iterator[Path]:
+               continue_out: bool = False, reads: tuple[str | Path, ...] = ()) -> Iterator[Path]:
     """Yield the folder to write `out` into (`OUT.partial`); on a clean exit it becomes `out`.
 
     `resume`: keep what an earlier interrupted run of this command left in `OUT.partial`.
-    `reads`: folders the command reads from while it writes; `out` may not overlap any of them."""
+    `continue_out`: the user asked to go on from a finished `out` (e.g. `--resume`): a fresh
+    partial folder starts as a copy of it, and `out` is replaced at the end.
+    `reads`: files and folders the command reads from; `out` may not be or hold any of them."""
     out = Path(out).expanduser()
     for source in reads:
-        if _overlaps(out, Path(source).expanduser()):
-            raise InvalidArgumentError(f"{out} overlaps {source}, which this command reads; choose another folder")
-    _refuse_existing(out, "folder", overwrite)
+        if _holds(out, Path(source).expanduser()):
+            raise InvalidArgumentError(f"{out} holds {source}, which this command reads; choose another folder")
+    if continue_out and not out.is_dir():
+        raise InvalidArgumentError(f"{out} is not a folder an earlier run finished; nothing to go on from")
+    _refuse_existing(out, "folder", overwrite or continue_out)
     partial = partial_folder(out)
-    _open_partial(partial, command, resume)
+    if not _open_partial(partial, command, resume) and continue_out:
+        shutil.copytree(out, partial, dirs_exist_ok=True)
     yield partial
     _replace(partial, out)
 

@@ -146,7 +146,7 @@ def test_quantize_command(reference_models, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["vram_plan"]["choices"]["quantization"] == "int8"
     for args, message in [(["--bits", "3"], "--bits 3 is not supported"),
                           (["--bits", "4", "--group", "64"], "--group 64 does not divide the 96 inputs of"),
-                          (["--bits", "4"], "already exists and is not an empty folder")]:
+                          (["--bits", "4"], "already exists; choose a new folder or pass --overwrite")]:
         out = tmp_path / ("q8" if "already" in message else "other")
         assert main(["quantize", str(folder), str(out), *args]) == 2
         assert message in capsys.readouterr().err

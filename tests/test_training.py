@@ -106,7 +106,7 @@ def trained_tiny(tmp_path_factory):
                "--generated-tokens", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
                "--intermediate-size", "32", "--block-size", "4", "--eval-prompts", "1", "--eval-tokens", "16"]
     assert main([*distill, "--steps", "2"]) == 0
-    assert main([*distill, "--steps", "4"]) == 0  # resumes from step 2
+    assert main([*distill, "--steps", "4", "--resume"]) == 0  # goes on from step 2
     return target, drafter
 
 

@@ -4,8 +4,9 @@ quantized one (`lucebox.checkpoints.quantized`) that `LLM(OUT)` loads without qu
 The checkpoint is streamed: one tensor is read (in its own dtype), quantized and added to the
 shard being filled; a shard is written once it holds `SHARD_BYTES`, so memory holds one float
 tensor and one shard at most. The codes are those `LLM(MODEL, quantization=...)` computes from the
-same float tensor. Everything is written to `OUT.partial`, renamed to OUT when complete: an
-interrupted run leaves no OUT, and running again starts over.
+same float tensor. Everything is written to `OUT.partial`, renamed to OUT when complete
+(`lucebox.output`): an existing OUT is refused unless `--overwrite` (and kept until the new one is
+complete), an interrupted run leaves OUT as it was, and running again starts over.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from lucebox.checkpoints.quantized import FORMAT, METADATA_FILE, VERSION, saved_
 from lucebox.errors import InvalidArgumentError
 from lucebox.kernels.quant import QuantizedTensor, quantize
 from lucebox.models.layout import quantizable, weight_shapes
+from lucebox.output import new_folder
 
 SHARD_BYTES = 2 * 2**30
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".gguf")
@@ -84,19 +86,6 @@ def _check_group(shapes: dict[str, tuple[int, ...]], scheme: str, group: int | N
                                        "choose a group that divides every weight's width (e.g. 32)")
 
 
-def _prepare_out(out: Path, source: Path) -> Path:
-    """The folder to write into: `OUT.partial`, renamed to OUT once complete, so a run cut short
-    leaves OUT untouched and the next run starts the partial folder afresh."""
-    if out.resolve() == source.resolve():
-        raise InvalidArgumentError(f"OUT {out} is the model folder itself; choose a new folder")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise InvalidArgumentError(f"OUT {out} already exists and is not an empty folder; choose a new one")
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    return partial
-
-
 def _copy_side_files(source: Path, out: Path) -> None:
     """config.json, tokenizer and generation files, templates; a paired drafter folder as it is."""
     for path in sorted(source.iterdir()):
@@ -107,7 +96,7 @@ def _copy_side_files(source: Path, out: Path) -> None:
 
 
 def quantize_checkpoint(model: str | Path, out: str | Path, bits: int, group: int | None = None,
-                        progress=None, shard_bytes: int = SHARD_BYTES) -> dict:
+                        progress=None, shard_bytes: int = SHARD_BYTES, overwrite: bool = False) -> dict:
     """Write `model` (a float checkpoint folder) quantized to `out`; returns a summary.
     `progress(done, total)` is told the bytes of float weights read so far."""
     scheme = _scheme(bits)
@@ -122,23 +111,20 @@ def quantize_checkpoint(model: str | Path, out: str | Path, bits: int, group: in
     index = CheckpointIndex(weight_files(desc.folder))
     sources, unused_ok = checkpoint_sources(desc)
     out = Path(out).expanduser()
-    partial = _prepare_out(out, desc.folder)
     started = time.perf_counter()
-    writer, records, read = _ShardWriter(partial, shard_bytes), {}, 0
-    for name, tensor in iter_weights(index, sources, shapes, None, torch.device("cpu"), unused_ok, progress):
-        read += tensor.numel() * tensor.element_size()
-        stored: torch.Tensor | QuantizedTensor = quantize(tensor, scheme, group) if quantizable(name) else tensor
-        records[name] = tensor_record(stored)
-        writer.add(stored_fields(name, stored) if isinstance(stored, QuantizedTensor) else {name: stored})
-        del tensor, stored
-    writer.close()
-    _copy_side_files(desc.folder, partial)
-    metadata = {"format": FORMAT, "version": VERSION, "scheme": scheme, "group": group, "asymmetric": False,
-                "quantized_by": f"lucebox {__version__}", "tensors": records}
-    (partial / METADATA_FILE).write_text(json.dumps(metadata, indent=1) + "\n")
-    if out.exists():
-        out.rmdir()  # checked empty above
-    partial.rename(out)
+    with new_folder(out, "lucebox quantize", overwrite=overwrite, reads=(desc.folder,)) as partial:
+        writer, records, read = _ShardWriter(partial, shard_bytes), {}, 0
+        for name, tensor in iter_weights(index, sources, shapes, None, torch.device("cpu"), unused_ok, progress):
+            read += tensor.numel() * tensor.element_size()
+            stored: torch.Tensor | QuantizedTensor = quantize(tensor, scheme, group) if quantizable(name) else tensor
+            records[name] = tensor_record(stored)
+            writer.add(stored_fields(name, stored) if isinstance(stored, QuantizedTensor) else {name: stored})
+            del tensor, stored
+        writer.close()
+        _copy_side_files(desc.folder, partial)
+        metadata = {"format": FORMAT, "version": VERSION, "scheme": scheme, "group": group, "asymmetric": False,
+                    "quantized_by": f"lucebox {__version__}", "tensors": records}
+        (partial / METADATA_FILE).write_text(json.dumps(metadata, indent=1) + "\n")
     return {"out": str(out), "scheme": scheme, "group": group, "tensors": len(records), "read_bytes": read,
             "written_bytes": writer.bytes, "shards": writer.shards, "seconds": time.perf_counter() - started}
 
@@ -147,6 +133,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("quantize", help="write a float checkpoint as a saved int4/int8 one that loads as it is")
     p.add_argument("model", help="float (bf16/fp16/fp32) Hugging Face model folder")
     p.add_argument("out", help="new folder for the quantized checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing OUT (kept as it was until the new checkpoint is complete)")
     p.add_argument("--bits", type=int, required=True, help="4 (int4, symmetric) or 8 (int8)")
     p.add_argument("--group", type=int, default=None,
                    help="inputs per scale (e.g. 32, 64, 128); default: 128 for int4 (or the largest of 64, 32 that "
@@ -162,7 +150,8 @@ def command(args) -> int:
                   transient=True) as bar:
         task = bar.add_task("read", total=None)
         summary = quantize_checkpoint(args.model, args.out, args.bits, args.group,
-                                      lambda done, total: bar.update(task, completed=done, total=total))
+                                      lambda done, total: bar.update(task, completed=done, total=total),
+                                      overwrite=args.overwrite)
     gib = 2**30
     print(f"wrote {summary['out']}: {summary['tensors']} tensors as {summary['scheme']}, "
           f"{summary['read_bytes'] / gib:.2f} GiB read, {summary['written_bytes'] / gib:.2f} GiB written in "

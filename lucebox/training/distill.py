@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from lucebox import arguments
 from lucebox.models import dflash
 from lucebox.models.decoder import Decoder
 from lucebox.models.sources import to_checkpoint
@@ -47,6 +48,10 @@ class DistillSettings:
     warmup: int = 50
     position_decay: float = 4.0  # block position j weighs exp(-(j - 1) / decay)
     seed: int = 0
+
+    def __post_init__(self):  # named as `lucebox distill`'s flags
+        arguments.number("--lr", self.lr, 0, low_open=True)
+        arguments.number("position_decay", self.position_decay, 0, low_open=True)
 
 
 def default_target_layers(num_layers: int, count: int = 3) -> tuple[int, ...]:

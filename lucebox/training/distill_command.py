@@ -1,5 +1,7 @@
 """`lucebox distill TARGET --out DIR`: data, generation of the target's continuations, drafter
-training, export and a held-out acceptance measurement in one command; re-running resumes."""
+training, export and a held-out acceptance measurement in one command. The drafter is written to
+`OUT.partial` and renamed to OUT when complete (`lucebox.output`); an interrupted run goes on when
+started again, `--resume` goes on from a finished OUT, `--overwrite` starts over."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 from lucebox.errors import InvalidArgumentError
 from lucebox.training import corpus
 from lucebox.training.distill import DistillSettings, drafter_config, generate_sequences, save_drafter, train_drafter
+from lucebox.training.output_flags import add_output_flags, output_folder
 from lucebox.training.tokenizer_training import MASK_TOKEN
 
 
@@ -79,7 +82,7 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
     if not all(0 <= i < len(target.cfg.layers) for i in hf["dflash_config"]["target_layer_ids"]):
         raise InvalidArgumentError(f"--target-layers must be decoder layers 0..{len(target.cfg.layers) - 1}")
     work = out / "training"
-    work.mkdir(parents=True, exist_ok=True)
+    work.mkdir(exist_ok=True)
     texts = corpus.read_texts(corpus.text_files(data) if data else corpus.stdlib_files("train"))
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_ids[0]
     stream = torch.from_numpy(corpus.token_stream(
@@ -113,7 +116,9 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
 def add_parser(sub) -> None:
     p = sub.add_parser("distill", help="train a DFlash block drafter for a target model on text files")
     p.add_argument("target", help="target model folder (any supported architecture, with its tokenizer)")
-    p.add_argument("--out", required=True, help="drafter folder to write (re-running resumes)")
+    p.add_argument("--out", required=True, help="new drafter folder to write (an interrupted run goes on when "
+                                                "started again)")
+    add_output_flags(p, "OUT's training/state.pt and sequences.pt")
     p.add_argument("--data", nargs="+", default=None,
                    help="text files or folders of .py files (default: the Python standard library minus the "
                         "held-out modules)")
@@ -156,8 +161,9 @@ def command(args) -> int:
     if s.prompt_tokens + s.generated_tokens < s.block_size + s.anchors - 1:
         raise InvalidArgumentError("sequences (--prompt-tokens + --generated-tokens) are too short for "
                                    "--anchors distinct blocks of --block-size")
-    report = run(args.target, Path(args.out), args.data, args.eval_data, s, args.threads, training_progress,
-                 args.eval_prompts, args.eval_tokens)
+    with output_folder(args, "lucebox distill", reads=(args.target,)) as out:
+        report = run(args.target, out, args.data, args.eval_data, s, args.threads, training_progress,
+                     args.eval_prompts, args.eval_tokens)
     acc = report["held_out_acceptance"]
     if acc:
         print(f"held-out acceptance length {acc['acceptance_length']:.2f} tokens per round; by position "

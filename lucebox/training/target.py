@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from lucebox import arguments
 from lucebox.kernels.backend import kernels_for
 from lucebox.kernels.moe import moe_experts
 from lucebox.models import adapter_for, build_model_config
@@ -61,6 +62,15 @@ class TrainSettings:
     seed: int = 0
     eval_every: int = 250
     save_every: int = 250
+
+    def __post_init__(self):  # named as `lucebox train`'s flags
+        for flag, value, low in (("--steps", self.steps, 1), ("--batch", self.batch, 1), ("--length", self.length, 2),
+                                 ("--eval-every", self.eval_every, 1), ("warmup", self.warmup, 0),
+                                 ("save_every", self.save_every, 1)):
+            arguments.integer(flag, value, low)
+        arguments.number("--lr", self.lr, 0, low_open=True)
+        for name in ("min_lr_ratio", "weight_decay", "clip", "bias_update"):
+            arguments.number(name, getattr(self, name), 0)
 
 
 def init_weights(hf: dict, seed: int) -> dict[str, torch.Tensor]:

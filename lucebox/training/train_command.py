@@ -1,6 +1,10 @@
 """`lucebox train OUT`: tokenizer, corpus, training, held-out measurement and export in one
 command. Without --data it trains on the standard library minus `corpus.HELD_OUT` and measures
-on the held-out files: the built-in model's recipe. Re-running with the same OUT resumes."""
+on the held-out files: the built-in model's recipe.
+
+Everything is written to `OUT.partial` and renamed to OUT when complete (`lucebox.output`): an
+existing OUT is refused unless `--overwrite` (start over) or `--resume` (go on from its saved state);
+an interrupted run goes on from `OUT.partial` when started again."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import sentencepiece
 import torch
 
 from lucebox.training import corpus
+from lucebox.training.output_flags import add_output_flags, output_folder
 from lucebox.training.target import BUILTIN_CONFIG, TrainSettings, evaluate_bits, save_model, train
 from lucebox.training.tokenizer_training import train_tokenizer
 
@@ -31,10 +36,10 @@ def xz_bits_per_char(texts: list[str], per_file: bool = True) -> float:
 
 def run(out: Path, data: list[str] | None, eval_data: list[str] | None, settings: TrainSettings,
         vocab_size: int, threads: int | None, progress=None, architecture: dict | None = None) -> dict:
-    """Train `architecture` (a Laguna config.json; default `BUILTIN_CONFIG`) into `out`; returns the report."""
+    """Train `architecture` (a Laguna config.json; default `BUILTIN_CONFIG`) into the folder `out`
+    (a new one, or one holding an earlier run's `training/state.pt` to go on from); returns the report."""
     if threads:
         torch.set_num_threads(threads)
-    out.mkdir(parents=True, exist_ok=True)
     work = out / "training"
     work.mkdir(exist_ok=True)
     train_files = corpus.text_files(data) if data else corpus.stdlib_files("train")
@@ -80,7 +85,8 @@ def run(out: Path, data: list[str] | None, eval_data: list[str] | None, settings
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a small Laguna-architecture model from scratch (the built-in recipe)")
-    p.add_argument("out", help="model folder to write (re-running resumes from its training/state.pt)")
+    p.add_argument("out", help="new model folder to write (an interrupted run goes on when started again)")
+    add_output_flags(p, "OUT's training/state.pt")
     p.add_argument("--data", nargs="+", default=None,
                    help="training files or folders of .py files (default: the Python standard library "
                         "minus the held-out modules)")
@@ -104,8 +110,6 @@ def command(args) -> int:
     from lucebox.errors import InvalidArgumentError
     from lucebox.training.progress import training_progress
 
-    if args.steps <= 0 or args.batch <= 0 or args.length <= 1:
-        raise InvalidArgumentError("--steps and --batch must be positive and --length above 1")
     settings = TrainSettings(steps=args.steps, batch=args.batch, length=args.length, lr=args.lr, seed=args.seed,
                              eval_every=args.eval_every, save_every=args.eval_every)
     architecture = None
@@ -117,8 +121,8 @@ def command(args) -> int:
         if (architecture.get("architectures") or [None])[0] != "LagunaForCausalLM":
             raise InvalidArgumentError(f"{args.config}: lucebox train builds LagunaForCausalLM models")
         build_model_config({**architecture, "vocab_size": args.vocab_size})  # a bad config fails before any work
-    with training_progress("training", args.steps) as progress:
-        report = run(Path(args.out), args.data, args.eval_data, settings, args.vocab_size, args.threads, progress,
+    with output_folder(args, "lucebox train") as out, training_progress("training", args.steps) as progress:
+        report = run(out, args.data, args.eval_data, settings, args.vocab_size, args.threads, progress,
                      architecture)
     print(f"held-out: {report['held_out_bits_per_char']:.4f} bits/char (xz -9e: {report['xz_9e_bits_per_char']:.4f}), "
           f"perplexity {report['held_out_perplexity']:.2f}; log: {Path(args.out) / 'training' / 'train_log.json'}")
