@@ -12,6 +12,13 @@ from dataclasses import dataclass
 import torch
 
 from lucebox.arguments import SEED_MAX, integer, number
+from lucebox.errors import InvalidArgumentError
+
+
+# Beyond these, dividing a logit by the temperature or the penalty overflows float32 to inf, and no
+# token could be chosen; refusing them names the setting instead of blaming the weights.
+MIN_TEMPERATURE = 1e-5
+PENALTY_RANGE = (1e-3, 1e3)
 
 
 @dataclass(frozen=True)
@@ -30,9 +37,12 @@ class SamplingParams:
             "top_k": integer("top_k", self.top_k, 0),  # 0 turns it off
             "top_p": number("top_p", self.top_p, 0, 1, low_open=True),
             "min_p": number("min_p", self.min_p, 0, 1),
-            "repetition_penalty": number("repetition_penalty", self.repetition_penalty, 0, low_open=True),
+            "repetition_penalty": number("repetition_penalty", self.repetition_penalty, *PENALTY_RANGE),
             "seed": integer("seed", self.seed, 0, SEED_MAX, optional=True),  # None: from the OS
         }
+        if 0 < checked["temperature"] < MIN_TEMPERATURE:
+            raise InvalidArgumentError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got "
+                                       f"{self.temperature}: below that, logits divided by it overflow float32")
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # frozen: the documented way to normalize in __post_init__
 

@@ -365,6 +365,8 @@ def test_engine_arguments_are_checked_for_type_and_range(llama_copy, options, me
     ([1, 2], {"temperature": 0.8, "top_k": True}, "top_k must be an integer, got True"),
     ([1, 2], {"temperature": 0.8, "top_p": "0.9"}, "top_p must be a finite number"),
     ([1, 2], {"repetition_penalty": float("inf")}, "repetition_penalty must be a finite number"),
+    ([1, 2], {"repetition_penalty": 1e-300}, r"repetition_penalty must be in \[0.001, 1000.0\]"),  # was NaN logits
+    ([1, 2], {"temperature": 1e-300}, "temperature must be 0 .greedy. or at least 1e-05"),
     ([1, 2], {"temperature": 0.8, "seed": -1}, r"seed must be in 0\.\.9223372036854775807, got -1"),
     ([1, 2], {"temperature": 0.8, "seed": 2**63}, r"seed must be in 0\.\.9223372036854775807"),
     ([1, 2], {"temperature": 0.8, "seed": 1.5}, "seed must be an integer"),

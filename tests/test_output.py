@@ -66,6 +66,14 @@ def test_resume_needs_a_finished_run_and_excludes_overwrite(users_folder, capsys
     assert "give one of them" in capsys.readouterr().err
 
 
+def test_an_unwritable_place_and_a_bad_number_are_typed_errors(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert main(["quantize", "laguna-code-6m", str(tmp_path / "file" / "out"), "--bits", "8"]) == 2
+    assert "cannot create" in capsys.readouterr().err
+    assert main(["train", str(tmp_path / "new"), "--lr", "nan"]) == 2
+    assert "--lr must be a finite number, got nan" in capsys.readouterr().err and not (tmp_path / "new").exists()
+
+
 def test_a_new_file_replaces_an_old_one_only_when_asked(tmp_path):
     path = tmp_path / "chat.json"
     write_new_file(path, "first")
