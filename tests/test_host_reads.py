@@ -1,7 +1,8 @@
 """How often decoding reads a device value on the host. On a GPU each read (`item`, `tolist`,
 `int()` of a tensor) waits for every queued kernel, so host and device time add up instead of
 overlapping. Counted here on the CPU, where the same torch code runs: a plain greedy step reads
-once (its chosen token), a speculative round twice (the drafts, then the verdict).
+once (its chosen token), a speculative round twice (the drafts, then the verdict), whether a
+DFlash block drafter or a draft model (fed its own drafts on the device) drafts.
 
 KVFlash `select` re-selection (every `kv_reselect_every` committed tokens) runs as a step of its
 own between decode steps and reads back the chunks it ranked (the host copies the chosen ones
@@ -60,10 +61,10 @@ PROMPT = [(i * 7919) % 4000 + 5 for i in range(3000)]  # 3000 tokens: most of th
 @pytest.fixture(scope="module")
 def engines():
     return {draft: lucebox.LLM(builtin_model(), draft=draft, adaptive=False, draft_k=7, **ENGINE)
-            for draft in (None, "auto")}
+            for draft in (None, "auto", str(builtin_model()))}
 
 
-@pytest.mark.parametrize("draft", [None, "auto"], ids=["plain", "dflash"])
+@pytest.mark.parametrize("draft", [None, "auto", str(builtin_model())], ids=["plain", "dflash", "draft_model"])
 def test_a_decode_step_reads_one_device_value_and_a_speculative_round_two(engines, draft, monkeypatch):
     llm = engines[draft]
     llm.generate(PROMPT, max_tokens=2, ignore_eos=True)  # prefill once; the measured request reuses it

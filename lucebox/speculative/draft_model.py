@@ -12,7 +12,7 @@ from lucebox.caches import CacheSettings, SequenceCache, Step
 from lucebox.engine.config import DECODE_ROWS, DRAFT_CTX, DRAFT_WIDTH, KV_CHUNK
 from lucebox.models.decoder import Decoder
 from lucebox.sampling import SamplingParams, distribution, draw
-from lucebox.speculative.proposer import Draft, Proposer, confidence, tensor_bytes
+from lucebox.speculative.proposer import Draft, Proposer, tensor_bytes, top_probabilities
 
 
 def draft_cache_settings(max_context: int, prefill_chunk: int, draft_ctx: int, max_width: int) -> CacheSettings:
@@ -37,8 +37,12 @@ class DraftModelProposer(Proposer):
         caches = 0 if self.cache is None else self.cache.memory()["ring_caches"]
         return tensor_bytes(self.decoder.w.values()) + caches
 
-    def resume(self, position: int) -> bool:
-        return True  # _catch_up keeps whatever prefix of its cache the next context shares
+    def start(self, prompt: list[int], features: torch.Tensor | None) -> None:
+        """Prefill the drafter with the prompt now, beside the target's prefill, rather than in the
+        first round: a round then forwards only the few tokens committed since the last one (at most
+        a verify step's rows, which read no device value). What its cache shares with the prompt
+        is kept, so `resume` need not be told anything: it declines, and this runs every request."""
+        self._catch_up(prompt)
 
     def _catch_up(self, context: list[int]) -> torch.Tensor:
         """Make the draft cache hold context[:-1] and forward the rest; logits after context[-1]."""
@@ -62,24 +66,29 @@ class DraftModelProposer(Proposer):
         return self.decoder.logits(hidden[-1:])[0]
 
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+        """k drafts, each fed back to the drafter as a device tensor: the host reads the drafts and
+        their confidences once, at the end (a read waits for every queued kernel)."""
         k = min(k, self.max_width)
         if k <= 0:
             return Draft([])
         logits = self._catch_up(context)
         plain = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p)  # no penalty: q is ours
         nothing = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-        tokens, rows, beliefs = [], [], []
+        position = len(self.cached)
+        tokens, rows, all_logits = [], [], []
         for i in range(k):
             q = distribution(logits, plain, nothing).double()
-            token = int(q.argmax()) if params.greedy else int(draw(q, generator))
-            tokens.append(token)
+            tokens.append(q.argmax() if params.greedy else draw(q, generator))  # (): on the device
             rows.append(q)
-            beliefs += confidence(logits[None], None if params.greedy else q[None])
+            all_logits.append(logits)
             if i + 1 < k:  # the last draft's own logits are never needed
-                position = len(self.cached)
-                hidden = self.decoder.forward(torch.tensor([token], device=logits.device),
-                                              Step.span(position, 1, logits.device), self.cache)
-                self.cache.commit(position + 1)
-                self.cached.append(token)
+                hidden = self.decoder.forward(tokens[-1].reshape(1), Step.span(position + i, 1, logits.device),
+                                              self.cache)
+                self.cache.commit(position + i + 1)
                 logits = self.decoder.logits(hidden)[0]
-        return Draft(tokens, None if params.greedy else torch.stack(rows), beliefs)
+        q = None if params.greedy else torch.stack(rows)
+        beliefs = top_probabilities(torch.stack(all_logits), q)
+        read = torch.cat([torch.stack(tokens).double(), beliefs.double()]).tolist()  # ids < 2^53: exact
+        drafted = [int(t) for t in read[:k]]
+        self.cached += drafted[:-1]
+        return Draft(drafted, q, read[k:])
