@@ -14,7 +14,6 @@ import torch
 from lucebox.arguments import SEED_MAX, integer, number
 from lucebox.errors import InvalidArgumentError
 
-
 # Beyond these, dividing a logit by the temperature or the penalty overflows float32 to inf, and no
 # token could be chosen; refusing them names the setting instead of blaming the weights.
 MIN_TEMPERATURE = 1e-5
