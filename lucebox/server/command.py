@@ -27,7 +27,8 @@ def add_parser(sub) -> None:
                         "interface, then set --api-key)")
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1 and /metrics (needed for remote use)")
+                   help="require 'Authorization: Bearer KEY' on /v1 and /metrics; set one whenever other machines "
+                        "can reach the server")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                    help="a host name clients use to reach this server, accepted in the Host header beside "
                         "localhost and the --host address (repeatable; blocks DNS-rebinding pages)")
