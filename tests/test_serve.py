@@ -2,19 +2,25 @@
 with the official `openai` client (and raw HTTP for the faults a client library would not send)."""
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
+import urllib.error
+import urllib.request
+import warnings
 
 import pytest
 
 import lucebox
+import lucebox.cli
 from lucebox.chat.conversation import encode_all, render
 from lucebox.chat.session import model_defaults
+from lucebox.cli import build_parser
+from lucebox.errors import LuceboxWarning
+from lucebox.server.command import settings_from
+from lucebox.server.connections import KEEP_ALIVE_SECONDS, HeaderDeadlineProtocol, uvicorn_config
+from lucebox.server.guard import HostGuard
 from lucebox.server.process import ServerProcess
 
 openai = pytest.importorskip("openai")
@@ -31,7 +37,7 @@ class Server(ServerProcess):
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--max-body-bytes", "65536")
+    s = Server("--max-body-bytes", "65536", "--read-timeout", "1")  # slow clients are cut off quickly
     yield s
     assert s.stop() == 0  # Ctrl-C ends it cleanly
 
@@ -140,6 +146,72 @@ def test_faults_get_their_status_codes_and_the_server_goes_on(server):
         server.client(key="sk-wrong").models.list()
 
 
+def _raw(server, data: bytes, close_after_send: bool = False) -> bytes:
+    """Bytes sent on a socket of their own, and all the server answers before it closes the connection
+    (nothing when the client closes first)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:
+        conn.sendall(data)
+        if close_after_send:
+            return b""
+        answer = b""
+        while part := conn.recv(65536):
+            answer += part
+        return answer
+
+
+def _get(server, path: str, headers: dict) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(server.url + path, headers=headers), timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_hostile_requests_are_refused_and_leave_the_server_answering_as_a_fresh_engine(server, llm):
+    def post(body, key=None, **headers):
+        code, reply, _ = server.post("/v1/completions", json.dumps(body).encode(), key=key, headers=headers)
+        error = reply.get("error", {})
+        return code, error.get("param") or error.get("code")
+
+    def chat(messages):
+        body = json.dumps({"messages": messages, "max_tokens": 2}).encode()
+        code, reply, _ = server.post("/v1/chat/completions", body)
+        return code, reply.get("error", {}).get("param")
+
+    request_line = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    declared = request_line + f"Authorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n".encode() + b'{"prompt"'
+    prompt = {"prompt": "x", "max_tokens": 2}
+    hostile = {  # what each request gets
+        "a client that leaves while sending its body": (lambda: _raw(server, declared, close_after_send=True), b""),
+        "a body shorter than its Content-Length": (lambda: _raw(server, declared).split(b"\r\n")[0],
+                                                   b"HTTP/1.1 408 Request Timeout"),
+        "headers that never end": (lambda: _raw(server, request_line), b""),  # the connection is closed
+        "a page rebinding its DNS name": (lambda: post(prompt, Host="attacker.example:8000"),
+                                          (403, "host_not_allowed")),
+        "a cross-site text/plain POST": (lambda: post(prompt, **{"Content-Type": "text/plain;charset=UTF-8"}),
+                                         (415, "unsupported_media_type")),
+        "no key": (lambda: post(prompt, key=""), (401, None)),
+        "metrics without the key": (lambda: _get(server, "/metrics", {}), 401),
+        "a lone surrogate in a message": (lambda: chat([{"role": "user", "content": "def f(\ud800):"}]),
+                                          (400, "messages[0].content")),
+        "a lone surrogate in a text part": (lambda: chat([{"role": "user", "content": [
+            {"type": "text", "text": "a"}, {"type": "text", "text": "\udfff"}]}]),
+                                            (400, "messages[0].content[1].text")),
+        "a lone surrogate in a prompt": (lambda: post({"prompt": ["x\ud83d"]}), (400, "prompt[0]")),
+        "a lone surrogate in a stop string": (lambda: post({**prompt, "stop": ["\n", "\udc00"]}), (400, "stop[1]")),
+    }
+    for name, (send, expected) in hostile.items():
+        assert send() == expected, name
+    assert _get(server, "/metrics", server.key_header()) == 200
+    prompt = "import sys\n\n\ndef main(argv):\n"
+    expected = _generate(llm, prompt, max_tokens=16, temperature=0.0)
+    code, reply, _ = server.post("/v1/completions", json.dumps({"prompt": prompt, "max_tokens": 16,
+                                                                 "temperature": 0}).encode())
+    assert code == 200 and reply["choices"][0]["text"] == expected.text
+    assert reply["usage"]["completion_tokens"] == len(expected.token_ids)
+    assert "Traceback" not in server.output() and "Exception" not in server.output()
+
+
 def test_eight_clients_at_once_each_get_their_answer_alone_and_a_client_that_leaves_disturbs_none(server, llm):
     prompts = [f"def task_{i}(x):\n" for i in range(8)]
     alone = [_generate(llm, p, max_tokens=24, temperature=0.0).text for p in prompts]
@@ -163,7 +235,7 @@ def test_eight_clients_at_once_each_get_their_answer_alone_and_a_client_that_lea
     leaver.close()  # a client that leaves mid-stream: its request stops at the next token
     quiet = socket.create_connection(("127.0.0.1", server.port))  # and one that leaves a request without streaming
     body = json.dumps({"prompt": "for i in range(10):\n", "max_tokens": 2000, "temperature": 0}).encode()
-    quiet.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    quiet.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
     time.sleep(0.5)
     quiet.close()
@@ -218,7 +290,55 @@ def test_a_full_queue_answers_429_a_drafter_server_is_lossless_and_sigterm_ends_
             assert s.stop() == 0
 
 
-def test_serve_flags_are_checked(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "lucebox.cli", "serve", "--max-queue", "0"], capture_output=True,
-                         text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)})
-    assert out.returncode == 2 and out.stderr.strip() == "lucebox: error: --max-queue must be at least 1, got 0"
+@pytest.mark.parametrize("flags, message", [
+    (["--max-queue", "0"], "--max-queue must be at least 1, got 0"),
+    (["--api-key", ""], "--api-key is empty, which would turn authentication off"),
+    (["--api-key", "  "], "--api-key is empty, which would turn authentication off"),
+    (["--api-key", "two words"], "--api-key must be printable ASCII without spaces"),
+    (["--allowed-host", "http://gpu-box.lan"], "--allowed-host 'http://gpu-box.lan' is not a host name"),
+    (["--allowed-host", "gpu-box.lan:8000"], "--allowed-host 'gpu-box.lan:8000' is not a host name"),
+    (["--read-timeout", "0"], "--read-timeout must be a positive number of seconds, got 0.0"),
+])
+def test_serve_flags_are_checked_before_the_engine_opens(flags, message, capsys, monkeypatch):
+    monkeypatch.setattr("lucebox.server.command.open_engine", lambda args: pytest.fail("the engine opened"))
+    assert lucebox.cli.main(["serve", *flags]) == 2
+    assert capsys.readouterr().err.startswith(f"lucebox: error: {message}")
+
+
+def _settings(*flags):
+    return settings_from(build_parser().parse_args(["serve", *flags]))
+
+
+def test_a_public_address_without_a_key_is_warned_about():
+    with pytest.warns(LuceboxWarning, match="listening on 0.0.0.0 without --api-key: anyone who can reach"):
+        _settings("--host", "0.0.0.0")
+    with pytest.warns(LuceboxWarning, match="listening on 192.168.1.5 without --api-key"):
+        _settings("--host", "192.168.1.5")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _settings("--host", "0.0.0.0", "--api-key", KEY)
+        _settings("--host", "127.0.0.2")
+
+
+@pytest.mark.parametrize("flags, accepted, refused", [
+    ([], ["localhost", "127.0.0.1:8000", "[::1]:8000", "LOCALHOST."], ["attacker.example", "10.0.0.5", "", None]),
+    (["--allowed-host", "gpu-box.lan", "--allowed-host", "[fd00::1]"], ["gpu-box.lan:80", "[fd00::1]:8000"],
+     ["gpu-box.lan.attacker.example", "fd00::1:8000"]),
+    (["--host", "10.0.0.5", "--api-key", KEY], ["10.0.0.5:8000", "localhost"], ["10.0.0.6", "box.lan"]),
+    # every interface: any IP address (a rebinding page sends its own DNS name), names only as allowed
+    (["--host", "0.0.0.0", "--allowed-host", "box.lan"], ["10.0.0.6:8000", "[fe80::1]", "box.lan"],
+     ["attacker.example"]),
+    (["--host", "::", "--api-key", KEY], ["attacker.example", "10.0.0.6"], ["bad host", None]),  # the key guards
+])
+def test_the_host_header_must_name_this_server(flags, accepted, refused):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LuceboxWarning)
+        guard = HostGuard(None, _settings(*flags))
+    assert [h for h in accepted if not guard.accepts(h)] == []
+    assert [h for h in refused if guard.accepts(h)] == []
+
+
+def test_uvicorn_gets_the_connection_limits():
+    config = uvicorn_config(None, _settings("--max-connections", "7", "--read-timeout", "2.5", "--port", "9"))
+    assert (config.limit_concurrency, config.header_timeout, config.port) == (7, 2.5, 9)
+    assert config.http is HeaderDeadlineProtocol and config.timeout_keep_alive == KEEP_ALIVE_SECONDS

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
-from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -19,22 +18,11 @@ from lucebox.chat.conversation import encode_all, render
 from lucebox.chat.session import PLAIN_STOP, model_defaults
 from lucebox.errors import LuceboxError
 from lucebox.server import openai_api as api
+from lucebox.server.guard import ClientLeft, HostGuard, check_key, read_json
+from lucebox.server.settings import ServerSettings
 from lucebox.server.worker import EngineWorker, Job
 
 POLL_SECONDS = 0.25  # how often a waiting request checks that its client is still there
-
-
-class ClientLeft(Exception):
-    """The client closed its connection while its request waited or ran."""
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    model_name: str
-    api_key: str | None = None
-    max_queue: int = 32
-    max_body_bytes: int = 4 * 2**20
-    shutdown_timeout: float = 10.0
 
 
 def build_app(llm, settings: ServerSettings) -> Starlette:
@@ -52,7 +40,7 @@ def build_app(llm, settings: ServerSettings) -> Starlette:
     routes = [Route("/health", state.health), Route("/metrics", state.metrics_text),
               Route("/v1/models", state.models), Route("/v1/chat/completions", state.chat, methods=["POST"]),
               Route("/v1/completions", state.completions, methods=["POST"])]
-    app = Starlette(routes=routes, lifespan=lifespan,
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(HostGuard, settings=settings)],
                     exception_handlers={404: _not_found, 405: _not_allowed, api.APIError: _api_error,
                                         ClientLeft: _client_left, Exception: _internal})
     app.state.lucebox = state
@@ -82,6 +70,7 @@ async def _not_allowed(request: Request, e) -> JSONResponse:
 class _State:
     def __init__(self, llm, settings: ServerSettings):
         self.llm, self.settings = llm, settings
+        self.model_name = settings.model_name or llm.description.folder.name
         self.worker: EngineWorker | None = None
         self.defaults = model_defaults(llm.description.generation_config)
 
@@ -93,12 +82,13 @@ class _State:
                             status == "ok" else 503)
 
     async def models(self, request: Request) -> JSONResponse:
-        self._authorize(request)
+        check_key(request, self.settings.api_key)
         return JSONResponse({"object": "list", "data": [{
-            "id": self.settings.model_name, "object": "model", "created": 0, "owned_by": "lucebox",
+            "id": self.model_name, "object": "model", "created": 0, "owned_by": "lucebox",
             "max_model_len": self.llm.max_context}]})
 
     async def metrics_text(self, request: Request) -> PlainTextResponse:
+        check_key(request, self.settings.api_key)
         m, memory = self.worker.metrics, self.worker.metrics.memory
         device_kv = memory["ring_caches"] + memory["kv_pool_device"] + memory["kv_chunk_summaries"]
         lines = []
@@ -129,12 +119,12 @@ class _State:
         return await self._complete(request, "completion")
 
     async def _complete(self, request: Request, kind: str):
-        self._authorize(request)
-        body = await self._read_json(request)
+        check_key(request, self.settings.api_key)
+        body = await read_json(request, self.settings)
         req = api.parse_request(body, kind, self.llm.config.vocab_size)
-        if req.model is not None and req.model != self.settings.model_name:
+        if req.model is not None and req.model != self.model_name:
             raise api.APIError(404, f"model '{req.model}' is not served here; this server has "
-                                    f"'{self.settings.model_name}' (GET /v1/models)", "model", "model_not_found")
+                                    f"'{self.model_name}' (GET /v1/models)", "model", "model_not_found")
         prompt_ids = await run_in_threadpool(self._prompt_ids, req)
         room = self.llm.max_context - len(prompt_ids)
         if room < 1:
@@ -206,11 +196,11 @@ class _State:
         text = "".join(texts)
         if req.kind == "completion" and req.echo and isinstance(req.prompt, str):
             text = req.prompt + text
-        return JSONResponse(api.completion(req, rid, self.settings.model_name, text, last.finish_reason,
+        return JSONResponse(api.completion(req, rid, self.model_name, text, last.finish_reason,
                                            last.stats))
 
     async def _events(self, req, job: Job, rid: str, first):
-        model = self.settings.model_name
+        model = self.model_name
         try:
             if req.kind == "completion" and req.echo and isinstance(req.prompt, str):
                 yield _sse(api.chunk(req, rid, model, req.prompt, None))
@@ -231,33 +221,6 @@ class _State:
             yield b"data: [DONE]\n\n"
         finally:
             job.cancelled.set()  # a client that left (this generator closed) cancels at the next token
-
-    # -- the request itself ------------------------------------------------------------------------------
-
-    def _authorize(self, request: Request) -> None:
-        key = self.settings.api_key
-        if key is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise api.APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                               headers={"WWW-Authenticate": "Bearer"})
-
-    async def _read_json(self, request: Request):
-        limit = self.settings.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise api.APIError(413, f"the request body has {declared} bytes; this server takes at most {limit}")
-        body = bytearray()
-        async for part in request.stream():
-            body += part
-            if len(body) > limit:
-                raise api.APIError(413, f"the request body is over {limit} bytes, the most this server takes")
-        try:
-            return json.loads(body)
-        except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, a huge integer, deep nesting
-            raise api.APIError(400, f"the request body is not valid JSON: {e}") from None
 
 
 def _sse(event: dict) -> bytes:

@@ -5,59 +5,78 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import warnings
 
 from lucebox.cli.engine_flags import add_engine_flags, open_engine
-from lucebox.errors import InvalidArgumentError
-
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+from lucebox.errors import LuceboxWarning
+from lucebox.server.settings import ServerSettings
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the model over the OpenAI API (chat/completions, streaming)",
                        description="Serve a model over OpenAI's HTTP API: POST /v1/chat/completions and "
                                    "/v1/completions (streaming or not), GET /v1/models, /health, /metrics. "
-                                   "One engine runs one request at a time; the others wait in a queue.")
+                                   "One engine runs one request at a time; the others wait in a queue. "
+                                   "POST bodies must be JSON (Content-Type: application/json), and a request's "
+                                   "Host must name this server: localhost, 127.0.0.1, [::1], the --host address "
+                                   "or an --allowed-host; on 0.0.0.0 or :: also any IP address, and with "
+                                   "--api-key any name.")
     add_engine_flags(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 or :: for every "
+                        "interface, then set --api-key)")
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every /v1 request")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 and /metrics; set one whenever other machines "
+                        "can reach the server")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a host name clients use to reach this server, accepted in the Host header beside "
+                        "localhost and the --host address (repeatable; blocks DNS-rebinding pages)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: its folder's)")
     p.add_argument("--max-queue", type=int, default=32,
                    help="requests that may wait for the engine; past it, 429 with Retry-After (default 32)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 2**20, help="largest request body (default 4 MiB)")
+    p.add_argument("--max-connections", type=int, default=128,
+                   help="open connections at once; past it, requests get 503 (default 128)")
+    p.add_argument("--read-timeout", type=float, default=30.0,
+                   help="seconds a client has to send a request's headers, then again its body; past them the "
+                        "connection is closed, or the answer is 408 (default 30)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds Ctrl-C / SIGTERM lets running requests finish before cancelling them")
 
 
-def command(args: argparse.Namespace) -> int:
-    import uvicorn
+def settings_from(args: argparse.Namespace) -> ServerSettings:
+    """The server's settings from its flags, checked (before the engine opens); a warning when
+    anyone on the network could use the model."""
+    settings = ServerSettings(args.served_model_name, args.host, args.port, args.api_key, tuple(args.allowed_host),
+                              args.max_queue, args.max_body_bytes, args.max_connections, args.read_timeout,
+                              args.shutdown_timeout)
+    if settings.public and settings.api_key is None:
+        names = "; clients must reach it by IP address or an --allowed-host name" if settings.every_interface else ""
+        warnings.warn(f"listening on {settings.host} without --api-key: anyone who can reach this machine can "
+                      f"use the model{names}", LuceboxWarning, stacklevel=2)
+    return settings
 
-    from lucebox.server.app import ServerSettings, build_app
+
+def command(args: argparse.Namespace) -> int:
+    from lucebox.server.app import build_app
+    from lucebox.server.connections import uvicorn_config
     from lucebox.server.graceful import GracefulServer
 
-    for flag, value, low in (("--port", args.port, 0), ("--max-queue", args.max_queue, 1),
-                             ("--max-body-bytes", args.max_body_bytes, 1024)):
-        if value < low:
-            raise InvalidArgumentError(f"{flag} must be at least {low}, got {value}")
-    if args.host not in LOCAL_HOSTS and args.api_key is None:
-        print(f"lucebox serve: warning: listening on {args.host} without --api-key: anyone who can reach this "
-              "machine can use the model", file=sys.stderr)
+    settings = settings_from(args)
     llm = open_engine(args)
-    name = args.served_model_name or llm.description.folder.name
-    app = build_app(llm, ServerSettings(name, args.api_key, args.max_queue, args.max_body_bytes,
-                                        args.shutdown_timeout))
-    print(f"lucebox serve: '{name}' at http://{args.host}:{args.port}/v1 (OpenAI API); Ctrl-C stops",
+    app = build_app(llm, settings)
+    name = app.state.lucebox.model_name
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host  # an IPv6 address, as URLs write it
+    print(f"lucebox serve: '{name}' at http://{host}:{settings.port}/v1 (OpenAI API); Ctrl-C stops",
           file=sys.stderr, flush=True)
     # uvicorn turns Ctrl-C and SIGTERM into a graceful shutdown, then raises the signal again for the
     # handler it found; with these no-op handlers that re-raise ends nothing and the exit status is 0.
     quiet = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=args.shutdown_timeout)
     try:
-        GracefulServer(config, app.state.lucebox).run()
+        GracefulServer(uvicorn_config(app, settings), app.state.lucebox).run()
     finally:
         for sig, handler in quiet.items():
             signal.signal(sig, handler)
     print("lucebox serve: stopped", file=sys.stderr)
     return 0
-

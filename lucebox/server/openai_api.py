@@ -22,8 +22,9 @@ class APIError(Exception):
                  headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers or {}
-        self.kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                     413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+        self.kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                     404: "not_found_error", 408: "invalid_request_error", 413: "invalid_request_error",
+                     415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
                      503: "service_unavailable"}.get(status, "server_error")
 
     def body(self) -> dict:
@@ -120,10 +121,40 @@ def _unsupported(body: dict) -> None:
         raise invalid("best_of", "only best_of=1 is supported")
 
 
+def _check_text(body: dict) -> None:
+    """400 for a string anywhere in the request that is not valid Unicode. JSON can carry a lone
+    surrogate ("\\ud800"), which no tokenizer encodes and no answer can quote back; checked once here,
+    for every field, before any field is read."""
+    pending = [("", body)]
+    while pending:
+        path, value = pending.pop()
+        if isinstance(value, str) and (at := _surrogate_at(value)) is not None:
+            raise APIError(400, f"{path}: character {at} is a lone surrogate (U+{ord(value[at]):04X}); "
+                                "text must be valid Unicode", path, "invalid_text")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if _surrogate_at(key) is not None:
+                    raise APIError(400, f"{path or 'the request'}: a key holds a lone surrogate; text must be "
+                                        "valid Unicode", path or None, "invalid_text")
+                pending.append((f"{path}.{key}" if path else key, item))
+        elif isinstance(value, list):
+            pending.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+
+
+def _surrogate_at(text: str) -> int | None:
+    """Where `text` holds a lone surrogate (a code point UTF-8 cannot write), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
 def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
     """A checked request from a decoded JSON body (`kind`: "chat" or "completion")."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
+    _check_text(body)
     _unsupported(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):

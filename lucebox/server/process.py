@@ -52,19 +52,23 @@ class ServerProcess:
 
     def post(self, path: str, body: bytes, key: str | None = None, headers: dict | None = None):
         """(status, decoded JSON, headers) of a POST with raw bytes as the body."""
-        key = key if key is not None else self.api_key
         request = urllib.request.Request(self.url + path, data=body, method="POST", headers={
-            "Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {}),
-            **(headers or {})})
+            "Content-Type": "application/json", **self.key_header(key), **(headers or {})})
         try:
             with urllib.request.urlopen(request, timeout=300) as r:
                 return r.status, json.loads(r.read()), r.headers
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read()), e.headers
 
+    def key_header(self, key: str | None = None) -> dict:
+        """The Authorization header with `key` (default: the server's), or none when there is no key."""
+        key = key if key is not None else self.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def metric(self, name: str) -> float:
         """A value from /metrics (`name` without the lucebox_ prefix)."""
-        text = urllib.request.urlopen(self.url + "/metrics", timeout=10).read().decode()
+        request = urllib.request.Request(self.url + "/metrics", headers=self.key_header())
+        text = urllib.request.urlopen(request, timeout=10).read().decode()
         return float(next(line.split()[1] for line in text.splitlines() if line.startswith(f"lucebox_{name} ")))
 
     def stop(self, timeout: float = 30.0, sig: int = signal.SIGINT) -> int:
