@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from lucebox.models import laguna, llama, mistral, mixtral, qwen3, qwen3_moe
-from lucebox.models.hf_config import check_values
+from lucebox.models.hf_config import architecture_name, check_values
 
 from lucebox.config import ModelConfig
 from lucebox.errors import ConfigError, UnsupportedArchitectureError
@@ -18,13 +18,11 @@ SUPPORTED_ARCHITECTURES = tuple(sorted(_ADAPTERS))
 
 
 def adapter_for(hf_config: dict) -> ModuleType:
-    archs = hf_config.get("architectures")
-    if not archs or not isinstance(archs, list):
-        raise ConfigError("config.json has no 'architectures' list, so the model type is unknown")
-    module = _ADAPTERS.get(archs[0])
+    name = architecture_name(hf_config)
+    module = _ADAPTERS.get(name)
     if module is None:
         raise UnsupportedArchitectureError(
-            f"architecture '{archs[0]}' is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"architecture '{name}' is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     return module
 

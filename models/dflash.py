@@ -25,7 +25,7 @@ from lucebox.kernels.attention import merge_partials
 from lucebox.kernels.backend import Kernels, kernels_for
 from lucebox.kernels.moe import swiglu
 from lucebox.kernels.rope import RotaryTables
-from lucebox.models.hf_config import rope_parameters, rope_spec
+from lucebox.models.hf_config import architecture_name, rope_parameters, rope_spec
 from lucebox.models.sources import AnyOf, Cat, Source
 
 from lucebox.caches import SlidingRing, Step
@@ -68,7 +68,7 @@ def _value(hf: dict, name: str, default=None):
 
 
 def build_config(hf: dict) -> DFlashConfig:
-    arch = (hf.get("architectures") or [None])[0]
+    arch = architecture_name(hf)
     if arch not in ARCHITECTURES:
         raise DraftModelError(f"drafter architecture {arch!r} is not a DFlash drafter ({', '.join(ARCHITECTURES)})")
     laguna = arch == "DFlashLagunaForCausalLM"

@@ -71,8 +71,9 @@ def check_values(hf: dict) -> None:
             raise ConfigError(f"config.json: {key} must be a list of at most 1024 integers")
         for i, v in enumerate(values):
             integer(v, f"{key}[{i}]", lowest, highest)
-    if hf.get("rms_norm_eps") is not None:
-        number(hf["rms_norm_eps"], "rms_norm_eps", positive=True)
+    for key in ("rms_norm_eps", "rope_theta"):  # rope_theta also where rope_parameters overrides it
+        if hf.get(key) is not None:
+            number(hf[key], key, positive=True)
     for key in ("eos_token_id", "bos_token_id"):
         ids = hf.get(key)
         for v in ids if isinstance(ids, list) else [ids]:
@@ -80,9 +81,18 @@ def check_values(hf: dict) -> None:
                 integer(v, key, 0, 2**31 - 1)
 
 
+def architecture_name(hf: dict) -> str:
+    """The model class config.json names first in `architectures` ("LlamaForCausalLM")."""
+    names = hf.get("architectures")
+    if not isinstance(names, list) or not names or not isinstance(names[0], str):
+        raise ConfigError("config.json has no 'architectures' list naming the model class (such as "
+                          f"[\"LlamaForCausalLM\"]), so the model type is unknown; it holds {str(names)[:60]!r}")
+    return names[0]
+
+
 def require(hf: dict, key: str) -> Any:
     if hf.get(key) is None:
-        raise ConfigError(f"config.json has no '{key}', which {hf.get('architectures', ['this model'])[0]} needs")
+        raise ConfigError(f"config.json has no '{key}', which {architecture_name(hf)} needs")
     return hf[key]
 
 
@@ -118,13 +128,17 @@ def rope_spec(params: dict, dim: int, max_position_embeddings: int) -> RopeSpec:
         raise ConfigError(f"config.json: rope_type '{kind}' is not supported (supported: {', '.join(_ROPE_KINDS)})")
     rotary_dim = int(dim * params.get("partial_rotary_factor", 1.0))
     original = params.get("original_max_position_embeddings")
+    if original is not None:  # before it divides
+        original = integer(original, "original_max_position_embeddings", 1, 2**26)
     factor = params.get("factor")
     if kind == "yarn" and factor is None:
         factor = max_position_embeddings / require(params, "original_max_position_embeddings")
-    if kind in ("linear", "llama3", "yarn") and factor is None:
+    if kind == "default":
+        factor = 1.0  # no scaling: a factor stated beside it is unused, as in transformers
+    elif factor is None:
         raise ConfigError(f"config.json: rope_type '{kind}' needs 'factor'")
     number(params.get("rope_theta", 10000.0), "rope_theta", positive=True)
-    number(factor or 1.0, "rope factor", positive=True)
+    number(factor, "rope factor", positive=True)  # 0 is refused, never read as "no scaling"
     fraction = number(params.get("partial_rotary_factor", 1.0), "partial_rotary_factor", positive=True)
     if fraction > 1:
         raise ConfigError(f"config.json: partial_rotary_factor must be in (0, 1], got {fraction}")
@@ -137,13 +151,11 @@ def rope_spec(params: dict, dim: int, max_position_embeddings: int) -> RopeSpec:
     if kind == "llama3" and not number(params.get("high_freq_factor", 4.0), "high_freq_factor") > number(
             params.get("low_freq_factor", 1.0), "low_freq_factor"):
         raise ConfigError("config.json: llama3 RoPE needs high_freq_factor > low_freq_factor")
-    if original is not None:
-        original = integer(original, "original_max_position_embeddings", 1, 2**26)
     return RopeSpec(
         theta=float(params.get("rope_theta", 10000.0)),
         rotary_dim=rotary_dim,
         kind=kind,
-        factor=float(factor or 1.0),
+        factor=float(factor),
         original_max_position=original,
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
@@ -187,7 +199,7 @@ def common_fields(hf: dict) -> dict:
     """Keyword arguments of ModelConfig that every supported architecture reads the same way."""
     check_activation(hf)
     return dict(
-        architecture=hf["architectures"][0],
+        architecture=architecture_name(hf),
         vocab_size=int(require(hf, "vocab_size")),
         hidden_size=int(require(hf, "hidden_size")),
         num_kv_heads=int(hf.get("num_key_value_heads") or require(hf, "num_attention_heads")),

@@ -1,22 +1,23 @@
 """Seeded random mutations of a tiny model folder (safetensors header, config.json, tokenizer files):
-each must load and run correctly or raise a LuceboxError. Any other exception, a case slower than a
-few seconds, or a crash fails the test. Bounded in count and in time; prints how many it tried."""
+each must load and run correctly or raise a LuceboxError, within the time and memory of
+tests/fuzzing.py's rule; a crash fails the test. Bounded in count and in time; prints how many it
+tried. test_fuzz_gguf.py holds GGUF files to the same rule."""
 
-import faulthandler
 import json
 import random
 import shutil
 import struct
 import time
+from collections.abc import Iterator
 
 import pytest
+from fuzzing import run_cases
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import lucebox
 import lucebox.text.chat_template
-from lucebox.errors import LuceboxError
 
-SEED, MAX_CASES, BUDGET_S, SLOW_S = 13, 600, 20.0, 5.0
+SEED, MAX_CASES, BUDGET_S = 13, 600, 20.0
 INTERESTING = [0, -1, 1, 2, 3, 7, 64, 2**31, 2**63, 10**7, 0.5, -0.0, 1e308, float("nan"), float("inf"), True,
                False, None, "", "x", "../x", [], [1], [-1, 2**40], {}, {"a": 1}]
 CONFIG_KEYS = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -138,6 +139,19 @@ def exercise(folder) -> None:
     llm.generate(prompt, max_tokens=2, stop=["w9"])
 
 
+def folder_cases(rng: random.Random, folder, originals: dict[str, bytes], mutators: dict) -> Iterator:
+    """Endless cases: one file of `folder` mutated (and put back before the next)."""
+    while True:
+        name = rng.choice(sorted(mutators))
+        try:
+            mutated = mutators[name](rng, originals[name])
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError):
+            continue  # this mutation does not apply to this file
+        (folder / name).write_bytes(mutated)
+        yield name, mutated
+        (folder / name).write_bytes(originals[name])
+
+
 def test_mutated_model_folders_load_or_raise_typed_errors(base_folder, tmp_path, monkeypatch):
     # the limit itself is tested in test_hardening.py
     monkeypatch.setattr(lucebox.text.chat_template, "TEMPLATE_SECONDS", 1.0)
@@ -151,34 +165,21 @@ def test_mutated_model_folders_load_or_raise_typed_errors(base_folder, tmp_path,
     shutil.copytree(base_folder, folder)
     originals = {name: (base_folder / name).read_bytes() for name in mutators}
     exercise(folder)  # the unmutated folder works
-    rng = random.Random(SEED)
-    failures, outcomes, tried = [], {}, 0
     start = time.perf_counter()
-    while tried < MAX_CASES and time.perf_counter() - start < BUDGET_S:
-        name = rng.choice(sorted(mutators))
-        try:
-            mutated = mutators[name](rng, originals[name])
-        except (KeyError, TypeError, IndexError, ValueError, AttributeError):
-            continue  # this mutation does not apply to this file
-        (folder / name).write_bytes(mutated)
-        tried += 1
-        faulthandler.dump_traceback_later(30, exit=True)  # a hang kills the run loudly
-        case_start = time.perf_counter()
-        try:
-            exercise(folder)
-            outcome = "ok"
-        except LuceboxError as e:
-            outcome = type(e).__name__
-        except Exception as e:  # noqa: BLE001 - any other exception is what this test looks for
-            outcome = "untyped"
-            failures.append(f"{name}: {type(e).__name__}: {str(e)[:200]} <- {mutated[:300]!r}")
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-        seconds = time.perf_counter() - case_start
-        if seconds > SLOW_S:
-            failures.append(f"{name}: took {seconds:.1f} s <- {mutated[:300]!r}")
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        (folder / name).write_bytes(originals[name])
+    cases = folder_cases(random.Random(SEED), folder, originals, mutators)
+    tried, outcomes, failures = run_cases(cases, lambda: exercise(folder), MAX_CASES, BUDGET_S)
     print(f"fuzz: {tried} mutations in {time.perf_counter() - start:.1f} s (seed {SEED}); outcomes {outcomes}")
     assert tried >= 50
     assert not failures, "\n".join(failures[:10])
+
+
+def test_the_fuzz_rule_fails_untyped_errors_and_memory_past_the_limit(monkeypatch):
+    import fuzzing
+
+    monkeypatch.setattr(fuzzing, "MEMORY_LIMIT", 2**20)
+    actions = iter([lambda: None, lambda: [str(i) for i in range(100_000)], lambda: {}["x"],
+                    lambda: lucebox.LLM(None, device="cpu", max_context=-1)])
+    tried, outcomes, failures = run_cases(((str(i), b"") for i in range(4)), lambda: next(actions)(), 10, 60.0)
+    assert tried == 4 and outcomes == {"ok": 2, "untyped": 1, "InvalidArgumentError": 1}
+    assert len(failures) == 2
+    assert failures[0].startswith("Python objects peaked at") and failures[1].startswith("KeyError")

@@ -328,11 +328,33 @@ def test_nan_logits_raise_a_typed_error_instead_of_token_zero(llama_copy, option
     (lambda c: c.update(rms_norm_eps=-1e-6), "rms_norm_eps must be > 0"),
     (lambda c: c["rope_parameters"].update(factor=float("nan")), "rope factor has the wrong type"),
     (lambda c: c["rope_parameters"].update(low_freq_factor=4.0, high_freq_factor=4.0), "high_freq_factor"),
-])
+    # a top-level rope_theta beside rope_parameters (which overrides it) used to pass unchecked
+    (lambda c: c.update(rope_theta=-1.0), "rope_theta must be > 0"),
+    (lambda c: c.update(rope_theta=float("inf")), "rope_theta has the wrong type"),
+    (lambda c: c["rope_parameters"].update(factor=0.0), "rope factor must be > 0, got 0.0"),  # was read as 1.0
+    (lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 0, "rope_theta": 1e4}),
+     "rope factor must be > 0"),
+    (lambda c: c.update(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4,
+                                         "original_max_position_embeddings": 0}),
+     "original_max_position_embeddings must be in 1"),  # was a ZeroDivisionError
+], ids=["theta-zero", "theta-negative", "eps-negative", "factor-nan", "llama3-order", "top-level-theta-negative",
+        "top-level-theta-inf", "llama3-factor-zero", "yarn-factor-zero", "yarn-original-zero"])
 def test_configs_with_impossible_values_are_refused_at_load(llama_copy, change, message):
     edit_json(llama_copy / "config.json", change)
     with pytest.raises(ConfigError, match=message):
         describe_model(llama_copy)
+
+
+@pytest.mark.parametrize("architectures", [{"LlamaForCausalLM": 1}, [{"a": 1}], [["LlamaForCausalLM"]], 5, []])
+def test_architectures_must_be_a_list_naming_the_model_class(llama_copy, tmp_path, architectures):
+    """A dict, a nested list or a number used to raise TypeError or KeyError, as a model or as a drafter."""
+    drafter = tmp_path / "drafter"
+    shutil.copytree(llama_copy, drafter)
+    edit_json(drafter / "config.json", lambda c: c.update(architectures=architectures))
+    with pytest.raises(ConfigError, match="no 'architectures' list naming the model class"):
+        describe_model(drafter)
+    with pytest.raises(ConfigError, match="no 'architectures' list naming the model class"):
+        lucebox.LLM(llama_copy, device="cpu", draft=str(drafter))
 
 
 # -- 7. types at the boundary --------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def _corrupt(path: Path, why: str) -> CorruptCheckpointError:
     )
 
 
-def _quoted(text: object) -> str:
+def quoted(text: object) -> str:
     """A name read from a header, shortened, for messages (never more than 60 characters of it)."""
     text = str(text)
     return repr(text if len(text) <= 60 else text[:57] + "...")
@@ -114,28 +114,28 @@ def _json_header(path: Path, size: int) -> tuple[dict, int]:
 def _entry(path: Path, name: str, info: object, base: int, size: int) -> TensorEntry:
     """The header's entry `info` for tensor `name`, checked; the data area starts at byte `base`."""
     if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-        raise _corrupt(path, f"tensor {_quoted(name)} is not an entry of dtype, shape and data_offsets")
+        raise _corrupt(path, f"tensor {quoted(name)} is not an entry of dtype, shape and data_offsets")
     kind, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
     if not isinstance(kind, str):
-        raise _corrupt(path, f"tensor {_quoted(name)} has a dtype that is not a string")
+        raise _corrupt(path, f"tensor {quoted(name)} has a dtype that is not a string")
     if kind not in DTYPES:
         raise CorruptCheckpointError(
-            f"{path}: tensor {_quoted(name)} has dtype {_quoted(kind)}, which lucebox cannot read "
+            f"{path}: tensor {quoted(name)} has dtype {quoted(kind)}, which lucebox cannot read "
             f"(supported: {', '.join(DTYPES)}); convert the checkpoint to bf16/fp16/fp32"
         )
     if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
-        raise _corrupt(path, f"tensor {_quoted(name)} has a shape that is not a list of non-negative integers")
+        raise _corrupt(path, f"tensor {quoted(name)} has a shape that is not a list of non-negative integers")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(x) for x in offsets)
             and offsets[0] <= offsets[1]):
-        raise _corrupt(path, f"tensor {_quoted(name)} has data_offsets that are not two ordered non-negative "
+        raise _corrupt(path, f"tensor {quoted(name)} has data_offsets that are not two ordered non-negative "
                              "integers")
     dtype, (start, end) = DTYPES[kind], offsets
     expected = math.prod(shape) * dtype.itemsize
     if end - start != expected:
-        raise _corrupt(path, f"tensor {_quoted(name)} ({kind}{shape}) needs {expected} bytes but its offsets "
+        raise _corrupt(path, f"tensor {quoted(name)} ({kind}{shape}) needs {expected} bytes but its offsets "
                              f"[{start}, {end}) hold {end - start}")
     if base + end > size:
-        raise _corrupt(path, f"the offsets [{start}, {end}) of tensor {_quoted(name)} pass the end of the file")
+        raise _corrupt(path, f"the offsets [{start}, {end}) of tensor {quoted(name)} pass the end of the file")
     return TensorEntry(name, dtype, tuple(shape), base + start, base + end)
 
 
@@ -145,7 +145,7 @@ def _check_tiling(path: Path, entries: dict[str, TensorEntry], base: int, size: 
     for e in sorted(entries.values(), key=lambda e: (e.start, e.end)):
         if e.start != position:
             how = "overlaps the tensor before it" if e.start < position else "leaves a gap before it"
-            raise _corrupt(path, f"tensor {_quoted(e.name)} {how} (offsets must be contiguous)")
+            raise _corrupt(path, f"tensor {quoted(e.name)} {how} (offsets must be contiguous)")
         position = e.end
     if position != size:
         raise _corrupt(path, f"{size - position} bytes after the last tensor belong to none")

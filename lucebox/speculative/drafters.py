@@ -19,6 +19,7 @@ from lucebox.errors import DraftModelError
 from lucebox.memory.plan import DrafterCost, cache_ring_bytes, ring_bytes, weight_bytes
 from lucebox.models import dflash
 from lucebox.models.decoder import Decoder
+from lucebox.models.hf_config import architecture_name
 from lucebox.speculative.dflash import DFlashProposer, ring_step
 from lucebox.speculative.draft_model import DraftModelProposer, draft_cache_settings
 from lucebox.speculative.ngram import NgramProposer
@@ -75,7 +76,7 @@ def resolve_drafter(draft: str | Path | None, target: ModelDescription) -> Draft
             return None
     config_path = locate_config(draft)
     hf = read_json(config_path)
-    arch = (hf.get("architectures") or [None])[0]
+    arch = architecture_name(hf)
     folder = config_path.parent
     weight_files(folder)  # a drafter without weights says so before any memory figure
     if arch in dflash.ARCHITECTURES:

@@ -116,9 +116,10 @@ def command(args) -> int:
     if args.config:
         from lucebox.checkpoints.hf_folder import read_json
         from lucebox.models import build_model_config
+        from lucebox.models.hf_config import architecture_name
 
         architecture = read_json(Path(args.config))
-        if (architecture.get("architectures") or [None])[0] != "LagunaForCausalLM":
+        if architecture_name(architecture) != "LagunaForCausalLM":
             raise InvalidArgumentError(f"{args.config}: lucebox train builds LagunaForCausalLM models")
         build_model_config({**architecture, "vocab_size": args.vocab_size})  # a bad config fails before any work
     with output_folder(args, "lucebox train") as out, training_progress("training", args.steps) as progress:

@@ -13,13 +13,36 @@ key gguf-py defines for that purpose.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from lucebox.errors import ConfigError, UnsupportedArchitectureError
+from lucebox.errors import ConfigError, TokenizerError, UnsupportedArchitectureError
+from lucebox.models.hf_config import check_values
 
 SUPPORTED_GGUF_ARCHITECTURES = ("laguna", "llama", "qwen3", "qwen3moe")
 _SIGMOID_GATING = 2  # llama.cpp's expert_gating_func value for a sigmoid router
+
+
+# config.json fields read straight from `{arch}.<key>`, to name the key when a field is refused
+_FIELDS = {"hidden_size": "embedding_length", "num_hidden_layers": "block_count",
+           "num_attention_heads": "attention.head_count", "num_key_value_heads": "attention.head_count_kv",
+           "head_dim": "attention.key_length", "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+           "max_position_embeddings": "context_length", "intermediate_size": "feed_forward_length"}
+
+
+@contextmanager
+def in_gguf_terms(source: Path, arch: str) -> Iterator[None]:
+    """A ConfigError of the checks every config.json goes through (the one range check the
+    safetensors path uses too), restated for the GGUF file it was translated from."""
+    try:
+        yield
+    except ConfigError as e:
+        why = str(e).removeprefix("config.json: ")
+        field = next((f for f in _FIELDS if re.search(rf"\b{f}\b", why)), None)
+        key = f" (from GGUF key '{arch}.{_FIELDS[field]}')" if field else ""
+        raise type(e)(f"{source.name}: its metadata, read as config.json, is refused: {why}{key}") from None
 
 
 class _Metadata:
@@ -78,23 +101,25 @@ def _rope(meta: _Metadata, head_dim: int, dimension_key: str = "rope.dimension_c
 
 
 def _common(meta: _Metadata, vocab_size: int, tied: bool) -> dict:
-    hidden = int(meta.require("embedding_length"))
     heads = meta.require("attention.head_count")
-    first_heads = int(heads[0] if isinstance(heads, list) else heads)
-    head_dim = int(meta.get("attention.key_length", hidden // first_heads))
+    first_heads = heads[0] if isinstance(heads, list) and heads else heads
+    sizes = {"vocab_size": vocab_size, "hidden_size": meta.require("embedding_length"),
+             "num_hidden_layers": meta.require("block_count"), "num_attention_heads": first_heads,
+             "num_key_value_heads": meta.uniform("attention.head_count_kv", first_heads),
+             "head_dim": meta.get("attention.key_length"), "max_position_embeddings": meta.get("context_length", 4096),
+             "intermediate_size": meta.uniform("feed_forward_length", 0),
+             "rms_norm_eps": meta.require("attention.layer_norm_rms_epsilon")}
+    with in_gguf_terms(meta.source, meta.arch):
+        check_values(sizes)  # every size in range before any is divided by
+        head_dim = int(sizes["head_dim"] or sizes["hidden_size"] // sizes["num_attention_heads"])
+        check_values({"head_dim": head_dim})
     if int(meta.get("attention.value_length", head_dim)) != head_dim:
         raise ConfigError(f"{meta.source.name}: '{meta.arch}.attention.value_length' differs from key_length; "
                           "lucebox needs equal key and value head sizes")
     return {
-        "vocab_size": vocab_size,
-        "hidden_size": hidden,
-        "num_hidden_layers": int(meta.require("block_count")),
-        "num_attention_heads": first_heads,
-        "num_key_value_heads": int(meta.uniform("attention.head_count_kv", first_heads)),
+        **{key: int(value) for key, value in sizes.items() if key != "rms_norm_eps"},
         "head_dim": head_dim,
-        "rms_norm_eps": float(meta.require("attention.layer_norm_rms_epsilon")),
-        "max_position_embeddings": int(meta.get("context_length", 4096)),
-        "intermediate_size": int(meta.uniform("feed_forward_length", 0)),
+        "rms_norm_eps": float(sizes["rms_norm_eps"]),
         "tie_word_embeddings": tied,
         "rope_parameters": _rope(meta, head_dim),
         **_token_ids(meta.metadata),
@@ -141,6 +166,9 @@ def _laguna_layer_types(meta: _Metadata, n: int) -> list[str]:
     if isinstance(named, list):
         return list(named)
     pattern = meta.get("attention.sliding_window_pattern", 4)
+    if not isinstance(pattern, list) and int(pattern) < 1:
+        raise ConfigError(f"{meta.source.name}: 'laguna.attention.sliding_window_pattern' is {pattern}; a period "
+                          "of layers must be at least 1")
     sliding = pattern if isinstance(pattern, list) else [i % int(pattern) != 0 for i in range(n)]
     return ["sliding_attention" if s else "full_attention" for s in sliding]
 
@@ -177,6 +205,16 @@ def _laguna(meta: _Metadata, hf: dict, has, shape) -> dict:
     return hf
 
 
+def _check_vocabulary(metadata: dict, rows: int, source: Path) -> None:
+    """One token per embedding row, as llama.cpp requires: with more tokens the tokenizer makes ids
+    the model has no row for; with fewer, ids the model generates would have no text."""
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and len(tokens) != rows:
+        raise TokenizerError(f"{source.name}: tokenizer.ggml.tokens holds {len(tokens)} tokens but token_embd.weight "
+                             f"has {rows} rows; the tokenizer does not belong to this model (llama.cpp refuses "
+                             "it too)")
+
+
 _BUILDERS = {"llama": _llama, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "laguna": _laguna}
 
 
@@ -192,8 +230,10 @@ def hf_config_from_gguf(metadata: dict, has: Callable[[str], bool], shape: Calla
     if not has("token_embd.weight"):
         raise ConfigError(f"{source.name}: the GGUF file has no token_embd.weight, so the vocabulary size is unknown")
     meta = _Metadata(metadata, arch, source)
+    rows = shape("token_embd.weight")[0]
+    _check_vocabulary(metadata, rows, source)
     try:
-        hf = _common(meta, shape("token_embd.weight")[0], tied=not has("output.weight"))
+        hf = _common(meta, rows, tied=not has("output.weight"))
         return _BUILDERS[arch](meta, hf, has, shape)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{source.name}: GGUF metadata has a value of the wrong type ({e})") from None

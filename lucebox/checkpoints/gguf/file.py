@@ -1,4 +1,4 @@
-"""Reading a llama.cpp GGUF file (through the `gguf` package's reader): its metadata as plain Python
+"""Reading a llama.cpp GGUF file (parsed and checked by `container`): its metadata as plain Python
 values, and its tensors as model-dtype tensors (float types) or `QuantizedTensor`s (block types).
 
 GGUF lists a tensor's dimensions innermost first (`ne[0]` is the row length); here every shape is
@@ -8,14 +8,14 @@ safetensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from lucebox.checkpoints.gguf.blocks import BLOCK_SHAPES, unpack
-from lucebox.errors import CorruptCheckpointError, ModelNotFoundError, TensorDtypeError
+from lucebox.checkpoints.gguf.container import TensorInfo, read_container
+from lucebox.errors import ModelNotFoundError, TensorDtypeError
 from lucebox.kernels.quant import QuantizedTensor
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -37,45 +37,16 @@ def locate_gguf(path: str | Path) -> Path | None:
     return found[0] if found else None
 
 
-def _plain(value: object) -> object:
-    """A metadata value as str, int, float, bool or a list of those (numpy scalars unwrapped)."""
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def gguf_metadata(reader) -> dict[str, object]:
-    """Every metadata key of a `gguf.GGUFReader` mapped to a plain Python value (str, int, float,
-    bool, or a list of those; string arrays as list[str]). The reader's `GGUF.*` entries are the
-    file header (version, counts), not metadata, and are left out."""
-    return {name: _plain(field.contents()) for name, field in reader.fields.items() if not name.startswith("GGUF.")}
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    shape: tuple[int, ...]  # torch order: outermost first
-    type_name: str  # "F32", "Q4_K", ...
-    data: np.ndarray  # memory-mapped: floats in `shape`, or block bytes (..., bytes per row)
-
-
 class GGUFFile:
-    """The metadata and tensor index of one GGUF file; tensors stay memory-mapped until read."""
+    """The metadata and tensor index of one GGUF file, checked (`container.read_container`);
+    tensors stay memory-mapped until read."""
 
     def __init__(self, path: Path):
-        import gguf
-
         self.path = path
-        try:
-            reader = gguf.GGUFReader(path)
-        except (ValueError, OSError, IndexError) as e:
-            raise CorruptCheckpointError(f"{path} is not a readable GGUF file: {e}") from None
-        self.metadata = gguf_metadata(reader)
-        self.tensors: dict[str, TensorEntry] = {
-            t.name: TensorEntry(tuple(int(n) for n in reversed(t.shape)), t.tensor_type.name, t.data)
-            for t in reader.tensors
-        }
+        container = read_container(path)
+        self.metadata = container.metadata
+        self.tensors: dict[str, TensorInfo] = container.tensors
+        self._data = container.data
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors
@@ -89,14 +60,18 @@ class GGUFFile:
         if entry.type_name not in SUPPORTED_TYPES:
             raise TensorDtypeError(f"{self.path.name}: tensor {name} is {entry.type_name}, which lucebox cannot read "
                                    f"(supported: {', '.join(SUPPORTED_TYPES)})")
+        raw = np.frombuffer(self._data, np.uint8, entry.nbytes, entry.start)
         if entry.type_name in FLOAT_TYPES:
-            return self._float(entry).to(device=device, dtype=dtype)
-        raw = torch.from_numpy(np.array(entry.data)).to(device)  # a copy: the map is read-only
-        return unpack(raw, entry.type_name, entry.shape, dtype)
+            return _floats(raw, entry).to(device=device, dtype=dtype)
+        return unpack(torch.from_numpy(raw.copy()).to(device), entry.type_name, entry.shape, dtype)
 
-    @staticmethod
-    def _float(entry: TensorEntry) -> torch.Tensor:
-        if entry.type_name == "BF16":  # the reader hands bfloat16 over as raw bytes
-            raw = np.array(entry.data).view(np.int16)
-            return torch.from_numpy(raw).view(torch.bfloat16).reshape(entry.shape)
-        return torch.from_numpy(np.array(entry.data)).reshape(entry.shape)
+
+_FLOAT_LAYOUTS = {"F32": (np.float32, None), "F16": (np.float16, None), "BF16": (np.int16, torch.bfloat16)}
+
+
+def _floats(raw: np.ndarray, entry: TensorInfo) -> torch.Tensor:
+    """A float tensor from its little-endian bytes (a copy: the map is read-only); numpy has no
+    bfloat16, so those come over as int16 and are reinterpreted."""
+    stored, reinterpreted = _FLOAT_LAYOUTS[entry.type_name]
+    tensor = torch.from_numpy(raw.view(np.dtype(stored).newbyteorder("<")).astype(stored)).reshape(entry.shape)
+    return tensor if reinterpreted is None else tensor.view(reinterpreted)

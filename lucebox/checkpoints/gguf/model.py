@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from lucebox.checkpoints.gguf.config import hf_config_from_gguf
+from lucebox.checkpoints.gguf.config import hf_config_from_gguf, in_gguf_terms
 from lucebox.checkpoints.gguf.file import GGUFFile, locate_gguf
 from lucebox.checkpoints.gguf.tokenizer import tokenizer_from_gguf
 from lucebox.checkpoints.gguf.weights import ROPE_FREQS, device_bytes, load_gguf_weights
@@ -31,7 +31,8 @@ class GGUFModel:
     def model_config(self) -> ModelConfig:
         """The normalized config; a `rope_freqs` tensor (how llama.cpp's converter stores Llama 3's
         RoPE scaling) divides every full-rotary layer's frequencies."""
-        cfg = build_model_config(self.hf_config)
+        with in_gguf_terms(self.file.path, self.architecture):
+            cfg = build_model_config(self.hf_config)
         if ROPE_FREQS not in self.file:
             return cfg
         factors = tuple(self.file.read(ROPE_FREQS, torch.float32, torch.device("cpu")).tolist())

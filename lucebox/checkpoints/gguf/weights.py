@@ -130,10 +130,6 @@ def concat_rows(parts: list[Weight]) -> Weight:
                            first.dtype, mins)
 
 
-def _shape(w: Weight) -> tuple[int, ...]:
-    return tuple(w.shape)
-
-
 # Bytes per weight of each block type once repacked (codes + scales + mins; see gguf_blocks).
 _REPACKED_BYTES = {"Q8_0": 1 + 2 / 32, "Q4_0": 0.5 + 2 / 32, "Q4_K": 0.5 + 8 / 32, "Q5_K": 1 + 8 / 32,
                    "Q6_K": 1 + 4 / 16}
@@ -172,6 +168,18 @@ def _check_present(file: GGUFFile, sources: dict[str, GGUFSource]) -> None:
                                     f"architecture: {', '.join(extra[:8])}{more}")
 
 
+def _check_shapes(file: GGUFFile, sources: dict[str, GGUFSource], shapes: dict) -> None:
+    """Every part in the shape the metadata implies, from the index, before any is read: the parts
+    of a fused weight (gate and up) split its rows evenly."""
+    for name, source in sources.items():
+        *lead, rows, width = shapes[name] if len(shapes[name]) > 1 else (shapes[name][0], None)
+        part = (*lead, rows // len(source.names)) + (() if width is None else (width,))
+        for n in source.names:
+            if file.shape(n) != part:
+                raise TensorShapeError(f"{file.path.name}: {n} has shape {list(file.shape(n))}, the metadata "
+                                       f"implies {list(part)} (for {name})")
+
+
 def load_gguf_weights(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.dtype, device,
                       transform=None, progress=None) -> dict[str, Weight]:
     """Every tensor the config needs, one at a time; `transform(name, tensor)` (lucebox's own
@@ -179,15 +187,13 @@ def load_gguf_weights(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.
     sources = gguf_sources(cfg, arch)
     _check_present(file, sources)
     shapes = weight_shapes(cfg)
-    total = sum(file.tensors[n].data.nbytes for s in sources.values() for n in s.names)
+    _check_shapes(file, sources, shapes)
+    total = sum(file.tensors[n].nbytes for s in sources.values() for n in s.names)
     done = 0
     weights: dict[str, Weight] = {}
     for name, source in sources.items():
         target = device(name) if callable(device) else device  # experts bound for host memory are read there
         w = concat_rows([file.read(n, dtype, target) for n in source.names])
-        if _shape(w) != tuple(shapes[name]):
-            raise TensorShapeError(f"{file.path.name}: {' + '.join(source.names)} has shape {list(_shape(w))}, "
-                                   f"the metadata implies {list(shapes[name])} (for {name})")
         if source.heads:
             w = take_rows(w, rotary_halves_order(shapes[name][0], source.heads))
         if not quantizable(name) and isinstance(w, QuantizedTensor):
@@ -195,7 +201,7 @@ def load_gguf_weights(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.
         elif transform is not None:  # lucebox's quantization of float weights, and where each weight lives
             w = transform(name, w)
         weights[name] = w
-        done += sum(file.tensors[n].data.nbytes for n in source.names)
+        done += sum(file.tensors[n].nbytes for n in source.names)
         if progress is not None:
             progress(done, total)
     return weights
