@@ -112,6 +112,16 @@ def test_bad_settings_and_files_are_typed_errors(builtin, tmp_path):
     assert chat.history == []
 
 
+def test_text_that_is_not_valid_unicode_is_a_typed_error_naming_its_position(builtin):
+    with pytest.raises(InvalidArgumentError, match=r"lone surrogate U\+D800 at character 2"):
+        builtin.generate("ab\ud800", max_tokens=2)
+    chat = builtin.chat(temperature=0.0, max_tokens=4)
+    with pytest.raises(InvalidArgumentError, match=r"lone surrogate U\+DCFF"):
+        chat.send("def f(\udcff):")
+    assert chat.history == []
+    assert chat.send("def f(x):").token_ids  # the chat goes on
+
+
 def test_the_model_s_generation_config_gives_the_chat_s_defaults(builtin):
     chat = builtin.chat()
     config = builtin.description.generation_config
