@@ -2,12 +2,15 @@
 generation gives on the same context, and a saved conversation loads back to the same state."""
 
 import json
+import os
 
 import pytest
 
 import lucebox
+import lucebox.chat.saved_chat
 from lucebox.chat.conversation import encode_all, render
 from lucebox.errors import ContextLengthError, InvalidArgumentError
+from lucebox.output import OutputExistsError
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +78,27 @@ def test_save_then_load_round_trips_the_conversation_and_its_next_answer(builtin
     assert again.stats["cached_prompt_tokens"] >= loaded - 1  # /load prefilled it: the turn reuses it
 
 
+def test_save_refuses_an_existing_file_unless_told_and_a_failed_write_leaves_it(builtin, tmp_path, monkeypatch):
+    chat = builtin.chat(temperature=0.0, max_tokens=4)
+    path = tmp_path / "chat.json"
+    path.write_text("mine")
+    with pytest.raises(OutputExistsError, match="already exists"):
+        chat.save(path)
+    assert path.read_text() == "mine"
+    chat.send("def f(x):")
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", full_disk)
+        with pytest.raises(InvalidArgumentError, match="No space left"):
+            chat.save(path, overwrite=True)
+    assert path.read_text() == "mine" and os.listdir(tmp_path) == ["chat.json"]  # no temporary file left
+    chat.save(path, overwrite=True)
+    assert len(json.loads(path.read_text())["messages"]) == 2
+
+
 def test_a_chat_template_model_grows_its_context_by_the_template_s_new_text(text_model):
     chat = text_model.chat(temperature=0.0, max_tokens=6)
     chat.send("hello world")
@@ -110,6 +134,26 @@ def test_bad_settings_and_files_are_typed_errors(builtin, tmp_path):
     with pytest.raises(InvalidArgumentError):
         chat.send("x", temprature=0.5)
     assert chat.history == []
+
+
+def test_a_chat_file_that_is_not_one_is_a_typed_error_and_read_within_bounds(builtin, tmp_path, monkeypatch):
+    chat = builtin.chat(temperature=0.0, max_tokens=4)
+    chat.send("def f(x):")
+    before = chat.history
+    saved = {"format": "lucebox-chat", "messages": [{"role": "user", "content": "x"}]}
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "digits.json").write_text(json.dumps(saved)[:-1] + ', "n": 1' + "0" * 10_000 + "}")
+    (tmp_path / "surrogate.json").write_text(json.dumps(saved).replace('"x"', '"\\ud800"'))
+    (tmp_path / "big.json").write_text(json.dumps(saved) + " " * 100)
+    os.mkfifo(tmp_path / "fifo")  # opening it to read would wait for a writer
+    for path, message in (("/dev/zero", "not a regular file"), (tmp_path, "not a regular file"),
+                          (tmp_path / "fifo", "not a regular file"), (tmp_path / "deep.json", "nests too deeply"),
+                          (tmp_path / "digits.json", "digits"), (str(tmp_path / "a\0b.json"), "NUL character"),
+                          (tmp_path / "surrogate.json", "surrogate"), (tmp_path / "big.json", "larger than 100 bytes")):
+        monkeypatch.setattr(lucebox.chat.saved_chat, "CHAT_FILE_MAX_BYTES", 100 if "big" in str(path) else 2**20)
+        with pytest.raises(InvalidArgumentError, match=message):
+            chat.load(path)
+        assert chat.history == before
 
 
 def test_text_that_is_not_valid_unicode_is_a_typed_error_naming_its_position(builtin):

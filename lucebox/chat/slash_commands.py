@@ -15,7 +15,8 @@ from lucebox.errors import LuceboxError
 HELP = [
     ("/help", "this list"),
     ("/reset", "forget the conversation (the system prompt stays)"),
-    ("/save FILE", "write the conversation as JSON"),
+    ("/save FILE", "write the conversation as JSON to a new file"),
+    ("/save FILE --overwrite", "replace an existing FILE (once the new one is complete)"),
     ("/load FILE", "replace the conversation with a saved one (prefills it again)"),
     ("/stats", "speed, acceptance, context and KV memory of the last answer"),
     ("/set key=value ...", "temp top_p top_k min_p repetition_penalty max_tokens seed stop draft_k "
@@ -23,6 +24,7 @@ HELP = [
     ("/exit", "leave (also Ctrl-D, or Ctrl-C at an empty prompt)"),
     ("//text", "send text that starts with /"),
 ]
+OVERWRITE = "--overwrite"  # /save FILE --overwrite replaces FILE
 ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\"}
 # /set names -> (session setting, parser); "none" clears seed and stop.
 SETTABLE = {
@@ -67,7 +69,7 @@ class ChatCommands:
 
     def _help(self, rest: str) -> None:
         for usage, what in HELP:
-            self.out.print(f"  [bold]{escape(usage):<20}[/bold] {escape(what)}")
+            self.out.print(f"  [bold]{escape(usage):<24}[/bold] {escape(what)}")
 
     def _reset(self, rest: str) -> None:
         self.session.reset()
@@ -79,8 +81,10 @@ class ChatCommands:
         return rest
 
     def _save(self, rest: str) -> None:
-        path = self._file(rest, "/save")
-        self.session.save(path)
+        name, _, last = rest.rpartition(" ")
+        overwrite = last == OVERWRITE
+        path = self._file(name.strip() if overwrite else rest, "/save")
+        self.session.save(path, overwrite=overwrite)
         self.out.print(f"saved {len(self.session.messages)} messages to {escape(path)}")
 
     def _load(self, rest: str) -> None:
