@@ -1,5 +1,5 @@
 """The chat's slash commands (/help, /reset, /save, /load, /stats, /set, /exit). A bad command or
-value prints one line and the chat goes on."""
+value raises a LuceboxError; the chat's loop (command.py) prints it as one line and goes on."""
 
 from __future__ import annotations
 
@@ -52,19 +52,16 @@ class ChatCommands:
         return text[1:] if text.startswith("//") else text
 
     def run(self, line: str) -> bool:
-        """Run one command; False when the chat should end."""
+        """Run one command; False when the chat should end. A command that cannot run raises a LuceboxError."""
         name, _, rest = line.strip().partition(" ")
         rest = rest.strip()
         handlers = {"/help": self._help, "/reset": self._reset, "/save": self._save, "/load": self._load,
                     "/stats": self._stats, "/set": self._set}
         if name in ("/exit", "/quit", "/bye"):
             return False
-        try:
-            if name not in handlers:
-                raise CommandError(f"unknown command {name}; /help lists the commands")
-            handlers[name](rest)
-        except LuceboxError as e:
-            self.out.print(f"[red]error:[/red] {escape(str(e))}")
+        if name not in handlers:
+            raise CommandError(f"unknown command {name}; /help lists the commands")
+        handlers[name](rest)
         return True
 
     def _help(self, rest: str) -> None:
