@@ -1,14 +1,17 @@
 """`LLM.chat` sessions: each turn prefills only its own tokens, the answers are the ones plain
 generation gives on the same context, and a saved conversation loads back to the same state."""
 
+import io
 import json
 import os
 
 import pytest
+from rich.console import Console
 
 import lucebox
 import lucebox.chat.saved_chat
 from lucebox.chat.conversation import encode_all, render
+from lucebox.chat.slash_commands import ChatCommands
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.output import OutputExistsError
 
@@ -51,9 +54,17 @@ def test_each_turn_prefills_only_its_own_tokens_and_answers_as_plain_generation(
 def test_a_cut_answer_stays_in_the_history_and_the_next_turn_reuses_the_cache(builtin):
     chat = builtin.chat(temperature=0.0, max_tokens=200)
     stream = chat.stream("def main():")
-    said = "".join(next(stream).text for _ in range(3))
+    chunks = [next(stream) for _ in range(3)]
     stream.close()
+    said = "".join(c.text for c in chunks)
     assert chat.history[-1] == {"role": "assistant", "content": said, "cut": True}
+    # its figures up to the cut, marked as cut (what /stats shows after Ctrl-C)
+    stats = chat.last_stats
+    assert stats["cut"] is True and stats["generated_tokens"] == sum(len(c.token_ids) for c in chunks)
+    assert stats["prompt_tokens"] == len(chat.last_prompt_ids) and stats["decode_tokens_per_s"] > 0
+    shown = Console(file=io.StringIO(), width=200)
+    ChatCommands(chat, shown, shown).run("/stats")
+    assert "cut short" in shown.file.getvalue() and "tokens/s" in shown.file.getvalue()
     held = chat.context_tokens
     g = chat.send("import os", max_tokens=8)
     assert g.stats["cached_prompt_tokens"] >= held - 1

@@ -174,11 +174,12 @@ def _answer(session, text: str, out: Console) -> bool:
             chunks.close()
             out.file.write("\n")
     stats = session.last_stats
-    if cut or stats is None:
+    if cut:
         out.print("[yellow]\\[cut: the partial answer stays in the history][/yellow]")
-        return True
-    out.print(f"[dim]{escape(stats_line(stats, chunk.finish_reason, session.llm, full=False))}[/dim]")
-    return False
+    if stats is not None:
+        reason = "cut" if cut else chunk.finish_reason
+        out.print(f"[dim]{escape(stats_line(stats, reason, session.llm, full=False))}[/dim]")
+    return cut
 
 
 @contextmanager

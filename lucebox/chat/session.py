@@ -36,6 +36,7 @@ class ChatSession:
         self.set(**sampling)
         self.system = system
         self.messages: list[dict] = []
+        # the last answer's figures (Chunk.stats); an answer cut short has those up to the cut and "cut": True
         self.last_stats: dict | None = None
         self.last_prompt_ids: list[int] = []  # the token ids the last turn's answer continued
         self.context = GrowingContext(self.tokenizer)
@@ -116,6 +117,11 @@ class ChatSession:
             self.llm.drop_cache()
             raise
         finally:
+            if finished:
+                self.last_stats = last.stats
+            else:  # cut: the engine's figures up to the cut, once the request had given a chunk (past its prefill)
+                cut = self.llm.session.last_stats if last is not None else None
+                self.last_stats = None if cut is None else {**cut, "cut": True}
             self._record(prompt_text, prompt_ids, generated, "".join(pieces), last if finished else None)
 
     def _record(self, prompt_text: str, prompt_ids: list[int], generated: list[int], answer: str,
@@ -125,7 +131,6 @@ class ChatSession:
             message["cut"] = True
         past = self.history
         self.messages.append(message)
-        self.last_stats = last.stats if last is not None else None
         if last is None or last.finish_reason == "length":
             ended = "length"
         else:  # a stop: EOS and stop ids are generated tokens; a stop string's text is cut from the answer

@@ -139,8 +139,10 @@ class ChatCommands:
         table.add_column()
         s = session.last_stats
         if s is None:
-            table.add_row("last answer", "none yet (or cut short)")
+            table.add_row("last answer", "none yet (or cut during its prefill)")
         else:
+            if s.get("cut"):
+                table.add_row("last answer", "cut short: the figures up to the cut")
             prefilled = s["prompt_tokens"] - s["cached_prompt_tokens"]
             table.add_row("prompt tokens", f"{s['prompt_tokens']} (prefilled {prefilled}, reused "
                                            f"{s['cached_prompt_tokens']} from the cache)")
