@@ -98,8 +98,14 @@ def callback(name: str, value: Any) -> Callable | None:
 
 
 def path(name: str, value: Any, *, optional: bool = False) -> str | os.PathLike | None:
-    """A file system path (str or os.PathLike), or None with `optional`."""
-    if (value is None and optional) or isinstance(value, (str, os.PathLike)):
+    """A file system path (str or os.PathLike), or None with `optional`; one that holds a NUL character,
+    which no file system accepts (the OS call would fail with a bare ValueError), is refused here."""
+    if value is None and optional:
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        if "\x00" in os.fsdecode(value):
+            raise InvalidArgumentError(f"{name} {_shown(os.fsdecode(value))} is not a file name: it holds a NUL "
+                                       "character")
         return value
     raise InvalidArgumentError(f"{name} must be a path (str or pathlib.Path){' or None' if optional else ''}, "
                                f"got {_shown(value)}")

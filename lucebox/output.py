@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from lucebox.arguments import path as path_argument
 from lucebox.errors import InvalidArgumentError
 
 PARTIAL_SUFFIX = ".partial"
@@ -92,7 +93,7 @@ def new_folder(out: str | Path, command: str, *, overwrite: bool = False, resume
     `continue_out`: the user asked to go on from a finished `out` (e.g. `--resume`): a fresh
     partial folder starts as a copy of it, and `out` is replaced at the end.
     `reads`: files and folders the command reads from; `out` may not be or hold any of them."""
-    out = Path(out).expanduser()
+    out = Path(path_argument("the output folder", out)).expanduser()
     for source in reads:
         if _holds(out, Path(source).expanduser()):
             raise InvalidArgumentError(f"{out} holds {source}, which this command reads; choose another folder")
@@ -108,17 +109,27 @@ def new_folder(out: str | Path, command: str, *, overwrite: bool = False, resume
 
 def write_new_file(path: str | Path, text: str, *, overwrite: bool = False) -> Path:
     """Write `text` (UTF-8) to a new file `path`, through a temporary sibling renamed into place."""
-    path = Path(path).expanduser()
+    path = Path(path_argument("the file", path)).expanduser()
     _refuse_existing(path, "file", overwrite)
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate
+        raise InvalidArgumentError(f"cannot write {path}: character {e.start} of the text is not valid Unicode "
+                                   f"({e.reason})") from None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
         raise InvalidArgumentError(f"cannot write {path}: {e.strerror or e}") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(fd, 0o666 & ~umask)  # mkstemp's 0600 would make the file private, unlike any other write
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):  # a full disk, a folder in the way: the old file is as it was
+            raise InvalidArgumentError(f"cannot write {path}: {e.strerror or e}") from None
         raise
     return path

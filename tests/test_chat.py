@@ -1,13 +1,19 @@
 """`LLM.chat` sessions: each turn prefills only its own tokens, the answers are the ones plain
 generation gives on the same context, and a saved conversation loads back to the same state."""
 
+import io
 import json
+import os
 
 import pytest
+from rich.console import Console
 
 import lucebox
+import lucebox.chat.saved_chat
 from lucebox.chat.conversation import encode_all, render
+from lucebox.chat.slash_commands import ChatCommands
 from lucebox.errors import ContextLengthError, InvalidArgumentError
+from lucebox.output import OutputExistsError
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +54,17 @@ def test_each_turn_prefills_only_its_own_tokens_and_answers_as_plain_generation(
 def test_a_cut_answer_stays_in_the_history_and_the_next_turn_reuses_the_cache(builtin):
     chat = builtin.chat(temperature=0.0, max_tokens=200)
     stream = chat.stream("def main():")
-    said = "".join(next(stream).text for _ in range(3))
+    chunks = [next(stream) for _ in range(3)]
     stream.close()
+    said = "".join(c.text for c in chunks)
     assert chat.history[-1] == {"role": "assistant", "content": said, "cut": True}
+    # its figures up to the cut, marked as cut (what /stats shows after Ctrl-C)
+    stats = chat.last_stats
+    assert stats["cut"] is True and stats["generated_tokens"] == sum(len(c.token_ids) for c in chunks)
+    assert stats["prompt_tokens"] == len(chat.last_prompt_ids) and stats["decode_tokens_per_s"] > 0
+    shown = Console(file=io.StringIO(), width=200)
+    ChatCommands(chat, shown, shown).run("/stats")
+    assert "cut short" in shown.file.getvalue() and "tokens/s" in shown.file.getvalue()
     held = chat.context_tokens
     g = chat.send("import os", max_tokens=8)
     assert g.stats["cached_prompt_tokens"] >= held - 1
@@ -73,6 +87,27 @@ def test_save_then_load_round_trips_the_conversation_and_its_next_answer(builtin
     again = other.send("def median(xs):", max_tokens=12)
     assert again.token_ids == expected.token_ids
     assert again.stats["cached_prompt_tokens"] >= loaded - 1  # /load prefilled it: the turn reuses it
+
+
+def test_save_refuses_an_existing_file_unless_told_and_a_failed_write_leaves_it(builtin, tmp_path, monkeypatch):
+    chat = builtin.chat(temperature=0.0, max_tokens=4)
+    path = tmp_path / "chat.json"
+    path.write_text("mine")
+    with pytest.raises(OutputExistsError, match="already exists"):
+        chat.save(path)
+    assert path.read_text() == "mine"
+    chat.send("def f(x):")
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", full_disk)
+        with pytest.raises(InvalidArgumentError, match="No space left"):
+            chat.save(path, overwrite=True)
+    assert path.read_text() == "mine" and os.listdir(tmp_path) == ["chat.json"]  # no temporary file left
+    chat.save(path, overwrite=True)
+    assert len(json.loads(path.read_text())["messages"]) == 2
 
 
 def test_a_chat_template_model_grows_its_context_by_the_template_s_new_text(text_model):
@@ -110,6 +145,36 @@ def test_bad_settings_and_files_are_typed_errors(builtin, tmp_path):
     with pytest.raises(InvalidArgumentError):
         chat.send("x", temprature=0.5)
     assert chat.history == []
+
+
+def test_a_chat_file_that_is_not_one_is_a_typed_error_and_read_within_bounds(builtin, tmp_path, monkeypatch):
+    chat = builtin.chat(temperature=0.0, max_tokens=4)
+    chat.send("def f(x):")
+    before = chat.history
+    saved = {"format": "lucebox-chat", "messages": [{"role": "user", "content": "x"}]}
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "digits.json").write_text(json.dumps(saved)[:-1] + ', "n": 1' + "0" * 10_000 + "}")
+    (tmp_path / "surrogate.json").write_text(json.dumps(saved).replace('"x"', '"\\ud800"'))
+    (tmp_path / "big.json").write_text(json.dumps(saved) + " " * 100)
+    os.mkfifo(tmp_path / "fifo")  # opening it to read would wait for a writer
+    for path, message in (("/dev/zero", "not a regular file"), (tmp_path, "not a regular file"),
+                          (tmp_path / "fifo", "not a regular file"), (tmp_path / "deep.json", "nests too deeply"),
+                          (tmp_path / "digits.json", "digits"), (str(tmp_path / "a\0b.json"), "NUL character"),
+                          (tmp_path / "surrogate.json", "surrogate"), (tmp_path / "big.json", "larger than 100 bytes")):
+        monkeypatch.setattr(lucebox.chat.saved_chat, "CHAT_FILE_MAX_BYTES", 100 if "big" in str(path) else 2**20)
+        with pytest.raises(InvalidArgumentError, match=message):
+            chat.load(path)
+        assert chat.history == before
+
+
+def test_text_that_is_not_valid_unicode_is_a_typed_error_naming_its_position(builtin):
+    with pytest.raises(InvalidArgumentError, match=r"lone surrogate U\+D800 at character 2"):
+        builtin.generate("ab\ud800", max_tokens=2)
+    chat = builtin.chat(temperature=0.0, max_tokens=4)
+    with pytest.raises(InvalidArgumentError, match=r"lone surrogate U\+DCFF"):
+        chat.send("def f(\udcff):")
+    assert chat.history == []
+    assert chat.send("def f(x):").token_ids  # the chat goes on
 
 
 def test_the_model_s_generation_config_gives_the_chat_s_defaults(builtin):

@@ -1,5 +1,6 @@
 """`lucebox chat` as a user meets it: through a pseudo-terminal (pexpect), and piped."""
 
+import io
 import json
 import os
 import re
@@ -8,6 +9,9 @@ import sys
 import time
 
 import pytest
+
+import lucebox
+import lucebox.cli
 
 pexpect = pytest.importorskip("pexpect")
 
@@ -95,3 +99,26 @@ def test_piped_stdin_is_one_turn_per_line_in_plain_text(tmp_path):
     first = chat.send("def area(r):").text
     second = chat.send("class Shape:", max_tokens=5).text
     assert out.stdout.startswith(first + "\nset max_tokens=5\n" + second + "\n")
+
+
+def test_a_failing_line_in_piped_mode_is_one_error_line_and_the_chat_goes_on(tmp_path, monkeypatch, capsys):
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "mine.json").write_text("mine")
+    lines = [b"x" * 20_000,  # longer than the context
+             b"/load /dev/zero", b"/load deep.json", b"/load a\0b", b"def f(\xff):",  # not UTF-8
+             b"/save mine.json", b"/nothing", b"def area(r):", b"/save mine.json --overwrite"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\n".join(lines) + b"\n"), encoding="utf-8"))
+    code = lucebox.cli.main(["chat", "--temp", "0", "--max-tokens", "6"])
+    out, err = capsys.readouterr()
+    assert code == 1  # some line failed
+    expected = ["tokens of context", "not a regular file", "nests too deeply", "NUL character",
+                "lone surrogate U\\+DCFF", "already exists", "unknown command /nothing"]
+    errors = err.splitlines()
+    assert len(errors) == len(expected)
+    for line, pattern in zip(errors, expected, strict=True):
+        assert line.startswith("error: ") and re.search(pattern, line), line
+    answer = lucebox.LLM().chat(temperature=0.0, max_tokens=6).send("def area(r):").text
+    assert out == answer + "\nsaved 2 messages to mine.json\n"  # the turns after the errors ran as if alone
+    assert json.loads((tmp_path / "mine.json").read_text())["messages"][1]["content"] == answer

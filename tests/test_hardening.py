@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import time
+import tracemalloc
 
 import pytest
 import torch
@@ -238,6 +239,61 @@ def test_a_bounded_template_still_renders(templated):
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "user: hi|---"
     time.sleep(0.1)  # no late timeout may fire into this thread after a render finished
     assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "user: x|---"
+
+
+# Each grows one value past the limits step by step, or in one step that multiplies its inputs. (A plain
+# {% set x = x ~ x %} in a for loop does not grow: jinja scopes a loop's sets to one iteration; a
+# namespace or a recursive macro carries the value on.)
+_NS = "{% set ns = namespace(x=START) %}{% for i in range(40) %}{% set ns.x = STEP %}{% endfor %}"
+GROWING = {
+    "tilde": _NS.replace("START", "'a'").replace("STEP", "ns.x ~ ns.x"),
+    "plus-text": _NS.replace("START", "'a'").replace("STEP", "ns.x + ns.x"),
+    "plus-list": _NS.replace("START", "[1]").replace("STEP", "ns.x + ns.x"),
+    "macro": "{% macro d(x, n) %}{% if n %}{{ d(x ~ x, n - 1) }}{% endif %}{% endmacro %}{{ d('a', 40) }}",
+    "block-set": "{% set y = 'a' * 1000000 %}{% set x %}{% for i in range(10000) %}{{ y }}{% endfor %}{% endset %}",
+    "shared-list-written": _NS.replace("START", "[1]").replace("STEP", "[ns.x, ns.x]") + "{{ ns.x }}",
+    "shared-list-json": _NS.replace("START", "[1]").replace("STEP", "[ns.x, ns.x]") + "{{ ns.x|tojson }}",
+    "replace": "{{ ('a' * 1000000).replace('a', 'b' * 1000) }}",
+    "join": "{{ ('x' * 1000000)|list|join('y' * 1000) }}",
+    "format": "{{ ('{0}' * 100000).format('a' * 10000) }}",
+    "batch": "{{ [1]|batch(10000000, 0)|list }}",
+}
+
+
+@pytest.mark.parametrize("template", GROWING.values(), ids=GROWING.keys())
+def test_a_template_that_grows_a_value_stops_at_the_size_limit_in_bounded_memory(template):
+    templates = lucebox.text.chat_template.ChatTemplates({"default": template}, "chat_template.jinja")
+    tracemalloc.start()
+    try:
+        with pytest.raises(TokenizerError, match=r"chat template from chat_template.jinja: .* \(the limit is \d+ "):
+            templates.render("default", [{"role": "user", "content": "hi"}], {})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 128 * 2**20  # a few values at the limit (16 Mi characters), never the gigabytes asked for
+
+
+def test_the_bounded_sandbox_writes_what_jinja_s_own_sandbox_writes():
+    """Its hooks (operators, ~, calls, filters, what {{ }} writes, blocks and macros) change no output."""
+    import jinja2.ext
+    import jinja2.sandbox
+
+    template = ("{%- set ns = namespace(seen='') -%}{%- macro show(x) -%}[{{ x|trim }}]{%- endmacro -%}"
+                "{%- macro box() -%}<{{ caller() }}>{%- endmacro -%}"
+                "{%- for m in messages -%}{%- set ns.seen = ns.seen ~ m.role[:1] -%}"
+                "{{ '<|' ~ m.role ~ '|>' ~ m.content|replace('\\r\\n', '\\n') }}{{ show(m.content) }}"
+                "{{ m.content.split(' ')|join('_') }}{% call box() %}{{ loop.index }}/{{ loop.length }}{% endcall %}"
+                "{%- endfor %}{% set block %}{{ ns.seen }}{% endset %}{{ block }} {{ tools|tojson(indent=2) }} "
+                "{{ tools|map(attribute='name')|join(', ') }} {{ '%s=%d'|format('n', 3) }} {{ '{}-{}'.format('a', 2) }}"
+                " {{ 'x' * 3 }} {{ [1, 2] + [3] }} {{ 2 ** 10 }} {{ 'a' ~ 1 ~ none ~ [1] }} {{ messages[0] }} "
+                "{{ 'a\\nb'|indent(2, true) }} {{ dict(a=1)|dictsort }} {{ range(3)|list|sum }} {{ nothing }}")
+    variables = {"messages": [{"role": "system", "content": " be\r\nbrief "}, {"role": "user", "content": "hi there"}],
+                 "tools": [{"name": "f", "parameters": {"type": "object"}}]}
+    plain = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                         extensions=[jinja2.ext.loopcontrols])
+    plain.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+    ours = lucebox.text.chat_template.ChatTemplates({"default": template}, "t")
+    assert ours.render("default", variables["messages"], variables) == plain.from_string(template).render(variables)
 
 
 @pytest.mark.parametrize("vocab", [{"a": 0, "b": 500}, {"a": 0, "b": 127, "<s>": 128}])

@@ -10,7 +10,7 @@ import sentencepiece as spm
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from lucebox.errors import ModelNotFoundError, TokenizerError
+from lucebox.errors import InvalidArgumentError, ModelNotFoundError, TokenizerError
 from lucebox.text.incremental import IncrementalDecoder
 from lucebox.text.tokenizer import Tokenizer, require_tokenizer
 from lucebox.text.tokenizer_files import load_tokenizer
@@ -141,6 +141,15 @@ def test_sentencepiece_matches_transformers_llama(sp_dir: Path) -> None:
     # space anyway, while transformers' Metaspace does not add one to text that already starts with one.
     assert tok.encode(" hello", add_special_tokens=False) == sp.encode(" hello")
     assert tok.encode(" hello") != ref.encode(" hello")
+
+
+@pytest.mark.parametrize("backend", ["bpe_dir", "sp_dir"])
+def test_a_lone_surrogate_is_refused_by_position_before_either_backend_sees_it(backend, request):
+    tok = load_tokenizer(request.getfixturevalue(backend), {}, None)
+    for encode in (tok.encode, tok.encode_continuation):
+        with pytest.raises(InvalidArgumentError, match=r"lone surrogate U\+DCFF at character 5 \(in 'hello\\udcff"):
+            encode("hello\udcff world")
+    assert tok.decode(tok.encode("hi \U0001f642")) == "hi \U0001f642"  # a whole character beyond U+FFFF is fine
 
 
 def test_eos_union_dedup_and_bos_order(bpe_dir: Path, tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 """`lucebox chat [MODEL]`: a terminal chat over `LLM.chat`. On a terminal: streamed answers, input
 history and multi-line editing (prompt_toolkit), slash commands, Ctrl-C to cut an answer short. With
-stdin not a terminal: plain mode, one user turn per input line, answers as plain text (for scripts)."""
+stdin not a terminal: plain mode, one user turn per input line, answers as plain text (for scripts).
+Both modes take each input through `ChatInputs.take`: a failing turn or command is one error line and
+the chat goes on; plain mode's exit code says whether any failed."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,7 +30,10 @@ def add_parser(sub) -> None:
     p = sub.add_parser("chat", help="chat with a model in the terminal (streaming, history, /commands)",
                        description="Chat with a model. On a terminal: Enter sends, Alt-Enter (or Esc then Enter) "
                                    "adds a line, Ctrl-C cuts an answer short, Ctrl-D or /exit leaves; /help lists "
-                                   "the commands. With stdin not a terminal, each input line is one user turn.")
+                                   "the commands. With stdin not a terminal, each input line is one user turn; "
+                                   "a line that fails (a turn too long for the context, a bad /command) prints "
+                                   "one error line on stderr and the chat goes on with the next, and the exit "
+                                   "code is then 1 (0 when every line succeeded, 2 when the chat cannot start).")
     add_engine_flags(p)
     p.add_argument("--system", default=None, help="system prompt")
     p.add_argument("--max-tokens", type=int, default=None, help="most tokens per answer (default 256)")
@@ -55,10 +61,33 @@ def command(args: argparse.Namespace) -> int:
                                   ("repetition_penalty", args.repetition_penalty), ("seed", args.seed))
                 if v is not None}
     session = llm.chat(args.system, **sampling)
-    commands = ChatCommands(session, out, err)
+    inputs = ChatInputs(session, ChatCommands(session, out, err), err)
     if interactive:
-        return _interactive(session, commands, out)
-    return _plain(session, commands, out)
+        return _interactive(inputs, out)
+    return _plain(inputs, out)
+
+
+class ChatInputs:
+    """What both modes share: one input line at a time (a slash command or a user turn) and the one
+    error path. A turn or command that fails prints one `error:` line on stderr and the chat goes on
+    with the next input; `failed` remembers that one did (plain mode's exit code)."""
+
+    def __init__(self, session, commands: ChatCommands, err: Console) -> None:
+        self.session, self.commands, self.err = session, commands, err
+        self.failed = False
+
+    def take(self, line: str, answer: Callable[[str], None]) -> bool:
+        """Run one input line, `answer(text)` streaming a user turn; False when the chat should end."""
+        if not line.strip():
+            return True
+        try:
+            if self.commands.is_command(line):
+                return self.commands.run(line)
+            answer(self.commands.message(line))
+        except LuceboxError as e:
+            self.failed = True
+            self.err.print(f"[red]error:[/red] {escape(str(e))}")
+        return True
 
 
 def _open(args, err: Console):
@@ -75,51 +104,56 @@ def _open(args, err: Console):
 # -- plain mode ---------------------------------------------------------------------------------------
 
 
-def _plain(session, commands: ChatCommands, out: Console) -> int:
+def _plain(inputs: ChatInputs, out: Console) -> int:
+    """One user turn per input line; exit code 1 when any input failed (each said so on stderr), else 0."""
+    # Input bytes that are not UTF-8 reach the tokenizer as lone surrogates, which it refuses by position,
+    # instead of ending the chat with a decoding error; a file name echoed with them prints escaped.
+    for stream, errors in ((sys.stdin, "surrogateescape"), (sys.stdout, "backslashreplace")):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors=errors)
     for line in sys.stdin:
-        text = line.rstrip("\n")
-        if not text.strip():
-            continue
-        if commands.is_command(text):
-            if not commands.run(text):
-                break
-            continue
-        for chunk in session.stream(commands.message(text)):
+        if not inputs.take(line.rstrip("\n"), lambda text: _print_answer(inputs.session, text, out)):
+            break
+    return 1 if inputs.failed else 0
+
+
+def _print_answer(session, text: str, out: Console) -> None:
+    chunks = session.stream(text)  # a turn refused here (too long for the context, ...) writes nothing
+    try:
+        for chunk in chunks:
             out.file.write(chunk.text or "")
             out.file.flush()
-        out.file.write("\n")
+    finally:
+        out.file.write("\n")  # an answer that fails midway still ends its line
         out.file.flush()
-    return 0
 
 
 # -- on a terminal ------------------------------------------------------------------------------------
 
 
-def _interactive(session, commands: ChatCommands, out: Console) -> int:
+def _interactive(inputs: ChatInputs, out: Console) -> int:
+    """Exit code 0: errors were shown as they happened."""
     cut_at = [0.0]  # when Ctrl-C last cut an answer
     prompt = _prompt_session(cut_at)
+    session = inputs.session
     llm = session.llm
     draft = "off" if llm.proposer is None else type(llm.proposer).__name__.removesuffix("Proposer")
     out.print(f"[bold]lucebox chat[/bold]  {escape(llm.description.folder.name)} on {llm.device.type} "
               f"({str(llm.dtype).removeprefix('torch.')}), context {llm.max_context} tokens, drafter {draft}"
               + (", plain template (no chat template: the conversation is one document)" if session.plain else ""))
     out.print("[dim]Enter sends · Alt-Enter adds a line · Ctrl-C cuts an answer · /help · Ctrl-D exits[/dim]")
+
+    def answer(text: str) -> None:
+        if _answer(session, text, out):
+            cut_at[0] = time.monotonic()
+
     while True:
         try:
-            text = prompt.prompt(">>> ")
+            line = prompt.prompt(">>> ")
         except (KeyboardInterrupt, EOFError):
             return 0
-        if not text.strip():
-            continue
-        if commands.is_command(text):
-            if not commands.run(text):
-                return 0
-            continue
-        try:
-            if _answer(session, commands.message(text), out):
-                cut_at[0] = time.monotonic()
-        except LuceboxError as e:
-            out.print(f"[red]error:[/red] {escape(str(e))}")
+        if not inputs.take(line, answer):
+            return 0
 
 
 def _answer(session, text: str, out: Console) -> bool:
@@ -138,13 +172,14 @@ def _answer(session, text: str, out: Console) -> bool:
             cut = True
         finally:
             chunks.close()
-    out.file.write("\n")
+            out.file.write("\n")
     stats = session.last_stats
-    if cut or stats is None:
+    if cut:
         out.print("[yellow]\\[cut: the partial answer stays in the history][/yellow]")
-        return True
-    out.print(f"[dim]{escape(stats_line(stats, chunk.finish_reason, session.llm, full=False))}[/dim]")
-    return False
+    if stats is not None:
+        reason = "cut" if cut else chunk.finish_reason
+        out.print(f"[dim]{escape(stats_line(stats, reason, session.llm, full=False))}[/dim]")
+    return cut
 
 
 @contextmanager

@@ -6,19 +6,18 @@ Python definition)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 
 from lucebox.arguments import integer
 from lucebox.chat.conversation import GrowingContext, encode_all, render
+from lucebox.chat.saved_chat import chat_record, read_chat
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
+from lucebox.output import write_new_file
 from lucebox.sampling import SamplingParams
 
-CHAT_FORMAT = "lucebox-chat"
-ROLES = ("system", "user", "assistant")
 PLAIN_STOP = ["\n\n\n"]
 # Per-turn settings a session keeps, with their defaults (`LLM.stream`'s keywords).
 DEFAULTS = {"max_tokens": 256, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
@@ -37,6 +36,7 @@ class ChatSession:
         self.set(**sampling)
         self.system = system
         self.messages: list[dict] = []
+        # the last answer's figures (Chunk.stats); an answer cut short has those up to the cut and "cut": True
         self.last_stats: dict | None = None
         self.last_prompt_ids: list[int] = []  # the token ids the last turn's answer continued
         self.context = GrowingContext(self.tokenizer)
@@ -117,6 +117,11 @@ class ChatSession:
             self.llm.drop_cache()
             raise
         finally:
+            if finished:
+                self.last_stats = last.stats
+            else:  # cut: the engine's figures up to the cut, once the request had given a chunk (past its prefill)
+                cut = self.llm.session.last_stats if last is not None else None
+                self.last_stats = None if cut is None else {**cut, "cut": True}
             self._record(prompt_text, prompt_ids, generated, "".join(pieces), last if finished else None)
 
     def _record(self, prompt_text: str, prompt_ids: list[int], generated: list[int], answer: str,
@@ -126,7 +131,6 @@ class ChatSession:
             message["cut"] = True
         past = self.history
         self.messages.append(message)
-        self.last_stats = last.stats if last is not None else None
         if last is None or last.finish_reason == "length":
             ended = "length"
         else:  # a stop: EOS and stop ids are generated tokens; a stop string's text is cut from the answer
@@ -136,18 +140,15 @@ class ChatSession:
 
     # -- saving and loading -------------------------------------------------------------------------
 
-    def save(self, path: str | Path) -> None:
-        """The conversation as JSON: system prompt, messages, settings."""
-        record = {"format": CHAT_FORMAT, "version": 1, "model": str(self.llm.description.folder),
-                  "system": self.system, "settings": self.settings, "messages": self.messages}
-        try:
-            Path(path).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        except OSError as e:
-            raise InvalidArgumentError(f"cannot write {path}: {e.strerror or e}") from None
+    def save(self, path: str | Path, overwrite: bool = False) -> None:
+        """The conversation as JSON (system prompt, messages, settings) in a new file; an existing file
+        is replaced only with `overwrite`, and only once the new one is complete."""
+        write_new_file(path, chat_record(str(self.llm.description.folder), self.system, self.settings, self.messages),
+                       overwrite=overwrite)
 
     def load(self, path: str | Path, on_progress: Callable[[int, int], None] | None = None) -> None:
         """Replace the conversation with a saved one and prefill it (`on_progress(done, total)`)."""
-        record = _read_conversation(path)
+        record = read_chat(path)
         settings = {**DEFAULTS, **record.get("settings", {})}
         _check(settings)
         old = (self.system, self.messages, self.settings)
@@ -194,27 +195,3 @@ def _check(settings: dict) -> None:
     stop = settings["stop"]
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
         raise InvalidArgumentError(f"stop must be a list of non-empty strings or None, got {stop!r}")
-
-
-def _read_conversation(path: str | Path) -> dict:
-    try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InvalidArgumentError(f"{path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidArgumentError(f"{path} is not a saved chat ({e})") from None
-    if not isinstance(record, dict) or record.get("format") != CHAT_FORMAT:
-        raise InvalidArgumentError(f"{path} is not a saved chat (no \"format\": \"{CHAT_FORMAT}\")")
-    messages = record.get("messages")
-    if not isinstance(messages, list):
-        raise InvalidArgumentError(f"{path}: \"messages\" must be a list")
-    for i, m in enumerate(messages):
-        if not (isinstance(m, dict) and m.get("role") in ROLES[1:] and isinstance(m.get("content"), str)):
-            raise InvalidArgumentError(f"{path}: message {i} must be {{\"role\": \"user\"|\"assistant\", "
-                                       "\"content\": text}")
-    system = record.get("system")
-    if system is not None and not isinstance(system, str):
-        raise InvalidArgumentError(f"{path}: \"system\" must be text or null")
-    if not isinstance(record.get("settings", {}), dict):
-        raise InvalidArgumentError(f"{path}: \"settings\" must be an object")
-    return record

@@ -1,5 +1,5 @@
 """The chat's slash commands (/help, /reset, /save, /load, /stats, /set, /exit). A bad command or
-value prints one line and the chat goes on."""
+value raises a LuceboxError; the chat's loop (command.py) prints it as one line and goes on."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from lucebox.errors import LuceboxError
 HELP = [
     ("/help", "this list"),
     ("/reset", "forget the conversation (the system prompt stays)"),
-    ("/save FILE", "write the conversation as JSON"),
+    ("/save FILE", "write the conversation as JSON to a new file"),
+    ("/save FILE --overwrite", "replace an existing FILE (once the new one is complete)"),
     ("/load FILE", "replace the conversation with a saved one (prefills it again)"),
     ("/stats", "speed, acceptance, context and KV memory of the last answer"),
     ("/set key=value ...", "temp top_p top_k min_p repetition_penalty max_tokens seed stop draft_k "
@@ -23,6 +24,7 @@ HELP = [
     ("/exit", "leave (also Ctrl-D, or Ctrl-C at an empty prompt)"),
     ("//text", "send text that starts with /"),
 ]
+OVERWRITE = "--overwrite"  # /save FILE --overwrite replaces FILE
 ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\"}
 # /set names -> (session setting, parser); "none" clears seed and stop.
 SETTABLE = {
@@ -50,24 +52,21 @@ class ChatCommands:
         return text[1:] if text.startswith("//") else text
 
     def run(self, line: str) -> bool:
-        """Run one command; False when the chat should end."""
+        """Run one command; False when the chat should end. A command that cannot run raises a LuceboxError."""
         name, _, rest = line.strip().partition(" ")
         rest = rest.strip()
         handlers = {"/help": self._help, "/reset": self._reset, "/save": self._save, "/load": self._load,
                     "/stats": self._stats, "/set": self._set}
         if name in ("/exit", "/quit", "/bye"):
             return False
-        try:
-            if name not in handlers:
-                raise CommandError(f"unknown command {name}; /help lists the commands")
-            handlers[name](rest)
-        except LuceboxError as e:
-            self.out.print(f"[red]error:[/red] {escape(str(e))}")
+        if name not in handlers:
+            raise CommandError(f"unknown command {name}; /help lists the commands")
+        handlers[name](rest)
         return True
 
     def _help(self, rest: str) -> None:
         for usage, what in HELP:
-            self.out.print(f"  [bold]{escape(usage):<20}[/bold] {escape(what)}")
+            self.out.print(f"  [bold]{escape(usage):<24}[/bold] {escape(what)}")
 
     def _reset(self, rest: str) -> None:
         self.session.reset()
@@ -79,8 +78,10 @@ class ChatCommands:
         return rest
 
     def _save(self, rest: str) -> None:
-        path = self._file(rest, "/save")
-        self.session.save(path)
+        name, _, last = rest.rpartition(" ")
+        overwrite = last == OVERWRITE
+        path = self._file(name.strip() if overwrite else rest, "/save")
+        self.session.save(path, overwrite=overwrite)
         self.out.print(f"saved {len(self.session.messages)} messages to {escape(path)}")
 
     def _load(self, rest: str) -> None:
@@ -138,8 +139,10 @@ class ChatCommands:
         table.add_column()
         s = session.last_stats
         if s is None:
-            table.add_row("last answer", "none yet (or cut short)")
+            table.add_row("last answer", "none yet (or cut during its prefill)")
         else:
+            if s.get("cut"):
+                table.add_row("last answer", "cut short: the figures up to the cut")
             prefilled = s["prompt_tokens"] - s["cached_prompt_tokens"]
             table.add_row("prompt tokens", f"{s['prompt_tokens']} (prefilled {prefilled}, reused "
                                            f"{s['cached_prompt_tokens']} from the cache)")

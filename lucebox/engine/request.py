@@ -49,6 +49,7 @@ def run_request(engine: Engine, session: Session, request: Request) -> Iterator[
 
 def _decode(engine: Engine, session: Session, request: Request, private: bool) -> Iterator[Chunk]:
     prompt_ids = request.prompt_ids
+    session.last_stats = stats = None
     cache, proposer = session.open(prompt_ids, private, request.speculate)
     reused = cache.length
     setup = engine.setup
@@ -57,8 +58,8 @@ def _decode(engine: Engine, session: Session, request: Request, private: bool) -
     rounds = Speculation(context, request.params, proposer, prompt_ids)
     text = TextStage(engine.tokenizer, prompt_ids, request.stop_strings, request.stop_ids, request.max_tokens)
     traffic = dataclasses.replace(engine.expert_traffic)  # this request's expert cache traffic is counted from here
+    start, prefill_done = engine.clock(), None
     try:
-        start = engine.clock()
         *_, hidden = engine.prefill(prompt_ids, cache, proposer)
         first = rounds.first(engine.decoder.logits(hidden[-1:]))
         prefill_done = engine.clock()
@@ -68,6 +69,8 @@ def _decode(engine: Engine, session: Session, request: Request, private: bool) -
             chunk = rounds.round(text.remaining, text.feed)
     finally:
         session.keep(cache, rounds.tokens)
-    stats = timing_stats(len(prompt_ids), reused, len(text.generated), start, prefill_done, engine.clock())
-    experts = engine.expert_traffic.since(traffic) if setup.expert_slots is not None else {}
-    yield text.last({**stats, **rounds.stats(), **experts})
+        if prefill_done is not None:  # also when the request is cut short (its reader stopped, Ctrl-C)
+            timing = timing_stats(len(prompt_ids), reused, len(text.generated), start, prefill_done, engine.clock())
+            experts = engine.expert_traffic.since(traffic) if setup.expert_slots is not None else {}
+            stats = session.last_stats = {**timing, **rounds.stats(), **experts}
+    yield text.last(stats)

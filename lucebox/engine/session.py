@@ -24,6 +24,9 @@ class Session:
         # Whether the drafter has seen every row the session's cache holds (so `resume` can trust it).
         self.drafter_follows = False
         self.open_streams = 0  # streams begun and not finished; a second one gets a private cache
+        # The figures (Chunk.stats) of the last request, also of one cut short after its first token
+        # (what a chat's /stats shows after Ctrl-C); None while one runs, or when it was cut before.
+        self.last_stats: dict | None = None
 
     def warm(self) -> None:
         """Measure the adaptive width's start-up cost table on the session's cache (capturing its

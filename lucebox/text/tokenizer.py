@@ -15,11 +15,12 @@ from typing import Any
 import sentencepiece
 import tokenizers
 
-from lucebox.errors import TokenizerError
+from lucebox.errors import InvalidArgumentError, TokenizerError
 from lucebox.text.chat_template import ChatTemplates
 
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 _ADDED_TOKEN_FIELDS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair: a code point no UTF-8 text holds
 
 
 def _ids(value: Any) -> list[int]:
@@ -131,6 +132,7 @@ class Tokenizer:
         return self._sp.id_to_piece(i) if 0 <= i < self._sp.get_piece_size() else None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        _check_text(text)
         if self._tk is not None:
             # the tokenizer.json post-processor decides about BOS/EOS, as in transformers' fast tokenizers
             return self._tk.encode(text, add_special_tokens=add_special_tokens).ids
@@ -158,6 +160,7 @@ class Tokenizer:
     def encode_continuation(self, text: str) -> list[int]:
         """Ids of `text` as it continues a sequence already tokenized (a chat's next turn): no BOS or
         EOS, no leading space added, added tokens (<|im_start|>, ...) recognized."""
+        _check_text(text)
         if not text:
             return []
         if self._tk is not None:
@@ -204,6 +207,21 @@ class Tokenizer:
         variables = {**{k: v or "" for k, v in self._special.items()}, "tools": None, "documents": None}
         return self._templates.render(name, messages, {**variables, **kwargs,
                                                        "add_generation_prompt": add_generation_prompt})
+
+
+def _check_text(text: str) -> None:
+    """Text is checked here, where all of it passes on its way to the model (a prompt, a chat turn, a
+    loaded conversation, a request to the server), before either backend sees it: sentencepiece and
+    tokenizers fail on a lone surrogate with errors of their own that name nothing."""
+    if not isinstance(text, str):
+        raise InvalidArgumentError(f"text to tokenize must be a str, got {type(text).__name__}")
+    found = _SURROGATE.search(text)
+    if found:
+        at = found.start()
+        raise InvalidArgumentError(
+            f"the text holds a lone surrogate U+{ord(found.group()):04X} at character {at} (in "
+            f"{text[max(at - 20, 0):at + 20]!r}): not valid Unicode (input bytes that were not UTF-8, or a "
+            "\\ud800-style escape); remove it or replace it")
 
 
 def require_tokenizer(tok: Tokenizer | None, folder: str | Path | None = None) -> Tokenizer:

@@ -1,0 +1,89 @@
+"""A saved conversation (`ChatSession.save`, `/save`): its JSON format, and reading one back.
+
+A saved chat may come from someone else, so reading one is bounded and every way it can be wrong
+is an InvalidArgumentError naming the file: a name with a NUL character, something that is not a
+regular file (`/dev/zero`, a FIFO, a folder) or is larger than CHAT_FILE_MAX_BYTES (checked before
+reading, and at most that many bytes are read), text that is not UTF-8 or JSON (nested too deeply,
+a number with more digits than Python converts), a record that is not a saved chat.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from lucebox.arguments import path as path_argument
+from lucebox.errors import InvalidArgumentError
+
+CHAT_FORMAT = "lucebox-chat"
+ROLES = ("system", "user", "assistant")
+CHAT_FILE_MAX_BYTES = 16 * 2**20  # ~4M tokens of text: past any context a conversation could fill
+
+
+def chat_record(model: str, system: str | None, settings: dict, messages: list[dict]) -> str:
+    """The JSON text a conversation is saved as."""
+    record = {"format": CHAT_FORMAT, "version": 1, "model": model, "system": system, "settings": settings,
+              "messages": messages}
+    return json.dumps(record, indent=2, ensure_ascii=False) + "\n"
+
+
+def read_chat(path: str | Path) -> dict:
+    """The record saved at `path`, checked: {"messages": [{"role", "content"}, ...], "system", "settings"}."""
+    data = _read_bounded(path)
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise InvalidArgumentError(f"{path} is not a saved chat (its JSON nests too deeply)") from None
+    except ValueError as e:  # not UTF-8, not JSON, or a number too long to convert
+        raise InvalidArgumentError(f"{path} is not a saved chat ({str(e)[:200]})") from None
+    _check_record(path, record)
+    return record
+
+
+def _read_bounded(path: str | Path) -> bytes:
+    path_argument("the chat file", path)
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # before opening: opening a FIFO would wait for a writer
+            raise InvalidArgumentError(f"{path} is not a regular file; a saved chat is a JSON file")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise InvalidArgumentError(f"{path} does not exist") from None
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot read {path}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        # checked again on what was opened (the name may point elsewhere by now), and read within the bound
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
+            raise InvalidArgumentError(f"{path} is not a regular file; a saved chat is a JSON file")
+        if opened.st_size > CHAT_FILE_MAX_BYTES:
+            raise _too_large(path)
+        try:
+            data = f.read(CHAT_FILE_MAX_BYTES + 1)
+        except OSError as e:
+            raise InvalidArgumentError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(data) > CHAT_FILE_MAX_BYTES:  # it grew since
+        raise _too_large(path)
+    return data
+
+
+def _too_large(path: str | Path) -> InvalidArgumentError:
+    return InvalidArgumentError(f"{path} is larger than {CHAT_FILE_MAX_BYTES} bytes, the most a saved chat may be")
+
+
+def _check_record(path: str | Path, record: object) -> None:
+    if not isinstance(record, dict) or record.get("format") != CHAT_FORMAT:
+        raise InvalidArgumentError(f"{path} is not a saved chat (no \"format\": \"{CHAT_FORMAT}\")")
+    messages = record.get("messages")
+    if not isinstance(messages, list):
+        raise InvalidArgumentError(f"{path}: \"messages\" must be a list")
+    for i, m in enumerate(messages):
+        if not (isinstance(m, dict) and m.get("role") in ROLES[1:] and isinstance(m.get("content"), str)):
+            raise InvalidArgumentError(f"{path}: message {i} must be {{\"role\": \"user\"|\"assistant\", "
+                                       "\"content\": text}")
+    system = record.get("system")
+    if system is not None and not isinstance(system, str):
+        raise InvalidArgumentError(f"{path}: \"system\" must be text or null")
+    if not isinstance(record.get("settings", {}), dict):
+        raise InvalidArgumentError(f"{path}: \"settings\" must be an object")
