@@ -12,6 +12,7 @@ Every command that writes (`train`, `distill`, `quantize`, the chat's `/save`) g
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import tempfile
@@ -42,10 +43,10 @@ def _refuse_existing(target: Path, what: str, overwrite: bool) -> None:
         raise OutputExistsError(f"{target} is a folder; give a file name")
 
 
-def _holds(out: Path, source: Path) -> bool:
-    """Would replacing `out` remove `source`?"""
-    out, source = out.resolve(), source.resolve()
-    return out == source or out in source.parents
+def _holds(folder: Path, source: Path) -> bool:
+    """Would replacing or removing `folder` remove `source`?"""
+    folder, source = folder.resolve(), source.resolve()
+    return folder == source or folder in source.parents
 
 
 def partial_folder(out: Path) -> Path:
@@ -53,35 +54,61 @@ def partial_folder(out: Path) -> Path:
 
 
 def _open_partial(partial: Path, command: str, resume: bool) -> bool:
-    """Make `partial`, or keep it (to resume) if lucebox made it; True if it was kept."""
+    """Make `partial`, or keep it (to resume) if this command made it; True if it was kept. A
+    partial folder of this command that cannot be resumed is its own leftover and starts afresh."""
     if partial.exists() or partial.is_symlink():
-        if partial.is_symlink() or not (partial / PARTIAL_MARKER).is_file():
+        marker = partial / PARTIAL_MARKER
+        if partial.is_symlink() or not marker.is_file():
             raise OutputExistsError(f"{partial} exists and was not made by lucebox; move it away first (lucebox "
                                     "writes there before renaming to the folder asked for)")
+        made_by = marker.read_text(errors="replace").strip()
+        if made_by != command:
+            raise OutputExistsError(f"{partial} holds an unfinished `{made_by}` run; finish it (run it again) or "
+                                    "remove the folder first")
         if resume:
             return True
         shutil.rmtree(partial)
-    try:
-        partial.mkdir(parents=True)
-        (partial / PARTIAL_MARKER).write_text(command + "\n")
-    except OSError as e:
-        raise InvalidArgumentError(f"cannot create {partial}: {e.strerror or e}") from None
+    partial.mkdir(parents=True)
+    (partial / PARTIAL_MARKER).write_text(command + "\n")
     return False
 
 
-def _replace(partial: Path, out: Path) -> None:
-    """Rename the finished `partial` to `out`; an existing `out` is moved aside first and removed last."""
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step where the system can (Linux's renameat2); False where not."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_cwd, exchange = -100, 2  # AT_FDCWD, RENAME_EXCHANGE
+    return renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), exchange) == 0
+
+
+def _replace(partial: Path, out: Path, overwrite: bool) -> None:
+    """Make the finished `partial` the folder `out`. An `out` that appeared while the command ran is
+    refused unless `overwrite`; an `out` being replaced swaps places with `partial` in one step
+    (where the system allows; else it is renamed aside first), then is removed."""
+    _refuse_existing(out, "folder", overwrite)
     (partial / PARTIAL_MARKER).unlink()
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
     if not out.exists():
         partial.rename(out)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
-    old.rmdir()
-    out.rename(old)
-    partial.rename(out)
-    shutil.rmtree(old)
+    elif _exchange(partial, out):
+        shutil.rmtree(partial)
+    else:
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
+        old.rmdir()
+        out.rename(old)
+        partial.rename(out)
+        shutil.rmtree(old)
+
+
+def _output_path(out: str | Path) -> Path:
+    path = Path(os.path.abspath(Path(path_argument("the output folder", out)).expanduser()))
+    if not path.name:
+        raise InvalidArgumentError(f"{out} is not a folder lucebox can create; name a new folder")
+    return path
 
 
 @contextlib.contextmanager
@@ -89,22 +116,36 @@ def new_folder(out: str | Path, command: str, *, overwrite: bool = False, resume
                continue_out: bool = False, reads: tuple[str | Path, ...] = ()) -> Iterator[Path]:
     """Yield the folder to write `out` into (`OUT.partial`); on a clean exit it becomes `out`.
 
+    `command` names the command in `OUT.partial`'s marker: only the same command reuses it.
     `resume`: keep what an earlier interrupted run of this command left in `OUT.partial`.
     `continue_out`: the user asked to go on from a finished `out` (e.g. `--resume`): a fresh
     partial folder starts as a copy of it, and `out` is replaced at the end.
-    `reads`: files and folders the command reads from; `out` may not be or hold any of them."""
-    out = Path(path_argument("the output folder", out)).expanduser()
+    `reads`: files and folders the command reads from; neither `out` nor `OUT.partial` may be or
+    hold any of them."""
+    out = _output_path(out)
+    partial = partial_folder(out)
     for source in reads:
-        if _holds(out, Path(source).expanduser()):
+        if _holds(out, Path(source).expanduser()) or _holds(partial, Path(source).expanduser()):
             raise InvalidArgumentError(f"{out} holds {source}, which this command reads; choose another folder")
     if continue_out and not out.is_dir():
         raise InvalidArgumentError(f"{out} is not a folder an earlier run finished; nothing to go on from")
     _refuse_existing(out, "folder", overwrite or continue_out)
-    partial = partial_folder(out)
-    if not _open_partial(partial, command, resume) and continue_out:
-        shutil.copytree(out, partial, dirs_exist_ok=True)
-    yield partial
-    _replace(partial, out)
+    try:
+        if not _open_partial(partial, command, resume) and continue_out:
+            shutil.copytree(out, partial, dirs_exist_ok=True)
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot create {partial}: {e.strerror or e}") from None
+    try:
+        yield partial
+    except BaseException:  # an error or Ctrl-C: keep what a run can go on from, and nothing else
+        if not any(p.is_file() and p.name != PARTIAL_MARKER for p in partial.rglob("*")):
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
+    try:
+        _replace(partial, out, overwrite or continue_out)
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot move the finished {partial} to {out} ({e.strerror or e}); the result "
+                                   f"is complete in {partial}") from None
 
 
 def write_new_file(path: str | Path, text: str, *, overwrite: bool = False) -> Path:

@@ -59,6 +59,19 @@ def test_a_folder_that_holds_what_the_command_reads_is_refused_even_with_overwri
         pass
 
 
+def test_an_interrupted_run_leaves_what_it_can_go_on_from_or_nothing(tmp_path):
+    for written in (False, True):
+        with pytest.raises(KeyboardInterrupt), new_folder(tmp_path / "out", "test", resume=True) as partial:
+            (partial / "training").mkdir()
+            if written:
+                (partial / "training" / "state.pt").write_bytes(b"step 1")
+            raise KeyboardInterrupt
+        assert (tmp_path / "out.partial").exists() == written and not (tmp_path / "out").exists()
+    with new_folder(tmp_path / "out", "test", resume=True) as partial:  # goes on from it
+        assert (partial / "training" / "state.pt").read_bytes() == b"step 1"
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == ["state.pt", "training"]
+
+
 def test_resume_needs_a_finished_run_and_excludes_overwrite(users_folder, capsys):
     assert main(["train", str(users_folder), "--resume", "--steps", "1"]) == 2
     assert "training/state.pt does not exist; nothing to go on from" in capsys.readouterr().err
@@ -121,3 +134,29 @@ def test_a_write_killed_at_a_random_point_leaves_the_old_folder_intact(reference
     assert sorted(p.name for p in users_folder.parent.iterdir()) == ["mine"]
     assert not (users_folder / PARTIAL_MARKER).exists() and "model.safetensors" not in _snapshot(users_folder)
     assert lucebox.LLM(users_folder, device="cpu").generate([1, 2, 3], max_tokens=2).token_ids
+
+
+def test_a_folder_that_appears_while_the_command_runs_is_not_replaced(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(lucebox.errors.InvalidArgumentError, match="already exists"), \
+            new_folder(out, "test") as partial:
+        (partial / "result").write_text("new")
+        out.mkdir()
+        (out / "precious").write_text("the user's")
+    assert (out / "precious").read_text() == "the user's" and (partial / "result").read_text() == "new"
+
+
+def test_another_command_s_partial_folder_is_neither_reused_nor_removed(tmp_path):
+    with pytest.raises(KeyboardInterrupt), new_folder(tmp_path / "m", "lucebox train", resume=True) as partial:
+        (partial / "state.pt").write_bytes(b"an hour of training")
+        raise KeyboardInterrupt
+    with pytest.raises(lucebox.errors.InvalidArgumentError, match="holds an unfinished `lucebox train` run"), \
+            new_folder(tmp_path / "m", "lucebox quantize"):
+        pass
+    assert (partial / "state.pt").read_bytes() == b"an hour of training"
+    with pytest.raises(lucebox.errors.InvalidArgumentError, match="which this command reads"), \
+            new_folder(tmp_path / "x", "lucebox quantize", reads=(tmp_path / "x.partial" / "model",)):
+        pass
+    with pytest.raises(lucebox.errors.InvalidArgumentError, match="is not a folder lucebox can create"), \
+            new_folder("/", "test", overwrite=True):
+        pass

@@ -29,6 +29,7 @@ def output_folder(args, command: str, out: str | None = None, reads: tuple[str, 
         raise InvalidArgumentError("--resume goes on from OUT and --overwrite starts over: give one of them")
     if args.resume and not (out / STATE).is_file():
         raise InvalidArgumentError(f"--resume: {out / STATE} does not exist; nothing to go on from")
-    with new_folder(out, command, overwrite=args.overwrite, resume=True, continue_out=args.resume,
+    # --overwrite starts over: an interrupted run's OUT.partial is not gone on from either.
+    with new_folder(out, command, overwrite=args.overwrite, resume=not args.overwrite, continue_out=args.resume,
                     reads=reads) as partial:
         yield partial

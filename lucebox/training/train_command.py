@@ -122,7 +122,9 @@ def command(args) -> int:
         if architecture_name(architecture) != "LagunaForCausalLM":
             raise InvalidArgumentError(f"{args.config}: lucebox train builds LagunaForCausalLM models")
         build_model_config({**architecture, "vocab_size": args.vocab_size})  # a bad config fails before any work
-    with output_folder(args, "lucebox train") as out, training_progress("training", args.steps) as progress:
+    reads = (*(args.data or ()), *(args.eval_data or ()), *([args.config] if args.config else []))
+    with output_folder(args, "lucebox train", reads=reads) as out, \
+            training_progress("training", args.steps) as progress:
         report = run(out, args.data, args.eval_data, settings, args.vocab_size, args.threads, progress,
                      architecture)
     print(f"held-out: {report['held_out_bits_per_char']:.4f} bits/char (xz -9e: {report['xz_9e_bits_per_char']:.4f}), "
