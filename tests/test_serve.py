@@ -181,7 +181,7 @@ def test_hostile_requests_are_refused_and_leave_the_server_answering_as_a_fresh_
     request_line = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     declared = request_line + f"Authorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n".encode() + b'{"prompt"'
     prompt = {"prompt": "x", "max_tokens": 2}
-    hostile = {  # what each request gets
+    hostile = {  # what each request gets; the client that leaves is judged by the server's log at the end
         "a client that leaves while sending its body": (lambda: _raw(server, declared, close_after_send=True), b""),
         "a body shorter than its Content-Length": (lambda: _raw(server, declared).split(b"\r\n")[0],
                                                    b"HTTP/1.1 408 Request Timeout"),
