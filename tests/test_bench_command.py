@@ -159,7 +159,7 @@ def test_every_request_prefills_from_an_empty_cache():
 
 
 def test_default_depths_stop_at_16k_on_a_cpu_and_drop_what_does_not_fit(monkeypatch):
-    options = EngineConfig(device="cpu")
+    options = EngineConfig(device="cpu", draft=None)
     depths, llm = runner._open_engine(options, runner.BenchSettings(gen=8))
     assert depths == [1024, 4096, 16384] and llm.proposer is None
     real = setup.check_fits

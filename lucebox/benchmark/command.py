@@ -25,7 +25,7 @@ SUFFIXES = {"": 1, "k": 1024, "m": 1024 * 1024}
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    add_engine_flags(p, draft_default="auto")
+    add_engine_flags(p)
     p.add_argument("--depths", default=None,
                    help="context depths, e.g. 1k,4k,16k,64k,256k or 512,2048 (default: that ladder, cut to what "
                         "fits memory; on a CPU at most 16k)")
@@ -107,10 +107,12 @@ def equivalent_command(args: argparse.Namespace) -> str:
     p = _FlagRecorder()
     _add_arguments(p)
     words = ["lucebox", "bench"]
+    written = set()
     for action in p.recorded:
         value = getattr(args, action.dest, action.default)
-        if value == action.default:
+        if value == action.default or action.dest in written:  # --no-draft: --draft none says it
             continue
+        written.add(action.dest)
         if not action.option_strings:
             words.append(str(value))
         elif isinstance(action, argparse.BooleanOptionalAction):  # --flag / --no-flag: the value picks one

@@ -22,9 +22,8 @@ FIELDS = {
 }
 
 
-def add_engine_flags(p: argparse.ArgumentParser, draft_default: str | None = None) -> None:
-    """The MODEL argument and the flags that choose how it runs. `draft_default`: this command's
-    own default for --draft (`bench` drafts unless told not to; the others do not)."""
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """The MODEL argument and the flags that choose how it runs."""
     p.add_argument("model", nargs="?", default=None,
                    help="a Hugging Face model folder (config.json + *.safetensors), a .gguf file, or laguna-code-6m "
                         "(default: the built-in model, laguna-code-6m)")
@@ -41,9 +40,12 @@ def add_engine_flags(p: argparse.ArgumentParser, draft_default: str | None = Non
                         "(default: exact when the context fits the pool, else select)")
     p.add_argument("--kv-reselect-every", type=int, help="committed tokens between select's re-selections "
                                                          f"(default: {engine.KV_RESELECT_EVERY})")
-    p.add_argument("--draft", default=draft_default,
-                   help="speculative decoding: auto (the model's paired drafter, if it ships one) | ngram | none | "
-                        f"a drafter folder (DFlash or a small model) (default: {draft_default or 'none'})")
+    p.add_argument("--draft",
+                   help="speculative decoding: auto (the model's paired drafter, if it ships one; the built-in "
+                        "model does) | ngram | none | a drafter folder (DFlash or a small model); the output is "
+                        f"the target's own either way (default: {engine.EngineConfig.draft})")
+    p.add_argument("--no-draft", dest="draft", action="store_const", const="none",
+                   help="decode without a drafter (the same as --draft none)")
     p.add_argument("--draft-k", type=int, help=f"most drafts per round, 1..{engine.DRAFT_WIDTH} (default: "
                                                f"{engine.DRAFT_WIDTH}; with --adaptive the width adapts below it)")
     p.add_argument("--draft-ctx", type=int, help=f"tokens of context a drafter keeps (default: {engine.DRAFT_CTX})")
@@ -82,7 +84,7 @@ def engine_config(args: argparse.Namespace, **overrides) -> EngineConfig:
     given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in FIELDS.items()}
     given = {field: value for field, value in given.items() if value is not None}
     if given.get("draft") == "none":
-        del given["draft"]
+        given["draft"] = None
     return EngineConfig(args.model, **{**given, **overrides})
 
 

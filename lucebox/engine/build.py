@@ -23,6 +23,7 @@ from lucebox.memory.expert_cache import ExpertTraffic
 from lucebox.models.decoder import Decoder
 from lucebox.models.hf_config import token_ids
 from lucebox.speculative.drafters import make_proposer
+from lucebox.speculative.learned import Learned
 from lucebox.speculative.proposer import Proposer
 from lucebox.text.tokenizer import Tokenizer
 
@@ -37,7 +38,7 @@ class Engine:
     expert_traffic: ExpertTraffic  # what the expert caches did, counted over every request
     clock: DeviceClock
     eos_token_ids: tuple[int, ...]
-    verify_seconds: dict[int, float] | None = None  # the adaptive width's cost table (None: fixed width)
+    learned: Learned | None = None  # what the adaptive width learns, shared by requests (None: fixed width)
 
     def new_cache(self) -> SequenceCache:
         s = self.setup

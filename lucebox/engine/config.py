@@ -50,8 +50,8 @@ class EngineConfig:
 
     model: a Hugging Face folder, a config.json, a .gguf file, the built-in model's name
         (`laguna-code-6m`) or None (the built-in model).
-    draft: speculative decoding: None (off), "auto" (the model's paired drafter if one ships with
-        it, else none), "ngram" (prompt lookup), or a drafter folder (DFlash, or a smaller model
+    draft: speculative decoding: "auto" (the model's paired drafter if one ships with it, else
+        none; the default), None (off), "ngram" (prompt lookup), or a drafter folder (DFlash, or a smaller model
         sharing the vocabulary). The output is the target's own either way.
     device, dtype: "auto" is CUDA when present (bfloat16), else the CPU (float32).
     load_format: "auto" | "safetensors" | "dummy" (random weights at the real shapes).
@@ -76,7 +76,7 @@ class EngineConfig:
     """
 
     model: str | os.PathLike | None = None
-    draft: str | os.PathLike | None = None
+    draft: str | os.PathLike | None = "auto"
     device: Any = "auto"
     dtype: Any = "auto"
     load_format: str = "auto"

@@ -53,7 +53,7 @@ def _decode(engine: Engine, session: Session, request: Request, private: bool) -
     cache, proposer = session.open(prompt_ids, private, request.speculate)
     reused = cache.length
     setup = engine.setup
-    context = DecodeContext(engine.runner, cache, engine.clock, engine.verify_seconds, request.draft_k,
+    context = DecodeContext(engine.runner, cache, engine.clock, engine.learned, request.draft_k,
                             setup.config.verify, setup.config.adaptive, setup.model.vocab_size, setup.device)
     rounds = Speculation(context, request.params, proposer, prompt_ids)
     text = TextStage(engine.tokenizer, prompt_ids, request.stop_strings, request.stop_ids, request.max_tokens)

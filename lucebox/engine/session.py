@@ -32,10 +32,14 @@ class Session:
         """Measure the adaptive width's start-up cost table on the session's cache (capturing its
         graphs), which the first request then reuses."""
         from lucebox.speculative.drafters import measure_verify_seconds
+        from lucebox.speculative.learned import Learned, read_calibration
+        from lucebox.speculative.width import RoundCosts
 
         engine = self.engine
         cache = self._fresh()
-        engine.verify_seconds = measure_verify_seconds(engine.runner, cache, engine.clock)
+        costs = RoundCosts(measure_verify_seconds(engine.runner, cache, engine.clock))
+        drafter = engine.setup.drafter
+        engine.learned = Learned(costs, read_calibration(None if drafter is None else drafter.folder))
         self.cache, self.tokens = cache, []
 
     def open(self, prompt_ids: list[int], private: bool, speculate: bool = True

@@ -27,8 +27,10 @@ from lucebox.engine.config import DECODE_ROWS
 from lucebox.generation import Chunk
 from lucebox.sampling import SamplingParams
 from lucebox.speculative.decide import decide
+from lucebox.speculative.keep_model import DraftJudge, KeepModel
+from lucebox.speculative.learned import Learned
 from lucebox.speculative.proposer import Draft, Proposer
-from lucebox.speculative.width import width_policy
+from lucebox.speculative.width import WidthPolicy, fixed_costs
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class DecodeContext:
     runner: object  # `engine.runner.StepRunner`: one target step of any width
     cache: SequenceCache
     clock: DeviceClock
-    verify_seconds: dict[int, float] | None  # the start-up cost table; None: fixed width (never judged)
+    learned: Learned | None  # costs and keep rates the engine's requests share; None: fixed width
     draft_k: int  # most drafts one round verifies
     verify_rule: str  # "tokenwise" | "block", for sampled drafts
     adaptive: bool  # choose each round's width by cost (else always the most the limits allow)
@@ -62,8 +64,8 @@ class Speculation:
         self.seen = torch.zeros(context.vocab_size, dtype=torch.bool, device=device)
         self.penalized = params.repetition_penalty != 1.0
         self._mark_seen(prompt_ids)
-        self.width = width_policy(context.verify_seconds, proposer is not None,
-                                  timed=params.greedy or params.seed is None)
+        self.width = _policy(context, params, proposer is not None)
+        self.judge = DraftJudge(self.width.keep)
         self.last: int | None = None  # the newest token: chosen, not yet forwarded
         self.totals = RoundTotals()
 
@@ -75,46 +77,45 @@ class Speculation:
 
     def round(self, remaining: int, take: Callable[[list[int]], Chunk]) -> Chunk:
         """One round; `remaining`: tokens the request may still produce."""
-        ctx, cache = self.context, self.context.cache
+        ctx, cache, width = self.context, self.context.cache, self.width
         c = cache.length
-        # Rounds are timed on a synchronized clock only where the adaptive width judges them:
-        # on a GPU a synchronize per token would stop the host from queueing ahead.
-        timed = self.proposer is not None and self.width.speculating and self.width.timed and ctx.adaptive
+        limit = min(remaining - 1, cache.rows_before_reselect(c) - 1, cache.settings.max_step - 1,
+                    cache.settings.decode_rows - 1, ctx.draft_k)
+        # Rounds are timed (a synchronized clock) only where the policy learns from the times; the
+        # wait is short, since every round reads its verdict (and its drafts) on the host anyway.
+        timed = width.has_drafter and width.timed and width.adaptive
         t0 = ctx.clock(timed)
-        draft, proposed = self._draft(min(remaining - 1, cache.rows_before_reselect(c) - 1,
-                                          cache.settings.max_step - 1, cache.settings.decode_rows - 1, ctx.draft_k))
+        draft = self._draft(limit) if width.should_draft(limit) else None
         t1 = ctx.clock(timed)
-        rows = [self.last, *draft.tokens]
+        verified = Draft([]) if draft is None else draft
+        rows = [self.last, *verified.tokens]
         layers = self.proposer.feature_layers if self.proposer is not None else ()
         out = ctx.runner.step(rows, Step.span(c, len(rows), ctx.device), cache, layers)
         # The step's own argmax (computed with it, in its graph) serves greedy decoding unless a
         # repetition penalty changes the logits first.
         choices = None if self.penalized else out.choices
-        verdict = decide(out.logits, draft, self.params, self.seen, ctx.verify_rule, self.verify_gen, choices)
+        verdict = decide(out.logits, verified, self.params, self.seen, ctx.verify_rule, self.verify_gen, choices)
         n = verdict.accepted
-        chunk = take([*draft.tokens[:n], verdict.next_token])
+        chunk = take([*verified.tokens[:n], verdict.next_token])
         kept = len(chunk.token_ids)  # n + 1, or fewer when a stop ends the request inside the round
         self._commit(rows[:kept], len(rows), None if out.features is None else out.features[:kept])
-        draft_seconds = t1 - t0 if proposed else 0.0
-        verify_seconds = ctx.clock(timed) - t1
-        self.totals.add(draft, n, draft_seconds, verify_seconds)
-        self.width.record(n + 1, draft_seconds + verify_seconds, verify_seconds, len(rows), proposed=proposed,
-                          confidence=draft.confidence)
+        t2 = ctx.clock(timed)
+        self.judge.committed(chunk.token_ids)
+        self.totals.add(verified, n, t1 - t0 if draft is not None else 0.0, t2 - t1)
+        width.record(len(rows), t2 - t1, None if draft is None else t1 - t0)
         self.last = chunk.token_ids[-1]
         self._mark_seen(chunk.token_ids)
         return chunk
 
-    def _draft(self, limit: int) -> tuple[Draft, bool]:
-        """Up to `limit` drafts after `last`, cut to the width the policy chooses, and whether the
-        drafter was asked at all (its time counts even when the width keeps no draft)."""
-        proposer, width = self.proposer, self.width
-        if proposer is None or limit <= 0 or not width.speculating:
-            return Draft([]), False
+    def _draft(self, limit: int) -> Draft:
+        """Up to `limit` drafts after `last`, cut to the width the policy chooses; the whole block
+        goes to the judge, which learns from every draft whether verified or not."""
+        proposer = self.proposer
         draft = proposer.propose(self.tokens + [self.last], min(limit, proposer.max_width), self.params,
                                  self.draft_gen)
-        available = len(draft.tokens)
-        k = width.choose(draft.confidence, available, limit) if self.context.adaptive else min(available, limit)
-        return Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k]), True
+        self.judge.drafted(draft.tokens, draft.confidence)
+        k = self.width.choose(draft.confidence, len(draft.tokens), limit)
+        return Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k])
 
     def _commit(self, kept_rows: list[int], written: int, features: torch.Tensor | None) -> None:
         """The kept rows ([last, d1..]) into the cache and the drafter; the rest of the `written` rolled back."""
@@ -133,6 +134,17 @@ class Speculation:
 
     def stats(self) -> dict:
         return self.totals.as_stats()
+
+
+def _policy(context: DecodeContext, params: SamplingParams, has_drafter: bool) -> WidthPolicy:
+    """Adaptive with the engine's shared costs and keep rates; a seeded sampled request decides
+    without clocks from a fresh copy of the calibration (reproducible tokens); fixed otherwise."""
+    learned = context.learned
+    if learned is None or not context.adaptive:
+        return WidthPolicy(fixed_costs(), KeepModel(), adaptive=False, has_drafter=has_drafter)
+    reproducible = not params.greedy and params.seed is not None
+    return WidthPolicy(fixed_costs() if reproducible else learned.costs, learned.keep_for(params, reproducible),
+                       timed=not reproducible, has_drafter=has_drafter)
 
 
 class RoundTotals:

@@ -1,113 +1,137 @@
-"""How many drafts to verify each round, and whether to speculate at all.
+"""How many drafts to verify each round, and whether to draft at all: the width with the most
+expected tokens per second.
 
-Verify cost grows with width (measured once at start-up, then refined by every round); the
-expected tokens of a round grow with the drafter's confidence. Each round takes the width that
-maximizes expected tokens per second; a request whose speculative rounds turn out slower than
-plain decoding stops speculating.
+A round costs drafting (once per round, whatever the width) plus one target step over its rows
+(which includes committing or rolling back); a plain step costs the step of one row. Both are
+measured: the step table at start-up (`measure_verify_seconds`), then every round refines what it
+used, plain steps included, and drafting is timed whenever it runs (`RoundCosts`). Expected tokens
+come from `KeepModel`'s per-position keep probabilities.
 
-Timings vary from run to run, and a sampled run's tokens depend on the widths it used (its
-distribution does not). So a seeded sampled run decides without clocks (`timed=False`): it trims
-the block where the product of the drafter's confidences falls below `min_reach`, and keeps
-speculating, which makes it reproducible."""
+Two decisions per round:
+- before drafting, from the measured keep rates: does a round of the best width beat a plain
+  step, drafting cost included? If not, the round is plain, but every `PROBE_EVERY` plain rounds
+  the drafter runs anyway (its block is judged against what gets committed), so a policy that
+  stopped drafting after a bad stretch starts again when the drafter does better;
+- after drafting, from the block's own confidences: the width that maximizes tokens per second
+  of what is left to pay (verification; the drafting is spent), or 0.
+
+A seeded sampled run decides without clocks (`timed=False`), so that its tokens, which depend on
+the widths it used (its distribution does not), are reproducible: it always drafts and verifies
+while the chance of reaching a draft stays above `MIN_REACH`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from lucebox.engine.config import DECODE_ROWS, DRAFT_WIDTH
+from lucebox.speculative.keep_model import KeepModel, expected_tokens
+
+PROBE_EVERY = 8  # plain rounds between two drafts the policy did not expect to pay
+MIN_REACH = 0.25  # untimed runs verify drafts while the chance of reaching them stays above this
+SMOOTHING = 0.05  # how fast older step and drafting times fade (about the last 20 count)
+PRIOR_WEIGHT = 0.2  # weight of each start-up measurement in the step-time fit, never faded
+
+
+class RoundCosts:
+    """Seconds of a target step of `rows` rows, as a line a + b * rows fitted (least squares) to
+    every step measured, the older ones weighing less; and of one drafting, a running mean.
+
+    One line pools what every width teaches (a plain step's time informs the widest round's), so a
+    noisy measurement moves every estimate a little instead of one width's a lot, and widths never
+    tried are priced too. The start-up table stays in the fit with a small fixed weight, which
+    keeps the slope known when the rounds all use one width."""
+
+    def __init__(self, step_seconds: dict[int, float], draft_seconds: float | None = None):
+        self.draft_seconds = draft_seconds  # None until the drafter has run once
+        self._prior = [0.0] * 5  # sums of weight, x, x^2, y, x*y of the start-up table
+        self._seen = [0.0] * 5  # the same of the measured steps, decayed
+        for rows, seconds in step_seconds.items():
+            self._prior = [a + b for a, b in zip(self._prior, _moments(rows, seconds, PRIOR_WEIGHT), strict=True)]
+
+    def step(self, rows: int) -> float:
+        n, sx, sxx, sy, sxy = (a + b for a, b in zip(self._prior, self._seen, strict=True))
+        spread = n * sxx - sx * sx
+        slope = max(0.0, (n * sxy - sx * sy) / spread) if spread > 1e-12 else 0.0
+        base = (sy - slope * sx) / n
+        return max(base + slope * rows, 1e-9)
+
+    def drafting(self) -> float:
+        return self.draft_seconds if self.draft_seconds is not None else 0.0
+
+    def refine_step(self, rows: int, seconds: float) -> None:
+        self._seen = [(1 - SMOOTHING) * a + b for a, b in zip(self._seen, _moments(rows, seconds, 1.0), strict=True)]
+
+    def refine_drafting(self, seconds: float) -> None:
+        old = self.draft_seconds
+        self.draft_seconds = seconds if old is None else (1 - SMOOTHING) * old + SMOOTHING * seconds
+
+
+def _moments(x: float, y: float, weight: float) -> list[float]:
+    return [weight, weight * x, weight * x * x, weight * y, weight * x * y]
 
 
 @dataclass
 class WidthPolicy:
-    max_width: int
-    verify_seconds: dict[int, float]  # rows -> seconds of one target forward (measured)
-    min_rounds: int = 8  # rounds before judging the speed-up
-    speculating: bool = True
+    costs: RoundCosts
+    keep: KeepModel = field(default_factory=KeepModel)
+    max_width: int = DRAFT_WIDTH
     timed: bool = True
-    min_reach: float = 0.25
-    _tokens: int = 0
-    _seconds: float = 0.0
-    _rounds: int = field(default=0)
-    # Measured chance that a draft is kept given the ones before it were: the confidence of
-    # drafters that give none (n-gram), the same for every position so that widths never tried
-    # still learn from the ones that were. Starts hopeful, then follows what happens.
-    kept_rate: float = 0.7
-    # Drafters' confidences are beliefs, not keep rates: a greedy draft is kept whenever its top
-    # token is the target's, which happens more often than its top-1 mass says. Measured keep rate
-    # over mean confidence, both averaged over the drafts judged so far, scales confidences into
-    # keep probabilities (1.0 until drafts have been judged).
-    _kept_mean: float = 1.0
-    _confidence_mean: float = 1.0
+    adaptive: bool = True  # False: always the widest round the limits allow, always drafting
+    has_drafter: bool = True
+    plain_rounds: int = 0  # plain rounds since the drafter last ran
 
-    @property
-    def calibration(self) -> float:
-        return self._kept_mean / max(self._confidence_mean, 1e-6)
+    def rate(self, keep: list[float], drafting: float) -> tuple[int, float]:
+        """(width, expected tokens per second) of the best round given keep probabilities and the
+        drafting cost still to pay; width 0 is a plain step."""
+        best_k, best = 0, 1.0 / self.costs.step(1)
+        for k, tokens in enumerate(expected_tokens(keep)[1:], start=1):
+            rate = tokens / (drafting + self.costs.step(k + 1))
+            if rate > best:
+                best_k, best = k, rate
+        return best_k, best
 
-    def cost(self, rows: int) -> float:
-        """Seconds of a forward of `rows` rows, interpolated between measured widths."""
-        known = sorted(self.verify_seconds)
-        lower = max((w for w in known if w <= rows), default=known[0])
-        upper = min((w for w in known if w >= rows), default=known[-1])
-        if upper == lower:
-            return self.verify_seconds[lower] * (rows / lower if rows > upper else 1.0)
-        t = (rows - lower) / (upper - lower)
-        return self.verify_seconds[lower] * (1 - t) + self.verify_seconds[upper] * t
+    def should_draft(self, limit: int) -> bool:
+        """Before drafting: whether a round of up to `limit` drafts is expected to beat a plain step."""
+        if not self.has_drafter or limit <= 0:
+            return False
+        if not self.adaptive or not self.timed:
+            return True
+        if self.rate(self.keep.predict(None, min(limit, self.max_width)), self.costs.drafting())[0] > 0:
+            return True
+        self.plain_rounds += 1
+        if self.plain_rounds >= PROBE_EVERY:
+            self.plain_rounds = 0
+            return True
+        return False
 
     def choose(self, confidence: list[float] | None, available: int, limit: int) -> int:
-        """Drafts to verify (of `available`), from the drafter's per-position confidence (or the
-        measured keep rates when it gives none) and the cost model."""
-        if not self.speculating:
-            return 0
-        if not confidence:
-            confidence = [self.kept_rate] * available
-        else:
-            confidence = [min(1.0, c * self.calibration) for c in confidence]
+        """After drafting: how many of the `available` drafts to verify (at most `limit`)."""
+        count = min(available, limit, self.max_width)
+        if not self.adaptive:
+            return count
+        keep = self.keep.predict(confidence, count)
         if not self.timed:
             k, reach = 0, 1.0
-            for c in confidence[: min(limit, self.max_width)]:
-                reach *= c
-                if reach < self.min_reach:
+            for p in keep:
+                reach *= p
+                if reach < MIN_REACH:
                     break
                 k += 1
             return k
-        best_k, best_rate, expected, reach = 0, 1.0 / self.cost(1), 1.0, 1.0
-        for k, c in enumerate(confidence[: min(limit, self.max_width)], start=1):
-            reach *= c
-            expected += reach
-            rate = expected / self.cost(k + 1)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        return best_k
+        return self.rate(keep, 0.0)[0]
 
-    def record(self, committed: int, round_seconds: float, verify_seconds: float, rows: int, proposed: bool,
-               confidence: list[float] | None = None) -> None:
-        """One round's outcome (draft + verify); turns speculation off if it does not pay. A
-        round that drafted and then verified nothing still counts: its drafting was spent.
-        `confidence`: what the drafter said of the drafts verified this round."""
-        measured = self.verify_seconds.get(rows)
-        if measured is not None and self.timed:  # refine the cost model with what this width really took
-            self.verify_seconds[rows] = 0.9 * measured + 0.1 * verify_seconds
-        if not proposed:
+    def record(self, rows: int, step_seconds: float, draft_seconds: float | None) -> None:
+        """A round's measured times: its target step of `rows` rows (with its commit) and its
+        drafting (None when it did not draft)."""
+        if not self.timed or not self.adaptive:
             return
-        for i in range(min(rows - 1, committed)):  # drafts judged: all kept but a rejected last one
-            kept = float(i < committed - 1)
-            self.kept_rate = 0.9 * self.kept_rate + 0.1 * kept
-            if confidence:
-                self._kept_mean = 0.95 * self._kept_mean + 0.05 * kept
-                self._confidence_mean = 0.95 * self._confidence_mean + 0.05 * confidence[i]
-        if not self.timed:
-            return
-        self._tokens += committed
-        self._seconds += round_seconds
-        self._rounds += 1
-        if self._rounds >= self.min_rounds and self._tokens / self._seconds < 1.0 / self.cost(1):
-            self.speculating = False
+        self.costs.refine_step(rows, step_seconds)
+        if draft_seconds is not None:
+            self.costs.refine_drafting(draft_seconds)
+            self.plain_rounds = 0
 
 
-def width_policy(verify_seconds: dict[int, float] | None, speculating: bool, timed: bool) -> WidthPolicy:
-    """A request's policy. `verify_seconds`: the engine's measured cost table, shared by its
-    requests so that each refines it for the next; None for a fixed width, never judged and never
-    turned off (`adaptive=False`). `speculating`: whether the request has a drafter."""
-    if verify_seconds is None:
-        return WidthPolicy(DRAFT_WIDTH, {1: 1.0, DECODE_ROWS: 1.0}, min_rounds=2**62, speculating=speculating)
-    return WidthPolicy(DRAFT_WIDTH, verify_seconds, timed=timed)
+def fixed_costs() -> RoundCosts:
+    """A cost table for policies that never consult it (fixed width, untimed)."""
+    return RoundCosts({1: 1.0, DECODE_ROWS: 1.0})

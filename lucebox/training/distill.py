@@ -43,15 +43,23 @@ class DistillSettings:
     anchors: int = 16  # blocks per sequence per step
     prompt_tokens: int = 128  # text each generated sequence starts from
     generated_tokens: int = 128  # the target's greedy continuation after it
-    sequences: int = 2048  # sequences generated before training
+    sequences: int | None = None  # sequences generated before training (None: `sequences_for(steps, batch)`)
     lr: float = 2e-3
     warmup: int = 50
     position_decay: float = 4.0  # block position j weighs exp(-(j - 1) / decay)
     seed: int = 0
 
     def __post_init__(self):  # named as `lucebox distill`'s flags
+        if self.sequences is None:  # frozen: the documented way to fill a field in __post_init__
+            object.__setattr__(self, "sequences", sequences_for(self.steps, self.batch))
         arguments.number("--lr", self.lr, 0, low_open=True)
         arguments.number("position_decay", self.position_decay, 0, low_open=True)
+
+
+def sequences_for(steps: int, batch: int) -> int:
+    """Sequences worth generating for a run: each is drawn about 8 times over the run, between 64
+    (a short try finishes its generation in seconds) and 2048 (the built-in recipe's)."""
+    return min(2048, max(64, steps * batch // 8))
 
 
 def default_target_layers(num_layers: int, count: int = 3) -> tuple[int, ...]:
@@ -100,7 +108,7 @@ def save_drafter(folder: Path, hf: dict, weights: dict) -> None:
     (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
 
 
-def generate_sequences(target: Decoder, stream: torch.Tensor, s: DistillSettings, batch: int = 64,
+def generate_sequences(target: Decoder, stream: torch.Tensor, s: DistillSettings, batch: int = 16,
                        on_batch=None) -> torch.Tensor:
     """(sequences, prompt_tokens + generated_tokens): random windows of the text, each followed by
     the target's greedy continuation."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from lucebox.errors import InvalidArgumentError
+from lucebox.speculative.learned import CALIBRATION_FILE, calibration_record
 from lucebox.training import corpus
 from lucebox.training.distill import DistillSettings, drafter_config, generate_sequences, save_drafter, train_drafter
 from lucebox.training.output_flags import add_output_flags, output_folder
@@ -47,22 +48,41 @@ def held_out_prompts(tokenizer, texts: list[str], count: int, length: int) -> li
     return prompts
 
 
-def measure_acceptance(target_path: str, drafter: Path, prompts: list[list[int]], max_tokens: int) -> dict:
-    """Greedy speculative decoding of every prompt with the drafter: acceptance overall and by position."""
+def measure_acceptance(target_path: str, drafter: Path, prompts: list[list[int]], max_tokens: int,
+                       temperature: float = 0.0) -> dict:
+    """Speculative decoding of every prompt with the drafter at a fixed width (every position
+    drafted every round): acceptance overall, by position, and the drafter's confidence by position."""
     from lucebox import LLM
 
     llm = LLM(target_path, draft=str(drafter), device="cpu", dtype="float32", adaptive=False)
     committed = rounds = 0
-    drafted: list[float] = []
-    for p in prompts:
-        stats = llm.generate(p, max_tokens=max_tokens, temperature=0.0, ignore_eos=True).stats
+    drafted: list[list[float]] = []
+    confident: list[list[float]] = []
+    for seed, p in enumerate(prompts):
+        stats = llm.generate(p, max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=True).stats
         committed += stats["acceptance_length"] * stats["rounds"]
         rounds += stats["rounds"]
         drafted.append(stats["acceptance_by_position"])
-    by_position = [round(sum(d[i] for d in drafted if i < len(d)) / sum(1 for d in drafted if i < len(d)), 3)
-                   for i in range(max(map(len, drafted)))]
-    return {"acceptance_length": round(committed / rounds, 3), "acceptance_by_position": by_position,
-            "prompts": len(prompts), "max_tokens": max_tokens}
+        confident.append(stats["confidence_by_position"])
+    return {"acceptance_length": round(committed / rounds, 3), "acceptance_by_position": _mean_by_position(drafted),
+            "confidence_by_position": _mean_by_position(confident), "prompts": len(prompts),
+            "max_tokens": max_tokens, "temperature": temperature}
+
+
+def _mean_by_position(lists: list[list[float]]) -> list[float]:
+    longest = max(map(len, lists), default=0)
+    return [round(sum(x[i] for x in lists if i < len(x)) / sum(1 for x in lists if i < len(x)), 3)
+            for i in range(longest)]
+
+
+def measure_calibration(target_path: str, drafter: Path, prompts: list[list[int]], max_tokens: int
+                        ) -> tuple[dict, dict]:
+    """Greedy and sampled (T=0.8) acceptance of the drafter, and the calibration file's content
+    (`lucebox.speculative.learned`) the adaptive width starts from."""
+    greedy = measure_acceptance(target_path, drafter, prompts, max_tokens)
+    sampled = measure_acceptance(target_path, drafter, prompts, max_tokens, temperature=0.8)
+    record = {**calibration_record(greedy, sampled), "measured_on": {"prompts": len(prompts), "tokens": max_tokens}}
+    return {"greedy": greedy, "sampled": sampled}, record
 
 
 def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str] | None, s: DistillSettings,
@@ -106,11 +126,19 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
         "command": "lucebox distill", "target": str(target_path), "settings": dataclasses.asdict(s),
         "drafter_config": hf, "machine": platform.platform(), "cpu_threads": torch.get_num_threads(),
         "train_tokens": int(len(stream)), "sequences": list(sequences.shape),
-        "held_out_acceptance": measure_acceptance(target_path, out, prompts, eval_tokens) if prompts else None,
+        **_held_out(target_path, out, prompts, eval_tokens),
         "wall_s_this_run": round(time.time() - started, 1), "log": log,
     }
     (work / "distill_log.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def _held_out(target_path: str, out: Path, prompts: list[list[int]], tokens: int) -> dict:
+    if not prompts:
+        return {"held_out_acceptance": None, "held_out_acceptance_sampled": None}
+    measured, record = measure_calibration(target_path, out, prompts, tokens)
+    (out / CALIBRATION_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    return {"held_out_acceptance": measured["greedy"], "held_out_acceptance_sampled": measured["sampled"]}
 
 
 def add_parser(sub) -> None:
@@ -131,9 +159,11 @@ def add_parser(sub) -> None:
                        ("intermediate_size", "drafter MLP width"), ("steps", "optimizer steps"),
                        ("batch", "sequences per step"), ("anchors", "blocks per sequence per step"),
                        ("prompt_tokens", "text tokens each generated sequence starts from"),
-                       ("generated_tokens", "target's greedy tokens after each prompt"),
-                       ("sequences", "sequences generated before training"), ("seed", "random seed")):
+                       ("generated_tokens", "target's greedy tokens after each prompt"), ("seed", "random seed")):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name), help=what)
+    p.add_argument("--sequences", type=int, default=None,
+                   help="sequences of the target's text generated before training (default: follows --steps and "
+                        "--batch, each drawn about 8 times, between 64 and 2048)")
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (AdamW, warm-up then cosine)")
     p.add_argument("--mask-token-id", type=int, default=None, help="default: the tokenizer's mask token")
     p.add_argument("--target-layers", default=None,
@@ -161,7 +191,8 @@ def command(args) -> int:
     if s.prompt_tokens + s.generated_tokens < s.block_size + s.anchors - 1:
         raise InvalidArgumentError("sequences (--prompt-tokens + --generated-tokens) are too short for "
                                    "--anchors distinct blocks of --block-size")
-    with output_folder(args, "lucebox distill", reads=(args.target,)) as out:
+    reads = (args.target, *(args.data or ()), *(args.eval_data or ()))
+    with output_folder(args, "lucebox distill", reads=reads) as out:
         report = run(args.target, out, args.data, args.eval_data, s, args.threads, training_progress,
                      args.eval_prompts, args.eval_tokens)
     acc = report["held_out_acceptance"]

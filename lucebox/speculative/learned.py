@@ -1,0 +1,73 @@
+"""What an engine's requests learn about speculation and hand on to the next: the measured costs
+(`RoundCosts`) and keep rates (`KeepModel`, one for greedy and one for sampled decoding, since
+sampling keeps fewer drafts), starting from the drafter's shipped calibration.
+
+The calibration is `lucebox_calibration.json` in the drafter's folder, written by `lucebox
+distill` from its held-out measurement: per decoding mode, the keep rate of each draft position
+(given the drafts before it were kept) and the drafter's mean confidence there.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lucebox.errors import DraftModelError
+from lucebox.sampling import SamplingParams
+from lucebox.speculative.keep_model import KeepModel
+from lucebox.speculative.width import RoundCosts
+
+CALIBRATION_FILE = "lucebox_calibration.json"
+MODES = ("greedy", "sampled")
+
+
+def read_calibration(folder: Path | None) -> dict[str, KeepModel]:
+    """The keep models a drafter folder ships (a mode it does not cover starts from defaults)."""
+    path = None if folder is None else Path(folder) / CALIBRATION_FILE
+    if path is None or not path.is_file():
+        return {mode: KeepModel() for mode in MODES}
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        models = {}
+        for mode in MODES:
+            figures = record.get(mode)
+            models[mode] = KeepModel() if figures is None else KeepModel.from_calibration(
+                list(figures["keep_rate_by_position"]), list(figures["confidence_by_position"]))
+        return models
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise DraftModelError(f"{path} is not a drafter calibration lucebox wrote ({e}); delete it or "
+                              "run lucebox distill again") from None
+
+
+def calibration_record(greedy: dict, sampled: dict | None = None) -> dict:
+    """The calibration file's content from `Generation.stats`-style figures summed over prompts:
+    `acceptance_by_position` (share of rounds reaching and keeping position i) and
+    `confidence_by_position`."""
+    def mode(stats: dict) -> dict:
+        reached = [1.0, *stats["acceptance_by_position"]]
+        keep = [round(reached[i + 1] / reached[i], 4) if reached[i] > 0 else 0.0
+                for i in range(len(reached) - 1)]
+        return {"keep_rate_by_position": keep,
+                "confidence_by_position": [round(c, 4) for c in stats["confidence_by_position"]]}
+    record = {"greedy": mode(greedy)}
+    if sampled is not None:
+        record["sampled"] = mode(sampled)
+    return record
+
+
+@dataclass
+class Learned:
+    costs: RoundCosts
+    start: dict[str, KeepModel]  # the shipped calibration, by mode
+    keep: dict[str, KeepModel] = field(default_factory=dict)  # running, by mode
+
+    def __post_init__(self):
+        self.keep = self.keep or copy.deepcopy(self.start)
+
+    def keep_for(self, params: SamplingParams, reproducible: bool) -> KeepModel:
+        """The running model of this mode; a reproducible (seeded, sampled) request gets a fresh
+        copy of the calibration, so that what earlier requests did cannot change its tokens."""
+        mode = "greedy" if params.greedy else "sampled"
+        return copy.deepcopy(self.start[mode]) if reproducible else self.keep[mode]
