@@ -70,3 +70,32 @@ def test_step_costs_pool_every_width_so_one_noisy_measurement_moves_them_little(
         costs.refine_step(1, 2.0)
         costs.refine_step(8, 2.7)
     assert abs(costs.step(1) - 2.0) < 0.05 and abs(costs.step(4) - 2.3) < 0.05
+
+
+def test_a_calibration_turns_reach_into_keep_rates_and_the_builtin_drafter_ships_one(tmp_path):
+    import pytest
+
+    from lucebox.builtin import builtin_model
+    from lucebox.errors import DraftModelError
+    from lucebox.speculative.drafters import paired_drafter
+    from lucebox.speculative.learned import CALIBRATION_FILE, calibration_record, read_calibration
+
+    record = calibration_record({"acceptance_by_position": [0.8, 0.4], "confidence_by_position": [0.5, 0.3]})
+    assert record["greedy"]["keep_rate_by_position"] == [0.8, 0.5]  # reaching 2 given 1 was kept: 0.4 / 0.8
+    shipped = read_calibration(paired_drafter(builtin_model()))
+    assert 0.7 < shipped["greedy"].kept[0] < 0.95 and shipped["sampled"].kept[0] < shipped["greedy"].kept[0]
+    (tmp_path / CALIBRATION_FILE).write_text('{"greedy": {"keep_rate_by_position": 3}}')
+    with pytest.raises(DraftModelError, match="is not a drafter calibration"):
+        read_calibration(tmp_path)
+
+
+def test_a_seeded_sampled_request_gives_the_same_tokens_whatever_ran_before():
+    import lucebox
+
+    llm = lucebox.LLM(device="cpu", dtype="float32")
+    request = dict(max_tokens=40, temperature=0.8, seed=3, ignore_eos=True)
+    first = llm.generate("def parse(line):\n", **request).token_ids
+    for seed in range(3):  # other sampled requests teach the engine's running keep rates
+        llm.generate("class Stack:\n", max_tokens=40, temperature=0.8, seed=seed, ignore_eos=True)
+        llm.generate("import os\n", max_tokens=40, temperature=0.8, ignore_eos=True)
+    assert llm.generate("def parse(line):\n", **request).token_ids == first
