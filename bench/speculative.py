@@ -39,6 +39,35 @@ def _mean_by_position(lists: list[list[float]]) -> list[float]:
     return [sum(x[j] for x in lists if j < len(x)) / sum(1 for x in lists if j < len(x)) for j in range(longest)]
 
 
+def _summed(histograms: list[dict]) -> dict:
+    total: dict = {}
+    for h in histograms:
+        for k, v in h.items():
+            total[k] = total.get(k, 0) + v
+    return dict(sorted(total.items()))
+
+
+def _speed(g) -> float:
+    return (g.stats["generated_tokens"] - 1) / g.stats["decode_time_s"]
+
+
+def _sweep(runs: dict, names: list[str]) -> list[dict]:
+    """Per prompt: decode tokens/s at each fixed width and of the adaptive width, and the adaptive
+    width's speed over the best fixed one's."""
+    out = []
+    for i, name in enumerate(names):
+        fixed = {k: _speed(runs[f"fixed width {k}, greedy"][i]) for k in range(1, 8)}
+        best = max(fixed, key=fixed.get)
+        adaptive = _speed(runs["dflash, greedy"][i])
+        out.append({"prompt": name, "fixed_width_tokens_per_s": {k: round(v, 1) for k, v in fixed.items()},
+                    "best_fixed_width": best, "adaptive_tokens_per_s": round(adaptive, 1),
+                    "adaptive_over_best_fixed": round(adaptive / fixed[best], 3)})
+        print(f"{name:24s} best fixed width {best}: {fixed[best]:6.1f} tok/s; adaptive {adaptive:6.1f} tok/s "
+              f"(x{adaptive / fixed[best]:.2f}); widths 1..7: " + " ".join(f"{v:.0f}" for v in fixed.values()),
+              flush=True)
+    return out
+
+
 def main() -> None:
     import lucebox
     from lucebox.builtin import builtin_model
@@ -50,6 +79,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--sweep", action="store_true",
+                   help="also decode each prompt greedily at every fixed width 1..7, and report per prompt the "
+                        "adaptive width's speed over the best fixed width's")
     p.add_argument("--out", default=None, help="directory for the JSON (default bench/results/local; "
                                                "bench/results replaces the committed result)")
     args = p.parse_args()
@@ -62,18 +94,25 @@ def main() -> None:
         "dflash_fixed_width": lucebox.LLM(model, draft="auto", adaptive=False, **common),
         "ngram": lucebox.LLM(model, draft="ngram", **common),
     }
+    widths = range(1, 8) if args.sweep else ()
+    for k in widths:
+        engines[f"fixed width {k}"] = lucebox.LLM(model, draft="auto", adaptive=False, draft_k=k, **common)
     if engines["dflash"].proposer is None:
         sys.exit(f"{model} has no paired drafter (<model>/dflash): nothing to compare")
     prompts = prompts_from_held_out(engines["plain"].tokenizer, args.prompts, args.prompt_tokens)
-    runs = {f"{name}, {mode}": [] for name in engines for mode in ("greedy", "T=0.8")}
+    runs = {f"{name}, {mode}": [] for name in engines for mode in ("greedy", "T=0.8")
+            if mode == "greedy" or not name.startswith("fixed width")}
     for engine in engines.values():  # warm-up: first-call costs stay out of the figures
         engine.generate(prompts[0][1][:16], max_tokens=8, ignore_eos=True)
     for i, (_, prompt) in enumerate(prompts):
         for name, engine in engines.items():  # side by side: every configuration on this prompt in turn
             for mode, sampling in (("greedy", {"temperature": 0.0}), ("T=0.8", {"temperature": 0.8, "seed": i})):
+                if name.startswith("fixed width") and mode != "greedy":
+                    continue
                 g = engine.generate(prompt, max_tokens=args.tokens, ignore_eos=True, **sampling)
                 runs[f"{name}, {mode}"].append(g)
     rows = {}
+    sweep = _sweep(runs, [name for name, _ in prompts]) if args.sweep else None
     for key, gens in runs.items():
         decode_s = sum(g.stats["decode_time_s"] for g in gens)
         decoded = sum(g.stats["generated_tokens"] - 1 for g in gens)
@@ -85,6 +124,7 @@ def main() -> None:
             "acceptance_by_position": _mean_by_position([g.stats["acceptance_by_position"] for g in gens]),
             "confidence_by_position": _mean_by_position([g.stats["confidence_by_position"] for g in gens]),
             "rounds": rounds, "decoded_tokens": decoded, "decode_time_s": decode_s,
+            "width_histogram": _summed([g.stats.get("width_histogram", {}) for g in gens]),
         }
     for key, row in rows.items():
         mode = key.split(", ")[1]
@@ -97,7 +137,7 @@ def main() -> None:
     path = write_result("speculative", {
         "model": str(model), "drafter": str(engines["dflash"].proposer.drafter.cfg), "device": args.device,
         "dtype": args.dtype, "prompts": [name for name, _ in prompts], "prompt_tokens": args.prompt_tokens,
-        "generated_tokens": args.tokens, "results": rows,
+        "generated_tokens": args.tokens, "results": rows, "sweep": sweep,
         "sample": engines["plain"].tokenizer.decode(runs["plain, greedy"][0].token_ids),
     }, args.out)
     print(f"wrote {path}")
