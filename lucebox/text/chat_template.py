@@ -2,8 +2,8 @@
 
 A chat template comes from a stranger's model folder: it renders in transformers' jinja2 setup (so
 prompts come out the same as there) inside a sandbox (template_sandbox.py: no attribute escapes, and
-no step may build text or a list past its limit, template_limits.py), within a time limit, and its
-output within the text limit.
+no step may build text, a list or a number past its limit, template_limits.py), within a time limit,
+and all the text it writes (its output, and what macros and blocks collect) within the text limit.
 """
 
 from __future__ import annotations
