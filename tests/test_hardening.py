@@ -257,6 +257,22 @@ GROWING = {
     "join": "{{ ('x' * 1000000)|list|join('y' * 1000) }}",
     "format": "{{ ('{0}' * 100000).format('a' * 10000) }}",
     "batch": "{{ [1]|batch(10000000, 0)|list }}",
+    "huge-width": "{{ 'a'.ljust(10 ** 5000) }}",  # named in the error, though Python will not print it
+    # == walks shared parts each time they appear, in one built-in step the timer cannot stop
+    "compare-repeated": "{% set a = [[[0] * 20] * 100] * 1000 %}{% set b = [[[0] * 20] * 100] * 1000 %}{{ a == b }}",
+    "compare-written": "{% set ns = namespace(x=[1], y=[1]) %}{% for i in range(24) %}{% set ns.x = [ns.x, ns.x] %}"
+                       "{% set ns.y = [ns.y, ns.y] %}{% endfor %}{{ ns.x == ns.y }}",
+    "compare-text": "{% set a = ['x' * 1000000] * 100 %}{% set b = ['x' * 1000000] * 100 %}{{ a == b }}",
+    # sum copies the sum so far at every addition
+    "sum-lists": "{% set rows = [range(20)|list] * 3000 %}{{ rows|sum(start=[])|length }}",
+    "sum-numbers": "{% set x = 2 ** 524000 %}{{ ([x * x] + [1] * 10000)|sum > 0 }}",
+    "multiply": "{% set ns = namespace(x=1) %}{% set ns.x = 3 ** 500000 %}{% for i in range(2) %}"
+                "{% set ns.x = ns.x * ns.x %}{% endfor %}{{ ns.x > 0 }}",
+    # what a macro or a call block collects counts as it is written, not only when it is joined
+    "macro-written": "{% set s = 'a' * 1000000 %}{% macro m() %}{% for i in range(300) %}{{ s ~ i }}{% endfor %}"
+                     "{% endmacro %}{{ m() }}",
+    "call-block-written": "{% set s = 'a' * 1000000 %}{% macro box() %}{{ caller() }}{% endmacro %}"
+                          "{% call box() %}{% for i in range(300) %}{{ s ~ i }}{% endfor %}{% endcall %}",
 }
 
 
@@ -286,7 +302,9 @@ def test_the_bounded_sandbox_writes_what_jinja_s_own_sandbox_writes():
                 "{%- endfor %}{% set block %}{{ ns.seen }}{% endset %}{{ block }} {{ tools|tojson(indent=2) }} "
                 "{{ tools|map(attribute='name')|join(', ') }} {{ '%s=%d'|format('n', 3) }} {{ '{}-{}'.format('a', 2) }}"
                 " {{ 'x' * 3 }} {{ [1, 2] + [3] }} {{ 2 ** 10 }} {{ 'a' ~ 1 ~ none ~ [1] }} {{ messages[0] }} "
-                "{{ 'a\\nb'|indent(2, true) }} {{ dict(a=1)|dictsort }} {{ range(3)|list|sum }} {{ nothing }}")
+                "{{ 'a\\nb'|indent(2, true) }} {{ dict(a=1)|dictsort }} {{ range(3)|list|sum }} {{ nothing }}"
+                "{% for k, v in {'a': (1, 2), 'b': [3]}.items() %}{{ k }}={{ v }};{% endfor %}"
+                "{% filter upper %}{{ (1,) }}{% endfilter %}")
     variables = {"messages": [{"role": "system", "content": " be\r\nbrief "}, {"role": "user", "content": "hi there"}],
                  "tools": [{"name": "f", "parameters": {"type": "object"}}]}
     plain = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,

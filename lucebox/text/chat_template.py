@@ -2,8 +2,8 @@
 
 A chat template comes from a stranger's model folder: it renders in transformers' jinja2 setup (so
 prompts come out the same as there) inside a sandbox (template_sandbox.py: no attribute escapes, and
-no step may build text or a list past its limit, template_limits.py), within a time limit, and its
-output within the text limit.
+no step may build text, a list or a number past its limit, template_limits.py), within a time limit,
+and all the text it writes (its output, and what macros and blocks collect) within the text limit.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from pathlib import Path
 import jinja2
 
 from lucebox.errors import TokenizerError
-from lucebox.text.template_limits import refuse_over
-from lucebox.text.template_sandbox import bounded_environment
+from lucebox.text.template_sandbox import bounded_environment, render_counted
 
 TEMPLATE_SECONDS = 5.0
 
@@ -87,10 +86,10 @@ def _as_transformers_does(messages: list[dict]) -> list[dict]:
 
 
 def _render_bounded(template: jinja2.Template, variables: dict) -> str:
-    """Render with the output cut at TEMPLATE_MAX_CHARS and the time at TEMPLATE_SECONDS. The time
-    limit is a timer that raises _TemplateTimeout in the rendering thread (between two Python
-    bytecodes, so also inside a loop that writes nothing); single operations are bounded by the
-    sandbox's checks."""
+    """Render with all the text written bounded by TEMPLATE_MAX_CHARS (render_counted) and the time by
+    TEMPLATE_SECONDS. The time limit is a timer that raises _TemplateTimeout in the rendering thread
+    (between two Python bytecodes, so also inside a loop that writes nothing); single operations,
+    which it cannot interrupt, are bounded by the sandbox's checks."""
     thread, lock, state = threading.get_ident(), threading.Lock(), {"rendering": True, "fired": False}
 
     def expire() -> None:
@@ -104,12 +103,7 @@ def _render_bounded(template: jinja2.Template, variables: dict) -> str:
     timer.daemon = True
     timer.start()
     try:
-        pieces, size = [], 0
-        for piece in template.generate(variables):
-            size += len(piece)
-            refuse_over(size, what="an output")
-            pieces.append(piece)
-        return "".join(pieces)
+        return render_counted(template, variables)
     finally:
         with lock:
             state["rendering"] = False

@@ -10,9 +10,17 @@ import re
 from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
+from jinja2.filters import make_attrgetter
 from jinja2.utils import generate_lorem_ipsum
 
-from lucebox.text.template_limits import TemplateSizeError, refuse_over, text_length, text_shape
+from lucebox.text.template_limits import (
+    TEMPLATE_MAX_BITS,
+    TemplateSizeError,
+    refuse_number_over,
+    refuse_over,
+    text_length,
+    text_shape,
+)
 
 # A field width or precision of 10000 or more, or one taken from an argument ('%*d', '{:{}}')
 _WIDE_FORMAT = re.compile(r"%[-#0 +]*(\*|\d{5,})|%[-#0 +]*\d*\.(\*|\d{5,})|\{[^}]*\d{5,}")
@@ -41,9 +49,9 @@ def binop_growth(operator: str, left: Any, right: Any) -> None:
                 refuse_over(len(seq) * times, items=not isinstance(seq, (str, bytes)), what="a repeat")
     elif operator == "+" and isinstance(left, Sized) and isinstance(right, Sized):
         refuse_over(len(left) + len(right), items=not isinstance(left, (str, bytes)), what="a sum")
-    elif (operator == "**" and isinstance(left, int) and isinstance(right, int)
-          and max(abs(left).bit_length(), 1) * abs(right) > 2**20):
-        raise TemplateSizeError("the template computes a number of more than 2**20 bits")
+    elif operator == "**" and isinstance(left, int) and isinstance(right, int):
+        # a number of b bits to the power n has about b * n bits (n clamped: only the verdict matters)
+        refuse_number_over(max(abs(left).bit_length(), 1) * min(abs(right), TEMPLATE_MAX_BITS + 1))
     elif operator == "%" and isinstance(left, str):
         format_growth(left, right if isinstance(right, (tuple, Mapping)) else (right,), "%")
 
@@ -107,9 +115,25 @@ def _pprint_growth(value: Any, arguments: dict) -> None:
 
 
 def _sum_growth(items: Any, arguments: dict) -> None:
+    """sum() adds one item at a time and each addition copies the sum so far: adding up lists takes
+    the square of the result's length, and a large number added to many small ones its size each
+    time. Estimated as the sizes of all the partial sums, in items of a list or tuple and in digits
+    (of 30 bits, past the first: adding machine-sized numbers costs one step) of a number."""
     start = arguments.get("start", 0)
-    if not isinstance(start, (int, float)):  # lists or text added up
-        refuse_over(text_length(start) + text_length(items), what="a sum")
+    if arguments.get("attribute") is not None:
+        items = map(make_attrgetter(arguments["environment"], arguments["attribute"]), items)
+    grows = isinstance(start, (list, tuple))  # else a number: the sum is as large as its largest part
+    partial = work = _addend_size(start)
+    for item in items:
+        partial = partial + _addend_size(item) if grows else max(partial, _addend_size(item))
+        work += partial
+    refuse_over(work, items=True, what="a sum (counting the partial sums each addition copies)")
+
+
+def _addend_size(value: Any) -> int:
+    if isinstance(value, (list, tuple)):
+        return len(value)
+    return value.bit_length() // 30 if isinstance(value, int) else 0
 
 
 def _count_growth(value: Any, count: Any) -> None:

@@ -6,9 +6,12 @@ where every step that can build a value is bounded (template_limits.py has the s
 - `~` and the text a block builds (`{% set x %}...{% endset %}`, a macro's or caller's body) go
   through `concat` (the code generator writes `environment.concat` where jinja writes its own join);
 - every call (a method, a macro, a global) goes through `call`; every filter is wrapped;
-- every `{{ value }}` goes through `finalize` before it becomes text.
+- every list, tuple or dict the template writes out (`[a, b]`) goes through `checked`;
+- every `{{ value }}` goes through `finalize` before it becomes text;
+- every piece of text written, to the output (`render_counted`) or into a macro's, call block's or
+  set block's buffer (a WrittenText where jinja makes a list), counts in the render's running total.
 Each one estimates a result that multiplies its inputs before it runs (template_growth.py) and
-checks what it made after. The output's total and the time are bounded by chat_template.py.
+checks what it made after. The time is bounded by chat_template.py.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import jinja2.sandbox
 import jinja2.utils
 
 from lucebox.text.template_growth import binop_growth, call_growth, check_int_arguments, filter_growth
-from lucebox.text.template_limits import checked, refuse_over, text_length
+from lucebox.text.template_limits import WrittenText, checked, counting_written_text, refuse_over, text_length
 
 
 class _BoundedCodeGenerator(jinja2.compiler.CodeGenerator):
@@ -38,6 +41,31 @@ class _BoundedCodeGenerator(jinja2.compiler.CodeGenerator):
             self.visit(operand, frame)
             self.write(", ")
         self.write("))")
+
+    def buffer(self, frame) -> None:
+        """A macro's, call block's or set block's pieces collect in a WrittenText, where jinja uses a
+        list: each piece counts in the render's running total as it is written, not when joined."""
+        frame.buffer = self.temporary_identifier()
+        self.writeline(f"{frame.buffer} = environment.written_text()")
+
+    def visit_List(self, node, frame) -> None:  # noqa: N802 (jinja's visitor names)
+        self._write_checked(super().visit_List, node, frame)
+
+    def visit_Dict(self, node, frame) -> None:  # noqa: N802
+        self._write_checked(super().visit_Dict, node, frame)
+
+    def visit_Tuple(self, node, frame) -> None:  # noqa: N802
+        if node.ctx != "load":  # the names an assignment or a loop unpacks into
+            super().visit_Tuple(node, frame)
+        else:
+            self._write_checked(super().visit_Tuple, node, frame)
+
+    def _write_checked(self, visit, node, frame) -> None:
+        """A list, tuple or dict written out in the template (`[ns.x, ns.x]` doubles what it holds)
+        measured as every other value a template builds."""
+        self.write("environment.checked(")
+        visit(node, frame)
+        self.write(")")
 
 
 class _Namespace(jinja2.utils.Namespace):
@@ -51,6 +79,8 @@ class _Namespace(jinja2.utils.Namespace):
 class BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     code_generator_class = _BoundedCodeGenerator
     intercepted_binops = frozenset(jinja2.sandbox.SandboxedEnvironment.default_binop_table)
+    checked = staticmethod(checked)  # for the code generator's lists, tuples and dicts
+    written_text = WrittenText  # for its buffers
 
     def concat(self, values) -> str:
         """The text of `values` side by side (`~`, and what a block or macro writes)."""
@@ -65,6 +95,14 @@ class BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     def call(__self, __context, __obj, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's signature)
         args = call_growth(__obj, args, kwargs)
         return checked(super().call(__context, __obj, *args, **kwargs))
+
+
+def render_counted(template: jinja2.Template, variables: dict) -> str:
+    """`template`'s output, every piece it writes (buffers too) counted in one running total."""
+    with counting_written_text():
+        output = WrittenText()
+        output.extend(template.generate(variables))
+        return "".join(output)
 
 
 def _finalize(value: Any) -> Any:
