@@ -25,12 +25,20 @@ from lucebox.kernels.attention import merge_partials
 from lucebox.kernels.backend import Kernels, kernels_for
 from lucebox.kernels.moe import swiglu
 from lucebox.kernels.rope import RotaryTables
-from lucebox.models.hf_config import architecture_name, rope_parameters, rope_spec
+from lucebox.models.hf_config import (
+    architecture_name,
+    check_values,
+    integer,
+    number,
+    require,
+    rope_parameters,
+    rope_spec,
+)
 from lucebox.models.sources import AnyOf, Cat, Source
 
 from lucebox.caches import SlidingRing, Step
 from lucebox.config import RopeSpec
-from lucebox.errors import DraftModelError
+from lucebox.errors import ConfigError, DraftModelError
 
 ARCHITECTURES = ("DFlashDraftModel", "DFlashLagunaForCausalLM")
 
@@ -67,43 +75,69 @@ def _value(hf: dict, name: str, default=None):
     return (hf.get("dflash_config") or {}).get(name, hf.get(name, default))
 
 
+def _check_values(hf: dict) -> None:
+    """What `build_config` computes with, in type and range before it is used: the sizes every
+    config.json is held to (a head count of 0 would divide), and the DFlash keys."""
+    check_values(hf)
+    for key, lowest, highest in (("block_size", 1, 4096), ("mask_token_id", 0, 2**31 - 1)):
+        if _value(hf, key) is not None:
+            integer(_value(hf, key), key, lowest, highest)
+    ids = _value(hf, "target_layer_ids")
+    if ids is not None and (not isinstance(ids, list) or len(ids) > 1024):
+        raise ConfigError("config.json: target_layer_ids must be a list of at most 1024 layer indices")
+    for i, layer in enumerate(ids or ()):
+        integer(layer, f"target_layer_ids[{i}]", 0, 1023)
+
+
 def build_config(hf: dict) -> DFlashConfig:
+    """The drafter's config; a malformed value becomes a DraftModelError naming it."""
     arch = architecture_name(hf)
     if arch not in ARCHITECTURES:
         raise DraftModelError(f"drafter architecture {arch!r} is not a DFlash drafter ({', '.join(ARCHITECTURES)})")
-    laguna = arch == "DFlashLagunaForCausalLM"
+    try:
+        _check_values(hf)
+        return _build_config(hf, laguna=arch == "DFlashLagunaForCausalLM")
+    except ConfigError as e:
+        raise DraftModelError(f"drafter {e}") from None
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise DraftModelError(f"drafter config.json has a value of the wrong type or form ({type(e).__name__}: "
+                              f"{e})") from None
+
+
+def _build_config(hf: dict, laguna: bool) -> DFlashConfig:
     ids = _value(hf, "target_layer_ids")
     if not ids:
         raise DraftModelError("drafter config.json has no dflash_config.target_layer_ids: which target layers to read")
     mask = _value(hf, "mask_token_id")
     if mask is None:
         raise DraftModelError("drafter config.json has no dflash_config.mask_token_id")
-    n = int(hf["num_hidden_layers"])
+    n = int(require(hf, "num_hidden_layers"))
     kinds = hf.get("layer_types") or ["full_attention"] * n
     if len(kinds) != n:
         raise DraftModelError(f"drafter config.json: layer_types has {len(kinds)} entries for {n} layers")
-    windows = tuple(int(hf["sliding_window"]) if k == "sliding_attention" else None for k in kinds)
-    heads = int(hf["num_attention_heads"])
-    head_dim = int(hf.get("head_dim") or hf["hidden_size"] // heads)
+    windows = tuple(int(require(hf, "sliding_window")) if k == "sliding_attention" else None for k in kinds)
+    heads = int(require(hf, "num_attention_heads"))
+    head_dim = int(hf.get("head_dim") or require(hf, "hidden_size") // heads)
     params = rope_parameters(hf)
     if isinstance(params.get("full_attention"), dict):  # Laguna-style per-kind RoPE: the drafter's own kind
         params = rope_parameters(hf, params["sliding_attention" if windows[0] else "full_attention"])
-    if hf.get("draft_vocab_size") not in (None, hf["vocab_size"]):
+    vocab_size = int(require(hf, "vocab_size"))
+    if hf.get("draft_vocab_size") not in (None, vocab_size):
         raise DraftModelError("drafters with a reduced draft vocabulary (draft_vocab_size) are not supported")
     gating = hf.get("gating", True) if laguna else False
     causal = bool(_value(hf, "causal", _value(hf, "is_causal", False)))
     return DFlashConfig(
-        laguna=laguna, hidden_size=int(hf["hidden_size"]), num_heads=heads,
+        laguna=laguna, hidden_size=int(require(hf, "hidden_size")), num_heads=heads,
         num_kv_heads=int(hf.get("num_key_value_heads") or heads), head_dim=head_dim,
-        intermediate_size=int(hf["intermediate_size"]), windows=windows, causal=causal,
+        intermediate_size=int(require(hf, "intermediate_size")), windows=windows, causal=causal,
         rope=rope_spec(params, head_dim, int(hf.get("max_position_embeddings", 32768))),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), target_layer_ids=tuple(int(i) for i in ids),
-        block_size=int(_value(hf, "block_size", 16)), mask_token_id=int(mask), vocab_size=int(hf["vocab_size"]),
+        block_size=int(_value(hf, "block_size", 16)), mask_token_id=int(mask), vocab_size=vocab_size,
         attention_bias=bool(hf.get("attention_bias", False)),
         gate={True: "head", "per-head": "head", "per-element": "element"}.get(gating),
-        output_multiplier=float(_value(hf, "output_multiplier", 1.0) or 1.0),
-        logit_softcap=float(_value(hf, "final_logit_softcapping", 0.0) or 0.0),
-        embedding_scale=float(_value(hf, "input_embedding_scale", 1.0) or 1.0),
+        output_multiplier=number(_value(hf, "output_multiplier", 1.0) or 1.0, "output_multiplier"),
+        logit_softcap=number(_value(hf, "final_logit_softcapping", 0.0) or 0.0, "final_logit_softcapping"),
+        embedding_scale=number(_value(hf, "input_embedding_scale", 1.0) or 1.0, "input_embedding_scale"),
     )
 
 

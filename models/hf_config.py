@@ -35,13 +35,18 @@ _SIZES: dict[str, tuple[int, int]] = {
 _PER_LAYER_SIZES = {"num_attention_heads_per_layer": (1, 4096), "mlp_only_layers": (0, 1024)}
 
 
+def shown(value: Any) -> str:
+    """A value from config.json as a message quotes it: at most 40 characters of it."""
+    return repr(str(value)[:40])
+
+
 def integer(value: Any, what: str, lowest: int, highest: int) -> int:
     """`value` as an int in lowest..highest, or a ConfigError naming `what`: no bools, no fractions
     truncated (an integral float such as 4096.0 is accepted as the integer it is)."""
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"config.json: {what} has the wrong type: it must be an integer, got {str(value)[:40]!r}")
+        raise ConfigError(f"config.json: {what} has the wrong type: it must be an integer, got {shown(value)}")
     if not lowest <= value <= highest:
         raise ConfigError(f"config.json: {what} must be in {lowest}..{highest}, got {value}")
     return value
@@ -51,7 +56,7 @@ def number(value: Any, what: str, positive: bool = False) -> float:
     """`value` as a finite float (> 0 with `positive`), or a ConfigError naming `what`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"config.json: {what} has the wrong type: it must be a finite number, "
-                          f"got {str(value)[:40]!r}")
+                          f"got {shown(value)}")
     if positive and value <= 0:
         raise ConfigError(f"config.json: {what} must be > 0, got {value}")
     return float(value)
@@ -122,48 +127,54 @@ def rope_parameters(hf: dict, params: dict | None = None) -> dict:
     return params
 
 
+def _rope_number(params: dict, key: str, default: float | None, positive: bool = True) -> float | None:
+    """params[key] checked as a finite number (> 0 with `positive`); `default` when absent or null."""
+    value = params.get(key)
+    return default if value is None else number(value, key, positive)
+
+
+def _rope_factor(params: dict, kind: str, max_position_embeddings: int, original: int | None) -> float:
+    """The scaling factor, checked: yarn may derive it from the context lengths; default has none."""
+    if kind == "default":
+        return 1.0  # no scaling: a factor stated beside it is unused, as in transformers
+    factor = params.get("factor")
+    if factor is None and kind == "yarn" and original is not None:
+        factor = max_position_embeddings / original
+    if factor is None:
+        needs = "'factor' (or 'original_max_position_embeddings')" if kind == "yarn" else "'factor'"
+        raise ConfigError(f"config.json: rope_type '{kind}' needs {needs}")
+    return number(factor, "rope factor", positive=True)  # 0 is refused, never read as "no scaling"
+
+
 def rope_spec(params: dict, dim: int, max_position_embeddings: int) -> RopeSpec:
+    """One layer kind's RoPE. Each value is checked as it is read, before anything is computed from
+    it: a list or a string times the head size would repeat itself, not fail."""
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in _ROPE_KINDS:
-        raise ConfigError(f"config.json: rope_type '{kind}' is not supported (supported: {', '.join(_ROPE_KINDS)})")
-    rotary_dim = int(dim * params.get("partial_rotary_factor", 1.0))
+        raise ConfigError(f"config.json: rope_type {shown(kind)} is not supported (supported: "
+                          f"{', '.join(_ROPE_KINDS)})")
+    fraction = _rope_number(params, "partial_rotary_factor", 1.0)
+    if fraction > 1:
+        raise ConfigError(f"config.json: partial_rotary_factor must be in (0, 1], got {fraction}")
     original = params.get("original_max_position_embeddings")
     if original is not None:  # before it divides
         original = integer(original, "original_max_position_embeddings", 1, 2**26)
-    factor = params.get("factor")
-    if kind == "yarn" and factor is None:
-        factor = max_position_embeddings / require(params, "original_max_position_embeddings")
-    if kind == "default":
-        factor = 1.0  # no scaling: a factor stated beside it is unused, as in transformers
-    elif factor is None:
-        raise ConfigError(f"config.json: rope_type '{kind}' needs 'factor'")
-    number(params.get("rope_theta", 10000.0), "rope_theta", positive=True)
-    number(factor, "rope factor", positive=True)  # 0 is refused, never read as "no scaling"
-    fraction = number(params.get("partial_rotary_factor", 1.0), "partial_rotary_factor", positive=True)
-    if fraction > 1:
-        raise ConfigError(f"config.json: partial_rotary_factor must be in (0, 1], got {fraction}")
-    for key in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow"):
-        if params.get(key) is not None:
-            number(params[key], key, positive=True)
-    for key in ("attention_factor", "mscale", "mscale_all_dim"):
-        if params.get(key) is not None:
-            number(params[key], key)
-    if kind == "llama3" and not number(params.get("high_freq_factor", 4.0), "high_freq_factor") > number(
-            params.get("low_freq_factor", 1.0), "low_freq_factor"):
+    low, high = _rope_number(params, "low_freq_factor", 1.0), _rope_number(params, "high_freq_factor", 4.0)
+    if kind == "llama3" and not high > low:
         raise ConfigError("config.json: llama3 RoPE needs high_freq_factor > low_freq_factor")
     return RopeSpec(
-        theta=float(params.get("rope_theta", 10000.0)),
-        rotary_dim=rotary_dim,
+        theta=_rope_number(params, "rope_theta", 10000.0),
+        rotary_dim=int(dim * fraction),
         kind=kind,
-        factor=float(factor),
+        factor=_rope_factor(params, kind, max_position_embeddings, original),
         original_max_position=original,
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        beta_fast=float(params.get("beta_fast") or 32.0),
-        beta_slow=float(params.get("beta_slow") or 1.0),
-        attention_factor=params.get("attention_factor"),
-        mscale=params.get("mscale"),
-        mscale_all_dim=params.get("mscale_all_dim"),
+        low_freq_factor=low,
+        high_freq_factor=high,
+        beta_fast=_rope_number(params, "beta_fast", 32.0),
+        beta_slow=_rope_number(params, "beta_slow", 1.0),
+        attention_factor=_rope_number(params, "attention_factor", None, positive=False),
+        mscale=_rope_number(params, "mscale", None, positive=False),
+        mscale_all_dim=_rope_number(params, "mscale_all_dim", None, positive=False),
         truncate=bool(params.get("truncate", True)),
     )
 
@@ -192,7 +203,7 @@ def softmax_moe(hf: dict, num_experts_keys: tuple[str, ...], normalize: bool) ->
 def check_activation(hf: dict) -> None:
     act = hf.get("hidden_act", "silu")
     if act != "silu":
-        raise ConfigError(f"config.json: hidden_act '{act}' is not supported (lucebox implements 'silu')")
+        raise ConfigError(f"config.json: hidden_act {shown(act)} is not supported (lucebox implements 'silu')")
 
 
 def common_fields(hf: dict) -> dict:

@@ -7,10 +7,22 @@ are here, each made by editing a tiny valid file byte by byte (tests/gguf_bytes.
 from __future__ import annotations
 
 import copy
+import math
+import struct
 import tracemalloc
 
 import pytest
-from gguf_bytes import ARRAY, FLOAT32, STRING, UINT32, Field, read_layout, tiny_spm_tokenizer, write_layout
+from gguf_bytes import (
+    ARRAY,
+    FLOAT32,
+    STRING,
+    UINT32,
+    Field,
+    TensorRecord,
+    read_layout,
+    tiny_spm_tokenizer,
+    write_layout,
+)
 from gguf_models import VOCAB, write_tiny_gguf
 
 import lucebox
@@ -119,13 +131,49 @@ def _tensor(index: int, **changes):
     (_tensor(1, dims=[256, 100_000]), r"Q8_0 \[100000, 256\], 27200000 bytes\) at offset 34816 passes the end"),
     (_tensor(1, dims=[48, 256]), "rows of 48 elements, not whole blocks of 32"),
     (_tensor(1, dims=[256, 256, 1, 1, 1]), "has 5 dimensions"),
+    (_tensor(1, dims=[256, 0]), r"'blk.0.attn_q.weight' has a dimension of 0 \(dimensions \[256, 0\]\)"),
     (_tensor(1, type_id=99), "type number 99, which is no ggml type"),
     (_tensor(2, name="blk.0.attn_q.weight"), "tensor 'blk.0.attn_q.weight' appears twice"),
 ], ids=["misaligned", "shared", "overlapping", "past-the-end", "shape-past-the-end", "partial-block", "five-dims",
-        "unknown-type", "duplicate-name"])
+        "zero-dim", "unknown-type", "duplicate-name"])
 def test_tensor_offsets_are_aligned_inside_the_file_and_apart(edited, change, message):
     with pytest.raises(CorruptCheckpointError, match=message):
         describe_model(edited(change))
+
+
+def _rope_freqs(dims: list[int], type_id: int = 0, nbytes: int | None = None):
+    """A rope_freqs.weight (GGUF order `dims`, F32 unless told) of factors 1.0, after the data."""
+    def change(layout):
+        offset = -(-len(layout.data) // layout.alignment) * layout.alignment
+        count = math.prod(dims)
+        data = struct.pack(f"<{count}f", *[1.0] * count) if nbytes is None else bytes(nbytes)
+        layout.data += bytes(offset - len(layout.data)) + data
+        layout.tensors.append(TensorRecord("rope_freqs.weight", dims, type_id, offset))
+    return change
+
+
+def test_an_empty_axis_is_refused_before_the_others_are_read(edited):
+    """rope_freqs with dimensions [0, N] was 0 bytes of shape (N, 0), and its read built N empty
+    lists: 1.5 GB for N = 2**24, a MemoryError for 2**63 - 1."""
+    path = edited(_rope_freqs([0, 2**63 - 1]))
+
+    def describe():
+        with pytest.raises(CorruptCheckpointError, match="'rope_freqs.weight' has a dimension of 0"):
+            describe_model(path)
+
+    assert peak_bytes_of(describe) < 2**20
+
+
+def test_rope_freqs_is_read_only_in_the_shape_and_type_the_rotary_dimension_needs(edited):
+    """Head size 64: 32 factors. One more, a column of 32 (whose rows were each read as a list) or
+    a quantized tensor is refused from the index, before the tensor is read."""
+    cfg = describe_model(edited(_rope_freqs([32]))).cfg
+    assert all(layer.rope.freq_factors == (1.0,) * 32 for layer in cfg.layers)
+    for change, what in ((_rope_freqs([33]), r"F32 \[33\]"), (_rope_freqs([1, 32]), r"F32 \[32, 1\]"),
+                         (_rope_freqs([32], type_id=8, nbytes=34), r"Q8_0 \[32\]")):
+        with pytest.raises(TensorShapeError, match=f"rope_freqs.weight is {what}; lucebox needs a float tensor "
+                                                   r"\(F32, F16, BF16\) of shape \[32\]"):
+            describe_model(edited(change))
 
 
 def _set(key: str, value, kind: int = UINT32):

@@ -411,8 +411,16 @@ def test_nan_logits_raise_a_typed_error_instead_of_token_zero(llama_copy, option
     (lambda c: c.update(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4,
                                          "original_max_position_embeddings": 0}),
      "original_max_position_embeddings must be in 1"),  # was a ZeroDivisionError
+    (lambda c: c.pop("max_position_embeddings") and c.update(rope_parameters={"rope_type": "yarn"}),
+     r"rope_type 'yarn' needs 'factor' \(or 'original_max_position_embeddings'\)"),  # blamed 'architectures'
+    # partial_rotary_factor times the head size ran before its check: a list or a string repeated
+    (lambda c: c.update(partial_rotary_factor=[0.5] * 100_000), "partial_rotary_factor has the wrong type"),
+    (lambda c: c["rope_parameters"].update(partial_rotary_factor="0.5"), "partial_rotary_factor has the wrong type"),
+    (lambda c: c["rope_parameters"].update(partial_rotary_factor=0), "partial_rotary_factor must be > 0"),
+    (lambda c: c.update(partial_rotary_factor=1.5), r"partial_rotary_factor must be in \(0, 1\], got 1.5"),
 ], ids=["theta-zero", "theta-negative", "eps-negative", "factor-nan", "llama3-order", "top-level-theta-negative",
-        "top-level-theta-inf", "llama3-factor-zero", "yarn-factor-zero", "yarn-original-zero"])
+        "top-level-theta-inf", "llama3-factor-zero", "yarn-factor-zero", "yarn-original-zero", "yarn-no-factor",
+        "rotary-list", "rotary-string", "rotary-zero", "rotary-over-one"])
 def test_configs_with_impossible_values_are_refused_at_load(llama_copy, change, message):
     edit_json(llama_copy / "config.json", change)
     with pytest.raises(ConfigError, match=message):

@@ -162,6 +162,13 @@ def drafter_variant(folder, tmp_path, change_config=None, change_tensors=None):
     ({"config": lambda c: c.update(vocab_size=99)}, DraftModelError, "vocabulary 99"),
     ({"config": lambda c: c["dflash_config"].update(target_layer_ids=[0, 9])}, DraftModelError, r"\[9\]"),
     ({"tensors": lambda t: t.update({"fc.weight": torch.zeros(64, 65)})}, CheckpointError, "fc.weight"),
+    # the values a drafter's config computes with are held to the target's checks first: these were
+    # a ZeroDivisionError, a list repeated head-size times, and a KeyError
+    ({"config": lambda c: c.update(num_attention_heads=0, head_dim=None)}, DraftModelError,
+     "drafter config.json: num_attention_heads must be in 1..4096, got 0"),
+    ({"config": lambda c: c.update(partial_rotary_factor=[0.5] * 100_000)}, DraftModelError,
+     "drafter config.json: partial_rotary_factor has the wrong type"),
+    ({"config": lambda c: c.pop("hidden_size")}, DraftModelError, "drafter config.json has no 'hidden_size'"),
 ])
 def test_malformed_drafters_are_refused(laguna, drafters, tmp_path, layout, damage, error, message):
     bad = drafter_variant(drafters[layout], tmp_path, damage.get("config"), damage.get("tensors"))

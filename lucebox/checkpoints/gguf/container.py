@@ -10,8 +10,10 @@ input, held to the checks the safetensors reader makes:
 - the metadata's array elements (all arrays together) and bytes have a budget, checked before
   any Python object is built: a few megabytes declaring millions of tokens cannot cost gigabytes;
 - keys and tensor names are unique;
-- each tensor's byte size is computed from its type and shape; its offset is a multiple of the
-  alignment, it lies inside the data section, and no two tensors overlap.
+- each tensor's dimensions are all at least 1, and its byte size is computed from its type and
+  shape (Python integers: no overflow); its offset is a multiple of the alignment, it lies inside
+  the data section, and no two tensors overlap. So every tensor's element count is bounded by the
+  file's size: an empty axis would let the others be anything at no cost in bytes.
 """
 
 from __future__ import annotations
@@ -165,6 +167,8 @@ def _tensor_info(cur: _Cursor) -> tuple[TensorInfo, int]:
     dims = struct.unpack_from(f"<{n_dims}Q", cur.data, cur.take(8 * n_dims, f"the shape of {quoted(name)}"))
     type_name, block, block_bytes = _type_sizes(cur, cur.scalar("<I", f"the type of {quoted(name)}"), name)
     offset = cur.scalar("<Q", f"the offset of {quoted(name)}")
+    if 0 in dims:  # no weight has an empty axis; one would make every other axis free of the file's size
+        raise cur.error(f"tensor {quoted(name)} has a dimension of 0 (dimensions {list(dims)})")
     if dims[0] % block:
         raise cur.error(f"tensor {quoted(name)} ({type_name}) has rows of {dims[0]} elements, not whole blocks "
                         f"of {block}")

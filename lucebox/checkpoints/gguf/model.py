@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 from lucebox.checkpoints.gguf.config import hf_config_from_gguf, in_gguf_terms
-from lucebox.checkpoints.gguf.file import GGUFFile, locate_gguf
+from lucebox.checkpoints.gguf.file import FLOAT_TYPES, GGUFFile, locate_gguf
 from lucebox.checkpoints.gguf.tokenizer import tokenizer_from_gguf
 from lucebox.checkpoints.gguf.weights import ROPE_FREQS, device_bytes, load_gguf_weights
 from lucebox.config import ModelConfig
-from lucebox.errors import ConfigError
+from lucebox.errors import TensorShapeError
 from lucebox.memory.plan import StoredWeights
 from lucebox.models import build_model_config
 
@@ -35,14 +35,24 @@ class GGUFModel:
             cfg = build_model_config(self.hf_config)
         if ROPE_FREQS not in self.file:
             return cfg
-        factors = tuple(self.file.read(ROPE_FREQS, torch.float32, torch.device("cpu")).tolist())
-        layers = []
-        for layer in cfg.layers:
-            if len(factors) != layer.rope.rotary_dim // 2:
-                raise ConfigError(f"{self.file.path.name}: tensor {ROPE_FREQS} holds {len(factors)} factors, the "
-                                  f"rotary dimension {layer.rope.rotary_dim} needs {layer.rope.rotary_dim // 2}")
-            layers.append(dataclasses.replace(layer, rope=dataclasses.replace(layer.rope, freq_factors=factors)))
+        factors = self._rope_freq_factors(cfg)
+        layers = [dataclasses.replace(layer, rope=dataclasses.replace(layer.rope, freq_factors=factors))
+                  for layer in cfg.layers]
         return dataclasses.replace(cfg, layers=tuple(layers))
+
+    def _rope_freq_factors(self, cfg: ModelConfig) -> tuple[float, ...]:
+        """The rope_freqs divisors, read on the host into a Python tuple once the index shows what
+        they must be: one float per rotary frequency pair, the same for every layer."""
+        entry = self.file.tensors[ROPE_FREQS]
+        pairs = {layer.rope.rotary_dim // 2 for layer in cfg.layers}
+        expected = (pairs.pop(),) if len(pairs) == 1 else None
+        if entry.shape != expected or entry.type_name not in FLOAT_TYPES:
+            needs = (f"shape {list(expected)} (one factor per rotary frequency pair)" if expected else
+                     "one shape, but the layers' rotary dimensions differ")
+            raise TensorShapeError(f"{self.file.path.name}: tensor {ROPE_FREQS} is {entry.type_name} "
+                                   f"{list(entry.shape)}; lucebox needs a float tensor ({', '.join(FLOAT_TYPES)}) "
+                                   f"of {needs}; re-convert the model")
+        return tuple(self.file.read(ROPE_FREQS, torch.float32, torch.device("cpu")).tolist())
 
     def device_bytes(self, cfg: ModelConfig, dtype: torch.dtype) -> StoredWeights:
         return device_bytes(self.file, cfg, self.architecture, dtype)
