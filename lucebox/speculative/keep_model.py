@@ -24,11 +24,13 @@ from dataclasses import dataclass, field
 
 from lucebox.engine.config import DRAFT_WIDTH
 
-STEP = 0.05  # weight of one judged draft in the running means (about the last 20 count)
+STEP = 0.05  # weight of one judged draft in the running means once many were (about the last 20 count)
+PRIOR_COUNT = 4  # judged drafts the starting figures are worth: the first judgements move them fast
 
 
-def _blend(old: float, new: float) -> float:
-    return (1 - STEP) * old + STEP * new
+def _blend(old: float, new: float, count: int) -> float:
+    step = max(STEP, 1 / (count + PRIOR_COUNT))  # a running average while few drafts were judged
+    return (1 - step) * old + step * new
 
 
 @dataclass
@@ -39,6 +41,7 @@ class KeepModel:
     kept: list[float] = field(default_factory=lambda: [0.6] * DRAFT_WIDTH)
     confidence: list[float] = field(default_factory=lambda: [0.6] * DRAFT_WIDTH)
     judged: int = 0
+    counts: list[int] = field(default_factory=lambda: [0] * DRAFT_WIDTH)  # judged drafts per position
 
     @classmethod
     def from_calibration(cls, kept: list[float], confidence: list[float]) -> KeepModel:
@@ -50,9 +53,11 @@ class KeepModel:
 
     def judge(self, position: int, kept: bool, confidence: float | None) -> None:
         """One draft at 0-based `position` judged (its predecessors were kept)."""
-        self.kept[position] = _blend(self.kept[position], float(kept))
+        count = self.counts[position]
+        self.kept[position] = _blend(self.kept[position], float(kept), count)
         if confidence is not None:
-            self.confidence[position] = _blend(self.confidence[position], confidence)
+            self.confidence[position] = _blend(self.confidence[position], confidence, count)
+        self.counts[position] += 1
         self.judged += 1
 
     def predict(self, confidence: list[float] | None, count: int) -> list[float]:
