@@ -34,11 +34,6 @@ def prompts_from_held_out(tokenizer, count: int, length: int) -> list[tuple[str,
     return out[:count]
 
 
-def _mean_by_position(lists: list[list[float]]) -> list[float]:
-    longest = max((len(x) for x in lists), default=0)
-    return [sum(x[j] for x in lists if j < len(x)) / sum(1 for x in lists if j < len(x)) for j in range(longest)]
-
-
 def _summed(histograms: list[dict]) -> dict:
     total: dict = {}
     for h in histograms:
@@ -71,6 +66,7 @@ def _sweep(runs: dict, names: list[str]) -> list[dict]:
 def main() -> None:
     import lucebox
     from lucebox.builtin import builtin_model
+    from lucebox.training.distill_command import mean_by_position
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="target folder (default: the built-in model)")
@@ -121,8 +117,8 @@ def main() -> None:
         rows[key] = {
             "decode_tokens_per_s": decoded / decode_s,
             "acceptance_length": committed / rounds if rounds else 0.0,
-            "acceptance_by_position": _mean_by_position([g.stats["acceptance_by_position"] for g in gens]),
-            "confidence_by_position": _mean_by_position([g.stats["confidence_by_position"] for g in gens]),
+            "acceptance_by_position": mean_by_position([g.stats["acceptance_by_position"] for g in gens]),
+            "confidence_by_position": mean_by_position([g.stats["confidence_by_position"] for g in gens]),
             "rounds": rounds, "decoded_tokens": decoded, "decode_time_s": decode_s,
             "width_histogram": _summed([g.stats.get("width_histogram", {}) for g in gens]),
         }

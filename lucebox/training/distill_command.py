@@ -64,15 +64,16 @@ def measure_acceptance(target_path: str, drafter: Path, prompts: list[list[int]]
         rounds += stats["rounds"]
         drafted.append(stats["acceptance_by_position"])
         confident.append(stats["confidence_by_position"])
-    return {"acceptance_length": round(committed / rounds, 3), "acceptance_by_position": _mean_by_position(drafted),
-            "confidence_by_position": _mean_by_position(confident), "prompts": len(prompts),
-            "max_tokens": max_tokens, "temperature": temperature}
+    return {"acceptance_length": round(committed / rounds, 3),
+            "acceptance_by_position": [round(a, 3) for a in mean_by_position(drafted)],
+            "confidence_by_position": [round(c, 3) for c in mean_by_position(confident)],
+            "prompts": len(prompts), "max_tokens": max_tokens, "temperature": temperature}
 
 
-def _mean_by_position(lists: list[list[float]]) -> list[float]:
+def mean_by_position(lists: list[list[float]]) -> list[float]:
+    """Per position, the mean over the lists long enough to have it (figures of several prompts)."""
     longest = max(map(len, lists), default=0)
-    return [round(sum(x[i] for x in lists if i < len(x)) / sum(1 for x in lists if i < len(x)), 3)
-            for i in range(longest)]
+    return [sum(x[i] for x in lists if i < len(x)) / sum(1 for x in lists if i < len(x)) for i in range(longest)]
 
 
 def measure_calibration(target_path: str, drafter: Path, prompts: list[list[int]], max_tokens: int
