@@ -232,3 +232,42 @@ def test_next_request_after_a_stop_inside_a_round_matches_a_fresh_engine(referen
                 mismatches.append((seed, back))
             llm.generate(held, max_tokens=1, ignore_eos=True)  # put the held tokens back for the next rewind
     assert mismatches == []
+
+
+def test_lazy_drafter_context_rows_draft_as_eager_ones(laguna, drafters, monkeypatch):
+    """DFlash context rows are written when drafting resumes, in one batch: the drafts (with their
+    confidences) equal those of a drafter writing its rows at every commit, across plain stretches
+    longer than a ring step, and in a next request that reuses a prefix ending among waiting rows."""
+    from lucebox.caches import Step
+    from lucebox.speculative.dflash import DFlashProposer
+    from lucebox.speculative.width import WidthPolicy
+
+    def drafts(eager: bool) -> list:
+        rounds = iter(range(10**6))
+        monkeypatch.setattr(WidthPolicy, "should_draft", lambda self, limit: next(rounds) % 80 in (0, 1))
+        llm = lucebox.LLM(laguna, draft=drafters["dflash_zlab"], adaptive=False, **COMMON)
+        seen, propose = [], llm.proposer.propose
+
+        def record(context, k, params, generator):
+            draft = propose(context, k, params, generator)
+            seen.append((len(context), draft.tokens, draft.confidence))
+            return draft
+
+        def commit_now(self, committed, new, features):  # every commit's rows written at once, by position
+            start = len(committed) - new
+            self.drafter.context_rows(features[:new], Step.span(start, new, self.drafter.device), self.rings)
+            self.length = len(committed)
+
+        llm.proposer.propose = record
+        if eager:
+            monkeypatch.setattr(DFlashProposer, "commit", commit_now)
+        out = llm.generate(PROMPT, max_tokens=400, ignore_eos=True)
+        # The next request reuses the prefix, cut among the rows still waiting (the last rounds were plain).
+        llm.generate(PROMPT + out.token_ids[:390], max_tokens=60, ignore_eos=True)
+        monkeypatch.undo()
+        return seen
+
+    lazy, eager = drafts(False), drafts(True)
+    assert len(lazy) >= 8 and [d[:2] for d in lazy] == [d[:2] for d in eager]
+    for (_, _, a), (_, _, b) in zip(lazy, eager, strict=True):
+        assert a == pytest.approx(b, abs=1e-9)

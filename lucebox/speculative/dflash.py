@@ -1,6 +1,11 @@
 """The DFlash proposer: one drafter pass proposes a whole block, read off the target's own
 hidden states, with the drafter's context K/V in a ring of `draft_ctx` slots (appended only
-with committed tokens), so a draft costs the same at 1K and 256K of context."""
+with committed tokens), so a draft costs the same at 1K and 256K of context.
+
+Context rows are written lazily: a commit only keeps the committed tokens' target features, and
+the next draft (or a resume, or a full ring step's worth of waiting features) projects them into
+the rings in one batch. So rounds the width policy decodes plainly cost the drafter nothing but
+the features kept, and drafting after them pays one batched write instead of one per round."""
 
 from __future__ import annotations
 
@@ -27,7 +32,9 @@ class DFlashProposer(Proposer):
         self.max_width = drafter.cfg.block_size - 1
         self.draft_ctx, self.max_step = draft_ctx, ring_step(drafter.cfg, prefill_chunk)
         self.rings: list[SlidingRing] = []
-        self.length = 0  # committed tokens whose context rows the rings hold
+        self.length = 0  # committed tokens: their context rows are in the rings, or waiting
+        self.waiting: list[torch.Tensor] = []  # features (T, n*H) of the last committed tokens, oldest first
+        self.waiting_rows = 0
 
     def device_bytes(self) -> int:
         return tensor_bytes(self.drafter.w.values()) + sum(ring.device_bytes() for ring in self.rings)
@@ -37,9 +44,11 @@ class DFlashProposer(Proposer):
         self.rings = [SlidingRing(self.draft_ctx, self.max_step, cfg.num_kv_heads, cfg.head_dim,
                                   self.drafter.dtype, self.drafter.device) for _ in range(cfg.num_layers)]
         self.length = 0
+        self.waiting, self.waiting_rows = [], 0
 
     def resume(self, position: int) -> bool:
         # The rings hold context rows of the committed tokens; a chat's next turn keeps them all.
+        self.catch_up()
         if not self.rings or not 0 < position <= self.length:
             return False
         if not all(ring.can_rewind_to(position) for ring in self.rings):
@@ -50,15 +59,29 @@ class DFlashProposer(Proposer):
         return True
 
     def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:
-        start = len(committed) - new
-        self.drafter.context_rows(features, Step.span(start, new, self.drafter.device), self.rings)
+        self.waiting.append(features[:new])
+        self.waiting_rows += new
         self.length = len(committed)
+        if self.waiting_rows >= self.max_step:  # a ring step's worth: write it now (bounded memory)
+            self.catch_up()
+
+    def catch_up(self) -> None:
+        """Project the waiting features into the rings, at most one ring step per write."""
+        if not self.waiting_rows:
+            return
+        features = self.waiting[0] if len(self.waiting) == 1 else torch.cat(self.waiting)
+        start = self.length - self.waiting_rows
+        for begin in range(0, self.waiting_rows, self.max_step):
+            rows = features[begin : begin + self.max_step]
+            self.drafter.context_rows(rows, Step.span(start + begin, len(rows), self.drafter.device), self.rings)
+        self.waiting, self.waiting_rows = [], 0
 
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
         cfg = self.drafter.cfg
         k = min(k, self.max_width)
         if k <= 0:
             return Draft([])
+        self.catch_up()
         start = len(context) - 1  # position of `last`
         device = self.drafter.device
         block = torch.full((cfg.block_size,), cfg.mask_token_id, device=device)
