@@ -152,11 +152,10 @@ class PagedKV(LayerCache):
             return
         self.residency.wait_for_loads()
         device = self.residency.device
-        dst_positions = torch.tensor(dst, device=device)
-        src_rows = self.residency.pool_rows(torch.tensor(src, device=device))
-        dst_rows = self.residency.pool_rows(dst_positions)
+        # Only K/V move: every destination position was written by the step itself, so the pool
+        # row holding it already carries that position (`row_positions`).
+        src_rows, dst_rows = (self.residency.pool_rows(torch.tensor(p, device=device)) for p in (src, dst))
         move_slots(*self.storage.planes, src_rows, dst_rows)
-        self.residency.stored(dst_rows, dst_positions)
         if self.select:
             self.selection.accept_path(src, dst)
 

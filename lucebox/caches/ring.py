@@ -79,12 +79,12 @@ class SlidingRing(LayerCache):
     def accept_path(self, start: int, rows: list[int]) -> None:
         # A tree step spans at most `max_step` rows, like a chain step: its scratch slots overwrite
         # only rows the capacity invariant already allows it to.
+        # The destination slots already name their positions: the step itself wrote them.
         src, dst = path_moves(start, rows)
         if src:
-            dst_positions = torch.tensor(dst, device=self.positions.device)
-            move_slots(self.k, self.v, torch.tensor(src, device=self.k.device) % self.capacity,
-                 dst_positions % self.capacity)
-            self.positions.index_copy_(0, dst_positions % self.capacity, dst_positions)
+            device = self.k.device
+            move_slots(self.k, self.v, torch.tensor(src, device=device) % self.capacity,
+                       torch.tensor(dst, device=device) % self.capacity)
 
     def device_bytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size() + self.positions.numel() * 8
