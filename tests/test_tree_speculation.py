@@ -94,3 +94,19 @@ def test_greedy_trees_of_the_drafter_itself_equal_plain_decoding(laguna, dflash)
     out = llm.generate(PROMPT, max_tokens=60, ignore_eos=True)
     assert out.token_ids == plain
     assert max(out.stats["width_histogram"]) == 6
+
+
+def test_greedy_trees_under_a_repetition_penalty_equal_plain_decoding(laguna, dflash):
+    """Each tree row is penalized by its own path's tokens, as plain decoding would by then."""
+    options = dict(max_tokens=60, ignore_eos=True, repetition_penalty=1.3)
+    plain = lucebox.LLM(laguna, draft=None, **COMMON).generate(PROMPT, **options).token_ids
+    llm = lucebox.LLM(laguna, draft=dflash, adaptive=False, tree_budget=8, **COMMON)
+    oracle_trees(llm, plain, len(PROMPT))
+    out = llm.generate(PROMPT, **options)
+    assert out.token_ids == plain and out.stats["acceptance_length"] > 2
+
+
+def test_seeded_sampled_trees_repeat(laguna, dflash):
+    llm = lucebox.LLM(laguna, draft=dflash, adaptive=False, tree_budget=6, **COMMON)
+    runs = [llm.generate(PROMPT, max_tokens=40, ignore_eos=True, temperature=0.8, seed=3).token_ids for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 40
