@@ -4,6 +4,7 @@ drafter, and plain decoding, all in one run, prompt by prompt in turn.
 
     python bench/speculative.py                          # CPU, the built-in model
     python bench/speculative.py --out bench/results      # replace the committed result
+    python bench/speculative.py --tree-budget 8          # + a draft tree of 8 rows vs a chain of 8
 
 Prompts are the first `--prompt-tokens` tokens of held-out standard-library files (never trained
 on by the model, its tokenizer or its drafter). Greedy rows must reproduce plain decoding token
@@ -78,6 +79,9 @@ def main() -> None:
     p.add_argument("--sweep", action="store_true",
                    help="also decode each prompt greedily at every fixed width 1..7, and report per prompt the "
                         "adaptive width's speed over the best fixed width's")
+    p.add_argument("--tree-budget", type=int, default=0,
+                   help="also decode with DFlash draft trees of N draft rows per round, beside a fixed chain of N "
+                        "drafts: tree vs chain at equal verify rows")
     p.add_argument("--out", default=None, help="directory for the JSON (default bench/results/local; "
                                                "bench/results replaces the committed result)")
     args = p.parse_args()
@@ -93,6 +97,10 @@ def main() -> None:
     widths = range(1, 8) if args.sweep else ()
     for k in widths:
         engines[f"fixed width {k}"] = lucebox.LLM(model, draft="auto", adaptive=False, draft_k=k, **common)
+    if args.tree_budget:
+        n = args.tree_budget
+        engines[f"dflash tree {n}"] = lucebox.LLM(model, draft="auto", adaptive=False, tree_budget=n, **common)
+        engines[f"dflash chain {n}"] = lucebox.LLM(model, draft="auto", adaptive=False, draft_k=n, **common)
     if engines["dflash"].proposer is None:
         sys.exit(f"{model} has no paired drafter (<model>/dflash): nothing to compare")
     prompts = prompts_from_held_out(engines["plain"].tokenizer, args.prompts, args.prompt_tokens)

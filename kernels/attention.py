@@ -6,6 +6,13 @@ layers (slots holding no key have position -1). Keys may arrive in several block
 host chunks streamed through); each block gives a partial result and its log-sum-exp, and
 `merge_partials` combines them exactly (the online-softmax rule), so no (T, context) score matrix
 is ever built for more than one block at a time.
+
+Tree verification (`tree_bits`): a step's rows are the nodes of a draft tree, row 0 its root at the
+step's first position c = q_positions[0]; row i was written at scratch position c + i while its
+query carries its true position c + depth_i. A key at position >= c is then one of the step's own
+rows, visible to query t iff bit (position - c) of tree_bits[t] is set (an ancestor or itself;
+the caller clears the bits of ancestors outside the window, `models.tree_mask`); keys before c
+follow the rules above at the query's true position.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ def attention_partial(
     all_visible: bool = False,  # the caller knows no key needs masking (older, valid, in window)
     k_scale: torch.Tensor | None = None,  # (KV, S) float32: k and v are int8 rows (`kernels.kv_int8`)
     v_scale: torch.Tensor | None = None,  # (KV, S)
+    tree_bits: torch.Tensor | None = None,  # (T,) int64: each row's ancestor-or-self rows, as bits
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (T, Hq, D) normalized over this block, lse (T, Hq) float32/64; -inf where nothing is visible)."""
     if k_scale is not None:
@@ -43,6 +51,8 @@ def attention_partial(
             visible &= k_positions[None, :] > q_positions[:, None] - window
         if pinned is not None:
             visible &= pinned[None, :] | (k_positions[None, :] > q_positions[:, None] - recent)
+        if tree_bits is not None:
+            visible = _tree_visible(visible, tree_bits, q_positions, k_positions)
     # Query heads of one KV group side by side: (KV, group*T, D) against (KV, S, D).
     qg = q.view(T, kv_heads, group, D).permute(1, 2, 0, 3).reshape(kv_heads, group * T, D)
     scores = torch.matmul(qg, k.transpose(1, 2)) * scale  # (KV, group*T, S)
@@ -55,6 +65,16 @@ def attention_partial(
     out = torch.matmul(probs.to(v.dtype).view(kv_heads, group * T, -1), v)  # (KV, group*T, D)
     out = out.view(kv_heads, group, T, D).permute(2, 0, 1, 3).reshape(T, Hq, D)
     return out, lse.permute(2, 0, 1).reshape(T, Hq)
+
+
+def _tree_visible(visible: torch.Tensor, bits: torch.Tensor, q_positions: torch.Tensor,
+                  k_positions: torch.Tensor) -> torch.Tensor:
+    """`visible` (T, S) with the step's own keys (positions >= q_positions[0]) decided by the bits."""
+    offset = k_positions[None, :] - q_positions[:1, None]  # (1, S): the key's row in the step
+    own = offset >= 0
+    # Offsets past 62 hold no row of a step of at most DECODE_ROWS rows; clamped, their bit is 0.
+    bit = (bits[:, None] >> offset.clamp(0, 62)) & 1
+    return torch.where(own, (bit == 1) & (offset <= 62), visible)
 
 
 def merge_partials(parts: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -77,12 +97,13 @@ def merge_stacked(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor,
 
 def attention_over_blocks(
     q: torch.Tensor, q_positions: torch.Tensor, blocks: Iterable, scale: float, window: int | None = None,
-    partial=attention_partial,
+    partial=attention_partial, tree_bits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention (T, Hq, D) over every `KVBlock` a cache hands out for this step; `partial` is
     the per-block kernel (this reference or the Triton one)."""
+    tree = {} if tree_bits is None else {"tree_bits": tree_bits}  # kernels without trees keep their signature
     return merge_partials(
         partial(q, b.k, b.v, q_positions, b.positions, scale, window, b.pinned, b.recent, b.all_visible,
-                k_scale=b.k_scale, v_scale=b.v_scale)
+                k_scale=b.k_scale, v_scale=b.v_scale, **tree)
         for b in blocks
     )

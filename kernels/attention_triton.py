@@ -7,7 +7,8 @@ grouped query heads share every key load (GQA). Visibility comes from the keys' 
 positions, as in the reference, so rings, pages and host chunks need no layout of their own. For
 long blocks the keys are split across programs (split-K); the splits are merged by the same
 log-sum-exp rule that merges blocks (in one more launch, `_merge_kernel`), so host-streamed chunks
-(KVFlash `exact`) compose with it.
+(KVFlash `exact`) compose with it. A tree-verify step (`tree_bits`) decides its own keys by each
+query's ancestor bits, as the reference does.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from lucebox.kernels.quant_triton import dot_precision
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, qpos_ptr, kpos_ptr, pin_ptr, out_ptr, lse_ptr, kscale_ptr, vscale_ptr,
+    q_ptr, k_ptr, v_ptr, qpos_ptr, kpos_ptr, pin_ptr, out_ptr, lse_ptr, kscale_ptr, vscale_ptr, tree_ptr,
     T, S, D, Hq, group, keys_per_split, window, recent, scale,
     stride_qt, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs, stride_ksh, stride_vsh,
     HAS_WINDOW: tl.constexpr, HAS_PINNED: tl.constexpr, ALL_VISIBLE: tl.constexpr, INT8_KV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    TREE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
 ):
     kv_head, split = tl.program_id(1), tl.program_id(2)
     r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (query row, head in group) pairs
@@ -38,6 +39,9 @@ def _attention_kernel(
     q_pos = tl.load(qpos_ptr + t, mask=row_ok, other=-1)
     q_last = tl.max(q_pos, axis=0)
     q_first = tl.min(tl.where(row_ok, q_pos, q_last), axis=0)
+    if TREE:  # the step's own rows sit at scratch positions from its root's (row 0's) position on
+        tree_start = tl.load(qpos_ptr)
+        q_bits = tl.load(tree_ptr + t, mask=row_ok, other=0)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
@@ -54,6 +58,8 @@ def _attention_kernel(
         newest = tl.max(k_pos, axis=0)
         oldest = tl.min(tl.where(k_pos >= 0, k_pos, newest), axis=0)
         useful = (newest >= 0) & (oldest <= q_last)
+        if TREE:  # scratch rows may sit past every query's true position
+            useful = useful | (newest >= tree_start)
         if HAS_WINDOW:
             useful = useful & (newest > q_first - window)
         if useful | ALL_VISIBLE:
@@ -71,6 +77,11 @@ def _attention_kernel(
                 if HAS_PINNED:
                     pinned = tl.load(pin_ptr + n, mask=n_ok, other=0) != 0
                     visible = visible & (pinned[None, :] | (k_pos[None, :] > q_pos[:, None] - recent))
+                if TREE:
+                    offset = k_pos[None, :] - tree_start
+                    bit = (q_bits[:, None] >> tl.minimum(tl.maximum(offset, 0), 62)) & 1
+                    own = (bit == 1) & (offset <= 62) & row_ok[:, None] & n_ok[None, :]
+                    visible = tl.where(offset >= 0, own, visible)
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen no key yet
@@ -149,6 +160,7 @@ def attention_partial(
     all_visible: bool = False,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    tree_bits: torch.Tensor | None = None,
     splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As `kernels.attention.attention_partial`: (out (T, Hq, D), lse (T, Hq) float32)."""
@@ -176,10 +188,12 @@ def attention_partial(
     scales = (k_scale, v_scale) if int8 else (lse, lse)  # valid pointers that are never read
     _attention_kernel[(m_blocks, kv_heads, splits)](
         q, k, v, q_positions, k_positions, pin, out, lse, *scales,
+        tree_bits.contiguous() if tree_bits is not None else k_positions,  # a valid pointer, unread without TREE
         T, S, D, Hq, group, keys_per_split, window or 0, recent, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         scales[0].stride(0), scales[1].stride(0),
         HAS_WINDOW=window is not None, HAS_PINNED=pinned is not None, ALL_VISIBLE=all_visible, INT8_KV=int8,
+        TREE=tree_bits is not None,
         BLOCK_M=block_m, BLOCK_N=64 if wide else 32, BLOCK_D=triton.next_power_of_2(D),
         PRECISION=dot_precision(q.dtype), num_stages=3 if wide else 2,
     )

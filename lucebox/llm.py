@@ -33,7 +33,7 @@ class LLM:
     Keyword arguments are the fields of `lucebox.engine.config.EngineConfig`, which documents each
     one and its default: `draft`, `device`, `dtype`, `load_format`, `max_context`, `kv_policy`,
     `kv_pool_tokens`, `kv_reselect_every`, `prefill_chunk`, `draft_k`, `verify`, `draft_ctx`,
-    `adaptive`, `backend`, `quantization`, `cuda_graphs`, `vram_budget`, `experts_on_host`,
+    `adaptive`, `tree_budget`, `backend`, `quantization`, `cuda_graphs`, `vram_budget`, `experts_on_host`,
     `expert_slots`, `kv_dtype`. A whole configuration can be given instead (`config=`, `LLM.from_config`).
     `load_progress(done, total)` is called with bytes of weights read as they load.
 

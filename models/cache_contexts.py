@@ -6,39 +6,52 @@ from __future__ import annotations
 import torch
 from lucebox.kernels.attention import attention_over_blocks
 from lucebox.kernels.backend import Kernels
+from lucebox.models.tree_mask import TreeMask
 
 from lucebox.caches import SequenceCache, Step
 
 
+def _tree_args(tree: TreeMask | None, window: int | None) -> dict:
+    return {} if tree is None else {"tree_bits": tree.bits_for(window)}
+
+
 class CacheContext:
     """An eager forward over a sequence cache: each layer writes its rows into its cache and
-    attends over the key blocks the cache hands out (which may stream chunks from the host)."""
+    attends over the key blocks the cache hands out (which may stream chunks from the host).
 
-    def __init__(self, step: Step, cache: SequenceCache, kernels: Kernels, scale: float):
-        self.step, self.cache, self.kernels, self.scale = step, cache, kernels, scale
-        self.positions = step.positions
+    With `tree`, the step verifies a draft tree: rows are written at `step`'s (scratch) positions,
+    while RoPE and attention use their true positions, step.start + depth."""
+
+    def __init__(self, step: Step, cache: SequenceCache, kernels: Kernels, scale: float,
+                 tree: TreeMask | None = None):
+        self.step, self.cache, self.kernels, self.scale, self.tree = step, cache, kernels, scale, tree
+        self.positions = step.positions if tree is None else step.start + tree.depths
 
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor:
         layer_cache = self.cache.layers[layer]
         layer_cache.write(self.step, key, value)
         return attention_over_blocks(q, self.positions, layer_cache.blocks(q, self.step), self.scale, window,
-                                     self.kernels.attention_partial)
+                                     self.kernels.attention_partial, **_tree_args(self.tree, window))
 
 
 class StaticCacheContext:
     """A graphed decode/verify step, after every layer cache's `reserve`: each layer stores its
     rows at slots the device computes from `positions` and attends over its cache's
-    `static_block`, by device work that is the same at every position (`lucebox.engine.runner`)."""
+    `static_block`, by device work that is the same at every position (`lucebox.engine.runner`).
+    With `tree`, `positions` are the scratch positions rows are stored at, as in `CacheContext`."""
 
-    def __init__(self, positions: torch.Tensor, cache: SequenceCache, kernels: Kernels, scale: float):
-        self.positions, self.cache, self.kernels, self.scale = positions, cache, kernels, scale
+    def __init__(self, positions: torch.Tensor, cache: SequenceCache, kernels: Kernels, scale: float,
+                 tree: TreeMask | None = None):
+        self.slots, self.cache, self.kernels, self.scale, self.tree = positions, cache, kernels, scale, tree
+        self.positions = positions if tree is None else positions[0] + tree.depths
 
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor:
         layer_cache = self.cache.layers[layer]
-        layer_cache.store(self.positions, key, value)
+        layer_cache.store(self.slots, key, value)
         block = layer_cache.static_block(q)
         return self.kernels.attention_partial(q, block.k, block.v, self.positions, block.positions, self.scale,
                                               window, block.pinned, block.recent,
-                                              k_scale=block.k_scale, v_scale=block.v_scale)[0]
+                                              k_scale=block.k_scale, v_scale=block.v_scale,
+                                              **_tree_args(self.tree, window))[0]

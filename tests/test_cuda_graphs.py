@@ -42,10 +42,10 @@ def test_graphed_steps_equal_the_plain_forward(reference_models, kv):
     want = plain.generate(prompt, max_tokens=70, ignore_eos=True).token_ids
     got = graphed.generate(prompt, max_tokens=70, ignore_eos=True)
     assert got.token_ids == want
-    assert {w for w, _ in graphed.runner.widths} >= {7}  # verify blocks of 1 + 6 drafts ran through it
+    assert {w for w, *_ in graphed.runner.widths} >= {7}  # verify blocks of 1 + 6 drafts ran through it
     plain.engine.runner = StepRunner(plain.decoder, graphs=True, capture=False)
     assert plain.generate(prompt, max_tokens=70, ignore_eos=True).token_ids == want
-    assert {w for w, _ in plain.runner.widths} == {1}
+    assert {w for w, *_ in plain.runner.widths} == {1}
 
 
 def test_cuda_graphs_need_cuda_and_triton(reference_models):
@@ -114,7 +114,7 @@ def test_every_width_replays_the_uncaptured_steps_logits_on_cuda(tmp_path):
                 cache.commit(position + 1)
                 cache.rollback(position + 1)
             position += 1
-    assert {w for w, _ in engines[0].runner.widths} == set(range(1, DECODE_ROWS + 1))
+    assert {w for w, *_ in engines[0].runner.widths} == set(range(1, DECODE_ROWS + 1))
 
 
 def test_the_graphed_step_never_syncs_with_the_host(reference_models):

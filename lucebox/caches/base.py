@@ -2,7 +2,8 @@
 
 Vocabulary: a row is the K and V of one token in one layer, RoPE already applied, so where a row
 sits never matters. `written` rows may include drafts; `commit(n)` says positions < n are final;
-`rollback(n)` forgets positions >= n.
+`rollback(n)` forgets positions >= n. A tree-verify step writes its rows at scratch positions
+start + i and `accept_path` moves the accepted path's rows into place before the commit.
 """
 
 from __future__ import annotations
@@ -49,6 +50,20 @@ class Step:
     @property
     def end(self) -> int:
         return self.start + self.count
+
+
+def path_moves(start: int, rows: list[int]) -> tuple[list[int], list[int]]:
+    """(from, to) positions of the rows `accept_path` must move: a row already in place stays."""
+    moves = [(start + a, start + 1 + j) for j, a in enumerate(rows) if a != j + 1]
+    return [s for s, _ in moves], [d for _, d in moves]
+
+
+def move_slots(*planes_and_slots) -> None:
+    """planes (X, slots, ...) then src and dst slot indices: every plane's src slots copied onto its
+    dst slots, all gathered before any is written."""
+    *planes, src, dst = planes_and_slots
+    for plane in planes:
+        plane.index_copy_(1, dst, plane.index_select(1, src))
 
 
 @dataclass
@@ -115,6 +130,13 @@ class LayerCache(ABC):
     @abstractmethod
     def rollback(self, to_position: int) -> None:
         """Forget positions >= to_position."""
+
+    def accept_path(self, start: int, rows: list[int]) -> None:
+        """After a tree-verify step wrote its rows at positions start, start + 1, ...: the rows at
+        start + rows[j] move to start + 1 + j (rows increasing, rows[j] >= j + 1, so the moves
+        done in order never overwrite a row still to move). Then commit and rollback as after a
+        chain step; the rows left past the path are rolled back. Runs no host read."""
+        raise NotImplementedError(f"{type(self).__name__} cannot verify draft trees")
 
     def commit(self, length: int) -> None:
         """Positions < length are final: no rollback will go below it. In three parts, so that

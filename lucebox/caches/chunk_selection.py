@@ -103,6 +103,14 @@ class ChunkSelection:
         n = min(q.shape[0], self.s.decode_rows)
         self.queries[:n].copy_(q[q.shape[0] - n :])
 
+    def accept_path(self, src: list[int], dst: list[int]) -> None:
+        """A tree step's rows at positions `src` moved to `dst`: their queries move with them."""
+        if self.queries is None:
+            return
+        device = self.queries.device
+        rows = [torch.tensor([p - self.queries_start for p in part], device=device) for part in (src, dst)]
+        self.queries.index_copy_(0, rows[1], self.queries.index_select(0, rows[0]))
+
     def begin_commit(self, length: int, committed: int, chunk_keys) -> None:
         """Positions < length are final (were < committed); `chunk_keys(c)` gives chunk c's keys."""
         if length // self.s.reselect_every > committed // self.s.reselect_every:

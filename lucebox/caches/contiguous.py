@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import torch
 
-from lucebox.caches.base import KVBlock, LayerCache, Step
+from lucebox.caches.base import KVBlock, LayerCache, Step, move_slots, path_moves
 
 
 class ContiguousCache(LayerCache):
@@ -45,6 +45,11 @@ class ContiguousCache(LayerCache):
 
     def rollback(self, to_position: int) -> None:
         self.length = min(self.length, to_position)
+
+    def accept_path(self, start: int, rows: list[int]) -> None:
+        src, dst = path_moves(start, rows)
+        if src:
+            move_slots(self.k, self.v, torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device))
 
     def device_bytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()

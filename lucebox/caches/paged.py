@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 import torch
 
-from lucebox.caches.base import KVBlock, LayerCache, Step
+from lucebox.caches.base import KVBlock, LayerCache, Step, move_slots, path_moves
 from lucebox.caches.chunk_selection import ChunkSelection
 from lucebox.caches.paged_blocks import PagedBlocks
 from lucebox.caches.planes import KVPlanes
@@ -141,6 +141,23 @@ class PagedKV(LayerCache):
             if self.select:
                 self.selection.rewind(to_position)
             self.committed = to_position
+
+    def accept_path(self, start: int, rows: list[int]) -> None:
+        """Every plane moves (int8 scales with their codes). The step's chunks are resident (its
+        `reserve` made them so, and nothing evicts before the commit) and their host copies are
+        already marked stale, so the moves touch the pool alone; `select`'s kept queries follow
+        their rows, so a re-selection uses the last committed token's query."""
+        src, dst = path_moves(start, rows)
+        if not src:
+            return
+        self.residency.wait_for_loads()
+        device = self.residency.device
+        # Only K/V move: every destination position was written by the step itself, so the pool
+        # row holding it already carries that position (`row_positions`).
+        src_rows, dst_rows = (self.residency.pool_rows(torch.tensor(p, device=device)) for p in (src, dst))
+        move_slots(*self.storage.planes, src_rows, dst_rows)
+        if self.select:
+            self.selection.accept_path(src, dst)
 
     def rows_before_reselect(self, position: int) -> int | None:
         return self.selection.rows_before_reselect(position) if self.select else None

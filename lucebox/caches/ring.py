@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import torch
 
-from lucebox.caches.base import KVBlock, LayerCache, Step
+from lucebox.caches.base import KVBlock, LayerCache, Step, move_slots, path_moves
 
 
 class SlidingRing(LayerCache):
@@ -76,8 +76,19 @@ class SlidingRing(LayerCache):
         if to_position == 0:  # emptied: no row is left to lose, whatever was written before
             self.highest = 0
 
+    def accept_path(self, start: int, rows: list[int]) -> None:
+        # A tree step spans at most `max_step` rows, like a chain step: its scratch slots overwrite
+        # only rows the capacity invariant already allows it to.
+        # The destination slots already name their positions: the step itself wrote them.
+        src, dst = path_moves(start, rows)
+        if src:
+            device = self.k.device
+            move_slots(self.k, self.v, torch.tensor(src, device=device) % self.capacity,
+                       torch.tensor(dst, device=device) % self.capacity)
+
     def device_bytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size() + self.positions.numel() * 8
 
     def memory(self) -> dict[str, int]:
         return {"ring_caches": self.device_bytes()}
+

@@ -73,6 +73,13 @@ class SequenceCache:
         self.length = min(self.length, to_position)
         self._unfinished -= 1
 
+    def accept_path(self, start: int, rows: list[int]) -> None:
+        """Every layer moves a verified tree's accepted path into place (`LayerCache.accept_path`)."""
+        self._unfinished += 1  # an interrupt midway leaves layers that disagree: never reused
+        for layer in self.layers:
+            layer.accept_path(start, rows)
+        self._unfinished -= 1
+
     def can_rewind_to(self, position: int) -> bool:
         """Whether rolling back to `position` keeps every row a later query needs (rings lose rows
         that later writes overwrote; the paged pool and the contiguous cache lose none). Never for

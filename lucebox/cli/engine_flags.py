@@ -16,6 +16,7 @@ FIELDS = {
     "--device": "device", "--dtype": "dtype", "--ctx": "max_context", "--kv-pool": "kv_pool_tokens",
     "--kv-policy": "kv_policy", "--kv-reselect-every": "kv_reselect_every", "--draft": "draft",
     "--draft-k": "draft_k", "--draft-ctx": "draft_ctx", "--verify": "verify", "--adaptive": "adaptive",
+    "--tree-budget": "tree_budget",
     "--prefill-chunk": "prefill_chunk", "--load-format": "load_format", "--backend": "backend",
     "--cuda-graphs": "cuda_graphs", "--quantization": "quantization", "--vram": "vram_budget",
     "--kv-dtype": "kv_dtype", "--experts-on-host": "experts_on_host", "--expert-slots": "expert_slots",
@@ -54,6 +55,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction,
                    help="choose each round's width by measured cost, and stop drafting when it does not pay; "
                         "--no-adaptive always verifies --draft-k drafts (default: on)")
+    p.add_argument("--tree-budget", type=int,
+                   help=f"draft rows of a draft tree verified per round, 0..{engine.DRAFT_WIDTH}, with a DFlash "
+                        "drafter (other drafters draft chains); 0: chains "
+                        f"(default: {engine.EngineConfig.tree_budget})")
     cpu, cuda = engine.PREFILL_CHUNK["cpu"], engine.PREFILL_CHUNK["cuda"]
     p.add_argument("--prefill-chunk", type=int,
                    help=f"rows per prefill forward (default: {cuda} on CUDA, {cpu} on CPU)")

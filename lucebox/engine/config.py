@@ -66,6 +66,8 @@ class EngineConfig:
     draft_k: most drafts per round (the width adapts below it); draft_ctx: the drafter's ring.
     verify: how sampled drafts are verified ("tokenwise" or "block"; both keep the distribution).
     adaptive: choose each round's width by cost (False: always draft_k, never switched off).
+    tree_budget: draft rows of a draft tree verified per round (a DFlash drafter's top-k per
+        position, best first; the width policy is then not used); 0: chains.
     backend: kernels: "auto" (Triton on CUDA, the torch references on the CPU) | "triton" | "torch".
     quantization: "int8" | "int4": quantize the linear layers' weights as they load.
     cuda_graphs: run decode/verify steps as CUDA graphs (None: wherever they can run).
@@ -89,6 +91,7 @@ class EngineConfig:
     verify: str = "tokenwise"
     draft_ctx: int = DRAFT_CTX
     adaptive: bool = True
+    tree_budget: int = 0
     backend: str = "auto"
     quantization: str | None = None
     cuda_graphs: bool | None = None
@@ -111,6 +114,7 @@ class EngineConfig:
             "verify": choice("verify", self.verify, VERIFY_RULES),
             "draft_ctx": integer("draft_ctx", self.draft_ctx, 1),
             "adaptive": flag("adaptive", self.adaptive),
+            "tree_budget": integer("tree_budget", self.tree_budget, 0, DRAFT_WIDTH),
             "backend": choice("backend", self.backend, BACKENDS),
             "cuda_graphs": flag("cuda_graphs", self.cuda_graphs, optional=True),
             "vram_budget": None if self.vram_budget is None else size("vram_budget", self.vram_budget),

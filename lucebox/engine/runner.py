@@ -20,6 +20,11 @@ DECODE_ROWS, and caches whose step needs irregular work (KVFlash `exact` with ch
 host streams them; the contiguous reference cache grows). A graph reads its cache's buffers by
 address, so the graphs belong to one `SequenceCache` (the session's) until `release`.
 
+A tree-verify step (`tree`: each row's depth and ancestor bits, `speculative.tree`) is the same
+step with two more static input rows, depths and bits, and a graph of its own per width: rows are
+stored at scratch positions start + i, attend at their true positions start + depth
+(`models.tree_mask`).
+
 Without CUDA (`capture=False`) the graphed path runs its step body eagerly, which is how the
 CPU tests check it: same body, same static inputs, same cache tables.
 """
@@ -32,7 +37,8 @@ import torch
 
 from lucebox.caches import SequenceCache, Step
 from lucebox.engine.config import DECODE_ROWS
-from lucebox.models.cache_contexts import StaticCacheContext
+from lucebox.models.cache_contexts import CacheContext, StaticCacheContext
+from lucebox.models.tree_mask import TreeMask
 from lucebox.sampling import greedy_choices
 
 
@@ -46,9 +52,12 @@ class StepOutput:
 class StepGraph:
     """A decode/verify step of exactly `width` rows over one cache, capturing decoder `layers`."""
 
-    def __init__(self, decoder, cache: SequenceCache, width: int, layers: tuple[int, ...], capture: bool):
+    def __init__(self, decoder, cache: SequenceCache, width: int, layers: tuple[int, ...], capture: bool,
+                 tree: bool = False):
         self.decoder, self.cache, self.layers = decoder, cache, layers
-        self.inputs = torch.zeros((2, width), dtype=torch.long, device=decoder.device)  # token ids, positions
+        # token ids, positions (+ a tree's depths and ancestor bits)
+        self.inputs = torch.zeros((4 if tree else 2, width), dtype=torch.long, device=decoder.device)
+        self.tree = tree
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: StepOutput | None = None
         self.capture = capture
@@ -56,7 +65,8 @@ class StepGraph:
     def body(self) -> StepOutput:
         """The step's device work, reading only `inputs` and the cache's tables."""
         d, ids, positions = self.decoder, self.inputs[0], self.inputs[1]
-        context = StaticCacheContext(positions, self.cache, d.kernels, d.scale)
+        tree = TreeMask(self.inputs[3], self.inputs[2]) if self.tree else None
+        context = StaticCacheContext(positions, self.cache, d.kernels, d.scale, tree)
         hidden, features = d.run(ids, context, self.layers)
         logits = d.logits(hidden)
         return StepOutput(logits, greedy_choices(logits), features)
@@ -103,7 +113,7 @@ class StepRunner:
         self.capture = decoder.device.type == "cuda" if capture is None else capture
         self.widths: dict[tuple[int, tuple[int, ...]], StepGraph] = {}
         self._bound: SequenceCache | None = None
-        self._staging = torch.zeros(2 * DECODE_ROWS, dtype=torch.long, pin_memory=self.capture)
+        self._staging = torch.zeros(4 * DECODE_ROWS, dtype=torch.long, pin_memory=self.capture)
         self._uploaded: torch.cuda.Event | None = None  # when the last upload from `_staging` was done
 
     def graphed(self, width: int, step: Step, cache: SequenceCache) -> bool:
@@ -126,21 +136,23 @@ class StepRunner:
         self._bound = None
 
     def step(self, rows: list[int], step: Step, cache: SequenceCache,
-             layers: tuple[int, ...] = ()) -> StepOutput:
+             layers: tuple[int, ...] = (), tree=None) -> StepOutput:
+        """`tree`: the rows are a draft tree (`speculative.tree.DraftTree`: `depths`, `ancestor_bits`)."""
         width = len(rows)
         if not self.graphed(width, step, cache):
-            ids = torch.tensor(rows, dtype=torch.long, device=self.decoder.device)
-            hidden, features = self.decoder.forward_capturing(ids, step, cache, layers)
-            logits = self.decoder.logits(hidden)
-            return StepOutput(logits, greedy_choices(logits), features)
+            return self._eager(rows, step, cache, layers, tree)
         for layer in cache.layers:
             layer.reserve(step)
-        graph = self._graph(width, layers, cache)
+        graph = self._graph(width, layers, cache, tree is not None)
         if self._uploaded is not None:
             self._uploaded.synchronize()  # long done (the last verdict was read since): no wait in practice
-        staged = self._staging[: 2 * width].view(2, width)  # contiguous: pinned all the way
+        inputs = graph.inputs.shape[0]
+        staged = self._staging[: inputs * width].view(inputs, width)  # contiguous: pinned all the way
         staged.numpy()[0] = rows  # host memory written as numpy: no device op, no dispatch
         staged.numpy()[1] = range(step.start, step.end)
+        if tree is not None:
+            staged.numpy()[2] = tree.depths
+            staged.numpy()[3] = tree.ancestor_bits
         graph.inputs.copy_(staged, non_blocking=self.capture)  # the one upload of the step
         if self.capture:
             self._uploaded = torch.cuda.current_stream(self.decoder.device).record_event()
@@ -149,9 +161,22 @@ class StepRunner:
         # the drafter (logits and choices are read before the next step).
         return StepOutput(out.logits, out.choices, None if out.features is None else out.features.clone())
 
-    def _graph(self, width: int, layers: tuple[int, ...], cache: SequenceCache) -> StepGraph:
+    def _eager(self, rows: list[int], step: Step, cache: SequenceCache, layers: tuple[int, ...],
+               tree) -> StepOutput:
+        d = self.decoder
+        ids = torch.tensor(rows, dtype=torch.long, device=d.device)
+        if tree is None:
+            hidden, features = d.forward_capturing(ids, step, cache, layers)
+        else:
+            bits, depths = torch.tensor([tree.ancestor_bits, tree.depths], dtype=torch.long, device=d.device)
+            context = CacheContext(step, cache, d.kernels, d.scale, TreeMask(bits, depths))
+            hidden, features = d.run(ids, context, layers)
+        logits = d.logits(hidden)
+        return StepOutput(logits, greedy_choices(logits), features)
+
+    def _graph(self, width: int, layers: tuple[int, ...], cache: SequenceCache, tree: bool) -> StepGraph:
         self._bound = cache
-        key = (width, layers)
+        key = (width, layers, tree)
         if key not in self.widths:
-            self.widths[key] = StepGraph(self.decoder, cache, width, layers, self.capture)
+            self.widths[key] = StepGraph(self.decoder, cache, width, layers, self.capture, tree)
         return self.widths[key]

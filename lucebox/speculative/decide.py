@@ -32,12 +32,17 @@ def decide(
     choices: torch.Tensor | None = None,  # greedy_choices(logits), when the step computed them already
 ) -> Verdict:
     verdict = _decide(logits, draft, params, seen, rule, generator, choices)
-    if verdict.next_token < 0:
+    check_finite(verdict.next_token)
+    return verdict
+
+
+def check_finite(next_token: int) -> None:
+    """A verdict's next token is -1 when the logits were not finite: say what to check."""
+    if next_token < 0:
         raise NonFiniteLogitsError(
             "the model's logits hold NaN or inf values, so no token can be chosen: a weight is corrupt (NaN/inf), "
             "or config.json has values the weights were not trained with (rope_theta, rms_norm_eps, scaling "
             "factors), or the dtype overflows (try dtype='float32'); check the checkpoint")
-    return verdict
 
 
 def _decide(logits, draft, params, seen, rule, generator, choices) -> Verdict:

@@ -18,6 +18,8 @@ from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashConfig, DFlashDrafter
 from lucebox.sampling import SamplingParams, distribution, draw
 from lucebox.speculative.proposer import Draft, Proposer, confidence, greedy_draft, tensor_bytes
+from lucebox.speculative.tree import DraftTree
+from lucebox.speculative.tree_draft import draft_tree
 
 
 def ring_step(cfg: DFlashConfig, prefill_chunk: int) -> int:
@@ -35,6 +37,7 @@ class DFlashProposer(Proposer):
         self.length = 0  # committed tokens: their context rows are in the rings, or waiting
         self.waiting: list[torch.Tensor] = []  # features (T, n*H) of the last committed tokens, oldest first
         self.waiting_rows = 0
+        self.tree_children = None  # `tree_draft.ChildrenHook`: how a node's children are chosen (None: by position)
 
     def device_bytes(self) -> int:
         return tensor_bytes(self.drafter.w.values()) + sum(ring.device_bytes() for ring in self.rings)
@@ -77,18 +80,11 @@ class DFlashProposer(Proposer):
         self.waiting, self.waiting_rows = [], 0
 
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
-        cfg = self.drafter.cfg
         k = min(k, self.max_width)
         if k <= 0:
             return Draft([])
-        self.catch_up()
-        start = len(context) - 1  # position of `last`
         device = self.drafter.device
-        block = torch.full((cfg.block_size,), cfg.mask_token_id, device=device)
-        block[0] = context[-1]
-        embeddings = F.embedding(block, self.target.w["embed"]) * cfg.embedding_scale
-        hidden = self.drafter.draft(embeddings, Step.span(start, cfg.block_size, device), self.rings)
-        logits = self.drafter.logits(self.target, hidden[1 : k + 1])
+        logits = self.block_logits(context, k)
         if params.greedy:
             return greedy_draft(logits)
         plain = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p)
@@ -96,3 +92,21 @@ class DFlashProposer(Proposer):
         q = torch.stack([distribution(row, plain, nothing) for row in logits]).double()
         tokens = [int(draw(row, generator)) for row in q]
         return Draft(tokens, q, confidence(logits, q))
+
+    def block_logits(self, context: list[int], k: int) -> torch.Tensor:
+        """The drafter's logits (k, V) for the k positions after `last` (context[-1]), in one pass."""
+        self.catch_up()
+        cfg, device = self.drafter.cfg, self.drafter.device
+        start = len(context) - 1  # position of `last`
+        block = torch.full((cfg.block_size,), cfg.mask_token_id, device=device)
+        block[0] = context[-1]
+        embeddings = F.embedding(block, self.target.w["embed"]) * cfg.embedding_scale
+        hidden = self.drafter.draft(embeddings, Step.span(start, cfg.block_size, device), self.rings)
+        return self.drafter.logits(self.target, hidden[1 : k + 1])
+
+    def propose_tree(self, context: list[int], budget: int) -> DraftTree:
+        """A draft tree of up to `budget` rows after `last` (`speculative.tree_draft`). The context
+        rings only ever receive committed rows: the round gathers the target features of the
+        accepted path's rows before `commit`, so a tree's other rows never reach them."""
+        return draft_tree(self.block_logits(context, min(budget, self.max_width)), context[-1], budget,
+                          self.tree_children)

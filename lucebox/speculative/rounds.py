@@ -30,6 +30,7 @@ from lucebox.speculative.decide import decide
 from lucebox.speculative.keep_model import DraftJudge, KeepModel
 from lucebox.speculative.learned import Learned
 from lucebox.speculative.proposer import Draft, Proposer
+from lucebox.speculative.tree_round import tree_round
 from lucebox.speculative.width import WidthPolicy, fixed_costs
 
 
@@ -46,6 +47,7 @@ class DecodeContext:
     adaptive: bool  # choose each round's width by cost (else always the most the limits allow)
     vocab_size: int
     device: torch.device
+    tree_budget: int = 0  # draft rows of a tree round (DFlash drafters); 0: chains
 
 
 class Speculation:
@@ -68,6 +70,8 @@ class Speculation:
         self.judge = DraftJudge(self.width.keep)
         self.last: int | None = None  # the newest token: chosen, not yet forwarded
         self.totals = RoundTotals()
+        # Trees from drafters that make them (DFlash), at the fixed budget: the width policy is for chains.
+        self.trees = context.tree_budget > 0 and hasattr(proposer, "propose_tree")
 
     def first(self, logits: torch.Tensor) -> int:
         verdict = decide(logits, Draft([]), self.params, self.seen, self.context.verify_rule, self.verify_gen)
@@ -77,10 +81,11 @@ class Speculation:
 
     def round(self, remaining: int, take: Callable[[list[int]], Chunk]) -> Chunk:
         """One round; `remaining`: tokens the request may still produce."""
+        if self.trees:
+            return tree_round(self, remaining, take)
         ctx, cache, width = self.context, self.context.cache, self.width
         c = cache.length
-        limit = min(remaining - 1, cache.rows_before_reselect(c) - 1, cache.settings.max_step - 1,
-                    cache.settings.decode_rows - 1, ctx.draft_k)
+        limit = self.draft_limit(remaining)
         # Rounds are timed (a synchronized clock) only where the policy learns from the times; the
         # wait is short, since every round reads its verdict (and its drafts) on the host anyway.
         timed = width.has_drafter and width.timed and width.adaptive
@@ -106,6 +111,12 @@ class Speculation:
         self.last = chunk.token_ids[-1]
         self._mark_seen(chunk.token_ids)
         return chunk
+
+    def draft_limit(self, remaining: int) -> int:
+        """The most drafts (or draft rows of a tree) this round may verify."""
+        cache = self.context.cache
+        return min(remaining - 1, cache.rows_before_reselect(cache.length) - 1, cache.settings.max_step - 1,
+                   cache.settings.decode_rows - 1, self.context.draft_k)
 
     def _draft(self, limit: int) -> Draft:
         """Up to `limit` drafts after `last`, cut to the width the policy chooses; the whole block
@@ -157,8 +168,9 @@ class RoundTotals:
         self.drafted, self.accepted, self.widths, self.kept, self.confident = ([0] * DECODE_ROWS for _ in range(5))
         self.confidence = [0.0] * DECODE_ROWS
 
-    def add(self, draft: Draft, n: int, draft_s: float, verify_s: float) -> None:
-        """A round that verified `draft` and accepted its first `n` drafts."""
+    def add(self, draft: Draft, n: int, draft_s: float, verify_s: float, width: int | None = None) -> None:
+        """A round that verified `draft` and accepted its first `n` drafts (`width`: the draft rows
+        verified, when a tree's are more than its deepest path)."""
         k = len(draft.tokens)
         for i, c in enumerate(draft.confidence):
             self.confidence[i] += c
@@ -167,7 +179,7 @@ class RoundTotals:
         self.committed += n + 1
         self.draft_time_s += draft_s
         self.verify_time_s += verify_s
-        self.widths[k] += 1
+        self.widths[k if width is None else width] += 1
         self.kept[n] += 1
         for i in range(k):
             self.drafted[i] += 1

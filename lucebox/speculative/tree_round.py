@@ -1,0 +1,53 @@
+"""One speculation round over a draft tree (`speculative.tree`), for drafters that make trees.
+
+The round of `rounds.Speculation.round` with a tree in place of the chain: the drafter proposes a
+tree of up to `tree_budget` draft rows after `last`; one target step verifies every row, row i
+written at scratch position c + i and attending as its true position c + depth_i to the committed
+keys and its ancestors (`models.tree_mask`); the target's own picks walk down the tree
+(`tree_verify`); the text stage takes the path's tokens and the next one; the cache moves the
+taken path's rows to c + 1, c + 2, ... (`SequenceCache.accept_path`) and commits and rolls back as
+after a chain. The drafter receives the committed tokens and the target features of those rows
+alone. A tree that is a chain runs the plain step (same graphs as chain rounds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from lucebox.caches import Step
+from lucebox.generation import Chunk
+from lucebox.speculative.proposer import Draft
+from lucebox.speculative.tree import DraftTree, chain
+from lucebox.speculative.tree_verify import decide_tree
+
+
+def tree_round(spec, remaining: int, take: Callable[[list[int]], Chunk]) -> Chunk:
+    """One round of `spec` (a `rounds.Speculation`); `remaining`: tokens the request may still produce."""
+    ctx, cache = spec.context, spec.context.cache
+    c = cache.length
+    budget = min(spec.draft_limit(remaining), ctx.tree_budget)
+    t0 = ctx.clock(False)
+    tree = spec.proposer.propose_tree(spec.tokens + [spec.last], budget) if budget > 0 else chain(spec.last, [])
+    t1 = ctx.clock(False)
+    layers = spec.proposer.feature_layers
+    out = ctx.runner.step(tree.tokens, Step.span(c, len(tree), ctx.device), cache, layers,
+                          None if is_chain(tree) else tree)
+    verdict = decide_tree(out.logits, tree, spec.params, spec.seen, spec.verify_gen,
+                          None if spec.penalized else out.choices)
+    chunk = take([*(tree.tokens[r] for r in verdict.path), verdict.next_token])
+    rows = [0, *verdict.path][: len(chunk.token_ids)]  # fewer when a stop ends the request inside the round
+    cache.accept_path(c, rows[1:])
+    features = None if out.features is None else out.features[rows]
+    # This is Speculation's own round, in a file of its own: it shares the class's commit and history.
+    spec._commit([tree.tokens[r] for r in rows], len(tree), features)  # noqa: SLF001
+    t2 = ctx.clock(False)
+    spec.totals.add(Draft([0] * tree.depth), verdict.accepted, t1 - t0 if budget > 0 else 0.0, t2 - t1,
+                    width=len(tree) - 1)
+    spec.last = chunk.token_ids[-1]
+    spec._mark_seen(chunk.token_ids)  # noqa: SLF001
+    return chunk
+
+
+def is_chain(tree: DraftTree) -> bool:
+    """Whether every row's parent is the row before it (plain causal attention serves it)."""
+    return all(parent == i - 1 for i, parent in enumerate(tree.parents))

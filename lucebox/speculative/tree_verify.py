@@ -1,0 +1,104 @@
+"""Deciding which path of a draft tree to keep, from one target step over the tree's rows.
+
+p_i: the target's processed distribution at row i (after `last` and row i's path). The target's own
+choice walks down the tree: at row i it picks a token from p_i (its argmax when greedy); if a child
+of i carries that token the walk moves there, else it stops and the pick is the next token. Every
+committed token is thus the target's own pick given the tokens before it, whatever the tree holds,
+so the output equals plain decoding (greedy) and follows the target's distribution exactly
+(sampled; the drafts are a deterministic top-k tree, never themselves sampled).
+
+Sampled: `tree_outcomes` writes the walk as its exact outcome distribution, stop[i, x] = the
+probability that the walk reaches row i and picks x there, which no child of i carries (reach_i
+is the product of p along the path), and one draw over all (i, x) decides the round: one read.
+`tests/test_tree_verify.py` enumerates it against the target's own sequence probabilities.
+
+Repetition penalty: each row's history is the committed tokens plus its own path (`path_histories`),
+as a chain's row sees the drafts before it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lucebox.sampling import SamplingParams, distribution, draw, greedy_choices, penalize_repetition
+from lucebox.speculative.decide import check_finite
+from lucebox.speculative.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class TreeVerdict:
+    path: list[int]  # the accepted rows, from the root's child down (empty: no draft kept)
+    next_token: int  # the correction or the bonus
+
+    @property
+    def accepted(self) -> int:
+        return len(self.path)
+
+
+def walk(tree: DraftTree, picks: list[int]) -> TreeVerdict:
+    """Follow the target's pick at each row (picks[i]) down the tree while a child carries it."""
+    row, path = 0, []
+    while (child := tree.child(row, picks[row])) is not None:
+        path.append(child)
+        row = child
+    return TreeVerdict(path, picks[row])
+
+
+def path_histories(seen: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+    """(T, V) bool: row i's token history, `seen` (committed tokens, `last` included) plus the
+    drafts on its path."""
+    histories = seen.expand(len(tree), -1).clone()
+    rows, tokens = [], []
+    for i in range(len(tree)):
+        for j in tree.path(i):
+            rows.append(i)
+            tokens.append(tree.tokens[j])
+    if rows:
+        histories[torch.tensor(rows, device=seen.device), torch.tensor(tokens, device=seen.device)] = True
+    return histories
+
+
+def tree_outcomes(p: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+    """stop (T, V) float64 from p (T, V) float64: the probability that the walk ends at row i with
+    next token x. Sums to 1 over (i, x)."""
+    T, device = len(tree), p.device
+    parents = torch.tensor([max(q, 0) for q in tree.parents], device=device)
+    tokens = torch.tensor(tree.tokens, device=device)
+    edge = p[parents, tokens]  # (T,): p of row i's token at its parent
+    edge[0] = 1.0
+    bits = torch.tensor(tree.ancestor_bits, device=device)
+    ancestor = ((bits[:, None] >> torch.arange(T, device=device)[None, :]) & 1) == 1  # (T, T)
+    reach = torch.where(ancestor, edge[None, :], torch.ones_like(edge)[None, :]).prod(dim=1)
+    carried = torch.zeros_like(p, dtype=torch.bool)
+    carried[parents[1:], tokens[1:]] = True  # picks that move the walk on rather than end it
+    return reach[:, None] * p.masked_fill(carried, 0.0)
+
+
+def decide_tree(
+    logits: torch.Tensor,  # (T, V): the target at each row of the tree
+    tree: DraftTree,
+    params: SamplingParams,
+    seen: torch.Tensor,  # (V,) bool: tokens so far, `last` included
+    generator: torch.Generator | None,
+    choices: torch.Tensor | None = None,  # greedy_choices(logits), when the step computed them already
+) -> TreeVerdict:
+    penalized = params.repetition_penalty != 1.0
+    histories = path_histories(seen, tree) if penalized else None
+    if params.greedy:
+        if choices is None or penalized:
+            choices = greedy_choices(penalize_repetition(logits.float(), histories, params.repetition_penalty)
+                                     if penalized else logits.float())
+        verdict = walk(tree, choices.tolist())
+    else:
+        rows = range(len(tree))
+        p = torch.stack([distribution(logits[i], params, seen if histories is None else histories[i])
+                         for i in rows]).double()
+        stop = tree_outcomes(p, tree)
+        pick = torch.where(torch.isfinite(stop).all(), draw(stop.flatten(), generator), -1)
+        flat = int(pick)  # the round's one read
+        vocab = stop.shape[1]
+        verdict = TreeVerdict(tree.path(flat // vocab), flat % vocab) if flat >= 0 else TreeVerdict([], -1)
+    check_finite(verdict.next_token)
+    return verdict
