@@ -11,8 +11,9 @@ from lucebox.caches import SlidingRing, Step
 from lucebox.engine.config import DRAFT_CTX
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashConfig, DFlashDrafter
-from lucebox.sampling import SamplingParams, distribution, draw
-from lucebox.speculative.proposer import Draft, Proposer, confidence, greedy_draft, tensor_bytes
+from lucebox.sampling import SamplingParams, draw
+from lucebox.speculative.dspark import markov_draft
+from lucebox.speculative.proposer import Draft, Proposer, confidence, draft_distribution, greedy_draft, tensor_bytes
 
 
 def ring_step(cfg: DFlashConfig, prefill_chunk: int) -> int:
@@ -64,12 +65,12 @@ class DFlashProposer(Proposer):
         block = torch.full((cfg.block_size,), cfg.mask_token_id, device=device)
         block[0] = context[-1]
         embeddings = F.embedding(block, self.target.w["embed"]) * cfg.embedding_scale
-        hidden = self.drafter.draft(embeddings, Step.span(start, cfg.block_size, device), self.rings)
-        logits = self.drafter.logits(self.target, hidden[1 : k + 1])
+        hidden = self.drafter.draft(embeddings, Step.span(start, cfg.block_size, device), self.rings)[1 : k + 1]
+        logits = self.drafter.logits(self.target, hidden)
+        if self.drafter.heads is not None:  # DSpark: each position after the draft before it
+            return markov_draft(self.drafter.heads, logits, hidden, block[0], params, generator)
         if params.greedy:
             return greedy_draft(logits)
-        plain = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p)
-        nothing = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
-        q = torch.stack([distribution(row, plain, nothing) for row in logits]).double()
+        q = draft_distribution(logits, params)
         tokens = [int(draw(row, generator)) for row in q]
         return Draft(tokens, q, confidence(logits, q))
