@@ -127,3 +127,142 @@ def test_what_lucebox_cannot_run_is_refused_by_name(laguna, dspark, tmp_path, ch
     (folder / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(DraftModelError, match=key):
         lucebox.LLM(laguna, draft=str(folder), **COMMON)
+
+
+def test_a_frozen_backbone_gets_no_gradient_and_the_heads_do(laguna, dspark):
+    from lucebox.training.distill import DistillSettings, distill_loss, position_weights
+
+    llm = lucebox.LLM(laguna, draft=str(dspark), adaptive=False, device="cpu", dtype="float32")
+    drafter = llm.proposer.drafter
+    for w in drafter.w.values():
+        w.requires_grad_()
+    anchors = torch.tensor([[3, 11, 20]])
+    for frozen in (True, False):
+        for w in drafter.w.values():
+            w.grad = None
+        loss, agree = distill_loss(drafter, llm.decoder, TOKENS, anchors, position_weights(DistillSettings()),
+                                   frozen=frozen)
+        loss.backward()
+        assert agree.shape == (drafter.cfg.block_size - 1,)
+        assert all(drafter.w[n].grad is not None for n in ("markov_w1", "markov_w2", "confidence_w", "confidence_b"))
+        assert (drafter.w["fc"].grad is None) == frozen
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    """A tiny Laguna with a tokenizer, made by `lucebox train` (3 steps), and the distill flags for it."""
+    from test_training import TINY_LAGUNA
+
+    from lucebox.cli import main
+    from lucebox.training.corpus import stdlib_root
+
+    root = tmp_path_factory.mktemp("distill_dspark")
+    data = [str(stdlib_root() / name) for name in ("bisect.py", "colorsys.py", "keyword.py")]
+    (root / "config.json").write_text(json.dumps(TINY_LAGUNA))
+    target = root / "target"
+    assert main(["train", str(target), "--data", *data, "--eval-data", data[0], "--config", str(root / "config.json"),
+                 "--steps", "3", "--batch", "2", "--length", "32", "--vocab-size", "400", "--eval-every", "2"]) == 0
+    flags = ["--data", *data, "--eval-data", data[0], "--batch", "2", "--anchors", "4", "--sequences", "4",
+             "--prompt-tokens", "16", "--generated-tokens", "16", "--eval-prompts", "1", "--eval-tokens", "16",
+             "--steps", "2", "--heads", "dspark", "--markov-rank", "4"]
+    return target, flags
+
+
+def written(folder):
+    from safetensors.torch import load_file
+
+    return json.loads((folder / "config.json").read_text()), load_file(folder / "model.safetensors")
+
+
+def loads_and_drafts_losslessly(target, drafter):
+    prompt = "def main(argv):\n    "
+    plain = lucebox.LLM(target, device="cpu", dtype="float64").generate(prompt, max_tokens=24, ignore_eos=True)
+    llm = lucebox.LLM(target, device="cpu", dtype="float32", draft=str(drafter), adaptive=False)
+    assert llm.proposer.drafter.heads is not None
+    fast = lucebox.LLM(target, device="cpu", dtype="float64", draft=str(drafter), adaptive=False).generate(
+        prompt, max_tokens=24, ignore_eos=True)
+    assert fast.token_ids == plain.token_ids
+    return llm
+
+
+def test_distill_dspark_writes_the_speculators_layout_and_it_loads(tiny_target, tmp_path):
+    from lucebox.cli import main
+
+    target, flags = tiny_target
+    out = tmp_path / "dspark"
+    assert main(["distill", str(target), "--out", str(out), *flags, "--layers", "1", "--attention-heads", "2",
+                 "--kv-heads", "1", "--head-dim", "8", "--intermediate-size", "32", "--block-size", "4"]) == 0
+    config, tensors = written(out)
+    assert config["speculators_model_type"] == "dspark" and config["architectures"] == ["DSparkSpeculator"]
+    assert (config["markov_rank"], config["sample_from_anchor"], config["enable_confidence_head"]) == (4, False, True)
+    assert tensors["markov_head.markov_w1.weight"].shape == (config["transformer_layer_config"]["vocab_size"], 4)
+    llm = loads_and_drafts_losslessly(target, out)
+    # round trip: what was trained (state.pt) is what the file holds is what the engine loaded
+    state = torch.load(out / "training" / "state.pt", weights_only=True)["weights"]
+    from lucebox.models.dflash import sources
+    from lucebox.models.sources import leaf_names
+
+    for name, source in sources(llm.proposer.drafter.cfg).items():
+        if name.startswith(("markov", "confidence")):
+            stored = tensors[next(leaf_names(source))]
+            assert torch.equal(stored, state[name].to(torch.bfloat16)), name
+            assert torch.equal(llm.proposer.drafter.w[name], stored.float()), name
+    assert state["markov_w2"].abs().sum() > 0  # the Markov head trained away from its zero start
+    report = json.loads((out / "training" / "distill_log.json").read_text())
+    assert report["held_out_acceptance"]["acceptance_length"] >= 1.0
+
+
+def test_distill_adds_heads_to_an_existing_drafter_with_its_backbone_frozen(tiny_target, tmp_path):
+    from lucebox.cli import main
+
+    target, flags = tiny_target
+    init = save_dflash(tmp_path / "init", json.loads((target / "config.json").read_text()), "zlab",
+                       block=4, target_layer_ids=(1, 2), scale=0.2)
+    out = tmp_path / "heads"
+    assert main(["distill", str(target), "--out", str(out), *flags, "--init", str(init), "--freeze-backbone",
+                 "--lr", "1"]) == 0  # a rate that would move an unfrozen backbone visibly in 2 steps
+    config, tensors = written(out)
+    _, before = written(init)
+    assert config["aux_hidden_state_layer_ids"] == [2, 3] and config["block_size"] == 4  # the init drafter's
+    for name, tensor in before.items():  # the backbone is the init drafter's, unchanged (stored as bf16)
+        assert torch.equal(tensors[name], tensor.to(torch.bfloat16)), name
+    assert tensors["markov_head.markov_w2.weight"].abs().sum() > 0  # the heads trained
+    loads_and_drafts_losslessly(target, out)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--freeze-backbone"], "--freeze-backbone"),
+    (["--markov-rank", "0"], "--markov-rank"),
+    (["--init", "no-such-folder"], "no-such-folder"),
+])
+def test_bad_head_flags_are_refused_by_name(tiny_target, tmp_path, capsys, flags, says):
+    from lucebox.cli import main
+
+    target, base = tiny_target
+    assert main(["distill", str(target), "--out", str(tmp_path / "x"), *base, *flags]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_training_feeds_each_row_the_token_before_it_as_inference_does(laguna, dspark):
+    """Teacher-forced training logits equal the position-by-position chain (the engine's, see the
+    first test) given the sequence's own tokens a .. a + bs - 2 as previous tokens."""
+    from lucebox.training.distill import drafted_logits
+
+    llm = lucebox.LLM(laguna, draft=str(dspark), adaptive=False, **COMMON)
+    drafter = llm.proposer.drafter
+    _, features = target_signals(llm.decoder, TOKENS, drafter.cfg.target_layer_ids)
+    anchors = torch.tensor([[5, 17]])
+    logits, hidden, _ = drafted_logits(drafter, llm.decoder, features, TOKENS, anchors)
+    J = drafter.cfg.block_size - 1
+    for m, a in enumerate(anchors[0].tolist()):
+        base = drafter.logits(llm.decoder, hidden[0, m])  # the backbone's own logits
+        ref, _ = reference_chain(drafter, base, hidden[0, m], TOKENS[0, a : a + J].tolist())
+        assert torch.allclose(logits[0, m], ref.float(), atol=1e-5)
+
+
+def test_the_confidence_target_is_the_keep_rate():
+    from lucebox.training.dspark_loss import keep_rate
+
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    q = torch.tensor([[1.0, 0.0, 0.0], [0.2, 0.3, 0.5]])
+    assert torch.allclose(keep_rate(p, q.clamp_min(1e-30).log()), torch.tensor([0.5, 1.0]))

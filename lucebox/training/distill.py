@@ -35,7 +35,7 @@ from lucebox.training.forward import forward_batch, greedy_continuations
 class DistillSettings:
     layers: int = 2
     block_size: int = 8
-    heads: int = 8
+    attention_heads: int = 8  # the drafter's query heads (`--heads` names the head kind: dflash or dspark)
     kv_heads: int = 2
     head_dim: int = 32
     intermediate_size: int = 384
@@ -88,7 +88,7 @@ def drafter_config(target_hf: dict, target: Decoder, s: DistillSettings, mask_to
     ids = list(s.target_layer_ids or default_target_layers(len(cfg.layers)))
     return {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": cfg.hidden_size,
-        "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim,
+        "num_attention_heads": s.attention_heads, "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim,
         "intermediate_size": s.intermediate_size, "num_hidden_layers": s.layers, "vocab_size": cfg.vocab_size,
         "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": target_hf.get("max_position_embeddings", 32768),
         "rope_theta": 10000.0, "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
@@ -164,25 +164,35 @@ class TargetSignals:
         return self.hidden[rows], self.features[rows]
 
 
+def drafted_logits(drafter, target: Decoder, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor,
+                   frozen: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits (B, M, bs-1, V), the drafter's final hidden (B, M, bs-1, H), each row's previous token
+    (B, M, bs-1)) of block rows 1.. of the blocks at anchors (B, M). With DSpark heads the logits
+    carry the Markov bias of the token at a + j - 1, teacher-forced: the sequence's token there
+    (after the prompt, the target's greedy one), where inference has the draft before. `frozen`:
+    the backbone is not trained, so it runs without building a graph."""
+    rows = anchors[:, :, None] + torch.arange(drafter.cfg.block_size - 1)  # (B, M, bs-1): row j is a + j - 1
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
+        drafted = draft_hidden(drafter, target, features, tokens, anchors)[:, :, 1:]  # (B, M, bs-1, H)
+        logits = drafter.logits(target, drafted)
+    prev = tokens.gather(1, rows.flatten(1)).view(*rows.shape)
+    if drafter.heads is not None:
+        logits = drafter.heads.position_logits(logits, prev)
+    return logits, drafted, prev
+
+
 def distill_loss(drafter, target: Decoder, tokens: torch.Tensor, anchors: torch.Tensor, weights: torch.Tensor,
                  signals: tuple[torch.Tensor, torch.Tensor] | None = None, frozen: bool = False):
     """(loss, drafter-argmax == target-argmax rate per block position) for tokens (B, T), anchors (B, M).
-    Block row j of the block at a is trained toward the target's distribution for position a + j;
-    with DSpark heads, on its logits after the Markov bias of the token at a + j - 1 (teacher-forced:
-    the sequence's token there, which after the prompt is the target's greedy one), plus the
-    confidence head's loss. `signals`: the tokens' `target_signals`, if already computed; `frozen`:
-    the backbone is not trained (it runs without building a graph)."""
+    Block row j of the block at a is trained toward the target's distribution for position a + j
+    (`drafted_logits`; with DSpark heads plus the confidence head's loss). `signals`: the tokens'
+    `target_signals`, if already computed."""
     hidden, features = signals or target_signals(target, tokens, drafter.cfg.target_layer_ids)
     with torch.no_grad():
         rows = anchors[:, :, None] + torch.arange(drafter.cfg.block_size - 1)  # (B, M, bs-1): row a+j-1
         target_hidden = hidden.gather(1, rows.reshape(len(tokens), -1, 1).expand(-1, -1, hidden.shape[-1]))
         p = torch.softmax(target.logits(target_hidden).float(), dim=-1)  # (B, M*(bs-1), V)
-    with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
-        drafted = draft_hidden(drafter, target, features, tokens, anchors)[:, :, 1:]  # (B, M, bs-1, H)
-        logits = drafter.logits(target, drafted)  # (B, M, bs-1, V)
-    prev = tokens.gather(1, rows.flatten(1)).view(*rows.shape)  # row j's previous token: the one at a + j - 1
-    if drafter.heads is not None:
-        logits = drafter.heads.position_logits(logits, prev)
+    logits, drafted, prev = drafted_logits(drafter, target, features, tokens, anchors, frozen)
     logq = torch.log_softmax(logits.flatten(1, 2), dim=-1)
     per_row = -(p * logq).sum(-1).view(*rows.shape)  # (B, M, bs-1)
     loss = (per_row * weights).sum(-1).mean() / weights.sum()

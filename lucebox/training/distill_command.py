@@ -161,7 +161,7 @@ def add_parser(sub) -> None:
                    help="held-out files for the acceptance measurement (default: the held-out stdlib modules)")
     d = DistillSettings()
     for name, what in (("layers", "drafter layers"), ("block_size", "tokens per drafted block (the first is the "
-                       "anchor: block_size - 1 drafts)"), ("heads", "drafter query heads"),
+                       "anchor: block_size - 1 drafts)"), ("attention_heads", "drafter query heads"),
                        ("kv_heads", "drafter KV heads"), ("head_dim", "drafter head size"),
                        ("intermediate_size", "drafter MLP width"), ("steps", "optimizer steps"),
                        ("batch", "sequences per step"), ("anchors", "blocks per sequence per step"),
