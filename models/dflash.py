@@ -25,6 +25,7 @@ from lucebox.kernels.attention import merge_partials
 from lucebox.kernels.backend import Kernels, kernels_for
 from lucebox.kernels.moe import swiglu
 from lucebox.kernels.rope import RotaryTables
+from lucebox.models.dspark import DSparkConfig, DSparkHeads, head_shapes, head_sources, heads_config
 from lucebox.models.hf_config import (
     architecture_name,
     check_values,
@@ -35,12 +36,14 @@ from lucebox.models.hf_config import (
     rope_spec,
 )
 from lucebox.models.sources import AnyOf, Cat, Source
+from lucebox.models.speculators_layout import ARCHITECTURES as SPECULATORS
+from lucebox.models.speculators_layout import from_speculators, is_speculators
 
 from lucebox.caches import SlidingRing, Step
 from lucebox.config import RopeSpec
 from lucebox.errors import ConfigError, DraftModelError
 
-ARCHITECTURES = ("DFlashDraftModel", "DFlashLagunaForCausalLM")
+ARCHITECTURES = ("DFlashDraftModel", "DFlashLagunaForCausalLM", *SPECULATORS.values())
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class DFlashConfig:
     output_multiplier: float = 1.0
     logit_softcap: float = 0.0
     embedding_scale: float = 1.0
+    heads: DSparkConfig | None = None  # DSpark's Markov and confidence heads (models/dspark.py)
 
     @property
     def num_layers(self) -> int:
@@ -90,7 +94,10 @@ def _check_values(hf: dict) -> None:
 
 
 def build_config(hf: dict) -> DFlashConfig:
-    """The drafter's config; a malformed value becomes a DraftModelError naming it."""
+    """The drafter's config (z-lab, Laguna or Speculators layout); a malformed value becomes a
+    DraftModelError naming it."""
+    if is_speculators(hf):
+        hf = from_speculators(hf)
     arch = architecture_name(hf)
     if arch not in ARCHITECTURES:
         raise DraftModelError(f"drafter architecture {arch!r} is not a DFlash drafter ({', '.join(ARCHITECTURES)})")
@@ -123,7 +130,7 @@ def _build_config(hf: dict, laguna: bool) -> DFlashConfig:
         params = rope_parameters(hf, params["sliding_attention" if windows[0] else "full_attention"])
     vocab_size = int(require(hf, "vocab_size"))
     if hf.get("draft_vocab_size") not in (None, vocab_size):
-        raise DraftModelError("drafters with a reduced draft vocabulary (draft_vocab_size) are not supported")
+        raise DraftModelError("drafters with a reduced draft vocabulary (draft_vocab_size, d2t/t2d) are not supported")
     gating = hf.get("gating", True) if laguna else False
     causal = bool(_value(hf, "causal", _value(hf, "is_causal", False)))
     return DFlashConfig(
@@ -138,6 +145,7 @@ def _build_config(hf: dict, laguna: bool) -> DFlashConfig:
         output_multiplier=number(_value(hf, "output_multiplier", 1.0) or 1.0, "output_multiplier"),
         logit_softcap=number(_value(hf, "final_logit_softcapping", 0.0) or 0.0, "final_logit_softcapping"),
         embedding_scale=number(_value(hf, "input_embedding_scale", 1.0) or 1.0, "input_embedding_scale"),
+        heads=heads_config(hf["dspark_config"]) if isinstance(hf.get("dspark_config"), dict) else None,
     )
 
 
@@ -156,7 +164,7 @@ def weight_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "bqkv"] = ((Hq + 2 * KV) * D,)
         if cfg.gate:
             shapes[p + "wg"] = (Hq if cfg.gate == "head" else Hq * D, H)
-    return shapes
+    return {**shapes, **(head_shapes(cfg.heads, H, cfg.vocab_size) if cfg.heads else {})}
 
 
 def sources(cfg: DFlashConfig) -> dict[str, Source]:
@@ -192,7 +200,7 @@ def sources(cfg: DFlashConfig) -> dict[str, Source]:
         gate_up = cat((m + "gate_proj.weight", m + "up_proj.weight"), (F_, F_))
         out[p + "w_gate_up"] = AnyOf((gate_up, named(m + "gate_up_proj.weight")))
         out[p + "w_down"] = named(m + "down_proj.weight")
-    return out
+    return {**out, **(head_sources(cfg.heads) if cfg.heads else {})}
 
 
 class DFlashDrafter:
@@ -205,6 +213,7 @@ class DFlashDrafter:
         self.dtype, self.device = weights["fc"].dtype, weights["fc"].device
         self.rope = RotaryTables(self.device)
         self.scale = cfg.head_dim**-0.5
+        self.heads = DSparkHeads(cfg.heads, weights) if cfg.heads else None
 
     def logits(self, target, hidden: torch.Tensor) -> torch.Tensor:
         """Logits (float32) of drafted rows through the target's LM head (`target`: its `Decoder`),

@@ -53,3 +53,33 @@ def save_dflash(folder: Path, target_cfg: dict, layout: str, layers: int = 2, bl
     (folder / "config.json").write_text(json.dumps(config))
     save_file(t, folder / "model.safetensors")
     return folder
+
+
+def to_speculators_layout(folder: Path, kind: str = "dflash", rank: int = 8, with_markov: bool = True,
+                          scale: float = 0.5, seed: int = 1) -> Path:
+    """Rewrite a z-lab drafter folder (`save_dflash(..., "zlab")`) in the Speculators layout, written
+    here by hand from the library's documented keys; kind "dspark" adds random Markov and confidence heads."""
+    from safetensors.torch import load_file
+
+    zlab = json.loads((folder / "config.json").read_text())
+    dflash = zlab.pop("dflash_config")
+    zlab.pop("architectures")
+    config = {"speculators_model_type": kind, "architectures": ["DSparkSpeculator" if kind == "dspark"
+                                                                 else "DFlashSpeculator"],
+              "transformer_layer_config": zlab, "draft_vocab_size": zlab["vocab_size"],
+              "block_size": dflash["block_size"], "mask_token_id": dflash["mask_token_id"],
+              "aux_hidden_state_layer_ids": [i + 1 for i in dflash["target_layer_ids"]],
+              "sample_from_anchor": False, "speculators_version": "0.9.0"}
+    tensors = load_file(folder / "model.safetensors")
+    if kind == "dspark":
+        g = torch.Generator().manual_seed(seed)
+        V, H = zlab["vocab_size"], zlab["hidden_size"]
+        config.update(markov_rank=rank, markov_head_type="vanilla", enable_confidence_head=True,
+                      confidence_head_with_markov=with_markov)
+        tensors.update({"markov_head.markov_w1.weight": torch.randn(V, rank, generator=g) * scale,
+                        "markov_head.markov_w2.weight": torch.randn(V, rank, generator=g) * scale,
+                        "confidence_head.proj.weight": torch.randn(1, H + rank * with_markov, generator=g),
+                        "confidence_head.proj.bias": torch.randn(1, generator=g)})
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(tensors, folder / "model.safetensors")
+    return folder

@@ -103,8 +103,9 @@ def trained_tiny(tmp_path_factory):
                  "--steps", "3", "--batch", "2", "--length", "32", "--vocab-size", "400", "--eval-every", "2"]) == 0
     distill = ["distill", str(target), "--out", str(drafter), "--data", *data, "--eval-data", held_out,
                "--batch", "2", "--anchors", "4", "--sequences", "4", "--prompt-tokens", "16",
-               "--generated-tokens", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
-               "--intermediate-size", "32", "--block-size", "4", "--eval-prompts", "1", "--eval-tokens", "16"]
+               "--generated-tokens", "16", "--layers", "1", "--attention-heads", "2", "--kv-heads", "1",
+               "--head-dim", "8", "--intermediate-size", "32", "--block-size", "4", "--eval-prompts", "1",
+               "--eval-tokens", "16"]
     assert main([*distill, "--steps", "2"]) == 0
     assert main([*distill, "--steps", "4", "--resume"]) == 0  # goes on from step 2
     return target, drafter

@@ -43,7 +43,7 @@ def oracle_trees(llm, truth: list[int], prompt_len: int, seed: int = 0) -> None:
     proposer = llm.proposer
 
     def propose_tree(context, budget):
-        proposer.block_logits(context, 1)  # the drafter's own pass still runs (its rings are read)
+        proposer.block_pass(context, 1)  # the drafter's own pass still runs (its rings are read)
         ahead = truth[len(context) - prompt_len:]  # the tokens plain decoding commits next
 
         def children(depth, token):

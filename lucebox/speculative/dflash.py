@@ -16,8 +16,9 @@ from lucebox.caches import SlidingRing, Step
 from lucebox.engine.config import DRAFT_CTX
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashConfig, DFlashDrafter
-from lucebox.sampling import SamplingParams, distribution, draw
-from lucebox.speculative.proposer import Draft, Proposer, confidence, greedy_draft, tensor_bytes
+from lucebox.sampling import SamplingParams, draw
+from lucebox.speculative.dspark import markov_draft
+from lucebox.speculative.proposer import Draft, Proposer, confidence, draft_distribution, greedy_draft, tensor_bytes
 from lucebox.speculative.tree import DraftTree
 from lucebox.speculative.tree_draft import draft_tree
 
@@ -84,29 +85,31 @@ class DFlashProposer(Proposer):
         if k <= 0:
             return Draft([])
         device = self.drafter.device
-        logits = self.block_logits(context, k)
+        logits, hidden = self.block_pass(context, k)
+        if self.drafter.heads is not None:  # DSpark: each position after the draft before it
+            last = torch.tensor(context[-1], device=device)
+            return markov_draft(self.drafter.heads, logits, hidden, last, params, generator)
         if params.greedy:
             return greedy_draft(logits)
-        plain = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p)
-        nothing = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
-        q = torch.stack([distribution(row, plain, nothing) for row in logits]).double()
+        q = draft_distribution(logits, params)
         tokens = [int(draw(row, generator)) for row in q]
         return Draft(tokens, q, confidence(logits, q))
 
-    def block_logits(self, context: list[int], k: int) -> torch.Tensor:
-        """The drafter's logits (k, V) for the k positions after `last` (context[-1]), in one pass."""
+    def block_pass(self, context: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter's logits (k, V) and final hidden states (k, H) for the k positions after
+        `last` (context[-1]), in one pass."""
         self.catch_up()
         cfg, device = self.drafter.cfg, self.drafter.device
         start = len(context) - 1  # position of `last`
         block = torch.full((cfg.block_size,), cfg.mask_token_id, device=device)
         block[0] = context[-1]
         embeddings = F.embedding(block, self.target.w["embed"]) * cfg.embedding_scale
-        hidden = self.drafter.draft(embeddings, Step.span(start, cfg.block_size, device), self.rings)
-        return self.drafter.logits(self.target, hidden[1 : k + 1])
+        hidden = self.drafter.draft(embeddings, Step.span(start, cfg.block_size, device), self.rings)[1 : k + 1]
+        return self.drafter.logits(self.target, hidden), hidden
 
     def propose_tree(self, context: list[int], budget: int) -> DraftTree:
         """A draft tree of up to `budget` rows after `last` (`speculative.tree_draft`). The context
         rings only ever receive committed rows: the round gathers the target features of the
         accepted path's rows before `commit`, so a tree's other rows never reach them."""
-        return draft_tree(self.block_logits(context, min(budget, self.max_width)), context[-1], budget,
+        return draft_tree(self.block_pass(context, min(budget, self.max_width))[0], context[-1], budget,
                           self.tree_children)

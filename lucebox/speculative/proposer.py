@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lucebox.engine.config import DRAFT_WIDTH
-from lucebox.sampling import SamplingParams
+from lucebox.sampling import SamplingParams, distribution
 
 
 @dataclass
@@ -64,12 +64,22 @@ def top_probabilities(logits: torch.Tensor, q: torch.Tensor | None) -> torch.Ten
     return probs.max(dim=-1).values.reshape(-1)
 
 
-def greedy_draft(logits: torch.Tensor) -> Draft:
-    """The argmax drafts of logits (k, V) and their confidences, read from the device at once."""
+def greedy_draft(logits: torch.Tensor, confidences: torch.Tensor | None = None) -> Draft:
+    """The argmax drafts of logits (k, V) and their confidences (given (k,), or the top-1 mass of
+    the logits' softmax), read from the device at once."""
     tokens = logits.argmax(-1)
-    both = torch.cat([tokens.double(), top_probabilities(logits, None).double()]).tolist()  # ids < 2^53: exact
+    belief = top_probabilities(logits, None) if confidences is None else confidences
+    both = torch.cat([tokens.double(), belief.double()]).tolist()  # ids < 2^53: exact
     k = tokens.shape[0]
     return Draft([int(t) for t in both[:k]], None, both[k:])
+
+
+def draft_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(k, V) float64: the distributions sampled drafts are drawn from, for logits (k, V) under
+    `params`' temperature and truncation (no repetition penalty: that is the verifier's)."""
+    plain = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p)
+    nothing = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    return torch.stack([distribution(row, plain, nothing) for row in logits]).double()
 
 
 def confidence(logits: torch.Tensor, q: torch.Tensor | None) -> list[float]:

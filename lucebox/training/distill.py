@@ -20,11 +20,14 @@ import torch
 from safetensors.torch import save_file
 
 from lucebox import arguments
+from lucebox.errors import InvalidArgumentError
 from lucebox.models import dflash
 from lucebox.models.decoder import Decoder
 from lucebox.models.sources import to_checkpoint
 from lucebox.training.checkpointing import load_state, save_state
 from lucebox.training.drafter_forward import draft_hidden
+from lucebox.training.drafter_start import HEADS, head_names, load_backbone
+from lucebox.training.dspark_loss import confidence_loss
 from lucebox.training.forward import forward_batch, greedy_continuations
 
 
@@ -32,7 +35,7 @@ from lucebox.training.forward import forward_batch, greedy_continuations
 class DistillSettings:
     layers: int = 2
     block_size: int = 8
-    heads: int = 8
+    attention_heads: int = 8  # the drafter's query heads (`--heads` names the head kind: dflash or dspark)
     kv_heads: int = 2
     head_dim: int = 32
     intermediate_size: int = 384
@@ -48,12 +51,21 @@ class DistillSettings:
     warmup: int = 50
     position_decay: float = 4.0  # block position j weighs exp(-(j - 1) / decay)
     seed: int = 0
+    heads: str = "dflash"  # or "dspark": + the Markov and confidence heads (lucebox.models.dspark)
+    markov_rank: int = 64  # the Markov head's rank, with heads "dspark"
+    init: str | None = None  # a DFlash drafter folder whose backbone training starts from
+    freeze_backbone: bool = False  # train the DSpark heads only (needs init)
 
     def __post_init__(self):  # named as `lucebox distill`'s flags
         if self.sequences is None:  # frozen: the documented way to fill a field in __post_init__
             object.__setattr__(self, "sequences", sequences_for(self.steps, self.batch))
         arguments.number("--lr", self.lr, 0, low_open=True)
         arguments.number("position_decay", self.position_decay, 0, low_open=True)
+        arguments.choice("--heads", self.heads, HEADS)
+        arguments.integer("--markov-rank", self.markov_rank, 1, 65536)
+        if self.freeze_backbone and (self.init is None or self.heads != "dspark"):
+            raise InvalidArgumentError("--freeze-backbone trains the DSpark heads of an --init drafter: give "
+                                       "--heads dspark and --init DRAFTER_FOLDER with it")
 
 
 def sequences_for(steps: int, batch: int) -> int:
@@ -76,7 +88,7 @@ def drafter_config(target_hf: dict, target: Decoder, s: DistillSettings, mask_to
     ids = list(s.target_layer_ids or default_target_layers(len(cfg.layers)))
     return {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": cfg.hidden_size,
-        "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim,
+        "num_attention_heads": s.attention_heads, "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim,
         "intermediate_size": s.intermediate_size, "num_hidden_layers": s.layers, "vocab_size": cfg.vocab_size,
         "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": target_hf.get("max_position_embeddings", 32768),
         "rope_theta": 10000.0, "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
@@ -89,8 +101,11 @@ def init_drafter(dcfg: dflash.DFlashConfig, seed: int) -> dict[str, torch.Tensor
     g = torch.Generator().manual_seed(seed)
     out_scale = 1 / math.sqrt(2 * dcfg.num_layers)
     weights = {}
+    heads = head_names(dcfg)
     for name, shape in dflash.weight_shapes(dcfg).items():
-        if len(shape) == 1:
+        if name in heads:  # the heads start as no-ops (zero bias, confidence 0.5): training starts from the backbone
+            weights[name] = torch.randn(shape, generator=g) * 0.01 if name == "markov_w1" else torch.zeros(shape)
+        elif len(shape) == 1:
             weights[name] = torch.ones(shape)
         else:
             std = 0.02 * (out_scale if name.rsplit(".", 1)[-1] in ("wo", "w_down") else 1)
@@ -149,20 +164,41 @@ class TargetSignals:
         return self.hidden[rows], self.features[rows]
 
 
+def drafted_logits(drafter, target: Decoder, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor,
+                   frozen: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits (B, M, bs-1, V), the drafter's final hidden (B, M, bs-1, H), each row's previous token
+    (B, M, bs-1)) of block rows 1.. of the blocks at anchors (B, M). With DSpark heads the logits
+    carry the Markov bias of the token at a + j - 1, teacher-forced: the sequence's token there
+    (after the prompt, the target's greedy one), where inference has the draft before. `frozen`:
+    the backbone is not trained, so it runs without building a graph."""
+    rows = anchors[:, :, None] + torch.arange(drafter.cfg.block_size - 1)  # (B, M, bs-1): row j is a + j - 1
+    with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
+        drafted = draft_hidden(drafter, target, features, tokens, anchors)[:, :, 1:]  # (B, M, bs-1, H)
+        logits = drafter.logits(target, drafted)
+    prev = tokens.gather(1, rows.flatten(1)).view(*rows.shape)
+    if drafter.heads is not None:
+        logits = drafter.heads.position_logits(logits, prev)
+    return logits, drafted, prev
+
+
 def distill_loss(drafter, target: Decoder, tokens: torch.Tensor, anchors: torch.Tensor, weights: torch.Tensor,
-                 signals: tuple[torch.Tensor, torch.Tensor] | None = None):
+                 signals: tuple[torch.Tensor, torch.Tensor] | None = None, frozen: bool = False):
     """(loss, drafter-argmax == target-argmax rate per block position) for tokens (B, T), anchors (B, M).
-    Block row j of the block at a is trained toward the target's distribution for position a + j.
-    `signals`: the tokens' `target_signals`, if already computed."""
+    Block row j of the block at a is trained toward the target's distribution for position a + j
+    (`drafted_logits`; with DSpark heads plus the confidence head's loss). `signals`: the tokens'
+    `target_signals`, if already computed."""
     hidden, features = signals or target_signals(target, tokens, drafter.cfg.target_layer_ids)
     with torch.no_grad():
         rows = anchors[:, :, None] + torch.arange(drafter.cfg.block_size - 1)  # (B, M, bs-1): row a+j-1
         target_hidden = hidden.gather(1, rows.reshape(len(tokens), -1, 1).expand(-1, -1, hidden.shape[-1]))
         p = torch.softmax(target.logits(target_hidden).float(), dim=-1)  # (B, M*(bs-1), V)
-    drafted = draft_hidden(drafter, target, features, tokens, anchors)[:, :, 1:]  # (B, M, bs-1, H)
-    logq = torch.log_softmax(drafter.logits(target, drafted).flatten(1, 2), dim=-1)
+    logits, drafted, prev = drafted_logits(drafter, target, features, tokens, anchors, frozen)
+    logq = torch.log_softmax(logits.flatten(1, 2), dim=-1)
     per_row = -(p * logq).sum(-1).view(*rows.shape)  # (B, M, bs-1)
     loss = (per_row * weights).sum(-1).mean() / weights.sum()
+    if drafter.heads is not None and drafter.heads.cfg.confidence:
+        loss = loss + confidence_loss(drafter.heads, drafted, prev, p.view(*logits.shape), logq.view(*logits.shape),
+                                      weights)
     agree = (logq.argmax(-1) == p.argmax(-1)).float().view(*rows.shape).mean((0, 1))
     return loss, agree
 
@@ -179,9 +215,12 @@ def train_drafter(target: Decoder, hf: dict, sequences: torch.Tensor, s: Distill
 
     torch.manual_seed(s.seed)
     dcfg = dflash.build_config(hf)
-    weights = {n: w.requires_grad_() for n, w in init_drafter(dcfg, s.seed).items()}
+    weights = init_drafter(dcfg, s.seed)
+    if s.init:
+        weights.update(load_backbone(s.init))
+    trained = [w.requires_grad_() for n, w in weights.items() if not s.freeze_backbone or n in head_names(dcfg)]
     drafter = dflash.DFlashDrafter(dcfg, weights)
-    optimizer = torch.optim.AdamW([w for w in weights.values()], lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(trained, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
     g = torch.Generator().manual_seed(s.seed + 2)
     start, log, state = load_state(state_path, weights, optimizer)
     if state:
@@ -197,10 +236,10 @@ def train_drafter(target: Decoder, hf: dict, sequences: torch.Tensor, s: Distill
         rows = torch.randint(0, len(sequences), (s.batch,), generator=g)
         tokens = sequences[rows]
         anchors = sample_anchors(s.batch, tokens.shape[1], s, g)
-        loss, agree = distill_loss(drafter, target, tokens, anchors, position_w, signals[rows])
+        loss, agree = distill_loss(drafter, target, tokens, anchors, position_w, signals[rows], s.freeze_backbone)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(weights.values()), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optimizer.step()
         record = {"step": step + 1, "loss": round(loss.item(), 4),
                   "agree_first": round(agree[0].item(), 3), "agree_mean": round(agree.mean().item(), 3),

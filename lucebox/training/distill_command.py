@@ -14,9 +14,11 @@ from pathlib import Path
 import torch
 
 from lucebox.errors import InvalidArgumentError
+from lucebox.models.dflash import build_config
 from lucebox.speculative.learned import CALIBRATION_FILE, calibration_record
 from lucebox.training import corpus
 from lucebox.training.distill import DistillSettings, drafter_config, generate_sequences, save_drafter, train_drafter
+from lucebox.training.drafter_start import HEADS, distill_layout
 from lucebox.training.output_flags import add_output_flags, output_folder
 from lucebox.training.tokenizer_training import MASK_TOKEN
 
@@ -98,9 +100,13 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
     if tokenizer is None:
         raise InvalidArgumentError(f"{target_path} has no tokenizer files; distill reads text through the "
                                    "target's own tokenizer")
-    mask = mask_token_id(tokenizer, s.mask_token_id, target.cfg.vocab_size)
-    hf = drafter_config(desc.hf_config, target, s, mask)
-    if not all(0 <= i < len(target.cfg.layers) for i in hf["dflash_config"]["target_layer_ids"]):
+    hf = distill_layout(s.heads, s.markov_rank, s.init, target_path, desc.hf_config, target.cfg, lambda: drafter_config(
+        desc.hf_config, target, s, mask_token_id(tokenizer, s.mask_token_id, target.cfg.vocab_size)))
+    s = dataclasses.replace(s, block_size=build_config(hf).block_size)  # --init's block size rules
+    if s.prompt_tokens + s.generated_tokens < s.block_size + s.anchors - 1:
+        raise InvalidArgumentError(f"sequences (--prompt-tokens + --generated-tokens) are too short for --anchors "
+                                   f"distinct blocks of {s.block_size} tokens")
+    if not all(0 <= i < len(target.cfg.layers) for i in build_config(hf).target_layer_ids):
         raise InvalidArgumentError(f"--target-layers must be decoder layers 0..{len(target.cfg.layers) - 1}")
     work = out / "training"
     work.mkdir(exist_ok=True)
@@ -155,7 +161,7 @@ def add_parser(sub) -> None:
                    help="held-out files for the acceptance measurement (default: the held-out stdlib modules)")
     d = DistillSettings()
     for name, what in (("layers", "drafter layers"), ("block_size", "tokens per drafted block (the first is the "
-                       "anchor: block_size - 1 drafts)"), ("heads", "drafter query heads"),
+                       "anchor: block_size - 1 drafts)"), ("attention_heads", "drafter query heads"),
                        ("kv_heads", "drafter KV heads"), ("head_dim", "drafter head size"),
                        ("intermediate_size", "drafter MLP width"), ("steps", "optimizer steps"),
                        ("batch", "sequences per step"), ("anchors", "blocks per sequence per step"),
@@ -170,6 +176,18 @@ def add_parser(sub) -> None:
     p.add_argument("--target-layers", default=None,
                    help="comma-separated decoder layers whose outputs the drafter reads (default: 3 spread "
                         "over the depth)")
+    p.add_argument("--heads", choices=HEADS, default=d.heads,
+                   help="dflash: the plain DFlash drafter (z-lab layout); dspark: DFlash plus DSpark's Markov head "
+                        "(each draft conditioned on the one before it) and confidence head, in the Speculators "
+                        f"layout (default: {d.heads})")
+    p.add_argument("--markov-rank", type=int, default=d.markov_rank,
+                   help=f"rank of the DSpark Markov head, with --heads dspark (default: {d.markov_rank})")
+    p.add_argument("--init", default=None, metavar="DRAFTER_FOLDER",
+                   help="start from this DFlash drafter's backbone (z-lab or Speculators layout); its shape, target "
+                        "layers, block size and mask token replace those flags (default: a new random backbone)")
+    p.add_argument("--freeze-backbone", action="store_true",
+                   help="with --init and --heads dspark, train only the DSpark heads: the backbone is kept as it "
+                        "is and runs without backward, so training is fast (default: train everything)")
     p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for the acceptance measurement")
     p.add_argument("--eval-tokens", type=int, default=128, help="greedy tokens generated per held-out prompt")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
