@@ -110,3 +110,14 @@ def test_seeded_sampled_trees_repeat(laguna, dflash):
     llm = lucebox.LLM(laguna, draft=dflash, adaptive=False, tree_budget=6, **COMMON)
     runs = [llm.generate(PROMPT, max_tokens=40, ignore_eos=True, temperature=0.8, seed=3).token_ids for _ in range(2)]
     assert runs[0] == runs[1] and len(runs[0]) == 40
+
+
+def test_adaptive_trees_equal_plain_decoding(laguna, dflash):
+    """The width policy cuts each oracle tree to the rows it finds worth verifying (any cut is a
+    sub-tree whose rows must move into place): output stays plain decoding's."""
+    plain = lucebox.LLM(laguna, draft=None, **COMMON).generate(PROMPT, max_tokens=N, ignore_eos=True).token_ids
+    llm = lucebox.LLM(laguna, draft=dflash, tree_budget=15, **COMMON)
+    oracle_trees(llm, plain, len(PROMPT))
+    out = llm.generate(PROMPT, max_tokens=N, ignore_eos=True)
+    assert out.token_ids == plain
+    assert len(out.stats["width_histogram"]) >= 3  # the policy chose different cuts

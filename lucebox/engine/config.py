@@ -66,8 +66,9 @@ class EngineConfig:
     draft_k: most drafts per round (the width adapts below it); draft_ctx: the drafter's ring.
     verify: how sampled drafts are verified ("tokenwise" or "block"; both keep the distribution).
     adaptive: choose each round's width by cost (False: always draft_k, never switched off).
-    tree_budget: draft rows of a draft tree verified per round (a DFlash drafter's top-k per
-        position, best first; the width policy is then not used); 0: chains.
+    tree_budget: most draft rows of a draft tree per round (a DFlash drafter's top-k per position,
+        best first): greedy rounds verify the rows the width policy finds worth their cost (all of
+        them when `adaptive` is False, sampled rounds too); 0: chains.
     backend: kernels: "auto" (Triton on CUDA, the torch references on the CPU) | "triton" | "torch".
     quantization: "int8" | "int4": quantize the linear layers' weights as they load.
     cuda_graphs: run decode/verify steps as CUDA graphs (None: wherever they can run).

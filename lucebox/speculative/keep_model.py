@@ -66,8 +66,13 @@ class KeepModel:
         count = min(count, DRAFT_WIDTH)
         if not confidence:
             return self.kept[:count]
-        return [min(1.0, c * self.kept[i] / max(self.confidence[i], 1e-6))
-                for i, c in enumerate(confidence[:count])]
+        return [self.calibrated(i, c) for i, c in enumerate(confidence[:count])]
+
+    def calibrated(self, position: int, confidence: float) -> float:
+        """The keep probability of a draft at 0-based `position` the drafter gave `confidence`."""
+        if position >= len(self.kept):
+            return 0.0
+        return min(1.0, confidence * self.kept[position] / max(self.confidence[position], 1e-6))
 
 
 def expected_tokens(keep: list[float]) -> list[float]:

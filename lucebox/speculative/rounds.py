@@ -70,8 +70,11 @@ class Speculation:
         self.judge = DraftJudge(self.width.keep)
         self.last: int | None = None  # the newest token: chosen, not yet forwarded
         self.totals = RoundTotals()
-        # Trees from drafters that make them (DFlash), at the fixed budget: the width policy is for chains.
-        self.trees = context.tree_budget > 0 and hasattr(proposer, "propose_tree")
+        # Trees from drafters that make them (DFlash). Sampled rounds keep chains unless the width is
+        # fixed: a tree keeps only exact matches of the target's sample, a chain keeps min(1, p/q) of
+        # each draft, which under sampling keeps more.
+        self.trees = (context.tree_budget > 0 and hasattr(proposer, "propose_tree")
+                      and (params.greedy or not context.adaptive))
 
     def first(self, logits: torch.Tensor) -> int:
         verdict = decide(logits, Draft([]), self.params, self.seen, self.context.verify_rule, self.verify_gen)

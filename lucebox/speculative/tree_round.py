@@ -19,16 +19,20 @@ from lucebox.generation import Chunk
 from lucebox.speculative.proposer import Draft
 from lucebox.speculative.tree import DraftTree, chain
 from lucebox.speculative.tree_verify import decide_tree
+from lucebox.speculative.tree_width import choose_rows, top_path
+from lucebox.speculative.width import MIN_REACH
 
 
 def tree_round(spec, remaining: int, take: Callable[[list[int]], Chunk]) -> Chunk:
     """One round of `spec` (a `rounds.Speculation`); `remaining`: tokens the request may still produce."""
-    ctx, cache = spec.context, spec.context.cache
+    ctx, cache, width = spec.context, spec.context.cache, spec.width
     c = cache.length
     budget = min(spec.draft_limit(remaining), ctx.tree_budget)
-    t0 = ctx.clock(False)
-    tree = spec.proposer.propose_tree(spec.tokens + [spec.last], budget) if budget > 0 else chain(spec.last, [])
-    t1 = ctx.clock(False)
+    timed = width.timed and width.adaptive
+    t0 = ctx.clock(timed)
+    drafting = budget > 0 and width.should_draft(budget)
+    tree = _drafted_tree(spec, budget) if drafting else chain(spec.last, [])
+    t1 = ctx.clock(timed)
     layers = spec.proposer.feature_layers
     out = ctx.runner.step(tree.tokens, Step.span(c, len(tree), ctx.device), cache, layers,
                           None if is_chain(tree) else tree)
@@ -40,12 +44,25 @@ def tree_round(spec, remaining: int, take: Callable[[list[int]], Chunk]) -> Chun
     features = None if out.features is None else out.features[rows]
     # This is Speculation's own round, in a file of its own: it shares the class's commit and history.
     spec._commit([tree.tokens[r] for r in rows], len(tree), features)  # noqa: SLF001
-    t2 = ctx.clock(False)
-    spec.totals.add(Draft([0] * tree.depth), verdict.accepted, t1 - t0 if budget > 0 else 0.0, t2 - t1,
+    t2 = ctx.clock(timed)
+    spec.judge.committed(chunk.token_ids)
+    spec.totals.add(Draft([0] * tree.depth), verdict.accepted, t1 - t0 if drafting else 0.0, t2 - t1,
                     width=len(tree) - 1)
+    width.record(len(tree), t2 - t1, t1 - t0 if drafting else None)
     spec.last = chunk.token_ids[-1]
     spec._mark_seen(chunk.token_ids)  # noqa: SLF001
     return chunk
+
+
+def _drafted_tree(spec, budget: int) -> DraftTree:
+    """The drafter's tree of up to `budget` rows, cut by the width policy to the rows worth
+    verifying; its first-choice path goes to the judge (the keep rates a chain would learn)."""
+    width = spec.width
+    tree = spec.proposer.propose_tree(spec.tokens + [spec.last], budget)
+    spec.judge.drafted(*top_path(tree))
+    if not width.adaptive:
+        return tree
+    return choose_rows(tree, width.keep, width.costs.step, None if width.timed else MIN_REACH)
 
 
 def is_chain(tree: DraftTree) -> bool:
