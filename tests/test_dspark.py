@@ -266,3 +266,24 @@ def test_the_confidence_target_is_the_keep_rate():
     p = torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
     q = torch.tensor([[1.0, 0.0, 0.0], [0.2, 0.3, 0.5]])
     assert torch.allclose(keep_rate(p, q.clamp_min(1e-30).log()), torch.tensor([0.5, 1.0]))
+
+
+def test_dspark_tree_children_follow_their_parent_token(laguna, dspark):
+    """A DSpark drafter's tree: each node's probability is its position's logits biased by its
+    parent's token (the root's: the anchor), and greedy trees stay lossless."""
+    from lucebox.speculative.dspark import markov_children
+    from lucebox.speculative.tree_draft import draft_tree
+
+    llm = lucebox.LLM(laguna, draft=str(dspark), adaptive=False, tree_budget=10, **COMMON)
+    drafter = llm.proposer.drafter
+    base = torch.randn(7, 128, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 4  # peaked rows
+    tree = draft_tree(base, 38, 10, markov_children(drafter.heads, 10))
+    assert len(tree) == 11 and tree.depth >= 2
+    for i in range(1, len(tree)):
+        parent = tree.parents[i]
+        ref = base[tree.depths[i] - 1] + drafter.w["markov_w2"] @ drafter.w["markov_w1"][tree.tokens[parent]]
+        q = tree.probabilities[i] / tree.probabilities[parent]
+        assert q == pytest.approx(torch.softmax(ref, -1)[tree.tokens[i]].item(), rel=1e-5), f"row {i}"
+    prompt = TOKENS[0, :20].tolist()
+    plain = lucebox.LLM(laguna, **COMMON).generate(prompt, max_tokens=48, ignore_eos=True)
+    assert llm.generate(prompt, max_tokens=48, ignore_eos=True).token_ids == plain.token_ids

@@ -41,3 +41,23 @@ def markov_draft(heads: DSparkHeads, logits: torch.Tensor, hidden: torch.Tensor,
     both = torch.cat([torch.stack(tokens).double(), belief.double()]).tolist()  # ids < 2^53: exact
     k = len(tokens)
     return Draft([int(t) for t in both[:k]], q, both[k:])
+
+
+def markov_children(heads: DSparkHeads, budget: int):
+    """A tree hook (`tree_draft.ChildrenHook`) for DSpark drafters: a node's children are the top
+    `budget` of its position's logits biased by the node's own token, as the chain biases each
+    position by the draft before it (one small device step and read per expanded node)."""
+
+    def hook(logits: torch.Tensor, ids, probs):
+        def children(depth: int, token: int):
+            if depth >= logits.shape[0]:
+                return [], []
+            prev = torch.tensor(token, device=logits.device)
+            top = torch.softmax(heads.position_logits(logits[depth], prev), dim=-1).topk(min(budget, logits.shape[-1]))
+            both = torch.cat([top.indices.double(), top.values.double()]).tolist()  # ids < 2^53: exact
+            n = len(both) // 2
+            return [int(t) for t in both[:n]], both[n:]
+
+        return children
+
+    return hook
