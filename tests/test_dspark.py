@@ -277,7 +277,7 @@ def test_dspark_tree_children_follow_their_parent_token(laguna, dspark):
     llm = lucebox.LLM(laguna, draft=str(dspark), adaptive=False, tree_budget=10, **COMMON)
     drafter = llm.proposer.drafter
     base = torch.randn(7, 128, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 4  # peaked rows
-    tree = draft_tree(base, 38, 10, markov_children(drafter.heads, 10))
+    tree = draft_tree(base, 38, 10, markov_children(drafter.heads, 10, 38))
     assert len(tree) == 11 and tree.depth >= 2
     for i in range(1, len(tree)):
         parent = tree.parents[i]

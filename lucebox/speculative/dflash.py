@@ -113,5 +113,5 @@ class DFlashProposer(Proposer):
         accepted path's rows before `commit`, so a tree's other rows never reach them."""
         hook = self.tree_children
         if hook is None and self.drafter.heads is not None:  # DSpark: children follow their parent's token
-            hook = markov_children(self.drafter.heads, budget)
+            hook = markov_children(self.drafter.heads, budget, context[-1])
         return draft_tree(self.block_pass(context, min(budget, self.max_width))[0], context[-1], budget, hook)

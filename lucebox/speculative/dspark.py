@@ -20,7 +20,7 @@ def markov_draft(heads: DSparkHeads, logits: torch.Tensor, hidden: torch.Tensor,
     returned (what verification must compare against, so it stays lossless). The confidence is
     the confidence head's, or without one the top-1 mass of what each draft came from."""
     prev = last
-    rows, qs, tokens, confidences = [], [], [], []
+    rows, qs, tokens = [], [], []
     for j in range(logits.shape[0]):
         row = heads.position_logits(logits[j], prev)  # (V,)
         if params.greedy:
@@ -28,12 +28,13 @@ def markov_draft(heads: DSparkHeads, logits: torch.Tensor, hidden: torch.Tensor,
         else:
             qs.append(draft_distribution(row[None], params)[0])
             token = draw(qs[-1], generator)
-        confidences.append(heads.confidence(hidden[j], prev))
         rows.append(row)
         tokens.append(token)
         prev = token
     biased = torch.stack(rows)
-    belief = None if heads.cfg.confidence is False else torch.stack(confidences)
+    # The confidence head reads each position's previous token, all known now: one batched call.
+    prevs = torch.stack([last.reshape(()), *tokens[:-1]]) if tokens else last.reshape(1)[:0]
+    belief = None if heads.cfg.confidence is False else heads.confidence(hidden, prevs)
     if params.greedy:
         return greedy_draft(biased, belief)  # its argmax of each biased row is the chain's token
     q = torch.stack(qs)
@@ -43,21 +44,42 @@ def markov_draft(heads: DSparkHeads, logits: torch.Tensor, hidden: torch.Tensor,
     return Draft([int(t) for t in both[:k]], q, both[k:])
 
 
-def markov_children(heads: DSparkHeads, budget: int):
+def markov_children(heads: DSparkHeads, budget: int, last: int):
     """A tree hook (`tree_draft.ChildrenHook`) for DSpark drafters: a node's children are the top
     `budget` of its position's logits biased by the node's own token, as the chain biases each
-    position by the draft before it (one small device step and read per expanded node)."""
+    position by the draft before it. The children of every likely parent are computed at once, in
+    one batch and one read: at depth 0 the root `last`, at depth d the top tokens of the position
+    before (the unbiased top-k the tree builder read); a node outside them is computed on its own."""
 
     def hook(logits: torch.Tensor, ids, probs):
+        k = min(budget, logits.shape[-1])
+        parents = [[last]] + [list(row) for row in ids[: logits.shape[0] - 1]]
+        known = _children_of(heads, logits, parents, k)
+
         def children(depth: int, token: int):
             if depth >= logits.shape[0]:
                 return [], []
-            prev = torch.tensor(token, device=logits.device)
-            top = torch.softmax(heads.position_logits(logits[depth], prev), dim=-1).topk(min(budget, logits.shape[-1]))
-            both = torch.cat([top.indices.double(), top.values.double()]).tolist()  # ids < 2^53: exact
-            n = len(both) // 2
-            return [int(t) for t in both[:n]], both[n:]
+            if (depth, token) not in known:
+                known.update(_children_of(heads, logits[depth : depth + 1], [[token]], k, first_depth=depth))
+            return known[(depth, token)]
 
         return children
 
     return hook
+
+
+def _children_of(heads: DSparkHeads, logits: torch.Tensor, parents: list[list[int]], k: int,
+                 first_depth: int = 0) -> dict:
+    """{(depth, parent token): (child ids, probabilities)} for each row of `logits` (row i at depth
+    first_depth + i) and its `parents`, computed in one batch and read in one transfer."""
+    width = max(len(p) for p in parents)
+    tokens = torch.tensor([p + p[-1:] * (width - len(p)) for p in parents], device=logits.device)  # (P, C)
+    biased = heads.position_logits(logits[:, None, :], tokens)  # (P, C, V)
+    top = torch.softmax(biased, dim=-1).topk(k, dim=-1)
+    both = torch.cat([top.indices.double(), top.values.double()], dim=-1).tolist()  # ids < 2^53: exact
+    out = {}
+    for i, row in enumerate(parents):
+        for j, token in enumerate(row):
+            values = both[i][j]
+            out[(first_depth + i, token)] = ([int(t) for t in values[:k]], values[k:])
+    return out
