@@ -112,12 +112,13 @@ def test_seeded_sampled_trees_repeat(laguna, dflash):
     assert runs[0] == runs[1] and len(runs[0]) == 40
 
 
-def test_adaptive_trees_equal_plain_decoding(laguna, dflash):
-    """The width policy cuts each oracle tree to the rows it finds worth verifying (any cut is a
-    sub-tree whose rows must move into place): output stays plain decoding's."""
+def test_adaptive_rounds_mixing_chains_and_trees_equal_plain_decoding(laguna, dflash):
+    """The default engine takes chain or tree rounds by the rates each delivered (both are tried):
+    output stays plain decoding's, and tree rounds moved accepted rows."""
     plain = lucebox.LLM(laguna, draft=None, **COMMON).generate(PROMPT, max_tokens=N, ignore_eos=True).token_ids
-    llm = lucebox.LLM(laguna, draft=dflash, tree_budget=15, **COMMON)
+    llm = lucebox.LLM(laguna, draft=dflash, **COMMON)
     oracle_trees(llm, plain, len(PROMPT))
     out = llm.generate(PROMPT, max_tokens=N, ignore_eos=True)
     assert out.token_ids == plain
-    assert len(out.stats["width_histogram"]) >= 3  # the policy chose different cuts
+    counts = llm.engine.learned.shapes.counts
+    assert counts["chain"] > 0 and counts["tree"] > 0

@@ -92,7 +92,7 @@ class EngineConfig:
     verify: str = "tokenwise"
     draft_ctx: int = DRAFT_CTX
     adaptive: bool = True
-    tree_budget: int = 0
+    tree_budget: int = DRAFT_WIDTH
     backend: str = "auto"
     quantization: str | None = None
     cuda_graphs: bool | None = None

@@ -17,6 +17,7 @@ from pathlib import Path
 from lucebox.errors import DraftModelError
 from lucebox.sampling import SamplingParams
 from lucebox.speculative.keep_model import KeepModel
+from lucebox.speculative.tree_width import ShapeRates
 from lucebox.speculative.width import RoundCosts
 
 CALIBRATION_FILE = "lucebox_calibration.json"
@@ -62,6 +63,7 @@ class Learned:
     costs: RoundCosts
     start: dict[str, KeepModel]  # the shipped calibration, by mode
     keep: dict[str, KeepModel] = field(default_factory=dict)  # running, by mode
+    shapes: ShapeRates = field(default_factory=ShapeRates)  # chain or tree, for greedy rounds
 
     def __post_init__(self):
         self.keep = self.keep or copy.deepcopy(self.start)

@@ -75,6 +75,9 @@ class Speculation:
         # each draft, which under sampling keeps more.
         self.trees = (context.tree_budget > 0 and hasattr(proposer, "propose_tree")
                       and (params.greedy or not context.adaptive))
+        # Adaptive timed rounds choose chain or tree by the rates each delivered; else always the tree.
+        timed = self.width.adaptive and self.width.timed and context.learned is not None
+        self.shapes = context.learned.shapes if self.trees and timed else None
 
     def first(self, logits: torch.Tensor) -> int:
         verdict = decide(logits, Draft([]), self.params, self.seen, self.context.verify_rule, self.verify_gen)
@@ -84,7 +87,7 @@ class Speculation:
 
     def round(self, remaining: int, take: Callable[[list[int]], Chunk]) -> Chunk:
         """One round; `remaining`: tokens the request may still produce."""
-        if self.trees:
+        if self.trees and (self.shapes is None or self.shapes.choose() == "tree"):
             return tree_round(self, remaining, take)
         ctx, cache, width = self.context, self.context.cache, self.width
         c = cache.length
@@ -111,6 +114,8 @@ class Speculation:
         self.judge.committed(chunk.token_ids)
         self.totals.add(verified, n, t1 - t0 if draft is not None else 0.0, t2 - t1)
         width.record(len(rows), t2 - t1, None if draft is None else t1 - t0)
+        if self.shapes is not None and draft is not None:
+            self.shapes.record("chain", len(chunk.token_ids), t2 - t0)
         self.last = chunk.token_ids[-1]
         self._mark_seen(chunk.token_ids)
         return chunk

@@ -120,12 +120,3 @@ def _breadth_first(tree: DraftTree) -> DraftTree:
                      [new_row[tree.parents[i]] if tree.parents[i] >= 0 else -1 for i in order],
                      [tree.depths[i] for i in order], [tree.probabilities[i] for i in order])
 
-
-def subtree(tree: DraftTree, rows: Sequence[int]) -> DraftTree:
-    """The tree of `rows` (the root and rows whose parents are among them), in the tree's order."""
-    kept = sorted(set(rows))
-    new_row = {old: new for new, old in enumerate(kept)}
-    if kept[0] != 0 or any(tree.parents[i] not in new_row for i in kept[1:]):
-        raise ValueError(f"rows {kept} are not a sub-tree: a row's parent is missing")
-    return DraftTree([tree.tokens[i] for i in kept], [new_row.get(tree.parents[i], -1) for i in kept],
-                     [tree.depths[i] for i in kept], [tree.probabilities[i] for i in kept])

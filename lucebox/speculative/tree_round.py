@@ -19,8 +19,7 @@ from lucebox.generation import Chunk
 from lucebox.speculative.proposer import Draft
 from lucebox.speculative.tree import DraftTree, chain
 from lucebox.speculative.tree_verify import decide_tree
-from lucebox.speculative.tree_width import choose_rows, top_path
-from lucebox.speculative.width import MIN_REACH
+from lucebox.speculative.tree_width import top_path
 
 
 def tree_round(spec, remaining: int, take: Callable[[list[int]], Chunk]) -> Chunk:
@@ -49,20 +48,21 @@ def tree_round(spec, remaining: int, take: Callable[[list[int]], Chunk]) -> Chun
     spec.totals.add(Draft([0] * tree.depth), verdict.accepted, t1 - t0 if drafting else 0.0, t2 - t1,
                     width=len(tree) - 1)
     width.record(len(tree), t2 - t1, t1 - t0 if drafting else None)
+    if spec.shapes is not None and drafting:
+        spec.shapes.record("tree", len(chunk.token_ids), t2 - t0)
     spec.last = chunk.token_ids[-1]
     spec._mark_seen(chunk.token_ids)  # noqa: SLF001
     return chunk
 
 
 def _drafted_tree(spec, budget: int) -> DraftTree:
-    """The drafter's tree of up to `budget` rows, cut by the width policy to the rows worth
-    verifying; its first-choice path goes to the judge (the keep rates a chain would learn)."""
-    width = spec.width
+    """The drafter's tree of up to `budget` rows; its first-choice path goes to the judge, so the
+    keep rates the width policy drafts by keep learning in tree rounds. Without confidences: a
+    tree's node probabilities are not what a chain reports (a DSpark chain reports its
+    confidence head's), and the per-position confidence means must stay the chain's."""
     tree = spec.proposer.propose_tree(spec.tokens + [spec.last], budget)
-    spec.judge.drafted(*top_path(tree))
-    if not width.adaptive:
-        return tree
-    return choose_rows(tree, width.keep, width.costs.step, None if width.timed else MIN_REACH)
+    spec.judge.drafted(top_path(tree)[0], [])
+    return tree
 
 
 def is_chain(tree: DraftTree) -> bool:

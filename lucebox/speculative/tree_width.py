@@ -1,52 +1,28 @@
-"""Which part of a drafted tree to verify: the rows with the most expected tokens per second.
+"""Chain or tree: which shape of round pays on this machine, and the path of a tree the keep
+rates learn from.
 
-A tree row is kept when every row on its path is: its *reach* is the product, along the path, of
-each node's drafter probability calibrated per depth as the width policy calibrates a chain's
-confidences (`KeepModel`: measured keep rate over mean confidence at that position). A round that
-verifies a set of rows closed under parents commits 1 + (the sum of their reaches) tokens on
-average; since no row reaches further than its parent, the best set of B rows is the B rows of
-highest reach, and the policy picks the B with the most expected tokens per second of
-verification (the drafting is spent by then), B = 0 being a plain step. This is the chain rule of
-`WidthPolicy.choose` extended to trees: a chain is a tree with one child per row.
+A tree round verifies the drafter's whole tree (`tree_budget` rows): the rows a tree adds beyond
+its first-choice chain are each unlikely, but on a GPU a verify row is nearly free until the step
+becomes compute-bound, while on a CPU each costs a few percent of a step, and the drafter's
+probabilities of its second choices are not calibrated enough to price one row against another
+(cutting the tree to the rows of highest calibrated reach was measured slower on this CPU than
+verifying all of them: the cut rows held about 0.15 tokens per round and saved no measurable
+time). So the choice is made on whole rounds, by the tokens per second each shape delivers.
 """
 
 from __future__ import annotations
 
-from lucebox.speculative.keep_model import KeepModel
-from lucebox.speculative.tree import DraftTree, subtree
+from lucebox.speculative.tree import DraftTree
+from lucebox.speculative.width import SMOOTHING
 
-
-def calibrated_reach(tree: DraftTree, keep: KeepModel) -> list[float]:
-    """Per row, the calibrated chance that it and every row above it are kept (1.0 for the root)."""
-    reach = [1.0]
-    for i in range(1, len(tree)):
-        parent = tree.parents[i]
-        own = tree.probabilities[i] / max(tree.probabilities[parent], 1e-12)  # the drafter's q of this node
-        reach.append(reach[parent] * keep.calibrated(tree.depths[i] - 1, own))
-    return reach
-
-
-def choose_rows(tree: DraftTree, keep: KeepModel, step_seconds, min_reach: float | None = None) -> DraftTree:
-    """The sub-tree worth verifying: the B rows of highest reach for the B with the most expected
-    tokens per `step_seconds(rows)` (or, untimed, every row whose reach is at least `min_reach`)."""
-    reach = calibrated_reach(tree, keep)
-    # Highest reach first; on equal reach the shallower row, so a parent always precedes its children.
-    order = sorted(range(1, len(tree)), key=lambda i: (-reach[i], tree.depths[i]))
-    if min_reach is not None:
-        best = sum(1 for i in order if reach[i] >= min_reach)
-    else:
-        best, best_rate, tokens = 0, 1.0 / step_seconds(1), 1.0
-        for b, row in enumerate(order, start=1):
-            tokens += reach[row]
-            rate = tokens / step_seconds(b + 1)
-            if rate > best_rate:
-                best, best_rate = b, rate
-    return subtree(tree, [0, *order[:best]])
+EXPLORE_EVERY = 16  # drafting rounds between two tries of the shape the rates do not favour
+EXPLORE_EARLY = 4  # the same while either shape has fewer than FEW measured rounds
+FEW = 8
 
 
 def top_path(tree: DraftTree) -> tuple[list[int], list[float]]:
     """The drafter's first choice at every depth the tree reaches (each row's most likely child:
-    rows are best first within a depth) and its probability: the chain the keep model judges."""
+    rows are best first within a depth) and its probability: the chain the keep rates learn from."""
     tokens, confidence, row = [], [], 0
     while True:
         child = next((i for i in range(row + 1, len(tree)) if tree.parents[i] == row), None)
@@ -55,3 +31,35 @@ def top_path(tree: DraftTree) -> tuple[list[int], list[float]]:
         tokens.append(tree.tokens[child])
         confidence.append(tree.probabilities[child] / max(tree.probabilities[row], 1e-12))
         row = child
+
+
+class ShapeRates:
+    """Whether a round drafts a chain or a tree, from the tokens per second each has delivered.
+
+    A tree keeps more tokens per round than the chain inside it, but costs more rows to verify and
+    more drafting; which pays depends on the machine (on a GPU a row is nearly free until the step
+    becomes compute-bound, on a CPU each costs a few percent of a step). So rounds of each shape
+    are timed whole (drafting, verification, commit) and their rates kept as running means; a
+    round takes the faster shape, and every `EXPLORE_EVERY` drafting rounds (every fourth while
+    either has few measurements) the other, so the choice follows the machine and the text."""
+
+    def __init__(self):
+        self.rates: dict[str, float] = {}
+        self.counts = {"chain": 0, "tree": 0}
+        self.rounds = 0
+
+    def choose(self) -> str:
+        self.rounds += 1
+        best = max(self.counts, key=lambda s: (self.counts[s] == 0, self.rates.get(s, 0.0)))  # untried first
+        explore = EXPLORE_EARLY if min(self.counts.values()) < FEW else EXPLORE_EVERY
+        if self.rounds % explore == 0:
+            return "tree" if best == "chain" else "chain"
+        return best
+
+    def record(self, shape: str, tokens: int, seconds: float) -> None:
+        """A drafting round of `shape` committed `tokens` in `seconds`."""
+        count = self.counts[shape]
+        step = max(SMOOTHING, 1 / (count + 1))  # a plain average while few rounds were measured
+        rate = tokens / max(seconds, 1e-9)
+        self.rates[shape] = rate if count == 0 else (1 - step) * self.rates[shape] + step * rate
+        self.counts[shape] = count + 1
