@@ -268,22 +268,33 @@ def test_the_confidence_target_is_the_keep_rate():
     assert torch.allclose(keep_rate(p, q.clamp_min(1e-30).log()), torch.tensor([0.5, 1.0]))
 
 
-def test_dspark_tree_children_follow_their_parent_token(laguna, dspark):
+def test_dspark_tree_is_the_best_paths_with_children_following_their_parent_token(laguna, dspark):
     """A DSpark drafter's tree: each node's probability is its position's logits biased by its
-    parent's token (the root's: the anchor), and greedy trees stay lossless."""
-    from lucebox.speculative.dspark import markov_children
-    from lucebox.speculative.tree_draft import draft_tree
+    parent's token (the root's: the anchor); no extension left out is more probable than a node
+    kept (best first); and greedy trees through the engine stay lossless."""
+    from lucebox.speculative.dspark import markov_tree
 
     llm = lucebox.LLM(laguna, draft=str(dspark), adaptive=False, tree_budget=10, **COMMON)
-    drafter = llm.proposer.drafter
+    w = llm.proposer.drafter.w
     base = torch.randn(7, 128, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 4  # peaked rows
-    tree = draft_tree(base, 38, 10, markov_children(drafter.heads, 10, 38))
+
+    def children(depth, token):  # position depth + 1's distribution after `token`, written out
+        return torch.softmax(base[depth] + w["markov_w2"] @ w["markov_w1"][token], -1)
+
+    tree = markov_tree(llm.proposer.drafter.heads, base, 38, 10)
     assert len(tree) == 11 and tree.depth >= 2
     for i in range(1, len(tree)):
         parent = tree.parents[i]
-        ref = base[tree.depths[i] - 1] + drafter.w["markov_w2"] @ drafter.w["markov_w1"][tree.tokens[parent]]
         q = tree.probabilities[i] / tree.probabilities[parent]
-        assert q == pytest.approx(torch.softmax(ref, -1)[tree.tokens[i]].item(), rel=1e-5), f"row {i}"
+        assert tree.depths[i] == tree.depths[parent] + 1 and parent < i
+        assert q == pytest.approx(children(tree.depths[parent], tree.tokens[parent])[tree.tokens[i]].item(), rel=1e-5)
+    weakest = min(tree.probabilities[1:])
+    for row in range(len(tree)):
+        if tree.depths[row] < 7:
+            kept = {tree.tokens[i] for i in range(len(tree)) if tree.parents[i] == row}
+            left = [p for t, p in enumerate(children(tree.depths[row], tree.tokens[row]).tolist()) if t not in kept]
+            best_left = tree.probabilities[row] * max(left)
+            assert best_left <= weakest * (1 + 1e-5), f"a better child of row {row} was left out"
     prompt = TOKENS[0, :20].tolist()
     plain = lucebox.LLM(laguna, **COMMON).generate(prompt, max_tokens=48, ignore_eos=True)
     assert llm.generate(prompt, max_tokens=48, ignore_eos=True).token_ids == plain.token_ids

@@ -17,7 +17,7 @@ from lucebox.engine.config import DRAFT_CTX
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashConfig, DFlashDrafter
 from lucebox.sampling import SamplingParams, draw
-from lucebox.speculative.dspark import markov_children, markov_draft
+from lucebox.speculative.dspark import markov_draft, markov_tree
 from lucebox.speculative.proposer import Draft, Proposer, confidence, draft_distribution, greedy_draft, tensor_bytes
 from lucebox.speculative.tree import DraftTree
 from lucebox.speculative.tree_draft import draft_tree
@@ -111,7 +111,7 @@ class DFlashProposer(Proposer):
         """A draft tree of up to `budget` rows after `last` (`speculative.tree_draft`). The context
         rings only ever receive committed rows: the round gathers the target features of the
         accepted path's rows before `commit`, so a tree's other rows never reach them."""
-        hook = self.tree_children
-        if hook is None and self.drafter.heads is not None:  # DSpark: children follow their parent's token
-            hook = markov_children(self.drafter.heads, budget, context[-1])
-        return draft_tree(self.block_pass(context, min(budget, self.max_width))[0], context[-1], budget, hook)
+        logits = self.block_pass(context, min(budget, self.max_width))[0]
+        if self.tree_children is None and self.drafter.heads is not None:  # DSpark: children follow their parent
+            return markov_tree(self.drafter.heads, logits, context[-1], budget)
+        return draft_tree(logits, context[-1], budget, self.tree_children)

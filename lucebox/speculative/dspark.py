@@ -5,11 +5,14 @@ and their confidences come back in one read at the end, as `greedy_draft` does f
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from lucebox.models.dspark import DSparkHeads
 from lucebox.sampling import SamplingParams, draw
 from lucebox.speculative.proposer import Draft, draft_distribution, greedy_draft, top_probabilities
+from lucebox.speculative.tree import DraftTree, build_tree
 
 
 def markov_draft(heads: DSparkHeads, logits: torch.Tensor, hidden: torch.Tensor, last: torch.Tensor,
@@ -44,42 +47,42 @@ def markov_draft(heads: DSparkHeads, logits: torch.Tensor, hidden: torch.Tensor,
     return Draft([int(t) for t in both[:k]], q, both[k:])
 
 
-def markov_children(heads: DSparkHeads, budget: int, last: int):
-    """A tree hook (`tree_draft.ChildrenHook`) for DSpark drafters: a node's children are the top
-    `budget` of its position's logits biased by the node's own token, as the chain biases each
-    position by the draft before it. The children of every likely parent are computed at once, in
-    one batch and one read: at depth 0 the root `last`, at depth d the top tokens of the position
-    before (the unbiased top-k the tree builder read); a node outside them is computed on its own."""
+def markov_tree(heads: DSparkHeads, logits: torch.Tensor, last: int, budget: int) -> DraftTree:
+    """The draft tree of a DSpark drafter: the `budget` most probable paths below `last`, where a
+    node's children follow its position's logits (P, V) biased by the node's own token (as the
+    chain biases each position by the draft before it).
 
-    def hook(logits: torch.Tensor, ids, probs):
-        k = min(budget, logits.shape[-1])
-        parents = [[last]] + [list(row) for row in ids[: logits.shape[0] - 1]]
-        known = _children_of(heads, logits, parents, k)
-
-        def children(depth: int, token: int):
-            if depth >= logits.shape[0]:
-                return [], []
-            if (depth, token) not in known:
-                known.update(_children_of(heads, logits[depth : depth + 1], [[token]], k, first_depth=depth))
-            return known[(depth, token)]
-
-        return children
-
-    return hook
-
-
-def _children_of(heads: DSparkHeads, logits: torch.Tensor, parents: list[list[int]], k: int,
-                 first_depth: int = 0) -> dict:
-    """{(depth, parent token): (child ids, probabilities)} for each row of `logits` (row i at depth
-    first_depth + i) and its `parents`, computed in one batch and read in one transfer."""
-    width = max(len(p) for p in parents)
-    tokens = torch.tensor([p + p[-1:] * (width - len(p)) for p in parents], device=logits.device)  # (P, C)
-    biased = heads.position_logits(logits[:, None, :], tokens)  # (P, C, V)
-    top = torch.softmax(biased, dim=-1).topk(k, dim=-1)
-    both = torch.cat([top.indices.double(), top.values.double()], dim=-1).tolist()  # ids < 2^53: exact
-    out = {}
-    for i, row in enumerate(parents):
-        for j, token in enumerate(row):
-            values = both[i][j]
-            out[(first_depth + i, token)] = ([int(t) for t in values[:k]], values[k:])
-    return out
+    Built depth by depth on the device: at each depth the `budget` best extensions of the nodes
+    kept at the depth before (by path log-probability), so no node of the best tree is ever left
+    out (a tree of `budget` rows holds at most `budget` nodes per depth, each a child of a kept
+    node); then one read, and the `budget` best nodes of all depths (a child is never more
+    probable than its parent, so each node's parent is among them)."""
+    P, V = logits.shape
+    k = min(budget, V)
+    tokens = torch.tensor([last], device=logits.device)
+    logp = torch.zeros(1, dtype=torch.float32, device=logits.device)
+    levels = []
+    for depth in range(P if k > 0 else 0):
+        # Clamped at 0 so rounding never makes a child more probable than its parent.
+        biased = heads.position_logits(logits[depth][None], tokens)  # (nodes, V)
+        best = biased.topk(min(k, V), dim=-1)  # each node's best children first: a small top-k after
+        scores = (best.values - biased.logsumexp(-1, keepdim=True)).clamp_max(0) + logp[:, None]
+        top = scores.flatten().topk(min(k, scores.numel()))
+        parents, logp = top.indices // best.indices.shape[1], top.values
+        tokens = best.indices.flatten()[top.indices]
+        levels.append(torch.stack([parents.double(), tokens.double(), logp.double()]))
+    if not levels:
+        return build_tree(last, 0, lambda depth, token: ([], []))
+    values = torch.cat(levels, dim=1).tolist()  # one read: ids < 2^53 are exact in float64
+    nodes = [(values[2][i], i // k + 1, i % k, int(values[0][i]), int(values[1][i])) for i in range(len(values[0]))]
+    chosen = sorted(nodes, key=lambda n: (-n[0], n[1]))[:budget]  # (log p, depth, slot, parent slot, token)
+    chosen.sort(key=lambda n: (n[1], -n[0]))  # breadth first, best first within a depth
+    row_of = {(0, 0): 0}
+    tree = DraftTree([last], [-1], [0], [1.0])
+    for logp_, depth, slot, parent, token in chosen:
+        row_of[(depth, slot)] = len(tree.tokens)
+        tree.tokens.append(token)
+        tree.parents.append(row_of[(depth - 1, parent if depth > 1 else 0)])
+        tree.depths.append(depth)
+        tree.probabilities.append(math.exp(logp_))
+    return tree
