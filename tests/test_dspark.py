@@ -90,8 +90,9 @@ def test_markov_head_reads_the_draft_before_each_position(laguna, dspark):
 def test_greedy_speculation_with_dspark_equals_plain_decoding(laguna, dspark):
     prompt = TOKENS[0, :20].tolist()
     plain = lucebox.LLM(laguna, **COMMON).generate(prompt, max_tokens=64, ignore_eos=True)
-    fast = lucebox.LLM(laguna, draft=str(dspark), adaptive=False, **COMMON).generate(prompt, max_tokens=64,
-                                                                                     ignore_eos=True)
+    llm = lucebox.LLM(laguna, draft=str(dspark), adaptive=False, tree_budget=0, **COMMON)
+    llm.proposer.lookup = None  # every draft from the heads
+    fast = llm.generate(prompt, max_tokens=64, ignore_eos=True)
     assert fast.token_ids == plain.token_ids
     assert fast.stats["rounds"] < 64 or fast.stats["acceptance_length"] == 1.0
     assert fast.stats["confidence_by_position"] and all(0 <= c <= 1 for c in fast.stats["confidence_by_position"])

@@ -46,7 +46,9 @@ def plain(laguna):
 @pytest.mark.parametrize("proposer", ["ngram", "draft_model", "self_draft", "dflash_zlab", "dflash_laguna"])
 def test_greedy_speculation_equals_plain_decoding(laguna, drafters, plain, proposer, policy):
     llm = lucebox.LLM(laguna, draft=drafters[proposer], kv_policy=policy, kv_pool_tokens=POOLS[policy],
-                      adaptive=False, **COMMON)
+                      adaptive=False, tree_budget=0, **COMMON)
+    if proposer.startswith("dflash"):
+        llm.proposer.lookup = None  # the drafter's own drafts (lookup drafts: test_prompt_lookup_...)
     vary_widths(llm)
     out = llm.generate(PROMPT, max_tokens=N, ignore_eos=True)
     assert out.token_ids == plain[policy]
@@ -245,7 +247,8 @@ def test_lazy_drafter_context_rows_draft_as_eager_ones(laguna, drafters, monkeyp
     def drafts(eager: bool) -> list:
         rounds = iter(range(10**6))
         monkeypatch.setattr(WidthPolicy, "should_draft", lambda self, limit: next(rounds) % 80 in (0, 1))
-        llm = lucebox.LLM(laguna, draft=drafters["dflash_zlab"], adaptive=False, **COMMON)
+        llm = lucebox.LLM(laguna, draft=drafters["dflash_zlab"], adaptive=False, tree_budget=0, **COMMON)
+        llm.proposer.lookup = None  # every draft from the drafter's rings
         seen, propose = [], llm.proposer.propose
 
         def record(context, k, params, generator):
@@ -271,3 +274,16 @@ def test_lazy_drafter_context_rows_draft_as_eager_ones(laguna, drafters, monkeyp
     assert len(lazy) >= 8 and [d[:2] for d in lazy] == [d[:2] for d in eager]
     for (_, _, a), (_, _, b) in zip(lazy, eager, strict=True):
         assert a == pytest.approx(b, abs=1e-9)
+
+
+def test_prompt_lookup_before_the_drafter_stays_lossless(laguna, drafters, plain):
+    """A DFlash proposer copies repeated text (prompt lookup) before drafting: longer drafts than
+    its block, in chain and tree rounds, and the output stays plain decoding's."""
+    for budget in (0, 15):
+        llm = lucebox.LLM(laguna, draft=drafters["dflash_zlab"], kv_policy="exact", kv_pool_tokens=256,
+                          adaptive=False, tree_budget=budget, **COMMON)
+        out = llm.generate(PROMPT, max_tokens=N, ignore_eos=True)
+        assert out.token_ids == plain["exact"]
+        block = llm.proposer.block_width
+        assert max(out.stats["width_histogram"]) > block  # lookup drafts, longer than a drafter block
+        assert out.stats["acceptance_length"] > 2

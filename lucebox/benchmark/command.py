@@ -33,8 +33,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=None,
                    help="requests per depth and engine; rows show the median and min-max "
                         f"(default {DEFAULTS['repeat']})")
+    p.add_argument("--prompt", choices=("auto", "code", "random"), default="auto",
+                   help="what prompts are cut from: code (the held-out standard-library modules, concatenated: "
+                        "text the built-in model never saw), random token ids, or auto: code when the model has a "
+                        "tokenizer (default: auto)")
     p.add_argument("--prompt-file", default=None, help="a text file tokenized and tiled to each depth "
-                                                        "(default: random token ids)")
+                                                        "(default: --prompt)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
     p.add_argument("--quick", action="store_true",
                    help=f"depths {QUICK['depths']}, --gen {QUICK['gen']}, --repeat {QUICK['repeat']} "
@@ -85,7 +89,7 @@ def settings_from(args: argparse.Namespace):
         if not prompt_file.is_file():
             raise InvalidArgumentError(f"--prompt-file {args.prompt_file}: no such file")
     return BenchSettings(depths=parse_depths(depths) if depths else None, gen=gen, repeat=repeat,
-                         prompt_file=prompt_file, seed=args.seed)
+                         prompt_file=prompt_file, prompt=args.prompt, seed=args.seed)
 
 
 class _FlagRecorder(argparse.ArgumentParser):

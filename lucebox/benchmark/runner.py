@@ -35,6 +35,7 @@ class BenchSettings:
     gen: int = 128
     repeat: int = 3
     prompt_file: Path | None = None
+    prompt: str = "auto"  # without a prompt file: "code", "random", or "auto" (code when there is a tokenizer)
     seed: int = 0
 
 
@@ -90,14 +91,36 @@ def _open_engine(engine: EngineConfig, settings: BenchSettings):
             depths = depths[:-1]
 
 
+def prompt_kind(llm, settings: BenchSettings) -> str:
+    """"file", "code" or "random": what the prompts are cut from."""
+    if settings.prompt_file is not None:
+        return "file"
+    if settings.prompt == "auto":
+        return "code" if llm.tokenizer is not None else "random"
+    return settings.prompt
+
+
 def _prompt_body(llm, settings: BenchSettings, length: int) -> list[int]:
-    """`length` token ids: random (seeded), or the prompt file's text tiled."""
-    if settings.prompt_file is None:
+    """`length` token ids: random (seeded); the held-out standard-library modules one after the
+    other (what a code model reads: text it has not seen, no repeats for a drafter to copy); or the
+    prompt file's text tiled."""
+    kind = prompt_kind(llm, settings)
+    if kind == "random":
         generator = torch.Generator().manual_seed(settings.seed)
         return torch.randint(0, llm.config.vocab_size, (length,), generator=generator).tolist()
-    ids = llm.tokenizer.encode(Path(settings.prompt_file).read_text(encoding="utf-8", errors="replace"))
+    if kind == "code":
+        from lucebox.training.corpus import read_texts, stdlib_files
+
+        text = "\n\n".join(read_texts(stdlib_files("held_out")))
+        where = "the held-out standard-library modules"
+    else:
+        text = Path(settings.prompt_file).read_text(encoding="utf-8", errors="replace")
+        where = f"--prompt-file {settings.prompt_file}"
+    if llm.tokenizer is None:
+        raise InvalidArgumentError(f"{where}: the model has no tokenizer to encode it; use --prompt random")
+    ids = llm.tokenizer.encode(text)
     if not ids:
-        raise InvalidArgumentError(f"--prompt-file {settings.prompt_file} holds no text to tile")
+        raise InvalidArgumentError(f"{where} holds no text to tile")
     return (ids * -(-length // len(ids)))[:length]
 
 
@@ -216,7 +239,8 @@ def _settings_record(plain, spec, engine: EngineConfig, settings: BenchSettings,
     cache = plain.cache_settings
     return {
         "depths": depths, "gen": settings.gen, "repeat": settings.repeat, "seed": settings.seed,
-        "prompt": f"file {settings.prompt_file}, tiled" if settings.prompt_file else "random token ids",
+        "prompt": {"file": f"file {settings.prompt_file}, tiled", "random": "random token ids",
+                   "code": "held-out standard-library modules, concatenated"}[prompt_kind(plain, settings)],
         "device": str(plain.device), "dtype": str(plain.dtype).removeprefix("torch."), "backend": plain.backend,
         "quantization": plain.quantization, "max_context": plain.max_context, "prefill_chunk": plain.prefill_chunk,
         "kv_policy": cache.kv_policy, "kv_pool_tokens": cache.kv_pool_tokens,

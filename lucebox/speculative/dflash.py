@@ -5,7 +5,12 @@ with committed tokens), so a draft costs the same at 1K and 256K of context.
 Context rows are written lazily: a commit only keeps the committed tokens' target features, and
 the next draft (or a resume, or a full ring step's worth of waiting features) projects them into
 the rings in one batch. So rounds the width policy decodes plainly cost the drafter nothing but
-the features kept, and drafting after them pays one batched write instead of one per round."""
+the features kept, and drafting after them pays one batched write instead of one per round.
+
+Prompt lookup comes first: when the last `LOOKUP_MIN_MATCH` or more tokens occurred before, what
+followed them is the draft (up to `DRAFT_WIDTH`), and the drafter does not run. Text that repeats
+itself (a model looping at temperature 0, code restating names, a long context quoted back) is
+what a block drafter trained on short windows does not copy and a lookup copies for free."""
 
 from __future__ import annotations
 
@@ -13,14 +18,17 @@ import torch
 import torch.nn.functional as F
 
 from lucebox.caches import SlidingRing, Step
-from lucebox.engine.config import DRAFT_CTX
+from lucebox.engine.config import DRAFT_CTX, DRAFT_WIDTH
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashConfig, DFlashDrafter
 from lucebox.sampling import SamplingParams, draw
 from lucebox.speculative.dspark import markov_draft, markov_tree
+from lucebox.speculative.ngram import NgramProposer
 from lucebox.speculative.proposer import Draft, Proposer, confidence, draft_distribution, greedy_draft, tensor_bytes
-from lucebox.speculative.tree import DraftTree
+from lucebox.speculative.tree import DraftTree, chain
 from lucebox.speculative.tree_draft import draft_tree
+
+LOOKUP_MIN_MATCH = 3  # tokens the context's tail must repeat before its continuation is copied as the draft
 
 
 def ring_step(cfg: DFlashConfig, prefill_chunk: int) -> int:
@@ -32,7 +40,9 @@ class DFlashProposer(Proposer):
     def __init__(self, drafter: DFlashDrafter, target: Decoder, prefill_chunk: int, draft_ctx: int = DRAFT_CTX):
         self.drafter, self.target = drafter, target
         self.feature_layers = drafter.cfg.target_layer_ids
-        self.max_width = drafter.cfg.block_size - 1
+        self.block_width = drafter.cfg.block_size - 1  # drafts one pass makes
+        self.max_width = DRAFT_WIDTH  # a lookup draft may be longer
+        self.lookup: NgramProposer | None = NgramProposer(min_n=LOOKUP_MIN_MATCH)  # None: the drafter alone
         self.draft_ctx, self.max_step = draft_ctx, ring_step(drafter.cfg, prefill_chunk)
         self.rings: list[SlidingRing] = []
         self.length = 0  # committed tokens: their context rows are in the rings, or waiting
@@ -49,11 +59,15 @@ class DFlashProposer(Proposer):
                                   self.drafter.dtype, self.drafter.device) for _ in range(cfg.num_layers)]
         self.length = 0
         self.waiting, self.waiting_rows = [], 0
+        if self.lookup is not None:
+            self.lookup.start(prompt, None)
 
     def resume(self, position: int) -> bool:
         # The rings hold context rows of the committed tokens; a chat's next turn keeps them all.
         self.catch_up()
         if not self.rings or not 0 < position <= self.length:
+            return False
+        if self.lookup is not None and not self.lookup.resume(position):
             return False
         if not all(ring.can_rewind_to(position) for ring in self.rings):
             return False
@@ -63,6 +77,8 @@ class DFlashProposer(Proposer):
         return True
 
     def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:
+        if self.lookup is not None:
+            self.lookup.commit(committed, new, None)
         self.waiting.append(features[:new])
         self.waiting_rows += new
         self.length = len(committed)
@@ -81,7 +97,10 @@ class DFlashProposer(Proposer):
         self.waiting, self.waiting_rows = [], 0
 
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
-        k = min(k, self.max_width)
+        copied = self._copied(context, k)
+        if copied:  # the text repeats itself: copy it (the drafter, trained on short windows, would not)
+            return Draft(copied)
+        k = min(k, self.block_width)
         if k <= 0:
             return Draft([])
         device = self.drafter.device
@@ -94,6 +113,13 @@ class DFlashProposer(Proposer):
         q = draft_distribution(logits, params)
         tokens = [int(draw(row, generator)) for row in q]
         return Draft(tokens, q, confidence(logits, q))
+
+    def _copied(self, context: list[int], k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the context's tail (prompt
+        lookup; deterministic drafts), or none."""
+        if self.lookup is None:
+            return []
+        return self.lookup.propose(context, min(k, self.max_width), SamplingParams(), None).tokens
 
     def block_pass(self, context: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The drafter's logits (k, V) and final hidden states (k, H) for the k positions after
@@ -111,7 +137,10 @@ class DFlashProposer(Proposer):
         """A draft tree of up to `budget` rows after `last` (`speculative.tree_draft`). The context
         rings only ever receive committed rows: the round gathers the target features of the
         accepted path's rows before `commit`, so a tree's other rows never reach them."""
-        logits = self.block_pass(context, min(budget, self.max_width))[0]
+        copied = self._copied(context, budget)
+        if copied:
+            return chain(context[-1], copied)
+        logits = self.block_pass(context, min(budget, self.block_width))[0]
         if self.tree_children is None and self.drafter.heads is not None:  # DSpark: children follow their parent
             return markov_tree(self.drafter.heads, logits, context[-1], budget)
         return draft_tree(logits, context[-1], budget, self.tree_children)

@@ -23,6 +23,12 @@ class NgramProposer(Proposer):
         self.tokens, self.last_end = [], {}
         self._extend(prompt)
 
+    def resume(self, position: int) -> bool:
+        if position > len(self.tokens):
+            return False
+        self.start(self.tokens[:position], None)  # the index rebuilt: a rewind may drop any n-gram's last end
+        return True
+
     def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:
         self._extend(committed[len(self.tokens):])
 
