@@ -47,20 +47,24 @@ def _speed(g) -> float:
     return (g.stats["generated_tokens"] - 1) / g.stats["decode_time_s"]
 
 
+SWEEP_WIDTHS = range(1, 8)  # fixed chains of k drafts
+SWEEP_BUDGETS = (4, 8, 12, 15)  # fixed trees of b draft rows
+
+
 def _sweep(runs: dict, names: list[str]) -> list[dict]:
-    """Per prompt: decode tokens/s at each fixed width and of the adaptive width, and the adaptive
-    width's speed over the best fixed one's."""
+    """Per prompt: decode tokens/s at each fixed chain width and tree budget and of the default
+    (adaptive) engine, and the default's speed over the best fixed one's."""
     out = []
     for i, name in enumerate(names):
-        fixed = {k: _speed(runs[f"fixed width {k}, greedy"][i]) for k in range(1, 8)}
+        fixed = {f"chain {k}": _speed(runs[f"fixed chain {k}, greedy"][i]) for k in SWEEP_WIDTHS}
+        fixed.update({f"tree {b}": _speed(runs[f"fixed tree {b}, greedy"][i]) for b in SWEEP_BUDGETS})
         best = max(fixed, key=fixed.get)
         adaptive = _speed(runs["dflash, greedy"][i])
-        out.append({"prompt": name, "fixed_width_tokens_per_s": {k: round(v, 1) for k, v in fixed.items()},
-                    "best_fixed_width": best, "adaptive_tokens_per_s": round(adaptive, 1),
+        out.append({"prompt": name, "fixed_tokens_per_s": {k: round(v, 1) for k, v in fixed.items()},
+                    "best_fixed": best, "adaptive_tokens_per_s": round(adaptive, 1),
                     "adaptive_over_best_fixed": round(adaptive / fixed[best], 3)})
-        print(f"{name:24s} best fixed width {best}: {fixed[best]:6.1f} tok/s; adaptive {adaptive:6.1f} tok/s "
-              f"(x{adaptive / fixed[best]:.2f}); widths 1..7: " + " ".join(f"{v:.0f}" for v in fixed.values()),
-              flush=True)
+        print(f"{name:24s} best fixed {best}: {fixed[best]:6.1f} tok/s; default {adaptive:6.1f} tok/s "
+              f"(x{adaptive / fixed[best]:.2f}); " + " ".join(f"{k}={v:.0f}" for k, v in fixed.items()), flush=True)
     return out
 
 
@@ -77,8 +81,9 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--sweep", action="store_true",
-                   help="also decode each prompt greedily at every fixed width 1..7, and report per prompt the "
-                        "adaptive width's speed over the best fixed width's")
+                   help="also decode each prompt greedily with every fixed chain width 1..7 and tree budget "
+                        f"{', '.join(map(str, SWEEP_BUDGETS))}, and report per prompt the default engine's speed "
+                        "over the best fixed one's")
     p.add_argument("--tree-budget", type=int, default=0,
                    help="also decode with DFlash draft trees of N draft rows per round, beside a fixed chain of N "
                         "drafts: tree vs chain at equal verify rows")
@@ -90,30 +95,42 @@ def main() -> None:
     common = dict(device=args.device, dtype=args.dtype)
     engines = {
         "plain": lucebox.LLM(model, draft=None, **common),
-        "dflash": lucebox.LLM(model, draft="auto", **common),
-        "dflash_fixed_width": lucebox.LLM(model, draft="auto", adaptive=False, **common),
+        "dflash": lucebox.LLM(model, **common),  # the defaults: the paired drafter, adaptive, trees when greedy
+        "dflash_adaptive_chain": lucebox.LLM(model, tree_budget=0, **common),
+        "dflash_fixed_width": lucebox.LLM(model, adaptive=False, tree_budget=0, **common),
         "ngram": lucebox.LLM(model, draft="ngram", **common),
     }
-    widths = range(1, 8) if args.sweep else ()
-    for k in widths:
-        engines[f"fixed width {k}"] = lucebox.LLM(model, draft="auto", adaptive=False, draft_k=k, **common)
+    for k in SWEEP_WIDTHS if args.sweep else ():
+        engines[f"fixed chain {k}"] = lucebox.LLM(model, adaptive=False, tree_budget=0, draft_k=k, **common)
+    for b in SWEEP_BUDGETS if args.sweep else ():
+        engines[f"fixed tree {b}"] = lucebox.LLM(model, adaptive=False, tree_budget=b, **common)
     if args.tree_budget:
         n = args.tree_budget
-        engines[f"dflash tree {n}"] = lucebox.LLM(model, draft="auto", adaptive=False, tree_budget=n, **common)
-        engines[f"dflash chain {n}"] = lucebox.LLM(model, draft="auto", adaptive=False, draft_k=n, **common)
+        engines[f"dflash tree {n}"] = lucebox.LLM(model, adaptive=False, tree_budget=n, **common)
+        engines[f"dflash chain {n}"] = lucebox.LLM(model, adaptive=False, tree_budget=0, draft_k=n, **common)
     if engines["dflash"].proposer is None:
         sys.exit(f"{model} has no paired drafter (<model>/dflash): nothing to compare")
     prompts = prompts_from_held_out(engines["plain"].tokenizer, args.prompts, args.prompt_tokens)
-    runs = {f"{name}, {mode}": [] for name in engines for mode in ("greedy", "T=0.8")
-            if mode == "greedy" or not name.startswith("fixed width")}
+    modes = {"greedy": {"temperature": 0.0}, "T=0.8": {"temperature": 0.8},
+             # Unseeded sampled requests choose widths by the clock (seeded ones cannot: their tokens would
+             # depend on the timings): the default engine's sampled speed.
+             "T=0.8 unseeded": {"temperature": 0.8}}
+
+    def measured(name: str, mode: str) -> bool:
+        if name.startswith("fixed "):
+            return mode == "greedy"
+        return mode != "T=0.8 unseeded" or name in ("plain", "dflash")
+
+    runs = {f"{name}, {mode}": [] for name in engines for mode in modes if measured(name, mode)}
     for engine in engines.values():  # warm-up: first-call costs stay out of the figures
         engine.generate(prompts[0][1][:16], max_tokens=8, ignore_eos=True)
     for i, (_, prompt) in enumerate(prompts):
         for name, engine in engines.items():  # side by side: every configuration on this prompt in turn
-            for mode, sampling in (("greedy", {"temperature": 0.0}), ("T=0.8", {"temperature": 0.8, "seed": i})):
-                if name.startswith("fixed width") and mode != "greedy":
+            for mode, sampling in modes.items():
+                if not measured(name, mode):
                     continue
-                g = engine.generate(prompt, max_tokens=args.tokens, ignore_eos=True, **sampling)
+                seed = {"seed": i} if mode == "T=0.8" else {}
+                g = engine.generate(prompt, max_tokens=args.tokens, ignore_eos=True, **sampling, **seed)
                 runs[f"{name}, {mode}"].append(g)
     rows = {}
     sweep = _sweep(runs, [name for name, _ in prompts]) if args.sweep else None
@@ -131,7 +148,7 @@ def main() -> None:
             "width_histogram": _summed([g.stats.get("width_histogram", {}) for g in gens]),
         }
     for key, row in rows.items():
-        mode = key.split(", ")[1]
+        mode = key.split(", ", 1)[1]
         row["speedup_vs_plain"] = row["decode_tokens_per_s"] / rows[f"plain, {mode}"]["decode_tokens_per_s"]
         if mode == "greedy":
             same = all(a.token_ids == b.token_ids for a, b in zip(runs[key], runs["plain, greedy"], strict=True))
