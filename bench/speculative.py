@@ -86,7 +86,8 @@ def main() -> None:
                         "over the best fixed one's")
     p.add_argument("--tree-budget", type=int, default=0,
                    help="also decode with DFlash draft trees of N draft rows per round, beside a fixed chain of N "
-                        "drafts: tree vs chain at equal verify rows")
+                        "drafts, both from the drafter alone (no prompt lookup): tree vs chain at equal verify rows "
+                        "(written as speculative_tree-*.json)")
     p.add_argument("--out", default=None, help="directory for the JSON (default bench/results/local; "
                                                "bench/results replaces the committed result)")
     args = p.parse_args()
@@ -104,10 +105,12 @@ def main() -> None:
         engines[f"fixed chain {k}"] = lucebox.LLM(model, adaptive=False, tree_budget=0, draft_k=k, **common)
     for b in SWEEP_BUDGETS if args.sweep else ():
         engines[f"fixed tree {b}"] = lucebox.LLM(model, adaptive=False, tree_budget=b, **common)
-    if args.tree_budget:
+    if args.tree_budget:  # the drafter alone (no prompt lookup), so every tree comes from the drafter's pass
         n = args.tree_budget
         engines[f"dflash tree {n}"] = lucebox.LLM(model, adaptive=False, tree_budget=n, **common)
         engines[f"dflash chain {n}"] = lucebox.LLM(model, adaptive=False, tree_budget=0, draft_k=n, **common)
+        for name in (f"dflash tree {n}", f"dflash chain {n}"):
+            engines[name].proposer.lookup = None
     if engines["dflash"].proposer is None:
         sys.exit(f"{model} has no paired drafter (<model>/dflash): nothing to compare")
     prompts = prompts_from_held_out(engines["plain"].tokenizer, args.prompts, args.prompt_tokens)
@@ -155,7 +158,8 @@ def main() -> None:
             row["identical_to_plain"] = same
         print(f"{key:32s} decode {row['decode_tokens_per_s']:7.1f} tok/s  x{row['speedup_vs_plain']:.2f}  "
               f"acceptance length {row['acceptance_length']:.2f}", flush=True)
-    path = write_result("speculative", {
+    # A tree comparison is a record of its own: it never replaces the main run's.
+    path = write_result("speculative_tree" if args.tree_budget else "speculative", {
         "model": str(model), "drafter": str(engines["dflash"].proposer.drafter.cfg), "device": args.device,
         "dtype": args.dtype, "prompts": [name for name, _ in prompts], "prompt_tokens": args.prompt_tokens,
         "generated_tokens": args.tokens, "results": rows, "sweep": sweep,

@@ -287,3 +287,29 @@ def test_prompt_lookup_before_the_drafter_stays_lossless(laguna, drafters, plain
         block = llm.proposer.block_width
         assert max(out.stats["width_histogram"]) > block  # lookup drafts, longer than a drafter block
         assert out.stats["acceptance_length"] > 2
+
+
+def test_copied_drafts_are_verified_whole_and_not_judged(laguna, drafters, plain, monkeypatch):
+    """Prompt-lookup drafts skip the width cut and the keep rates (which stay the drafter's own)."""
+    from lucebox.speculative.keep_model import DraftJudge
+
+    judged = []
+    drafted = DraftJudge.drafted
+    monkeypatch.setattr(DraftJudge, "drafted", lambda self, tokens, confidence: (judged.append(list(tokens)),
+                                                                                  drafted(self, tokens, confidence)))
+    llm = lucebox.LLM(laguna, draft=drafters["dflash_zlab"], kv_policy="exact", kv_pool_tokens=256, tree_budget=0,
+                      **COMMON)
+    copies, propose = [], llm.proposer.propose
+
+    def record(context, k, params, generator):
+        draft = propose(context, k, params, generator)
+        if draft.copied:
+            copies.append((k, draft.tokens))
+        return draft
+
+    llm.proposer.propose = record
+    out = llm.generate(PROMPT, max_tokens=N, ignore_eos=True)
+    assert out.token_ids == plain["exact"] and len(copies) > 5
+    assert not any(tokens in judged for _, tokens in copies)
+    verified = out.stats["width_histogram"]
+    assert any(len(tokens) > 7 for _, tokens in copies) and max(verified) > 7  # whole copies verified

@@ -14,6 +14,8 @@ what a block drafter trained on short windows does not copy and a lookup copies 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
@@ -99,7 +101,7 @@ class DFlashProposer(Proposer):
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
         copied = self._copied(context, k)
         if copied:  # the text repeats itself: copy it (the drafter, trained on short windows, would not)
-            return Draft(copied)
+            return Draft(copied, copied=True)
         k = min(k, self.block_width)
         if k <= 0:
             return Draft([])
@@ -113,6 +115,9 @@ class DFlashProposer(Proposer):
         q = draft_distribution(logits, params)
         tokens = [int(draw(row, generator)) for row in q]
         return Draft(tokens, q, confidence(logits, q))
+
+    def copies(self, context: list[int]) -> bool:
+        return bool(self._copied(context, 1))
 
     def _copied(self, context: list[int], k: int) -> list[int]:
         """Up to k tokens that followed the latest earlier occurrence of the context's tail (prompt
@@ -139,7 +144,7 @@ class DFlashProposer(Proposer):
         accepted path's rows before `commit`, so a tree's other rows never reach them."""
         copied = self._copied(context, budget)
         if copied:
-            return chain(context[-1], copied)
+            return dataclasses.replace(chain(context[-1], copied), copied=True)
         logits = self.block_pass(context, min(budget, self.block_width))[0]
         if self.tree_children is None and self.drafter.heads is not None:  # DSpark: children follow their parent
             return markov_tree(self.drafter.heads, logits, context[-1], budget)

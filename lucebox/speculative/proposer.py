@@ -19,6 +19,9 @@ class Draft:
     # The drafter's own probability of each draft (top-1 mass); feeds the adaptive width. Empty
     # when the drafter has no such notion (the engine then uses measured keep rates).
     confidence: list[float] = field(default_factory=list)
+    # Copied from the context (prompt lookup): verified whole, and not judged, so the keep rates
+    # stay the drafter's own (a copy of repeating text is kept far more often than a drafted block).
+    copied: bool = False
 
 
 class Proposer(ABC):
@@ -46,6 +49,11 @@ class Proposer(ABC):
         """A new request keeps the previous one's first `position` committed tokens (the engine's
         prefix reuse): True when this drafter's state for them is intact and now ends there, so
         `start` is skipped and only the rest is committed to it; False (the default) restarts it."""
+        return False
+
+    def copies(self, context: list[int]) -> bool:
+        """Whether the next draft after `context` is a copy of earlier text (prompt lookup): a
+        round then drafts whatever the width policy expects of the drafter."""
         return False
 
     def device_bytes(self) -> int:

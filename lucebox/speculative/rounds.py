@@ -96,7 +96,7 @@ class Speculation:
         # wait is short, since every round reads its verdict (and its drafts) on the host anyway.
         timed = width.has_drafter and width.timed and width.adaptive
         t0 = ctx.clock(timed)
-        draft = self._draft(limit) if width.should_draft(limit) else None
+        draft = self._draft(limit) if self._drafting(limit) else None
         t1 = ctx.clock(timed)
         verified = Draft([]) if draft is None else draft
         rows = [self.last, *verified.tokens]
@@ -126,12 +126,22 @@ class Speculation:
         return min(remaining - 1, cache.rows_before_reselect(cache.length) - 1, cache.settings.max_step - 1,
                    cache.settings.decode_rows - 1, self.context.draft_k)
 
+    def _drafting(self, limit: int) -> bool:
+        """Whether this round drafts: always when the proposer has a copy of earlier text to offer
+        (it costs next to nothing), else as the width policy expects the drafter to pay."""
+        if limit > 0 and self.proposer is not None and self.proposer.copies(self.tokens + [self.last]):
+            return True
+        return self.width.should_draft(limit)
+
     def _draft(self, limit: int) -> Draft:
         """Up to `limit` drafts after `last`, cut to the width the policy chooses; the whole block
         goes to the judge, which learns from every draft whether verified or not."""
         proposer = self.proposer
         draft = proposer.propose(self.tokens + [self.last], min(limit, proposer.max_width), self.params,
                                  self.draft_gen)
+        if draft.copied:
+            self.judge.drafted([], [])  # nothing of the drafter's to judge; an older block is done with
+            return draft
         self.judge.drafted(draft.tokens, draft.confidence)
         k = self.width.choose(draft.confidence, len(draft.tokens), limit)
         return Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k])

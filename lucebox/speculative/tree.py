@@ -34,6 +34,7 @@ class DraftTree:
     parents: list[int]  # parents[0] = -1
     depths: list[int]
     probabilities: list[float]  # the drafter's path probability of each row (1.0 for the root)
+    copied: bool = False  # a chain copied from the context (prompt lookup), not the drafter's
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -29,7 +29,7 @@ def tree_round(spec, remaining: int, take: Callable[[list[int]], Chunk]) -> Chun
     budget = min(spec.draft_limit(remaining), ctx.tree_budget)
     timed = width.timed and width.adaptive
     t0 = ctx.clock(timed)
-    drafting = budget > 0 and width.should_draft(budget)
+    drafting = budget > 0 and spec._drafting(budget)  # noqa: SLF001
     tree = _drafted_tree(spec, budget) if drafting else chain(spec.last, [])
     t1 = ctx.clock(timed)
     layers = spec.proposer.feature_layers
@@ -61,7 +61,7 @@ def _drafted_tree(spec, budget: int) -> DraftTree:
     tree's node probabilities are not what a chain reports (a DSpark chain reports its
     confidence head's), and the per-position confidence means must stay the chain's."""
     tree = spec.proposer.propose_tree(spec.tokens + [spec.last], budget)
-    spec.judge.drafted(top_path(tree)[0], [])
+    spec.judge.drafted([] if tree.copied else top_path(tree)[0], [])  # a copy is not the drafter's to judge
     return tree
 
 
