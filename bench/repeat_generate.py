@@ -25,7 +25,8 @@ DRAFTS = {"default (auto)": [], "ngram": ["--draft", "ngram"], "none": ["--no-dr
 def one_run(extra: list[str], tokens: int) -> dict:
     command = [sys.executable, "-m", "lucebox.cli", "generate", "--prompt", PROMPT, "--max-tokens", str(tokens),
                "--temp", "0", "--stats", *extra]
-    out = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=ROOT)
+    out = done.stdout + done.stderr  # --stats prints its line to stderr
     speed = float(re.search(r"decode ([0-9.]+) tok/s", out).group(1))
     acceptance = re.search(r"acceptance ([0-9.]+)", out)
     return {"decode_tokens_per_s": speed, "acceptance": float(acceptance.group(1)) if acceptance else None}
