@@ -96,7 +96,8 @@ class Speculation:
         # wait is short, since every round reads its verdict (and its drafts) on the host anyway.
         timed = width.has_drafter and width.timed and width.adaptive
         t0 = ctx.clock(timed)
-        draft = self._draft(limit) if self._drafting(limit) else None
+        context = self.tokens + [self.last] if self.proposer is not None else []  # once a round: it is long
+        draft = self._draft(limit, context) if self._drafting(limit, context) else None
         t1 = ctx.clock(timed)
         verified = Draft([]) if draft is None else draft
         rows = [self.last, *verified.tokens]
@@ -114,7 +115,7 @@ class Speculation:
         self.judge.committed(chunk.token_ids)
         self.totals.add(verified, n, t1 - t0 if draft is not None else 0.0, t2 - t1)
         width.record(len(rows), t2 - t1, None if draft is None else t1 - t0)
-        if self.shapes is not None and draft is not None:
+        if self.shapes is not None and draft is not None and not draft.copied:  # copies: the same either shape
             self.shapes.record("chain", len(chunk.token_ids), t2 - t0)
         self.last = chunk.token_ids[-1]
         self._mark_seen(chunk.token_ids)
@@ -126,19 +127,18 @@ class Speculation:
         return min(remaining - 1, cache.rows_before_reselect(cache.length) - 1, cache.settings.max_step - 1,
                    cache.settings.decode_rows - 1, self.context.draft_k)
 
-    def _drafting(self, limit: int) -> bool:
+    def _drafting(self, limit: int, context: list[int]) -> bool:
         """Whether this round drafts: always when the proposer has a copy of earlier text to offer
         (it costs next to nothing), else as the width policy expects the drafter to pay."""
-        if limit > 0 and self.proposer is not None and self.proposer.copies(self.tokens + [self.last]):
+        if limit > 0 and self.proposer is not None and self.proposer.copies(context):
             return True
         return self.width.should_draft(limit)
 
-    def _draft(self, limit: int) -> Draft:
+    def _draft(self, limit: int, context: list[int]) -> Draft:
         """Up to `limit` drafts after `last`, cut to the width the policy chooses; the whole block
         goes to the judge, which learns from every draft whether verified or not."""
         proposer = self.proposer
-        draft = proposer.propose(self.tokens + [self.last], min(limit, proposer.max_width), self.params,
-                                 self.draft_gen)
+        draft = proposer.propose(context, min(limit, proposer.max_width), self.params, self.draft_gen)
         if draft.copied:
             self.judge.drafted([], [])  # nothing of the drafter's to judge; an older block is done with
             return draft

@@ -29,8 +29,9 @@ def tree_round(spec, remaining: int, take: Callable[[list[int]], Chunk]) -> Chun
     budget = min(spec.draft_limit(remaining), ctx.tree_budget)
     timed = width.timed and width.adaptive
     t0 = ctx.clock(timed)
-    drafting = budget > 0 and spec._drafting(budget)  # noqa: SLF001
-    tree = _drafted_tree(spec, budget) if drafting else chain(spec.last, [])
+    context = spec.tokens + [spec.last]  # built once a round: it is the whole sequence
+    drafting = budget > 0 and spec._drafting(budget, context)  # noqa: SLF001
+    tree = _drafted_tree(spec, context, budget) if drafting else chain(spec.last, [])
     t1 = ctx.clock(timed)
     layers = spec.proposer.feature_layers
     out = ctx.runner.step(tree.tokens, Step.span(c, len(tree), ctx.device), cache, layers,
@@ -48,19 +49,19 @@ def tree_round(spec, remaining: int, take: Callable[[list[int]], Chunk]) -> Chun
     spec.totals.add(Draft([0] * tree.depth), verdict.accepted, t1 - t0 if drafting else 0.0, t2 - t1,
                     width=len(tree) - 1)
     width.record(len(tree), t2 - t1, t1 - t0 if drafting else None)
-    if spec.shapes is not None and drafting:
+    if spec.shapes is not None and drafting and not tree.copied:  # a copy is a chain, whatever the shape
         spec.shapes.record("tree", len(chunk.token_ids), t2 - t0)
     spec.last = chunk.token_ids[-1]
     spec._mark_seen(chunk.token_ids)  # noqa: SLF001
     return chunk
 
 
-def _drafted_tree(spec, budget: int) -> DraftTree:
+def _drafted_tree(spec, context: list[int], budget: int) -> DraftTree:
     """The drafter's tree of up to `budget` rows; its first-choice path goes to the judge, so the
     keep rates the width policy drafts by keep learning in tree rounds. Without confidences: a
     tree's node probabilities are not what a chain reports (a DSpark chain reports its
     confidence head's), and the per-position confidence means must stay the chain's."""
-    tree = spec.proposer.propose_tree(spec.tokens + [spec.last], budget)
+    tree = spec.proposer.propose_tree(context, budget)
     spec.judge.drafted([] if tree.copied else top_path(tree)[0], [])  # a copy is not the drafter's to judge
     return tree
 
