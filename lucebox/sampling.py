@@ -3,6 +3,14 @@ min-p (in that order, as transformers' generate applies them), then a seeded dra
 
 `distribution` returns the final processed probabilities, which is also what speculative
 verification must compare drafts against.
+
+`RaceNoise` draws a token by the exponential race against noise keyed by (seed, position, token)
+rather than by a generator's stream: the token at position n is argmax p_n(x) / E(seed, n, x).
+Each position's noise is independent of every other's, so a sequence drawn this way follows the
+target's distribution exactly; and since a position's token depends only on its prefix and its own
+noise, a drafter that races its own distribution against the same noise proposes, for a
+deterministic draft, the token the target will most likely pick. Speculation verified this way
+commits exactly the tokens plain decoding with the same seed commits, whatever was drafted.
 """
 
 from __future__ import annotations
@@ -59,24 +67,25 @@ def penalize_repetition(logits: torch.Tensor, seen: torch.Tensor, penalty: float
 
 
 def distribution(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor) -> torch.Tensor:
-    """Probabilities (V,) float32 the next token is drawn from; `seen` (V,) bool marks tokens so far."""
+    """Probabilities (..., V) float32 the next token is drawn from, for logits (..., V) (each row on
+    its own); `seen` (V,) or (..., V) bool marks tokens so far."""
     logits = penalize_repetition(logits.to(torch.float32), seen, params.repetition_penalty)
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).to(torch.float32)
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
     logits = logits / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k).values[-1]
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
-        ordered, order = torch.sort(logits, descending=False)
+        ordered, order = torch.sort(logits, dim=-1, descending=False)
         cumulative = ordered.softmax(-1).cumsum(-1)
         drop = cumulative <= 1 - params.top_p
-        drop[-1] = False  # always keep the most likely token
-        logits = logits.masked_fill(drop.scatter(0, order, drop), float("-inf"))
+        drop[..., -1] = False  # always keep the most likely token
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     probs = logits.softmax(-1)
     if params.min_p > 0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-        probs = probs / probs.sum()
+        probs = probs.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
     return probs
 
 
@@ -84,6 +93,53 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     """One token from `probs` without a host sync: argmax of p / Exp(1) (the exponential race)."""
     noise = torch.empty_like(probs).exponential_(1.0, generator=generator)
     return (probs / noise).argmax()
+
+
+_MASK32 = 0xFFFFFFFF
+TOKEN_BITS = 20  # token ids the coupled sampler's keys hold: vocabularies up to 2^20
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (bijective; good avalanche) of int64 values in [0, 2^32). Products
+    may wrap past 2^63: int64 arithmetic wraps, and only the low 32 bits are kept."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+@dataclass(frozen=True)
+class RaceNoise:
+    """Exponential noise E(seed, position, token), a pure function of its key (no generator
+    state), for `RaceNoise.choose`: a sample of each row's distribution at its position."""
+
+    seed: int
+
+    def exponentials(self, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+        """(R, V) float64 Exp(1) variates for rows at `positions` (R,) int64 (R = 1 broadcasts
+        against any number of rows at one position)."""
+        if vocab > 1 << TOKEN_BITS:
+            raise InvalidArgumentError(f"a vocabulary of {vocab} ids is more than the coupled sampler keys "
+                                       f"(2^{TOKEN_BITS}); use verify='tokenwise'")
+        # Each (position, token) is one distinct 64-bit key, hashed with the seed in two 32-bit halves.
+        key = (positions.long()[:, None] << TOKEN_BITS) | torch.arange(vocab, device=positions.device)[None, :]
+        lo, hi = key & _MASK32, key >> 32
+        first = _mix32(lo ^ (self.seed & _MASK32)) ^ ((self.seed >> 32) & _MASK32)
+        bits = _mix32(_mix32((first + hi) & _MASK32) ^ 0x9E3779B9)
+        # 32 random bits: uniform in (0, 1), never 0 or 1, so -log is finite and positive. Coarser
+        # than float64 only below a probability ratio of 2^-32, far under float32 logits' precision.
+        return -torch.log(bits.double().add_(0.5).mul_(2.0 ** -32))
+
+    def scores(self, probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """log p - log E (R, V) float64: each row's argmax is its race's winner, and their softmax
+        weighs each token by how close it came (a drafter's confidence; a tree's ranking)."""
+        return probs.double().log() - self.exponentials(positions, probs.shape[-1]).log()
+
+    def choose(self, probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Each row's race winner (R,), on the device; -1 when any probability is not finite."""
+        winners = (probs.double() / self.exponentials(positions, probs.shape[-1])).argmax(-1)
+        return torch.where(torch.isfinite(probs).all(), winners, -1)
 
 
 def greedy_choices(logits: torch.Tensor) -> torch.Tensor:

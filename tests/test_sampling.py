@@ -15,7 +15,7 @@ from transformers.generation.logits_process import (
 )
 
 import lucebox
-from lucebox.sampling import SamplingParams, distribution, draw
+from lucebox.sampling import RaceNoise, SamplingParams, distribution, draw
 
 V = 50
 CASES = [
@@ -56,6 +56,30 @@ def test_distribution_equals_transformers_processors(params):
     expected = transformers_distribution(logits, params, history)
     assert torch.allclose(ours, expected, atol=1e-6)
     assert (ours > 0).sum() == (expected > 0).sum()
+    # Rows at once (a verify step's), each with its own history, equal each row on its own.
+    rows = torch.stack([logits, logits.flip(0) * 0.5])
+    histories = torch.stack([seen, seen.roll(3)])
+    both = distribution(rows, params, histories)
+    assert torch.allclose(both[0], ours) and torch.allclose(both[1], distribution(rows[1], params, histories[1]))
+
+
+def test_race_noise_picks_follow_the_distribution_independently_per_position():
+    """Coupled sampling: the race winner at each position is a sample of that row, positions are
+    independent of each other, and the noise is a pure function of (seed, position, token)."""
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.0, 0.125], dtype=torch.float64)
+    n = 40000
+    picks = RaceNoise(7).choose(probs.expand(n, -1), torch.arange(n))
+    counts = torch.bincount(picks, minlength=5)
+    assert counts[3] == 0
+    assert (counts / n - probs).abs().sum() / 2 < 0.01
+    pairs = torch.bincount(picks[:-1] * 5 + picks[1:], minlength=25).reshape(5, 5) / (n - 1)  # neighbours
+    assert (pairs - probs[:, None] * probs[None, :]).abs().sum() / 2 < 0.015
+    noise = RaceNoise(2**40 + 3)
+    again = noise.exponentials(torch.tensor([5, 9]), 6)
+    assert torch.equal(again, noise.exponentials(torch.tensor([5, 9]), 6))
+    assert torch.equal(again[1], noise.exponentials(torch.tensor([9]), 6)[0])  # a row's noise is its own
+    assert not torch.equal(again, RaceNoise(3).exponentials(torch.tensor([5, 9]), 6))  # the seed's high bits count
+    assert not torch.equal(again[0], again[1])
 
 
 def test_draws_follow_the_distribution():

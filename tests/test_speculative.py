@@ -99,6 +99,24 @@ def test_speculative_stats_are_reported(laguna):
     assert all(0 <= a <= 1 for a in s["acceptance_by_position"])
 
 
+@pytest.mark.parametrize("proposer", ["ngram", "draft_model", "self_draft", "dflash_laguna"])
+def test_coupled_sampling_commits_what_plain_sampling_commits(laguna, drafters, proposer):
+    """The default "coupled" rule: target and drafter race against one noise keyed by seed and
+    position, so a seeded speculative run commits plain sampled decoding's very tokens, whatever
+    the widths (cut at random here) and drafts; the target drafting for itself keeps every draft."""
+    options = dict(max_tokens=96, temperature=0.9, top_p=0.95, top_k=40, seed=11, ignore_eos=True)
+    if proposer != "self_draft":  # the verifier's alone: a drafter that ignores it still agrees often
+        options["repetition_penalty"] = 1.2
+    plain = lucebox.LLM(laguna, draft=None, **COMMON).generate(PROMPT, **options).token_ids
+    llm = lucebox.LLM(laguna, draft=drafters[proposer], **COMMON)
+    vary_widths(llm)
+    out = llm.generate(PROMPT, **options)
+    assert out.token_ids == plain
+    assert out.stats["width_histogram"].get(0, 0) < out.stats["rounds"]  # drafts were really verified
+    if proposer == "self_draft":
+        assert all(a == 1.0 for a in out.stats["acceptance_by_position"])
+
+
 @pytest.mark.parametrize("rule", ["tokenwise", "block"])
 def test_seeded_speculative_sampling_repeats(laguna, drafters, rule):
     llm = lucebox.LLM(laguna, draft=drafters["draft_model"], verify=rule, **COMMON)

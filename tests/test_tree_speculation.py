@@ -42,7 +42,7 @@ def oracle_trees(llm, truth: list[int], prompt_len: int, seed: int = 0) -> None:
     rng = torch.Generator().manual_seed(seed)
     proposer = llm.proposer
 
-    def propose_tree(context, budget):
+    def propose_tree(context, budget, *_sampling):
         proposer.block_pass(context, 1)  # the drafter's own pass still runs (its rings are read)
         ahead = truth[len(context) - prompt_len:]  # the tokens plain decoding commits next
 
@@ -106,10 +106,16 @@ def test_greedy_trees_under_a_repetition_penalty_equal_plain_decoding(laguna, df
     assert out.token_ids == plain and out.stats["acceptance_length"] > 2
 
 
-def test_seeded_sampled_trees_repeat(laguna, dflash):
-    llm = lucebox.LLM(laguna, draft=dflash, adaptive=False, tree_budget=6, **COMMON)
-    runs = [llm.generate(PROMPT, max_tokens=40, ignore_eos=True, temperature=0.8, seed=3).token_ids for _ in range(2)]
-    assert runs[0] == runs[1] and len(runs[0]) == 40
+def test_coupled_sampled_trees_commit_what_plain_sampling_commits(laguna, dflash):
+    """Each tree row picks by the race at its own depth's position (the default "coupled" rule):
+    trees holding plain sampled decoding's next tokens at random depths and ranks keep them, and
+    the output is plain sampled decoding's, token for token."""
+    options = dict(max_tokens=60, ignore_eos=True, temperature=0.8, top_p=0.9, repetition_penalty=1.2, seed=3)
+    plain = lucebox.LLM(laguna, draft=None, **COMMON).generate(PROMPT, **options).token_ids
+    llm = lucebox.LLM(laguna, draft=dflash, adaptive=False, tree_budget=8, **COMMON)
+    oracle_trees(llm, plain, len(PROMPT))
+    out = llm.generate(PROMPT, **options)
+    assert out.token_ids == plain and out.stats["acceptance_length"] > 2
 
 
 def test_adaptive_rounds_mixing_chains_and_trees_equal_plain_decoding(laguna, dflash):
@@ -120,5 +126,5 @@ def test_adaptive_rounds_mixing_chains_and_trees_equal_plain_decoding(laguna, df
     oracle_trees(llm, plain, len(PROMPT))
     out = llm.generate(PROMPT, max_tokens=N, ignore_eos=True)
     assert out.token_ids == plain
-    counts = llm.engine.learned.shapes.counts
+    counts = llm.engine.learned.shapes["greedy"].counts
     assert counts["chain"] > 0 and counts["tree"] > 0

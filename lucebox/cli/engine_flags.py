@@ -51,7 +51,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                                                f"{engine.DRAFT_WIDTH}; with --adaptive the width adapts below it)")
     p.add_argument("--draft-ctx", type=int, help=f"tokens of context a drafter keeps (default: {engine.DRAFT_CTX})")
     p.add_argument("--verify", choices=engine.VERIFY_RULES,
-                   help="how sampled drafts are verified; both keep the target's distribution (default: tokenwise)")
+                   help="how sampled rounds are verified, each keeping the target's distribution: coupled (the target "
+                        "and the drafter race against noise keyed by seed and position, so a seed gives the tokens "
+                        "plain decoding gives), tokenwise or block (drawn outcomes) (default: coupled)")
     p.add_argument("--adaptive", action=argparse.BooleanOptionalAction,
                    help="choose each round's width by measured cost, and stop drafting when it does not pay; "
                         "--no-adaptive always verifies --draft-k drafts (default: on)")

@@ -37,7 +37,7 @@ DRAFT_CTX = 4096  # tokens of context a drafter keeps (its ring)
 
 # The words some settings take.
 KV_POLICIES = ("exact", "select")
-VERIFY_RULES = ("tokenwise", "block")
+VERIFY_RULES = ("coupled", "tokenwise", "block")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 BACKENDS = ("auto", "torch", "triton")
 KV_DTYPES = ("auto", "int8")
@@ -64,7 +64,9 @@ class EngineConfig:
     kv_reselect_every: committed tokens between `select` re-selections.
     prefill_chunk: rows per prefill forward (None: PREFILL_CHUNK of the device).
     draft_k: most drafts per round (the width adapts below it); draft_ctx: the drafter's ring.
-    verify: how sampled drafts are verified ("tokenwise" or "block"; both keep the distribution).
+    verify: how sampled rounds are verified, each keeping the target's distribution: "coupled"
+        (target and drafter race against one noise keyed by seed and position, so a seeded request
+        commits the tokens plain decoding would), "tokenwise" or "block" (drawn outcomes).
     adaptive: choose each round's width by cost (False: always draft_k, never switched off).
     tree_budget: most draft rows of a draft tree per round (a DFlash drafter's top-k per position,
         best first): greedy rounds verify the rows the width policy finds worth their cost (all of
@@ -89,7 +91,7 @@ class EngineConfig:
     kv_reselect_every: int = KV_RESELECT_EVERY
     prefill_chunk: int | None = None
     draft_k: int = DRAFT_WIDTH
-    verify: str = "tokenwise"
+    verify: str = "coupled"
     draft_ctx: int = DRAFT_CTX
     adaptive: bool = True
     tree_budget: int = DRAFT_WIDTH

@@ -1,11 +1,17 @@
-"""From the logits of one verifying forward to a Verdict, for any sampling settings."""
+"""From the logits of one verifying forward to a Verdict, for any sampling settings.
+
+Sampled rounds verify by one of three rules (`engine.config.VERIFY_RULES`), all of which keep the
+target's distribution: "coupled" (the default) picks each row's token by the race against noise
+keyed by the request's seed and the token's position (`sampling.RaceNoise`) and keeps drafts while
+they equal those picks, as greedy verification does; "tokenwise" and "block" decide by drawn
+outcomes from a generator (`speculative.verify`)."""
 
 from __future__ import annotations
 
 import torch
 
 from lucebox.errors import NonFiniteLogitsError
-from lucebox.sampling import SamplingParams, distribution, greedy_choices, penalize_repetition
+from lucebox.sampling import RaceNoise, SamplingParams, distribution, greedy_choices, penalize_repetition
 from lucebox.speculative.proposer import Draft
 from lucebox.speculative.verify import Verdict, block_outcomes, sample, tokenwise_outcomes, verify_greedy
 
@@ -28,10 +34,11 @@ def decide(
     params: SamplingParams,
     seen: torch.Tensor,  # (V,) bool: tokens so far, `last` included
     rule: str,
-    generator: torch.Generator | None,
+    generator: torch.Generator | RaceNoise | None,  # RaceNoise for the "coupled" rule
     choices: torch.Tensor | None = None,  # greedy_choices(logits), when the step computed them already
+    position: int = 0,  # index in the sequence of the token row 0 chooses (the "coupled" rule's key)
 ) -> Verdict:
-    verdict = _decide(logits, draft, params, seen, rule, generator, choices)
+    verdict = _decide(logits, draft, params, seen, rule, generator, choices, position)
     check_finite(verdict.next_token)
     return verdict
 
@@ -45,7 +52,7 @@ def check_finite(next_token: int) -> None:
             "factors), or the dtype overflows (try dtype='float32'); check the checkpoint")
 
 
-def _decide(logits, draft, params, seen, rule, generator, choices) -> Verdict:
+def _decide(logits, draft, params, seen, rule, generator, choices, position) -> Verdict:
     drafts = draft.tokens
     histories = _seen_per_row(seen, drafts, params.repetition_penalty)
     if params.greedy:
@@ -55,8 +62,11 @@ def _decide(logits, draft, params, seen, rule, generator, choices) -> Verdict:
         return verify_greedy(choices.tolist(), drafts)
     # Logits that are not finite in any row turn every choice into -1, as in `greedy_choices`.
     finite = torch.isfinite(logits).all()
-    p = torch.stack([distribution(logits[i], params, histories[i]) for i in range(len(drafts) + 1)]).double()
+    p = distribution(logits, params, torch.stack(histories) if params.repetition_penalty != 1.0 else seen).double()
     p = torch.where(finite, p, torch.nan)
+    if rule == "coupled":
+        positions = torch.arange(position, position + len(drafts) + 1, device=p.device)
+        return verify_greedy(generator.choose(p, positions).tolist(), drafts)
     if draft.q is not None:
         q = draft.q
     else:  # deterministic drafts: q is one-hot at the draft

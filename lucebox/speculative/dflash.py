@@ -23,10 +23,19 @@ from lucebox.caches import SlidingRing, Step
 from lucebox.engine.config import DRAFT_CTX, DRAFT_WIDTH
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashConfig, DFlashDrafter
-from lucebox.sampling import SamplingParams, draw
+from lucebox.sampling import RaceNoise, SamplingParams, draw
 from lucebox.speculative.dspark import markov_draft, markov_tree
 from lucebox.speculative.ngram import NgramProposer
-from lucebox.speculative.proposer import Draft, Proposer, confidence, draft_distribution, greedy_draft, tensor_bytes
+from lucebox.speculative.proposer import (
+    Draft,
+    Noise,
+    Proposer,
+    confidence,
+    draft_distribution,
+    greedy_draft,
+    raced_scores,
+    tensor_bytes,
+)
 from lucebox.speculative.tree import DraftTree, chain
 from lucebox.speculative.tree_draft import draft_tree
 
@@ -98,7 +107,7 @@ class DFlashProposer(Proposer):
             self.drafter.context_rows(rows, Step.span(start + begin, len(rows), self.drafter.device), self.rings)
         self.waiting, self.waiting_rows = [], 0
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: Noise) -> Draft:
         copied = self._copied(context, k)
         if copied:  # the text repeats itself: copy it (the drafter, trained on short windows, would not)
             return Draft(copied, copied=True)
@@ -109,9 +118,11 @@ class DFlashProposer(Proposer):
         logits, hidden = self.block_pass(context, k)
         if self.drafter.heads is not None:  # DSpark: each position after the draft before it
             last = torch.tensor(context[-1], device=device)
-            return markov_draft(self.drafter.heads, logits, hidden, last, params, generator)
+            return markov_draft(self.drafter.heads, logits, hidden, last, params, generator, len(context))
         if params.greedy:
             return greedy_draft(logits)
+        if isinstance(generator, RaceNoise):  # block position j drafts the token at len(context) - 1 + j
+            return greedy_draft(raced_scores(logits, params, generator, len(context)))
         q = draft_distribution(logits, params)
         tokens = [int(draw(row, generator)) for row in q]
         return Draft(tokens, q, confidence(logits, q))
@@ -138,7 +149,8 @@ class DFlashProposer(Proposer):
         hidden = self.drafter.draft(embeddings, Step.span(start, cfg.block_size, device), self.rings)[1 : k + 1]
         return self.drafter.logits(self.target, hidden), hidden
 
-    def propose_tree(self, context: list[int], budget: int) -> DraftTree:
+    def propose_tree(self, context: list[int], budget: int, params: SamplingParams | None = None,
+                     noise: RaceNoise | None = None) -> DraftTree:
         """A draft tree of up to `budget` rows after `last` (`speculative.tree_draft`). The context
         rings only ever receive committed rows: the round gathers the target features of the
         accepted path's rows before `commit`, so a tree's other rows never reach them."""
@@ -146,6 +158,10 @@ class DFlashProposer(Proposer):
         if copied:
             return dataclasses.replace(chain(context[-1], copied), copied=True)
         logits = self.block_pass(context, min(budget, self.block_width))[0]
+        # Sampled coupled trees (`noise` given) rank each position's tokens by their race scores.
+        coupled = None if noise is None or params.greedy else (params, noise, len(context))
         if self.tree_children is None and self.drafter.heads is not None:  # DSpark: children follow their parent
-            return markov_tree(self.drafter.heads, logits, context[-1], budget)
+            return markov_tree(self.drafter.heads, logits, context[-1], budget, coupled)
+        if coupled is not None:
+            logits = raced_scores(logits, *coupled)
         return draft_tree(logits, context[-1], budget, self.tree_children)

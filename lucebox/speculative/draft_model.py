@@ -11,8 +11,8 @@ import torch
 from lucebox.caches import CacheSettings, SequenceCache, Step
 from lucebox.engine.config import DECODE_ROWS, DRAFT_CTX, DRAFT_WIDTH, KV_CHUNK
 from lucebox.models.decoder import Decoder
-from lucebox.sampling import SamplingParams, distribution, draw
-from lucebox.speculative.proposer import Draft, Proposer, tensor_bytes, top_probabilities
+from lucebox.sampling import RaceNoise, SamplingParams, distribution, draw
+from lucebox.speculative.proposer import Draft, Noise, Proposer, tensor_bytes, top_probabilities
 
 
 def draft_cache_settings(max_context: int, prefill_chunk: int, draft_ctx: int, max_width: int) -> CacheSettings:
@@ -65,7 +65,7 @@ class DraftModelProposer(Proposer):
         self.cached = list(context)
         return self.decoder.logits(hidden[-1:])[0]
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: Noise) -> Draft:
         """k drafts, each fed back to the drafter as a device tensor: the host reads the drafts and
         their confidences once, at the end (a read waits for every queued kernel)."""
         k = min(k, self.max_width)
@@ -78,7 +78,12 @@ class DraftModelProposer(Proposer):
         tokens, rows, all_logits = [], [], []
         for i in range(k):
             q = distribution(logits, plain, nothing).double()
-            tokens.append(q.argmax() if params.greedy else draw(q, generator))  # (): on the device
+            if params.greedy:
+                tokens.append(q.argmax())  # (): on the device
+            elif isinstance(generator, RaceNoise):  # coupled: draft i is the token at len(context) + i
+                tokens.append(generator.choose(q[None], torch.tensor([len(context) + i], device=q.device))[0])
+            else:
+                tokens.append(draw(q, generator))
             rows.append(q)
             all_logits.append(logits)
             if i + 1 < k:  # the last draft's own logits are never needed
@@ -86,7 +91,7 @@ class DraftModelProposer(Proposer):
                                               self.cache)
                 self.cache.commit(position + i + 1)
                 logits = self.decoder.logits(hidden)[0]
-        q = None if params.greedy else torch.stack(rows)
+        q = None if params.greedy or isinstance(generator, RaceNoise) else torch.stack(rows)  # None: deterministic
         beliefs = top_probabilities(torch.stack(all_logits), q)
         read = torch.cat([torch.stack(tokens).double(), beliefs.double()]).tolist()  # ids < 2^53: exact
         drafted = [int(t) for t in read[:k]]

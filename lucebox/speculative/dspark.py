@@ -10,23 +10,28 @@ import math
 import torch
 
 from lucebox.models.dspark import DSparkHeads
-from lucebox.sampling import SamplingParams, draw
-from lucebox.speculative.proposer import Draft, draft_distribution, greedy_draft, top_probabilities
+from lucebox.sampling import RaceNoise, SamplingParams, draw
+from lucebox.speculative.proposer import Draft, Noise, draft_distribution, greedy_draft, raced_scores, top_probabilities
 from lucebox.speculative.tree import DraftTree, build_tree
 
 
 def markov_draft(heads: DSparkHeads, logits: torch.Tensor, hidden: torch.Tensor, last: torch.Tensor,
-                 params: SamplingParams, generator: torch.Generator | None) -> Draft:
+                 params: SamplingParams, generator: Noise, first: int) -> Draft:
     """Drafts for block positions 1..k from the backbone's logits (k, V) and final hidden states
     (k, H), the chain starting from `last` (a 0-d device tensor). Greedy drafts are each biased
     row's argmax; sampled drafts are drawn from the biased row's distribution, which is the `q`
     returned (what verification must compare against, so it stays lossless). The confidence is
-    the confidence head's, or without one the top-1 mass of what each draft came from."""
+    the confidence head's, or without one the top-1 mass of what each draft came from. Coupled
+    drafts (`generator` a `RaceNoise`; block position j drafts the token at `first` + j - 1) are
+    each biased row's race winner, deterministic like greedy ones."""
     prev = last
     rows, qs, tokens = [], [], []
+    raced = isinstance(generator, RaceNoise)
     for j in range(logits.shape[0]):
         row = heads.position_logits(logits[j], prev)  # (V,)
-        if params.greedy:
+        if raced:
+            row = raced_scores(row[None], params, generator, first + j)[0]
+        if params.greedy or raced:
             token = row.argmax()
         else:
             qs.append(draft_distribution(row[None], params)[0])
@@ -38,7 +43,7 @@ def markov_draft(heads: DSparkHeads, logits: torch.Tensor, hidden: torch.Tensor,
     # The confidence head reads each position's previous token, all known now: one batched call.
     prevs = torch.stack([last.reshape(()), *tokens[:-1]]) if tokens else last.reshape(1)[:0]
     belief = None if heads.cfg.confidence is False else heads.confidence(hidden, prevs)
-    if params.greedy:
+    if params.greedy or raced:
         return greedy_draft(biased, belief)  # its argmax of each biased row is the chain's token
     q = torch.stack(qs)
     belief = top_probabilities(biased, q) if belief is None else belief
@@ -47,7 +52,8 @@ def markov_draft(heads: DSparkHeads, logits: torch.Tensor, hidden: torch.Tensor,
     return Draft([int(t) for t in both[:k]], q, both[k:])
 
 
-def markov_tree(heads: DSparkHeads, logits: torch.Tensor, last: int, budget: int) -> DraftTree:
+def markov_tree(heads: DSparkHeads, logits: torch.Tensor, last: int, budget: int,
+                coupled: tuple[SamplingParams, RaceNoise, int] | None = None) -> DraftTree:
     """The draft tree of a DSpark drafter: the `budget` most probable paths below `last`, where a
     node's children follow its position's logits (P, V) biased by the node's own token (as the
     chain biases each position by the draft before it).
@@ -56,7 +62,8 @@ def markov_tree(heads: DSparkHeads, logits: torch.Tensor, last: int, budget: int
     kept at the depth before (by path log-probability), so no node of the best tree is ever left
     out (a tree of `budget` rows holds at most `budget` nodes per depth, each a child of a kept
     node); then one read, and the `budget` best nodes of all depths (a child is never more
-    probable than its parent, so each node's parent is among them)."""
+    probable than its parent, so each node's parent is among them). `coupled` (sampling
+    settings, the request's noise, the position of depth 1): rank by race scores instead."""
     P, V = logits.shape
     k = min(budget, V)
     tokens = torch.tensor([last], device=logits.device)
@@ -65,6 +72,9 @@ def markov_tree(heads: DSparkHeads, logits: torch.Tensor, last: int, budget: int
     for depth in range(P if k > 0 else 0):
         # Clamped at 0 so rounding never makes a child more probable than its parent.
         biased = heads.position_logits(logits[depth][None], tokens)  # (nodes, V)
+        if coupled is not None:
+            params, noise, first = coupled
+            biased = noise.scores(draft_distribution(biased, params), tokens.new_full((1,), first + depth))
         best = biased.topk(min(k, V), dim=-1)  # each node's best children first: a small top-k after
         scores = (best.values - biased.logsumexp(-1, keepdim=True)).clamp_max(0) + logp[:, None]
         top = scores.flatten().topk(min(k, scores.numel()))

@@ -1,6 +1,7 @@
 """What an engine's requests learn about speculation and hand on to the next: the measured costs
-(`RoundCosts`) and keep rates (`KeepModel`, one for greedy and one for sampled decoding, since
-sampling keeps fewer drafts), starting from the drafter's shipped calibration.
+(`RoundCosts`), keep rates (`KeepModel`) and chain-or-tree rates (`ShapeRates`), one of each
+for greedy and one for sampled decoding, since sampling keeps fewer drafts, starting from the
+drafter's shipped calibration.
 
 The calibration is `lucebox_calibration.json` in the drafter's folder, written by `lucebox
 distill` from its held-out measurement: per decoding mode, the keep rate of each draft position
@@ -63,7 +64,8 @@ class Learned:
     costs: RoundCosts
     start: dict[str, KeepModel]  # the shipped calibration, by mode
     keep: dict[str, KeepModel] = field(default_factory=dict)  # running, by mode
-    shapes: ShapeRates = field(default_factory=ShapeRates)  # chain or tree, for greedy rounds
+    # chain or tree, by mode: sampled rounds keep fewer drafts, so the shape that pays may differ
+    shapes: dict[str, ShapeRates] = field(default_factory=lambda: {mode: ShapeRates() for mode in MODES})
 
     def __post_init__(self):
         self.keep = self.keep or copy.deepcopy(self.start)

@@ -10,7 +10,7 @@ import torch
 
 from lucebox.engine.config import DRAFT_WIDTH
 from lucebox.sampling import SamplingParams
-from lucebox.speculative.proposer import Draft, Proposer
+from lucebox.speculative.proposer import Draft, Noise, Proposer
 
 
 class NgramProposer(Proposer):
@@ -39,7 +39,7 @@ class NgramProposer(Proposer):
             for n in range(self.min_n, min(self.max_n, end) + 1):
                 self.last_end[tuple(self.tokens[end - n : end])] = end
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: Noise) -> Draft:
         # context = committed + [last]: the tail ends with `last`, so every indexed match is earlier.
         for n in range(min(self.max_n, len(context)), self.min_n - 1, -1):
             end = self.last_end.get(tuple(context[-n:]))

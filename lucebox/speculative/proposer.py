@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lucebox.engine.config import DRAFT_WIDTH
-from lucebox.sampling import SamplingParams, distribution
+from lucebox.sampling import RaceNoise, SamplingParams, distribution
 
 
 @dataclass
@@ -22,6 +22,9 @@ class Draft:
     # Copied from the context (prompt lookup): verified whole, and not judged, so the keep rates
     # stay the drafter's own (a copy of repeating text is kept far more often than a drafted block).
     copied: bool = False
+
+
+Noise = torch.Generator | RaceNoise | None  # what sampled drafts are drawn with (None: greedy)
 
 
 class Proposer(ABC):
@@ -39,8 +42,10 @@ class Proposer(ABC):
         """A new request begins with `prompt` committed."""
 
     @abstractmethod
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
-        """Up to k drafts continuing `context` (committed tokens + last)."""
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: Noise) -> Draft:
+        """Up to k drafts continuing `context` (committed tokens + last). Sampled drafts race their
+        distribution against `generator` when it is the request's `RaceNoise` (deterministic
+        drafts, q None), or are drawn from it when it is a torch generator."""
 
     def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:  # noqa: B027
         """The last `new` tokens of `committed` were just committed (features: their rows)."""
@@ -87,7 +92,15 @@ def draft_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Te
     `params`' temperature and truncation (no repetition penalty: that is the verifier's)."""
     plain = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p)
     nothing = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
-    return torch.stack([distribution(row, plain, nothing) for row in logits]).double()
+    return distribution(logits, plain, nothing).double()
+
+
+def raced_scores(logits: torch.Tensor, params: SamplingParams, noise: RaceNoise, first: int) -> torch.Tensor:
+    """(k, V) float64: the race scores of drafts for positions first, first + 1, ... from the
+    drafter's logits (k, V) under `params` (`RaceNoise.scores`): their argmax is the coupled draft,
+    their softmax its confidence, and a tree's top-k per position its likeliest race winners."""
+    positions = torch.arange(first, first + logits.shape[0], device=logits.device)
+    return noise.scores(draft_distribution(logits, params), positions)
 
 
 def confidence(logits: torch.Tensor, q: torch.Tensor | None) -> list[float]:

@@ -25,7 +25,7 @@ from lucebox.caches import SequenceCache, Step
 from lucebox.device import DeviceClock
 from lucebox.engine.config import DECODE_ROWS
 from lucebox.generation import Chunk
-from lucebox.sampling import SamplingParams
+from lucebox.sampling import RaceNoise, SamplingParams
 from lucebox.speculative.decide import decide
 from lucebox.speculative.keep_model import DraftJudge, KeepModel
 from lucebox.speculative.learned import Learned
@@ -43,7 +43,7 @@ class DecodeContext:
     clock: DeviceClock
     learned: Learned | None  # costs and keep rates the engine's requests share; None: fixed width
     draft_k: int  # most drafts one round verifies
-    verify_rule: str  # "tokenwise" | "block", for sampled drafts
+    verify_rule: str  # "coupled" | "tokenwise" | "block", for sampled rounds
     adaptive: bool  # choose each round's width by cost (else always the most the limits allow)
     vocab_size: int
     device: torch.device
@@ -60,8 +60,11 @@ class Speculation:
         if not params.greedy:
             # Unseeded requests draw their seed from the OS, leaving torch's global RNG alone.
             seed = params.seed if params.seed is not None else secrets.randbits(62)
-            self.verify_gen = torch.Generator(device=device).manual_seed(seed)
-            self.draft_gen = torch.Generator(device=device).manual_seed(seed ^ 0x5DEECE66D)  # its own stream
+            if context.verify_rule == "coupled":  # target and drafter race against the same noise
+                self.verify_gen = self.draft_gen = RaceNoise(seed)
+            else:
+                self.verify_gen = torch.Generator(device=device).manual_seed(seed)
+                self.draft_gen = torch.Generator(device=device).manual_seed(seed ^ 0x5DEECE66D)  # its own stream
         # Tokens so far, for the repetition penalty (kept up to date only when there is one).
         self.seen = torch.zeros(context.vocab_size, dtype=torch.bool, device=device)
         self.penalized = params.repetition_penalty != 1.0
@@ -70,17 +73,20 @@ class Speculation:
         self.judge = DraftJudge(self.width.keep)
         self.last: int | None = None  # the newest token: chosen, not yet forwarded
         self.totals = RoundTotals()
-        # Trees from drafters that make them (DFlash). Sampled rounds keep chains unless the width is
-        # fixed: a tree keeps only exact matches of the target's sample, a chain keeps min(1, p/q) of
-        # each draft, which under sampling keeps more.
+        # Trees from drafters that make them (DFlash). Sampled rounds of the other rules keep chains
+        # unless the width is fixed: a tree keeps only exact matches of the target's sample, a chain
+        # keeps min(1, p/q) of each draft, which under those rules keeps more. Coupled trees hold the
+        # likeliest winners of the very race the target runs.
         self.trees = (context.tree_budget > 0 and hasattr(proposer, "propose_tree")
-                      and (params.greedy or not context.adaptive))
+                      and (params.greedy or context.verify_rule == "coupled" or not context.adaptive))
         # Adaptive timed rounds choose chain or tree by the rates each delivered; else always the tree.
         timed = self.width.adaptive and self.width.timed and context.learned is not None
-        self.shapes = context.learned.shapes if self.trees and timed else None
+        mode = "greedy" if params.greedy else "sampled"
+        self.shapes = context.learned.shapes[mode] if self.trees and timed else None
 
     def first(self, logits: torch.Tensor) -> int:
-        verdict = decide(logits, Draft([]), self.params, self.seen, self.context.verify_rule, self.verify_gen)
+        verdict = decide(logits, Draft([]), self.params, self.seen, self.context.verify_rule, self.verify_gen,
+                         position=len(self.tokens))
         self.last = verdict.next_token
         self._mark_seen([self.last])
         return self.last
@@ -106,7 +112,8 @@ class Speculation:
         # The step's own argmax (computed with it, in its graph) serves greedy decoding unless a
         # repetition penalty changes the logits first.
         choices = None if self.penalized else out.choices
-        verdict = decide(out.logits, verified, self.params, self.seen, ctx.verify_rule, self.verify_gen, choices)
+        verdict = decide(out.logits, verified, self.params, self.seen, ctx.verify_rule, self.verify_gen, choices,
+                         position=c + 1)
         n = verdict.accepted
         chunk = take([*verified.tokens[:n], verdict.next_token])
         kept = len(chunk.token_ids)  # n + 1, or fewer when a stop ends the request inside the round
@@ -166,12 +173,14 @@ class Speculation:
 
 
 def _policy(context: DecodeContext, params: SamplingParams, has_drafter: bool) -> WidthPolicy:
-    """Adaptive with the engine's shared costs and keep rates; a seeded sampled request decides
-    without clocks from a fresh copy of the calibration (reproducible tokens); fixed otherwise."""
+    """Adaptive with the engine's shared costs and keep rates; fixed without them. A seeded sampled
+    request verified by drawn outcomes (tokenwise, block) decides without clocks from a fresh copy
+    of the calibration, since its tokens depend on the widths it used; coupled rounds commit the
+    same tokens whatever the widths, so their seeded requests use the clock too."""
     learned = context.learned
     if learned is None or not context.adaptive:
         return WidthPolicy(fixed_costs(), KeepModel(), adaptive=False, has_drafter=has_drafter)
-    reproducible = not params.greedy and params.seed is not None
+    reproducible = not params.greedy and params.seed is not None and context.verify_rule != "coupled"
     return WidthPolicy(fixed_costs() if reproducible else learned.costs, learned.keep_for(params, reproducible),
                        timed=not reproducible, has_drafter=has_drafter)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from lucebox.caches import Step
 from lucebox.generation import Chunk
+from lucebox.sampling import RaceNoise
 from lucebox.speculative.proposer import Draft
 from lucebox.speculative.tree import DraftTree, chain
 from lucebox.speculative.tree_verify import decide_tree
@@ -37,7 +38,7 @@ def tree_round(spec, remaining: int, take: Callable[[list[int]], Chunk]) -> Chun
     out = ctx.runner.step(tree.tokens, Step.span(c, len(tree), ctx.device), cache, layers,
                           None if is_chain(tree) else tree)
     verdict = decide_tree(out.logits, tree, spec.params, spec.seen, spec.verify_gen,
-                          None if spec.penalized else out.choices)
+                          None if spec.penalized else out.choices, position=c + 1)
     chunk = take([*(tree.tokens[r] for r in verdict.path), verdict.next_token])
     rows = [0, *verdict.path][: len(chunk.token_ids)]  # fewer when a stop ends the request inside the round
     cache.accept_path(c, rows[1:])
@@ -61,7 +62,8 @@ def _drafted_tree(spec, context: list[int], budget: int) -> DraftTree:
     keep rates the width policy drafts by keep learning in tree rounds. Without confidences: a
     tree's node probabilities are not what a chain reports (a DSpark chain reports its
     confidence head's), and the per-position confidence means must stay the chain's."""
-    tree = spec.proposer.propose_tree(context, budget)
+    noise = spec.draft_gen if isinstance(spec.draft_gen, RaceNoise) else None  # other rules: top-k trees
+    tree = spec.proposer.propose_tree(context, budget, spec.params, noise)
     spec.judge.drafted([] if tree.copied else top_path(tree)[0], [])  # a copy is not the drafter's to judge
     return tree
 

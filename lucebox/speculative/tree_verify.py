@@ -7,7 +7,9 @@ committed token is thus the target's own pick given the tokens before it, whatev
 so the output equals plain decoding (greedy) and follows the target's distribution exactly
 (sampled; the drafts are a deterministic top-k tree, never themselves sampled).
 
-Sampled: `tree_outcomes` writes the walk as its exact outcome distribution, stop[i, x] = the
+Sampled, "coupled" rule: each row's pick is its race against the request's noise at its own
+position (`sampling.RaceNoise`), and the walk follows the picks as greedy does. Other rules:
+`tree_outcomes` writes the walk as its exact outcome distribution, stop[i, x] = the
 probability that the walk reaches row i and picks x there, which no child of i carries (reach_i
 is the product of p along the path), and one draw over all (i, x) decides the round: one read.
 `tests/test_tree_verify.py` enumerates it against the target's own sequence probabilities.
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lucebox.sampling import SamplingParams, distribution, draw, greedy_choices, penalize_repetition
+from lucebox.sampling import RaceNoise, SamplingParams, distribution, draw, greedy_choices, penalize_repetition
 from lucebox.speculative.decide import check_finite
 from lucebox.speculative.tree import DraftTree
 
@@ -81,8 +83,9 @@ def decide_tree(
     tree: DraftTree,
     params: SamplingParams,
     seen: torch.Tensor,  # (V,) bool: tokens so far, `last` included
-    generator: torch.Generator | None,
+    generator: torch.Generator | RaceNoise | None,  # RaceNoise: the "coupled" rule
     choices: torch.Tensor | None = None,  # greedy_choices(logits), when the step computed them already
+    position: int = 0,  # index in the sequence of the token the root row chooses
 ) -> TreeVerdict:
     penalized = params.repetition_penalty != 1.0
     histories = path_histories(seen, tree) if penalized else None
@@ -92,13 +95,14 @@ def decide_tree(
                                      if penalized else logits.float())
         verdict = walk(tree, choices.tolist())
     else:
-        rows = range(len(tree))
-        p = torch.stack([distribution(logits[i], params, seen if histories is None else histories[i])
-                         for i in rows]).double()
-        stop = tree_outcomes(p, tree)
-        pick = torch.where(torch.isfinite(stop).all(), draw(stop.flatten(), generator), -1)
-        flat = int(pick)  # the round's one read
-        vocab = stop.shape[1]
-        verdict = TreeVerdict(tree.path(flat // vocab), flat % vocab) if flat >= 0 else TreeVerdict([], -1)
+        p = distribution(logits, params, seen if histories is None else histories).double()
+        if isinstance(generator, RaceNoise):  # a row at depth d chooses the token at position + d
+            verdict = walk(tree, generator.choose(p, torch.tensor(tree.depths, device=p.device) + position).tolist())
+        else:
+            stop = tree_outcomes(p, tree)
+            pick = torch.where(torch.isfinite(stop).all(), draw(stop.flatten(), generator), -1)
+            flat = int(pick)  # the round's one read
+            vocab = stop.shape[1]
+            verdict = TreeVerdict(tree.path(flat // vocab), flat % vocab) if flat >= 0 else TreeVerdict([], -1)
     check_finite(verdict.next_token)
     return verdict
