@@ -16,6 +16,7 @@ Speed-up = decode tokens/s over plain decoding's, both summed over the same prom
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -52,15 +53,19 @@ SWEEP_WIDTHS = range(1, 8)  # fixed chains of k drafts
 SWEEP_BUDGETS = (4, 8, 12, 15)  # fixed trees of b draft rows
 
 
-def _sweep(runs: dict, names: list[str]) -> list[dict]:
+def _sweep(runs: dict, names: list[str], repeats: int) -> list[dict]:
     """Per prompt: decode tokens/s at each fixed chain width and tree budget and of the default
-    (adaptive) engine, and the default's speed over the best fixed one's."""
+    (adaptive) engine, each the median of its `repeats` runs, and the default's speed over the
+    best fixed one's."""
+    def median_speed(key: str, i: int) -> float:
+        return statistics.median(_speed(g) for g in runs[key][i * repeats : (i + 1) * repeats])
+
     out = []
     for i, name in enumerate(names):
-        fixed = {f"chain {k}": _speed(runs[f"fixed chain {k}, greedy"][i]) for k in SWEEP_WIDTHS}
-        fixed.update({f"tree {b}": _speed(runs[f"fixed tree {b}, greedy"][i]) for b in SWEEP_BUDGETS})
+        fixed = {f"chain {k}": median_speed(f"fixed chain {k}, greedy", i) for k in SWEEP_WIDTHS}
+        fixed.update({f"tree {b}": median_speed(f"fixed tree {b}, greedy", i) for b in SWEEP_BUDGETS})
         best = max(fixed, key=fixed.get)
-        adaptive = _speed(runs["dflash, greedy"][i])
+        adaptive = median_speed("dflash, greedy", i)
         out.append({"prompt": name, "fixed_tokens_per_s": {k: round(v, 1) for k, v in fixed.items()},
                     "best_fixed": best, "adaptive_tokens_per_s": round(adaptive, 1),
                     "adaptive_over_best_fixed": round(adaptive / fixed[best], 3)})
@@ -85,6 +90,9 @@ def main() -> None:
                    help="also decode each prompt greedily with every fixed chain width 1..7 and tree budget "
                         f"{', '.join(map(str, SWEEP_BUDGETS))}, and report per prompt the default engine's speed "
                         "over the best fixed one's")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="decode each prompt this many times with every configuration (in turn); the sweep compares "
+                        "medians, since one short run on a busy machine can be off by 20%%")
     p.add_argument("--tree-budget", type=int, default=0,
                    help="also decode with DFlash draft trees of N draft rows per round, beside a fixed chain of N "
                         "drafts, both from the drafter alone (no prompt lookup): tree vs chain at equal verify rows "
@@ -132,7 +140,8 @@ def main() -> None:
     runs = {f"{name}, {mode}": [] for name in engines for mode in modes if measured(name, mode)}
     for engine in engines.values():  # warm-up: first-call costs stay out of the figures
         engine.generate(prompts[0][1][:16], max_tokens=8, ignore_eos=True)
-    for i, (_, prompt) in enumerate(prompts):
+    order = [(i, prompt) for i, (_, prompt) in enumerate(prompts) for _ in range(args.repeats)]
+    for i, prompt in order:
         for name, engine in engines.items():  # side by side: every configuration on this prompt in turn
             for mode, sampling in modes.items():
                 if not measured(name, mode):
@@ -141,7 +150,7 @@ def main() -> None:
                 g = engine.generate(prompt, max_tokens=args.tokens, ignore_eos=True, **sampling, **seed)
                 runs[f"{name}, {mode}"].append(g)
     rows = {}
-    sweep = _sweep(runs, [name for name, _ in prompts]) if args.sweep else None
+    sweep = _sweep(runs, [name for name, _ in prompts], args.repeats) if args.sweep else None
     for key, gens in runs.items():
         decode_s = sum(g.stats["decode_time_s"] for g in gens)
         decoded = sum(g.stats["generated_tokens"] - 1 for g in gens)
@@ -167,7 +176,7 @@ def main() -> None:
     path = write_result("speculative_tree" if args.tree_budget else "speculative", {
         "model": str(model), "drafter": str(engines["dflash"].proposer.drafter.cfg), "device": args.device,
         "dtype": args.dtype, "prompts": [name for name, _ in prompts], "prompt_tokens": args.prompt_tokens,
-        "generated_tokens": args.tokens, "results": rows, "sweep": sweep,
+        "generated_tokens": args.tokens, "repeats": args.repeats, "results": rows, "sweep": sweep,
         "sample": engines["plain"].tokenizer.decode(runs["plain, greedy"][0].token_ids),
     }, args.out)
     print(f"wrote {path}")
