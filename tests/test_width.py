@@ -2,7 +2,7 @@
 or not), drafting cost in the cost model, and no round switches drafting off for good."""
 
 from lucebox.speculative.keep_model import DraftJudge, KeepModel, expected_tokens
-from lucebox.speculative.width import PROBE_EVERY, RoundCosts, WidthPolicy
+from lucebox.speculative.width import MAX_PROBE_EVERY, PROBE_EVERY, RoundCosts, WidthPolicy
 
 STEPS = {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}
 
@@ -50,8 +50,15 @@ def test_drafting_cost_counts_and_a_bad_stretch_is_probed_again():
     p.keep.kept = [0.1] * 7  # a bad stretch: drafting does not pay
     assert not any(p.should_draft(7) for _ in range(PROBE_EVERY - 1))
     assert p.should_draft(7)  # the probe: the drafter runs, its block is judged
+    # Still not paying: each probe doubles the wait before the next (up to MAX_PROBE_EVERY).
+    assert [p.should_draft(7) for _ in range(2 * PROBE_EVERY)] == [False] * (2 * PROBE_EVERY - 1) + [True]
+    for _ in range(8 * MAX_PROBE_EVERY):
+        p.should_draft(7)
+    assert sum(p.should_draft(7) for _ in range(4 * MAX_PROBE_EVERY)) == 4
     p.keep.kept = [0.9] * 7
     assert p.should_draft(7)  # the drafter does better: drafting is back
+    p.keep.kept = [0.1] * 7  # and a new bad stretch is probed at the first interval again
+    assert [p.should_draft(7) for _ in range(PROBE_EVERY)] == [False] * (PROBE_EVERY - 1) + [True]
     costly = policy(draft_seconds=20.0)
     costly.keep.kept = [0.9] * 7
     assert not costly.should_draft(7)  # expected 5.8 tokens cannot pay 21 steps' time

@@ -9,9 +9,12 @@ come from `KeepModel`'s per-position keep probabilities.
 
 Two decisions per round:
 - before drafting, from the measured keep rates: does a round of the best width beat a plain
-  step, drafting cost included? If not, the round is plain, but every `PROBE_EVERY` plain rounds
+  step, drafting cost included? If not, the round is plain, but after `PROBE_EVERY` plain rounds
   the drafter runs anyway (its block is judged against what gets committed), so a policy that
-  stopped drafting after a bad stretch starts again when the drafter does better;
+  stopped drafting after a bad stretch starts again when the drafter does better. Each probe
+  that leaves drafting unpaid doubles the wait before the next (up to `MAX_PROBE_EVERY`), so
+  where drafting never pays (sampled text the drafter cannot follow) probes cost little; a round
+  that pays again resets it;
 - after drafting, from the block's own confidences: the width that maximizes tokens per second
   of what is left to pay (verification; the drafting is spent), or 0.
 
@@ -27,7 +30,8 @@ from dataclasses import dataclass, field
 from lucebox.engine.config import DECODE_ROWS, DRAFT_WIDTH
 from lucebox.speculative.keep_model import KeepModel, expected_tokens
 
-PROBE_EVERY = 8  # plain rounds between two drafts the policy did not expect to pay
+PROBE_EVERY = 8  # plain rounds before a draft the policy did not expect to pay (doubling while none pays)
+MAX_PROBE_EVERY = 64  # the longest wait between two probes
 MIN_REACH = 0.25  # untimed runs verify drafts while the chance of reaching them stays above this
 SMOOTHING = 0.05  # how fast older step and drafting times fade (about the last 20 count)
 PRIOR_WEIGHT = 0.2  # weight of each start-up measurement in the step-time fit, never faded
@@ -80,6 +84,7 @@ class WidthPolicy:
     adaptive: bool = True  # False: always the widest round the limits allow, always drafting
     has_drafter: bool = True
     plain_rounds: int = 0  # plain rounds since the drafter last ran
+    probe_every: int = PROBE_EVERY  # plain rounds before the next probe
 
     def rate(self, keep: list[float], drafting: float) -> tuple[int, float]:
         """(width, expected tokens per second) of the best round given keep probabilities and the
@@ -98,10 +103,12 @@ class WidthPolicy:
         if not self.adaptive or not self.timed:
             return True
         if self.rate(self.keep.predict(None, min(limit, self.max_width)), self.costs.drafting())[0] > 0:
+            self.plain_rounds, self.probe_every = 0, PROBE_EVERY
             return True
         self.plain_rounds += 1
-        if self.plain_rounds >= PROBE_EVERY:
+        if self.plain_rounds >= self.probe_every:
             self.plain_rounds = 0
+            self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
             return True
         return False
 
