@@ -40,7 +40,7 @@ class RopeSpec:
 class LayerSpec:
     """What one decoder layer is: attention kind, head count, RoPE, MLP kind."""
 
-    attention: str  # "full" | "sliding"
+    attention: str  # "full" | "sliding" (attention over a KV cache) | "gdn" (Gated DeltaNet, a recurrent state)
     num_heads: int
     rope: RopeSpec
     mlp: str  # "dense" | "moe"
@@ -49,6 +49,35 @@ class LayerSpec:
     @property
     def is_sliding(self) -> bool:
         return self.attention == "sliding"
+
+    @property
+    def is_recurrent(self) -> bool:
+        """A linear-recurrent token mixer: a fixed-size state per sequence, no K/V rows."""
+        return self.attention in RECURRENT_KINDS
+
+
+RECURRENT_KINDS = ("gdn",)
+
+
+@dataclass(frozen=True)
+class LinearAttentionSpec:
+    """Shapes of the Gated DeltaNet layers (one spec shared by all of them). Each key head serves
+    value_heads // key_heads value heads; the conv runs over q, k and v channels together."""
+
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_kernel: int
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+    def state_elements(self) -> tuple[int, int]:
+        """(conv state, recurrent state) elements of one layer: the last conv_kernel - 1 conv
+        inputs, and a key_dim x value_dim matrix per value head."""
+        return (self.conv_kernel - 1) * self.conv_channels, self.value_heads * self.key_dim * self.value_dim
 
 
 @dataclass(frozen=True)
@@ -64,6 +93,7 @@ class MoESpec:
     logit_softcap: float = 0.0  # 0: off; else logits = cap * tanh(logits / cap)
     correction_bias: bool = False  # sigmoid routers: a bias added to scores for selection only
     shared_expert_size: int = 0  # 0: no shared expert
+    shared_expert_gate: bool = False  # the shared expert's output times sigmoid(h . shared_gate) (Qwen3-Next)
     float32_weights: bool = False  # weigh expert outputs in float32, then cast (Mixtral's reference does)
 
 
@@ -83,7 +113,12 @@ class ModelConfig:
     moe: MoESpec | None = None
     attention_bias: bool = False
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE
-    attention_gate: str | None = None  # None | "head" | "element": softplus output gate (Laguna)
+    # None | "head" | "element": softplus output gate from its own projection (Laguna);
+    # "sigmoid": a per-element sigmoid gate whose rows sit in wq beside each head's query (Qwen3-Next)
+    attention_gate: str | None = None
+    linear_attention: LinearAttentionSpec | None = None  # the "gdn" layers' shapes
+    # RMSNorm multiplies by (norm_offset + weight): Qwen3-Next stores its norm weights around 0
+    norm_offset: float = 0.0
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -99,6 +134,11 @@ class ModelConfig:
         if not self.layers:
             problems.append("the model has no layers")
         for i, layer in enumerate(self.layers):
+            if layer.is_recurrent:
+                if self.linear_attention is None:
+                    problems.append(f"layer {i} is recurrent ('{layer.attention}') but there is no linear attention "
+                                    "configuration")
+                continue
             if layer.num_heads <= 0 or layer.num_heads % max(self.num_kv_heads, 1):
                 problems.append(f"layer {i}: {layer.num_heads} query heads is not a multiple of "
                                 f"{self.num_kv_heads} KV heads")
@@ -112,6 +152,10 @@ class ModelConfig:
                 problems.append(f"layer {i} is MoE but there is no expert configuration")
         if self.moe is not None and not 0 < self.moe.top_k <= self.moe.num_experts:
             problems.append(f"num_experts_per_tok {self.moe.top_k} must be in 1..{self.moe.num_experts}")
+        lin = self.linear_attention
+        if lin is not None and lin.value_heads % lin.key_heads:
+            problems.append(f"linear_num_value_heads {lin.value_heads} is not a multiple of "
+                            f"linear_num_key_heads {lin.key_heads}")
         if problems:
             raise ConfigError("config.json: " + "; ".join(problems[:4]))
 
@@ -122,6 +166,11 @@ class ModelConfig:
     @property
     def max_heads(self) -> int:
         return max(layer.num_heads for layer in self.layers)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Some layers keep a recurrent state instead of K/V rows (Gated DeltaNet)."""
+        return any(layer.is_recurrent for layer in self.layers)
 
     @property
     def max_window(self) -> int | None:

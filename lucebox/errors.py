@@ -77,6 +77,16 @@ class InsufficientMemoryError(LuceboxError, MemoryError):
     before anything is allocated."""
 
 
+class CacheRewindError(LuceboxError):
+    """A cache was asked to go back to a position it cannot return to exactly (a recurrent layer's
+    state folds in every row it saw: only its own length, or 0, can be returned to)."""
+
+
+class SpeculationUnsupportedError(InvalidArgumentError):
+    """Speculative decoding was asked for (a drafter given or found) on a model it cannot run on
+    yet: recurrent (Gated DeltaNet) layers need a state per verify row. Pass draft=None (--no-draft)."""
+
+
 class BackendError(LuceboxError):
     """The kernel backend asked for cannot run here (no Triton, no interpreter, unsupported dtype)."""
 

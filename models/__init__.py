@@ -5,15 +5,14 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from lucebox.models import laguna, llama, mistral, mixtral, qwen3, qwen3_moe
+from lucebox.models import laguna, llama, mistral, mixtral, qwen3, qwen3_moe, qwen3_next
 from lucebox.models.hf_config import architecture_name, check_values
 
 from lucebox.config import ModelConfig
 from lucebox.errors import ConfigError, UnsupportedArchitectureError
 
-_ADAPTERS: dict[str, ModuleType] = {
-    arch: module for module in (laguna, llama, mistral, mixtral, qwen3, qwen3_moe) for arch in module.ARCHITECTURES
-}
+_MODULES = (laguna, llama, mistral, mixtral, qwen3, qwen3_moe, qwen3_next)
+_ADAPTERS: dict[str, ModuleType] = {arch: module for module in _MODULES for arch in module.ARCHITECTURES}
 SUPPORTED_ARCHITECTURES = tuple(sorted(_ADAPTERS))
 
 

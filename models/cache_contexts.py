@@ -9,6 +9,8 @@ from lucebox.kernels.backend import Kernels
 from lucebox.models.tree_mask import TreeMask
 
 from lucebox.caches import SequenceCache, Step
+from lucebox.caches.recurrent import RecurrentState
+from lucebox.errors import InvalidArgumentError
 
 
 def _tree_args(tree: TreeMask | None, window: int | None) -> dict:
@@ -34,6 +36,13 @@ class CacheContext:
         return attention_over_blocks(q, self.positions, layer_cache.blocks(q, self.step), self.scale, window,
                                      self.kernels.attention_partial, **_tree_args(self.tree, window))
 
+    def recurrent_state(self, layer: int) -> RecurrentState:
+        if self.tree is not None:
+            raise InvalidArgumentError("tree verification is not supported on recurrent (Gated DeltaNet) layers yet")
+        state = self.cache.layers[layer]
+        state.reserve(self.step)  # refuses a step that does not continue the state
+        return state
+
 
 class StaticCacheContext:
     """A graphed decode/verify step, after every layer cache's `reserve`: each layer stores its
@@ -55,3 +64,8 @@ class StaticCacheContext:
                                               window, block.pinned, block.recent,
                                               k_scale=block.k_scale, v_scale=block.v_scale,
                                               **_tree_args(self.tree, window))[0]
+
+    def recurrent_state(self, layer: int) -> RecurrentState:
+        # The engine turns CUDA graphs off for hybrid models (`engine.setup.use_cuda_graphs`).
+        raise InvalidArgumentError("a graphed step cannot run recurrent (Gated DeltaNet) layers yet; "
+                                   "pass cuda_graphs=False")

@@ -17,6 +17,9 @@ from lucebox.models.token_mixers import ForwardContext, token_mixer
 from lucebox.caches import SequenceCache, Step
 from lucebox.config import LayerSpec, ModelConfig
 
+# The RMSNorm weights `ModelConfig.norm_offset` applies to (a Gated DeltaNet's own gated norm is plain).
+OFFSET_NORMS = ("attn_norm", "mlp_norm", "norm", "q_norm", "k_norm")
+
 
 class Decoder:
     """`weights` maps internal names to tensors, or to `QuantizedTensor`s for quantized linear
@@ -28,6 +31,11 @@ class Decoder:
 
     def __init__(self, cfg: ModelConfig, weights: dict, kernels: Kernels | None = None):
         self.cfg = cfg
+        if cfg.norm_offset:
+            # RMSNorm by (offset + weight) (Qwen3-Next): the offset is added once here, so every norm
+            # kernel stays plain. The decoder's weights then differ from the checkpoint's by it.
+            for name in [n for n in weights if n.rsplit(".", 1)[-1] in OFFSET_NORMS]:
+                weights[name] = weights[name] + cfg.norm_offset
         self.w = weights
         first = weights["embed"]
         self.dtype, self.device = first.dtype, first.device
@@ -103,8 +111,16 @@ class Decoder:
             return swiglu(h, w[p + "w_gate_up"], w[p + "w_down"], k.linear)
         moe = self.cfg.moe
         weights, ids = route(F.linear(h, w[p + "router"]), moe, w.get(p + "router_bias"))
-        shared = (w[p + "shared_gate_up"], w[p + "shared_down"]) if moe.shared_expert_size else ()
+        # A gated shared expert (Qwen3-Next: sigmoid(h . shared_gate) times its output) runs beside the
+        # routed experts; an ungated one runs inside the experts' kernel.
+        gated = moe.shared_expert_gate
+        shared = (w[p + "shared_gate_up"], w[p + "shared_down"]) if moe.shared_expert_size and not gated else ()
         if p + "experts" in w:  # experts in host memory, a device cache of them (lucebox.memory.expert_cache)
-            return w[p + "experts"].moe(k.moe_experts, h, weights, ids, moe.routed_scaling, *shared)
-        return k.moe_experts(h, w[p + "experts_gate_up"], w[p + "experts_down"], weights, ids, moe.routed_scaling,
-                             *shared)
+            out = w[p + "experts"].moe(k.moe_experts, h, weights, ids, moe.routed_scaling, *shared)
+        else:
+            out = k.moe_experts(h, w[p + "experts_gate_up"], w[p + "experts_down"], weights, ids, moe.routed_scaling,
+                                *shared)
+        if gated:
+            gate = torch.sigmoid(k.linear(h, w[p + "shared_gate"]))  # (N, 1)
+            out = out + gate * swiglu(h, w[p + "shared_gate_up"], w[p + "shared_down"], k.linear)
+        return out

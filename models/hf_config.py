@@ -31,6 +31,12 @@ _SIZES: dict[str, tuple[int, int]] = {
     "shared_expert_intermediate_size": (0, 2**20),
     "max_window_layers": (0, 2**20),
     "decoder_sparse_step": (0, 1024),
+    "linear_num_key_heads": (1, 4096),
+    "linear_num_value_heads": (1, 4096),
+    "linear_key_head_dim": (1, 4096),
+    "linear_value_head_dim": (1, 4096),
+    "linear_conv_kernel_dim": (1, 64),
+    "full_attention_interval": (1, 1024),
 }
 _PER_LAYER_SIZES = {"num_attention_heads_per_layer": (1, 4096), "mlp_only_layers": (0, 1024)}
 

@@ -5,10 +5,14 @@ Names are flat: `embed`, `norm`, `lm_head`, and `layers.{i}.{part}` with parts
   wq [Hq*D, H], wk [KV*D, H], wv [KV*D, H], wo [H, Hq*D]  (+ bq, bk, bv, bo with attention_bias)
   q_norm, k_norm                           [D]            (qk_norm)
   wg [Hq, H] or [Hq*D, H]                  softplus output gate (attention_gate)
+  wq [Hq*2D, H]                            with attention_gate "sigmoid": each head's D query rows
+                                           then its D gate rows
+  gdn_*                                    a Gated DeltaNet layer's own weights instead of the
+                                           attention ones (`models/gated_deltanet.py`)
   w_gate_up [2I, H], w_down [H, I]         dense MLP, gate rows first
   router [E, H], router_bias [E]           MoE routing (bias: selection-only correction)
   experts_gate_up [E, 2I_e, H], experts_down [E, H, I_e]
-  shared_gate_up [2S, H], shared_down [H, S]
+  shared_gate_up [2S, H], shared_down [H, S], shared_gate [1, H] (a sigmoid-gated shared expert)
 """
 
 from __future__ import annotations
@@ -22,20 +26,17 @@ from lucebox.config import ModelConfig
 
 
 def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    H, D, KV = cfg.hidden_size, cfg.head_dim, cfg.num_kv_heads
+    H = cfg.hidden_size
     shapes: dict[str, tuple[int, ...]] = {"embed": (cfg.vocab_size, H), "norm": (H,)}
     if not cfg.tie_word_embeddings:
         shapes["lm_head"] = (cfg.vocab_size, H)
     for i, layer in enumerate(cfg.layers):
         p, Hq = f"layers.{i}.", layer.num_heads
         shapes.update({p + "attn_norm": (H,), p + "mlp_norm": (H,)})
-        shapes.update({p + "wq": (Hq * D, H), p + "wk": (KV * D, H), p + "wv": (KV * D, H), p + "wo": (H, Hq * D)})
-        if cfg.attention_bias:
-            shapes.update({p + "bq": (Hq * D,), p + "bk": (KV * D,), p + "bv": (KV * D,), p + "bo": (H,)})
-        if cfg.qk_norm:
-            shapes.update({p + "q_norm": (D,), p + "k_norm": (D,)})
-        if cfg.attention_gate:
-            shapes[p + "wg"] = (Hq if cfg.attention_gate == "head" else Hq * D, H)
+        if layer.is_recurrent:
+            shapes.update(gated_deltanet_shapes(cfg, p))
+        else:
+            shapes.update(_attention_shapes(cfg, p, Hq))
         if layer.mlp == "dense":
             shapes.update({p + "w_gate_up": (2 * cfg.intermediate_size, H), p + "w_down": (H, cfg.intermediate_size)})
             continue
@@ -47,7 +48,37 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if moe.shared_expert_size:
             S = moe.shared_expert_size
             shapes.update({p + "shared_gate_up": (2 * S, H), p + "shared_down": (H, S)})
+            if moe.shared_expert_gate:
+                shapes[p + "shared_gate"] = (1, H)
     return shapes
+
+
+def _attention_shapes(cfg: ModelConfig, p: str, Hq: int) -> dict[str, tuple[int, ...]]:
+    H, D, KV = cfg.hidden_size, cfg.head_dim, cfg.num_kv_heads
+    q_rows = 2 * Hq * D if cfg.attention_gate == "sigmoid" else Hq * D
+    shapes = {p + "wq": (q_rows, H), p + "wk": (KV * D, H), p + "wv": (KV * D, H), p + "wo": (H, Hq * D)}
+    if cfg.attention_bias:
+        shapes.update({p + "bq": (q_rows,), p + "bk": (KV * D,), p + "bv": (KV * D,), p + "bo": (H,)})
+    if cfg.qk_norm:
+        shapes.update({p + "q_norm": (D,), p + "k_norm": (D,)})
+    if cfg.attention_gate in ("head", "element"):
+        shapes[p + "wg"] = (Hq if cfg.attention_gate == "head" else Hq * D, H)
+    return shapes
+
+
+def gated_deltanet_shapes(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    """A Gated DeltaNet layer's weights, in the grouped order `models/gated_deltanet.py` describes."""
+    s, H = cfg.linear_attention, cfg.hidden_size
+    r = s.value_heads // s.key_heads
+    return {
+        p + "gdn_qkvz": (s.key_heads * (2 * s.key_dim + 2 * r * s.value_dim), H),
+        p + "gdn_ba": (2 * s.value_heads, H),
+        p + "gdn_conv": (s.conv_channels, 1, s.conv_kernel),
+        p + "gdn_dt_bias": (s.value_heads,),
+        p + "gdn_A_log": (s.value_heads,),
+        p + "gdn_norm": (s.value_dim,),
+        p + "gdn_out": (H, s.value_heads * s.value_dim),
+    }
 
 
 @dataclass(frozen=True)
@@ -76,20 +107,28 @@ def hf_sources(cfg: ModelConfig, moe_names: MoENames = MoENames()) -> dict[str, 
         p, hf = f"layers.{i}.", f"model.layers.{i}."
         sources[p + "attn_norm"] = hf + "input_layernorm.weight"
         sources[p + "mlp_norm"] = hf + "post_attention_layernorm.weight"
-        for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj")):
-            sources[p + "w" + ours] = f"{hf}self_attn.{theirs}.weight"
-            if cfg.attention_bias:
-                sources[p + "b" + ours] = f"{hf}self_attn.{theirs}.bias"
-        if cfg.qk_norm:
-            sources[p + "q_norm"] = hf + "self_attn.q_norm.weight"
-            sources[p + "k_norm"] = hf + "self_attn.k_norm.weight"
-        if cfg.attention_gate:
-            sources[p + "wg"] = hf + "self_attn.g_proj.weight"
+        if not layer.is_recurrent:
+            sources.update(_attention_sources(cfg, p, hf))
         if layer.mlp == "dense":
             sources[p + "w_gate_up"] = _gate_up(hf + "mlp.", "gate_proj", "up_proj", cfg.intermediate_size)
             sources[p + "w_down"] = hf + "mlp.down_proj.weight"
             continue
         sources.update(_moe_sources(cfg, p, f"{hf}{moe_names.block}.", moe_names))
+    return sources
+
+
+def _attention_sources(cfg: ModelConfig, p: str, hf: str) -> dict[str, Source]:
+    """An attention layer's weights (a recurrent layer's own are named by its architecture's adapter)."""
+    sources: dict[str, Source] = {}
+    for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj")):
+        sources[p + "w" + ours] = f"{hf}self_attn.{theirs}.weight"
+        if cfg.attention_bias:
+            sources[p + "b" + ours] = f"{hf}self_attn.{theirs}.bias"
+    if cfg.qk_norm:
+        sources[p + "q_norm"] = hf + "self_attn.q_norm.weight"
+        sources[p + "k_norm"] = hf + "self_attn.k_norm.weight"
+    if cfg.attention_gate in ("head", "element"):
+        sources[p + "wg"] = hf + "self_attn.g_proj.weight"
     return sources
 
 
@@ -114,6 +153,8 @@ def _moe_sources(cfg: ModelConfig, p: str, hf: str, names: MoENames) -> dict[str
             tuple(_gate_up(f"{hf}{s}.", "gate_proj", "up_proj", S) for s in names.shared)
         )
         sources[p + "shared_down"] = AnyOf(tuple(f"{hf}{s}.down_proj.weight" for s in names.shared))
+        if moe.shared_expert_gate:
+            sources[p + "shared_gate"] = hf + "shared_expert_gate.weight"
     return sources
 
 

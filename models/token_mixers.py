@@ -3,8 +3,8 @@ per-forward context it reaches those other rows through.
 
 Two interfaces keep each extension in one place:
 - `TokenMixer`, chosen per layer from `cfg.layers[i]` by `token_mixer`: today attention (full or
-  sliding, `AttentionMixer`); a recurrent mixer (Gated DeltaNet) would be a second class with its
-  own projections, reading a state cache through the context.
+  sliding, `AttentionMixer`) or Gated DeltaNet (`models/gated_deltanet.py`), a recurrent mixer
+  with its own projections, reading its layer's state cache through the context.
 - `ForwardContext`, one per kind of forward (`models/cache_contexts.py`: eager and graphed decoding
   over a `SequenceCache`; `lucebox/training/forward.py`: a batch of whole sequences, or batched
   generation over a growing `BatchCache`): how this forward's rows reach what they attend to. A
@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 from lucebox.kernels.backend import Kernels
 from lucebox.kernels.rope import RotaryTables
+from lucebox.models.gated_deltanet import GatedDeltaNetMixer
 
 from lucebox.config import ModelConfig
 from lucebox.errors import ConfigError
@@ -37,6 +38,13 @@ class ForwardContext(Protocol):
 
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor: ...
+
+    def recurrent_state(self, layer: int):
+        """Recurrent layer `layer`'s state (`lucebox.caches.recurrent.RecurrentState`: `conv`,
+        `recurrent`, `update(conv, recurrent, rows)`), positioned where this forward's rows
+        start; the mixer reads it and stores the state after its rows. Contexts that cannot keep
+        a state refuse with a clear error."""
+        ...
 
 
 class TokenMixer(Protocol):
@@ -66,27 +74,35 @@ class AttentionMixer:
 
     def mix(self, h: torch.Tensor, context: ForwardContext) -> torch.Tensor:
         w, k, T, D = self.w, self.kernels, h.shape[0], self.head_dim
-        q, key, value = self.qkv(h, context.positions)
+        q, key, value, sigmoid_gate = self.qkv(h, context.positions)
         out = context.attend(self.layer, q, key, value, self.window)  # (T, Hq, D)
-        if self.gate:
+        if sigmoid_gate is not None:
+            out = out * torch.sigmoid(sigmoid_gate)
+        elif self.gate:
             out = k.softplus_gate(out, k.linear(h, w[self.wg]))
         bias = w[self.bo] if self.bo else None
         return k.linear(out.reshape(T, self.heads * D), w[self.wo], bias)
 
     def qkv(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q (T, Hq, D), k and v (T, KV, D), QK-normed and rotated."""
+        """q (T, Hq, D), k and v (T, KV, D), QK-normed and rotated, and the sigmoid gate (T, Hq, D)
+        whose rows wq holds beside each head's query (attention_gate "sigmoid"), else None."""
         w, k, T, D = self.w, self.kernels, h.shape[0], self.head_dim
-        q = k.linear(h, w[self.wq], w[self.bq] if self.bq else None).view(T, self.heads, D)
+        q = k.linear(h, w[self.wq], w[self.bq] if self.bq else None)
+        gate = None
+        if self.gate == "sigmoid":
+            q, gate = q.view(T, self.heads, 2 * D).split([D, D], dim=-1)
+            q = q.contiguous()
+        q = q.reshape(T, self.heads, D)
         key = k.linear(h, w[self.wk], w[self.bk] if self.bk else None).view(T, self.kv_heads, D)
         value = k.linear(h, w[self.wv], w[self.bv] if self.bv else None).view(T, self.kv_heads, D)
         if self.qk_norm:
             q = k.rms_norm(q, w[self.q_norm], self.eps)
             key = k.rms_norm(key, w[self.k_norm], self.eps)
-        return (*k.rotate((q, key), positions, self.inv_freq, self.rope_scaling), value)
+        return (*k.rotate((q, key), positions, self.inv_freq, self.rope_scaling), value, gate)
 
 
 # The token mixer of each attention kind a `LayerSpec` names (a sliding layer is attention with a window).
-MIXERS: dict[str, type] = {"full": AttentionMixer, "sliding": AttentionMixer}
+MIXERS: dict[str, type] = {"full": AttentionMixer, "sliding": AttentionMixer, "gdn": GatedDeltaNetMixer}
 
 
 def token_mixer(cfg: ModelConfig, i: int, weights: dict, kernels: Kernels, rope: RotaryTables) -> TokenMixer:

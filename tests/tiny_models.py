@@ -78,8 +78,29 @@ def _mixtral():
     return MixtralForCausalLM(config)
 
 
+def qwen3_next_settings(base: dict) -> dict:
+    """A 4-layer Qwen3-Next: Gated DeltaNet, full attention, twice (full_attention_interval=2),
+    two value heads per key head, a dense first layer then MoE with a gated shared expert."""
+    return {**base, "num_hidden_layers": 4, "full_attention_interval": 2, "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 12,
+            "linear_conv_kernel_dim": 4, "partial_rotary_factor": 0.25, "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 24,
+            "mlp_only_layers": [0], "norm_topk_prob": True}
+
+
+def _qwen3_next():
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    model = Qwen3NextForCausalLM(Qwen3NextConfig(**qwen3_next_settings(_BASE)))
+    with torch.no_grad():  # norms start at 0 (scaled by 1 + w) or 1 (the gated norm): make each one count
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.add_(torch.randn_like(param) * 0.1)
+    return model
+
+
 BUILDERS = {"laguna": _laguna, "llama": _llama, "mistral": _mistral, "qwen3": _qwen3,
-            "qwen3_moe": _qwen3_moe, "mixtral": _mixtral}
+            "qwen3_moe": _qwen3_moe, "qwen3_next": _qwen3_next, "mixtral": _mixtral}
 SHARDED = {"qwen3_moe"}  # saved as several shards with model.safetensors.index.json
 
 

@@ -7,6 +7,7 @@ import torch
 from lucebox.caches.base import LayerCache
 from lucebox.caches.contiguous import ContiguousCache
 from lucebox.caches.paged import PagedKV
+from lucebox.caches.recurrent import RecurrentState
 from lucebox.caches.ring import SlidingRing
 from lucebox.caches.settings import CacheSettings
 from lucebox.config import ModelConfig
@@ -25,7 +26,9 @@ class SequenceCache:
         kv, d = cfg.num_kv_heads, cfg.head_dim
         self.layers: list[LayerCache] = []
         for layer in cfg.layers:
-            if settings.reference:
+            if layer.is_recurrent:
+                self.layers.append(RecurrentState(cfg.linear_attention, dtype, device))
+            elif settings.reference:
                 self.layers.append(ContiguousCache(kv, d, settings.max_context, dtype, device))
             elif layer.is_sliding or settings.full_attention_window:
                 window = layer.window if layer.is_sliding else settings.full_attention_window
@@ -67,6 +70,9 @@ class SequenceCache:
         return parts
 
     def rollback(self, to_position: int) -> None:
+        for layer in self.layers:  # a refused rollback (a recurrent state) changes nothing, not even `dirty`
+            if isinstance(layer, RecurrentState):
+                layer.check_rollback(to_position)
         self._unfinished += 1
         for layer in self.layers:
             layer.rollback(to_position)
@@ -82,7 +88,8 @@ class SequenceCache:
 
     def can_rewind_to(self, position: int) -> bool:
         """Whether rolling back to `position` keeps every row a later query needs (rings lose rows
-        that later writes overwrote; the paged pool and the contiguous cache lose none). Never for
+        that later writes overwrote; the paged pool and the contiguous cache lose none; a recurrent
+        state returns only to its own length or to 0). Never for
         a dirty cache: whatever a cut-short step left half written, a fresh cache is exact."""
         if self.dirty:
             return False
@@ -94,8 +101,8 @@ class SequenceCache:
 
     def memory(self) -> dict[str, int]:
         """Bytes of every layer's caches by kind: rings, the paged pool (or contiguous caches) and
-        its chunk summaries on the device, KVFlash chunks on the host."""
-        total = dict.fromkeys(("ring_caches", "kv_pool_device", "kv_chunk_summaries", "kv_host"), 0)
+        its chunk summaries on the device, KVFlash chunks on the host, recurrent layers' states."""
+        total = dict.fromkeys(("ring_caches", "kv_pool_device", "kv_chunk_summaries", "kv_host", "recurrent_states"), 0)
         for layer in self.layers:
             for kind, size in layer.memory().items():
                 total[kind] += size

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from lucebox.config import ModelConfig
+from lucebox.config import RECURRENT_KINDS, ModelConfig
 from lucebox.engine.config import KV_POLICIES
 from lucebox.models.layout import parameter_counts
+
+_PATTERN = {"full": "F", "sliding": "S", "gdn": "R"}
 
 
 def add_parser(sub) -> None:
@@ -37,6 +39,11 @@ def model_summary(cfg: ModelConfig, kv_dtype_bytes: int = 2, kv_int8: bool = Fal
     kinds = Counter((layer.attention, layer.window, layer.num_heads) for layer in cfg.layers)
     attention = []
     for (kind, window, heads), count in sorted(kinds.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+        if kind in RECURRENT_KINDS:  # a fixed-size state per sequence, whatever the context
+            conv, recurrent = cfg.linear_attention.state_elements()
+            attention.append({"kind": kind, "layers": count, "kv_bytes_per_token_per_layer": 0,
+                              "state_elements_per_layer": conv + recurrent})
+            continue
         per_token = cfg.kv_bytes_per_token(kv_dtype_bytes, kv_int8 and kind == "full")
         attention.append({
             "kind": kind, "layers": count, "query_heads": heads, "window": window,
@@ -57,7 +64,8 @@ def model_summary(cfg: ModelConfig, kv_dtype_bytes: int = 2, kv_int8: bool = Fal
         "attention": attention,
         "mlp": {"dense": mlp.get("dense", 0), "moe": mlp.get("moe", 0)},
         "kv_dtype_bytes": kv_dtype_bytes,
-        "layer_pattern": "".join("F" if layer.attention == "full" else "S" for layer in cfg.layers),
+        # F full attention, S sliding, R recurrent (Gated DeltaNet)
+        "layer_pattern": "".join(_PATTERN[layer.attention] for layer in cfg.layers),
     }
     if cfg.moe is not None:
         m = cfg.moe
@@ -95,8 +103,12 @@ def command(args) -> int:
     out.print(f"folder: {summary['folder']}", markup=False)
     out.print(f"parameters: {summary['parameters_total'] / 1e9:.2f}B total, "
               f"{summary['parameters_active'] / 1e9:.2f}B active per token")
-    out.print(f"layer pattern (F full, S sliding): {summary['layer_pattern']}")
+    out.print(f"layer pattern (F full, S sliding, R recurrent): {summary['layer_pattern']}")
     for a in summary["attention"]:
+        if "state_elements_per_layer" in a:
+            out.print(f"  {a['layers']} x {a['kind']} (recurrent): a state of {a['state_elements_per_layer']} "
+                      "values per layer, the same at every context length")
+            continue
         window = f", window {a['window']}" if a["window"] else ""
         cap = f", at most {a['kv_bytes_max_per_layer'] / 2**20:.2f} MiB per layer" if a["window"] else ""
         out.print(f"  {a['layers']} x {a['kind']} attention, {a['query_heads']} query / {summary['kv_heads']} KV heads "

@@ -20,7 +20,12 @@ from lucebox.checkpoints.loading import ModelDescription, describe_model, resolv
 from lucebox.config import ModelConfig
 from lucebox.device import resolve_device, resolve_dtype
 from lucebox.engine.config import DRAFT_WIDTH, PREFILL_CHUNK, EngineConfig
-from lucebox.errors import InsufficientMemoryError, InvalidArgumentError, LuceboxWarning
+from lucebox.errors import (
+    InsufficientMemoryError,
+    InvalidArgumentError,
+    LuceboxWarning,
+    SpeculationUnsupportedError,
+)
 from lucebox.kernels.backend import resolve_backend
 from lucebox.memory.plan import StoredWeights, check_fits
 from lucebox.memory.vram import VramPlan, plan_for_config
@@ -69,6 +74,7 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
     description = describe_model(config.model)
     quantization = resolve_quantization(config.quantization, description)  # a saved scheme may only be repeated
     drafter = resolve_drafter(config.draft, description)
+    refuse_speculation_on_hybrid(drafter, config.draft, description.cfg)
     stored = stored_weights(description, dtype, config.load_format)
     max_context = config.max_context or description.cfg.max_position_embeddings
     vram_plan = None
@@ -82,7 +88,7 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
         weight_files(description.folder)  # a folder without weights says so before any memory figure
     cost = drafter_cost(drafter, dtype, max_context, choices.prefill_chunk, config.draft_ctx, DRAFT_WIDTH)
     memory = check_fits(description.cfg, cache, dtype, device, quantization, cost, choices.expert_slots, stored)
-    graphs = use_cuda_graphs(config.cuda_graphs, device, backend, choices.expert_slots)
+    graphs = use_cuda_graphs(config.cuda_graphs, device, backend, choices.expert_slots, description.cfg.is_hybrid)
     warn_past_training(max_context, description.cfg)  # once the engine is known to open: no warning before an error
     return EngineSetup(config, device, dtype, backend, description, quantization, drafter, choices.prefill_chunk,
                        cache, graphs, choices.expert_slots, vram_plan, memory, stored)
@@ -103,20 +109,35 @@ def warn_past_training(max_context: int, cfg: ModelConfig) -> None:
                       "degrade", LuceboxWarning, stacklevel=5)  # LLM(...)'s caller
 
 
-def graphs_possible(device: torch.device, backend: str, experts_on_host: bool) -> bool:
+def refuse_speculation_on_hybrid(drafter: DrafterSpec | None, draft, cfg: ModelConfig) -> None:
+    """Speculation on recurrent layers needs a state per verify row (not built yet): a drafter
+    given, or found by draft="auto", is refused; "auto" with none found decodes plainly."""
+    if drafter is None or not cfg.is_hybrid:
+        return
+    found = f" (draft='auto' found the drafter {drafter.folder})" if draft == "auto" else ""
+    raise SpeculationUnsupportedError(
+        f"speculative decoding on a model with recurrent (Gated DeltaNet) layers is not supported yet{found}; "
+        "pass draft=None (--no-draft on the command line)"
+    )
+
+
+def graphs_possible(device: torch.device, backend: str, experts_on_host: bool, hybrid: bool = False) -> bool:
     """CUDA graphs run on CUDA with the Triton kernels (the torch reference MoE syncs with the host,
-    which a graph cannot hold) and the experts on the device (an expert cache reads its choices)."""
-    return device.type == "cuda" and backend == "triton" and not experts_on_host
+    which a graph cannot hold), the experts on the device (an expert cache reads its choices) and
+    no recurrent layers (their graphed step is not built yet)."""
+    return device.type == "cuda" and backend == "triton" and not experts_on_host and not hybrid
 
 
-def use_cuda_graphs(asked: bool | None, device: torch.device, backend: str, expert_slots: int | None) -> bool:
+def use_cuda_graphs(asked: bool | None, device: torch.device, backend: str, expert_slots: int | None,
+                    hybrid: bool = False) -> bool:
     """`asked`, or wherever they can run when None; asking for them where they cannot is refused."""
-    possible = graphs_possible(device, backend, expert_slots is not None)
+    possible = graphs_possible(device, backend, expert_slots is not None, hybrid)
     if asked and not possible:
         raise InvalidArgumentError("cuda_graphs=True needs device='cuda', the Triton kernels "
-                                   "(backend='triton' or 'auto') and the experts on the device; this engine has "
-                                   f"{device.type}, backend '{backend}'"
-                                   + (", experts in host memory" if expert_slots is not None else ""))
+                                   "(backend='triton' or 'auto'), the experts on the device and no recurrent "
+                                   f"(Gated DeltaNet) layers; this engine has {device.type}, backend '{backend}'"
+                                   + (", experts in host memory" if expert_slots is not None else "")
+                                   + (", recurrent layers" if hybrid else ""))
     return possible if asked is None else asked
 
 
@@ -127,7 +148,7 @@ def plan_vram(config: EngineConfig, cfg: ModelConfig, device: torch.device, dtyp
     context = config.max_context or cfg.max_position_embeddings
     prefill = config.prefill_chunk or PREFILL_CHUNK[device.type]
     cost = drafter_cost(drafter, dtype, context, prefill, config.draft_ctx, DRAFT_WIDTH)
-    graphs = config.cuda_graphs is not False and graphs_possible(device, backend, experts_on_host=False)
+    graphs = config.cuda_graphs is not False and graphs_possible(device, backend, False, cfg.is_hybrid)
     planned = plan_for_config(cfg, config, device.type, dtype, quantization, cost, graphs, stored)
     if not planned.fits:
         raise InsufficientMemoryError(f"vram_budget={config.vram_budget / 2**30:.1f}GiB: {planned.notes[-1]}")

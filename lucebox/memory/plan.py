@@ -88,7 +88,7 @@ def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
     the weights' bytes when the checkpoint fixes them (a GGUF file's own quants)."""
     size = dtype.itemsize
     row = cfg.kv_bytes_per_token(size, settings.kv_int8)  # the paged pool's rows
-    full = sum(1 for layer in cfg.layers if not layer.is_sliding)
+    full = sum(1 for layer in cfg.layers if layer.attention == "full")
     kvf = settings.kvflash()
     chunks = -(-settings.max_context // kvf.chunk)
     summaries = full * chunks * 3 * cfg.num_kv_heads * cfg.head_dim * size if kvf.policy == "select" else 0
@@ -106,7 +106,18 @@ def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
         "kv_host_max": full * chunks * kvf.chunk * row if kvf.offload else 0,
         "drafter": drafter.total,
         "experts_host": experts_host,
+        "recurrent_states": recurrent_state_bytes(cfg, dtype),
     }
+
+
+def recurrent_state_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """The states of every recurrent layer (`caches.recurrent.RecurrentState`): the conv state in
+    `dtype`, the delta rule's state in float32 at least."""
+    if cfg.linear_attention is None:
+        return 0
+    conv, recurrent = cfg.linear_attention.state_elements()
+    per_layer = conv * dtype.itemsize + recurrent * torch.promote_types(dtype, torch.float32).itemsize
+    return per_layer * sum(layer.is_recurrent for layer in cfg.layers)
 
 
 def _host_available() -> int:
@@ -133,7 +144,7 @@ def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, de
     Weights, rings, the pool and the drafter are fixed costs on the device; host KV and chunk
     summaries grow with max_context (on the CPU, device and host are the same memory)."""
     need = plan(cfg, settings, dtype, quantization, drafter, expert_slots, stored_weights)
-    fixed = need["weights"] + need["ring_caches"] + need["kv_pool_device"] + need["drafter"]
+    fixed = need["weights"] + need["ring_caches"] + need["kv_pool_device"] + need["drafter"] + need["recurrent_states"]
     per_token_summary = need["kv_chunk_summaries_max"] / settings.max_context
     per_token_host = need["kv_host_max"] / settings.max_context
     host = HEADROOM * _host_available() - need["experts_host"]

@@ -1,0 +1,71 @@
+"""The Gated DeltaNet token mixer (Qwen3-Next's "linear_attention" layers): projections, a causal
+depthwise conv over q, k and v, the gated delta rule over the layer's recurrent state, a gated
+RMSNorm and the output projection. The state lives in the forward's context
+(`ForwardContext.recurrent_state`), which also says where this step starts.
+
+Weights of layer i (`models/layout.py`), in Qwen3-Next's grouped order: for each key head, its
+q (Dk), k (Dk), then the v (r*Dv) and z (r*Dv) of the r = Hv/Hk value heads it serves:
+  gdn_qkvz [Hk*(2Dk + 2r*Dv), H], gdn_ba [Hk*2r, H] (each key head's r b's then r a's),
+  gdn_conv [C, 1, K] over the channels q (Hk*Dk) | k (Hk*Dk) | v (Hv*Dv),
+  gdn_dt_bias [Hv], gdn_A_log [Hv], gdn_norm [Dv], gdn_out [H, Hv*Dv].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from lucebox.kernels.backend import Kernels
+from lucebox.kernels.delta_rule import causal_conv1d, chunked_gated_delta_rule, recurrent_gated_delta_rule
+from lucebox.kernels.rope import RotaryTables
+
+from lucebox.config import ModelConfig
+
+PREFILL_CHUNK_ROWS = 64  # rows per chunk of the chunked delta rule
+
+
+def l2_normalized(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim, as flash-linear-attention normalizes q and k."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+class GatedDeltaNetMixer:
+    def __init__(self, cfg: ModelConfig, i: int, weights: dict, kernels: Kernels, rope: RotaryTables):
+        spec, p = cfg.linear_attention, f"layers.{i}."
+        self.layer, self.w, self.kernels, self.eps = i, weights, kernels, cfg.rms_norm_eps
+        self.key_heads, self.value_heads = spec.key_heads, spec.value_heads
+        self.key_dim, self.value_dim = spec.key_dim, spec.value_dim
+        self.group = spec.value_heads // spec.key_heads  # value heads per key head
+        self.channels = spec.conv_channels
+        self.names = {n: p + "gdn_" + n for n in ("qkvz", "ba", "conv", "dt_bias", "A_log", "norm", "out")}
+
+    def mix(self, h: torch.Tensor, context) -> torch.Tensor:
+        w, n, k = self.w, self.names, self.kernels
+        T, Hk, Hv, Dk, Dv, r = h.shape[0], self.key_heads, self.value_heads, self.key_dim, self.value_dim, self.group
+        qkvz = k.linear(h, w[n["qkvz"]]).view(T, Hk, 2 * Dk + 2 * r * Dv)
+        q, key, v, z = qkvz.split([Dk, Dk, r * Dv, r * Dv], dim=-1)
+        b, a = k.linear(h, w[n["ba"]]).view(T, Hk, 2 * r).split([r, r], dim=-1)
+        mixed = torch.cat([q.reshape(T, Hk * Dk), key.reshape(T, Hk * Dk), v.reshape(T, Hv * Dv)], dim=-1)
+
+        state = context.recurrent_state(self.layer)
+        mixed, conv_state = causal_conv1d(mixed, w[n["conv"]].view(self.channels, -1), state.conv)
+        q, key, v = mixed.split([Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
+        # Each key head serves `r` consecutive value heads.
+        q = q.view(T, Hk, Dk).repeat_interleave(r, dim=1)
+        key = key.view(T, Hk, Dk).repeat_interleave(r, dim=1)
+        dt = state.recurrent.dtype  # float32 at least, as the delta rule computes
+        q = l2_normalized(q.to(dt)) * Dk**-0.5
+        key = l2_normalized(key.to(dt))
+        beta = b.reshape(T, Hv).to(dt).sigmoid()
+        g = -w[n["A_log"]].to(dt).exp() * F.softplus(a.reshape(T, Hv).to(dt) + w[n["dt_bias"]].to(dt))  # log decay
+        rule = recurrent_gated_delta_rule if T == 1 else chunked_gated_delta_rule
+        extra = {} if T == 1 else {"chunk": PREFILL_CHUNK_ROWS}
+        out, recurrent = rule(q, key, v.reshape(T, Hv, Dv).to(dt), g, beta, state.recurrent, **extra)
+        state.update(conv_state, recurrent, T)
+
+        out = self._gated_norm(out, z.reshape(T, Hv, Dv)).to(h.dtype)
+        return k.linear(out.reshape(T, Hv * Dv), w[n["out"]])
+
+    def _gated_norm(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """RMSNorm over each value head's Dv (weight as stored, no offset), times silu(z)."""
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.w[self.names["norm"]] * x * F.silu(z.to(x.dtype))

@@ -1,0 +1,160 @@
+"""Qwen3-Next (Gated DeltaNet + full attention) equals transformers, keeps its recurrent state
+across prefill chunks and requests exactly, and refuses what it cannot do yet."""
+
+import inspect
+import shutil
+import types
+
+import pytest
+import torch
+from lucebox.kernels.delta_rule import causal_conv1d, chunked_gated_delta_rule, recurrent_gated_delta_rule
+from lucebox.models import build_model_config
+from tiny_models import VOCAB
+
+import lucebox
+from lucebox.caches import Step
+from lucebox.errors import CacheRewindError, ConfigError, SpeculationUnsupportedError
+from lucebox.memory.plan import recurrent_state_bytes
+
+PROMPT = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+
+
+@pytest.fixture(scope="module")
+def qwen3_next(reference_models):
+    return reference_models("qwen3_next")
+
+
+class _Float64Torch(types.ModuleType):
+    """torch, except that float32 (and float) mean float64."""
+
+    def __getattr__(self, name):
+        return torch.float64 if name in ("float32", "float") else getattr(torch, name)
+
+
+@pytest.fixture
+def exact_reference(monkeypatch):
+    """transformers' Qwen3-Next computes its delta rule, gated norm and router in float32 whatever the
+    model's dtype; run those same functions with float32 meaning float64, so a float64 comparison
+    measures lucebox, not transformers' rounding."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as m
+
+    def in_float64(fn):
+        fn = inspect.unwrap(fn)
+        return types.FunctionType(fn.__code__, {**fn.__globals__, "torch": _Float64Torch("torch")}, fn.__name__,
+                                  fn.__defaults__, fn.__closure__)
+
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+        monkeypatch.setattr(m, name, in_float64(getattr(m, name)))
+    for cls in (m.Qwen3NextRMSNormGated, m.Qwen3NextTopKRouter):
+        monkeypatch.setattr(cls, "forward", in_float64(cls.forward))
+
+
+@pytest.fixture(scope="module")
+def llm(qwen3_next):
+    return lucebox.LLM(qwen3_next[0], device="cpu", dtype="float64", prefill_chunk=16)
+
+
+def test_the_tiny_model_has_both_layer_kinds(llm):
+    cfg = llm.config
+    assert [layer.attention for layer in cfg.layers] == ["gdn", "full", "gdn", "full"]
+    assert cfg.linear_attention.value_heads > cfg.linear_attention.key_heads  # grouped value heads
+    assert {layer.mlp for layer in cfg.layers} == {"dense", "moe"} and cfg.moe.shared_expert_gate
+    assert cfg.layers[1].rope.rotary_dim < cfg.head_dim and cfg.norm_offset == 1.0
+
+
+def test_logits_match_transformers_across_prefill_chunks(llm, qwen3_next, exact_reference):
+    _, ref = qwen3_next
+    assert len(PROMPT) > 2 * llm.setup.prefill_chunk  # the state crosses two chunk boundaries
+    with torch.no_grad():
+        expected = ref(torch.tensor([PROMPT])).logits[0]
+    assert (llm.logits(PROMPT) - expected).abs().max().item() <= 1e-6
+
+
+def test_60_greedy_tokens_match_transformers(llm, qwen3_next, exact_reference):
+    """transformers' greedy choice after each prefix, by whole forwards: on this model (transformers
+    5.24, CPU) its cached `generate` disagrees with its own forward from the first token, so the
+    forward is the reference."""
+    _, ref = qwen3_next
+    ids = PROMPT[:12]
+    with torch.no_grad():
+        for _ in range(60):
+            ids = ids + [int(ref(torch.tensor([ids])).logits[0, -1].argmax())]
+    assert llm.generate(PROMPT[:12], max_tokens=60, ignore_eos=True).token_ids == ids[12:]
+
+
+def test_chunked_delta_rule_equals_the_recurrent_one_from_any_state():
+    g = torch.Generator().manual_seed(0)
+    T, H, Dk, Dv = 150, 3, 8, 5
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    q, v, state = rand(T, H, Dk), rand(T, H, Dv), rand(H, Dk, Dv)
+    k = torch.nn.functional.normalize(rand(T, H, Dk), dim=-1)
+    decay = -torch.rand(T, H, generator=g, dtype=torch.float64)  # log decay <= 0
+    beta = torch.rand(T, H, generator=g, dtype=torch.float64)
+    out, final = recurrent_gated_delta_rule(q, k, v, decay, beta, state)
+    # chunks of 64 with a partial last one, and a split in two calls carrying the state between them
+    chunked, chunked_final = chunked_gated_delta_rule(q, k, v, decay, beta, state, chunk=64)
+    first, middle = chunked_gated_delta_rule(q[:70], k[:70], v[:70], decay[:70], beta[:70], state, chunk=64)
+    second, split_final = chunked_gated_delta_rule(q[70:], k[70:], v[70:], decay[70:], beta[70:], middle, chunk=64)
+    for a, b in ((chunked, out), (chunked_final, final), (torch.cat([first, second]), out), (split_final, final)):
+        assert (a - b).abs().max().item() < 1e-10
+
+
+def test_causal_conv_carries_its_state_across_steps():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(10, 6, generator=g, dtype=torch.float64)
+    weight = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    whole, _ = causal_conv1d(x, weight, torch.zeros(3, 6, dtype=torch.float64))
+    expected = torch.nn.functional.conv1d(x.T[None], weight[:, None], padding=3, groups=6)[0, :, :10].T
+    assert (whole - torch.nn.functional.silu(expected)).abs().max() < 1e-12
+    first, state = causal_conv1d(x[:4], weight, torch.zeros(3, 6, dtype=torch.float64))
+    rest, _ = causal_conv1d(x[4:], weight, state)
+    assert (torch.cat([first, rest]) - whole).abs().max() < 1e-12
+
+
+def test_a_second_request_answers_as_a_fresh_engine(llm, qwen3_next):
+    first = llm.generate(PROMPT[:20], max_tokens=6, ignore_eos=True)
+    follow_up = PROMPT[:20] + first.token_ids + PROMPT[20:30]  # extends what the session holds: state reused
+    diverging = PROMPT[:10] + PROMPT[30:40]  # shares a shorter prefix than the state's length: prefill from 0
+    fresh = lucebox.LLM(qwen3_next[0], device="cpu", dtype="float64", prefill_chunk=16)
+    for prompt in (follow_up, diverging):
+        got = llm.generate(prompt, max_tokens=8, ignore_eos=True).token_ids
+        assert got == fresh.generate(prompt, max_tokens=8, ignore_eos=True).token_ids
+        fresh.session.drop()
+    assert llm.session.cache.memory()["recurrent_states"] == recurrent_state_bytes(llm.config, torch.float64) > 0
+
+
+def test_a_recurrent_state_refuses_rollback_below_its_length(llm):
+    cache = llm.engine.new_cache()
+    llm.engine.decoder.forward(torch.tensor(PROMPT[:5]), Step.span(0, 5, llm.device, prefill=True), cache)
+    cache.commit(5)
+    assert cache.can_rewind_to(5) and cache.can_rewind_to(0) and not cache.can_rewind_to(3)
+    with pytest.raises(CacheRewindError, match="recurrent"):
+        cache.rollback(3)
+    assert not cache.dirty  # refused before anything changed
+    cache.rollback(0)
+    assert cache.layers[0].rows == 0 and not cache.layers[0].recurrent.any()
+
+
+def test_speculation_on_a_hybrid_is_refused_with_a_clear_error(qwen3_next, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(qwen3_next[0], folder)
+    with pytest.raises(SpeculationUnsupportedError, match="draft=None"):
+        lucebox.LLM(folder, device="cpu", dtype="float64", draft="ngram")
+    shutil.copytree(qwen3_next[0], folder / "draft")  # a drafter draft="auto" finds beside the model
+    with pytest.raises(SpeculationUnsupportedError, match="draft='auto' found"):
+        lucebox.LLM(folder, device="cpu", dtype="float64")
+    assert lucebox.LLM(folder, device="cpu", dtype="float64", draft=None).generate(PROMPT[:4], max_tokens=2).token_ids
+
+
+@pytest.mark.parametrize("field, value", [("linear_num_value_heads", 0), ("linear_conv_kernel_dim", 1000),
+                                          ("layer_types", ["linear_attention"] * 3 + ["mamba"]),
+                                          ("decoder_sparse_step", 0)])
+def test_bad_linear_attention_fields_name_themselves(qwen3_next, field, value):
+    import json
+
+    hf = json.loads((qwen3_next[0] / "config.json").read_text())
+    with pytest.raises(ConfigError, match=field if field != "layer_types" else "mamba"):
+        build_model_config({**hf, field: value})
