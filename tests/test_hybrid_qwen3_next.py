@@ -158,3 +158,18 @@ def test_bad_linear_attention_fields_name_themselves(qwen3_next, field, value):
     hf = json.loads((qwen3_next[0] / "config.json").read_text())
     with pytest.raises(ConfigError, match=field if field != "layer_types" else "mamba"):
         build_model_config({**hf, field: value})
+
+
+def test_training_forwards_and_distill_refuse_a_hybrid(llm, qwen3_next, tmp_path, capsys):
+    """Training forwards carry no recurrent state yet: they say so, and `lucebox distill` refuses a
+    hybrid target before any work, leaving no output folder."""
+    from lucebox.cli import main
+    from lucebox.errors import UnsupportedArchitectureError
+    from lucebox.training.forward import forward_batch
+
+    with pytest.raises(UnsupportedArchitectureError, match="recurrent"):
+        forward_batch(llm.decoder, torch.tensor([PROMPT[:8]]))
+    out = tmp_path / "drafter"
+    assert main(["distill", str(qwen3_next[0]), "--out", str(out), "--steps", "1"]) != 0
+    assert "hybrid target is not supported" in capsys.readouterr().err
+    assert not out.exists() and not list(tmp_path.iterdir())

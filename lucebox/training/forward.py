@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from lucebox.errors import UnsupportedArchitectureError
 from lucebox.models.decoder import Decoder
 
 
@@ -65,6 +66,10 @@ class BatchContext:
         self.start = cache.length if cache is not None else 0
         self.positions = torch.arange(self.start, self.start + T, device=device).repeat(B)  # (B*T,)
         self.masks: dict[int | None, torch.Tensor] = {}  # by window
+
+    def recurrent_state(self, layer: int):
+        raise UnsupportedArchitectureError(f"layer {layer} is recurrent (Gated DeltaNet): training and distilling "
+                                           "through recurrent layers is not supported yet")
 
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor:
