@@ -62,13 +62,16 @@ RECURRENT_KINDS = ("gdn",)
 @dataclass(frozen=True)
 class LinearAttentionSpec:
     """Shapes of the Gated DeltaNet layers (one spec shared by all of them). Each key head serves
-    value_heads // key_heads value heads; the conv runs over q, k and v channels together."""
+    value_heads // key_heads value heads; the conv runs over q, k and v channels together.
+    `projections` is the row order of the fused input projections (`models/gated_deltanet.py`):
+    "grouped" per key head (Qwen3-Next) or "flat", each of q, k, v, z, b, a whole (Qwen3.5)."""
 
     key_heads: int
     value_heads: int
     key_dim: int
     value_dim: int
     conv_kernel: int
+    projections: str = "grouped"  # "grouped" | "flat"
 
     @property
     def conv_channels(self) -> int:
@@ -156,6 +159,8 @@ class ModelConfig:
         if lin is not None and lin.value_heads % lin.key_heads:
             problems.append(f"linear_num_value_heads {lin.value_heads} is not a multiple of "
                             f"linear_num_key_heads {lin.key_heads}")
+        if lin is not None and lin.projections not in ("grouped", "flat"):
+            problems.append(f"linear attention projections must be 'grouped' or 'flat', got {lin.projections!r}")
         if problems:
             raise ConfigError("config.json: " + "; ".join(problems[:4]))
 

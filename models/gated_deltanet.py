@@ -3,11 +3,17 @@ depthwise conv over q, k and v, the gated delta rule over the layer's recurrent 
 RMSNorm and the output projection. The state lives in the forward's context
 (`ForwardContext.recurrent_state`), which also says where this step starts.
 
-Weights of layer i (`models/layout.py`), in Qwen3-Next's grouped order: for each key head, its
-q (Dk), k (Dk), then the v (r*Dv) and z (r*Dv) of the r = Hv/Hk value heads it serves:
-  gdn_qkvz [Hk*(2Dk + 2r*Dv), H], gdn_ba [Hk*2r, H] (each key head's r b's then r a's),
+Weights of layer i (`models/layout.py`):
+  gdn_qkvz [2*Hk*Dk + 2*Hv*Dv, H], gdn_ba [2*Hv, H],
   gdn_conv [C, 1, K] over the channels q (Hk*Dk) | k (Hk*Dk) | v (Hv*Dv),
   gdn_dt_bias [Hv], gdn_A_log [Hv], gdn_norm [Dv], gdn_out [H, Hv*Dv].
+The rows of gdn_qkvz and gdn_ba come in one of two orders (`LinearAttentionSpec.projections`):
+  "grouped" (Qwen3-Next's in_proj_qkvz / in_proj_ba): for each key head, its q (Dk), k (Dk), then
+      the v (r*Dv) and z (r*Dv) of the r = Hv/Hk value heads it serves; gdn_ba: each key head's
+      r b's then r a's;
+  "flat" (Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a one after the other): q | k | v | z
+      and b | a, each whole, so q | k | v are already the conv's channels.
+Either way value head j belongs to key head j // r.
 """
 
 from __future__ import annotations
@@ -36,15 +42,14 @@ class GatedDeltaNetMixer:
         self.key_dim, self.value_dim = spec.key_dim, spec.value_dim
         self.group = spec.value_heads // spec.key_heads  # value heads per key head
         self.channels = spec.conv_channels
+        self.grouped = spec.projections == "grouped"
         self.names = {n: p + "gdn_" + n for n in ("qkvz", "ba", "conv", "dt_bias", "A_log", "norm", "out")}
 
     def mix(self, h: torch.Tensor, context) -> torch.Tensor:
         w, n, k = self.w, self.names, self.kernels
         T, Hk, Hv, Dk, Dv, r = h.shape[0], self.key_heads, self.value_heads, self.key_dim, self.value_dim, self.group
-        qkvz = k.linear(h, w[n["qkvz"]]).view(T, Hk, 2 * Dk + 2 * r * Dv)
-        q, key, v, z = qkvz.split([Dk, Dk, r * Dv, r * Dv], dim=-1)
-        b, a = k.linear(h, w[n["ba"]]).view(T, Hk, 2 * r).split([r, r], dim=-1)
-        mixed = torch.cat([q.reshape(T, Hk * Dk), key.reshape(T, Hk * Dk), v.reshape(T, Hv * Dv)], dim=-1)
+        qkvz, ba = k.linear(h, w[n["qkvz"]]), k.linear(h, w[n["ba"]])
+        mixed, z, b, a = self._grouped(qkvz, ba) if self.grouped else self._flat(qkvz, ba)
 
         state = context.recurrent_state(self.layer)
         mixed, conv_state = causal_conv1d(mixed, w[n["conv"]].view(self.channels, -1), state.conv)
@@ -64,6 +69,20 @@ class GatedDeltaNetMixer:
 
         out = self._gated_norm(out, z.reshape(T, Hv, Dv)).to(h.dtype)
         return k.linear(out.reshape(T, Hv * Dv), w[n["out"]])
+
+    def _grouped(self, qkvz: torch.Tensor, ba: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Per key head rows -> conv input [T, C] (q | k | v), z [T, Hv*Dv], b [T, Hv], a [T, Hv]."""
+        T, Hk, Dk, Dv, r = qkvz.shape[0], self.key_heads, self.key_dim, self.value_dim, self.group
+        q, key, v, z = qkvz.view(T, Hk, 2 * Dk + 2 * r * Dv).split([Dk, Dk, r * Dv, r * Dv], dim=-1)
+        b, a = ba.view(T, Hk, 2 * r).split([r, r], dim=-1)
+        mixed = torch.cat([q.reshape(T, Hk * Dk), key.reshape(T, Hk * Dk), v.reshape(T, -1)], dim=-1)
+        return mixed, z.reshape(T, -1), b.reshape(T, -1), a.reshape(T, -1)
+
+    def _flat(self, qkvz: torch.Tensor, ba: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q | k | v | z and b | a rows -> the same four tensors as `_grouped`."""
+        mixed, z = qkvz.split([self.channels, self.value_heads * self.value_dim], dim=-1)
+        b, a = ba.split([self.value_heads, self.value_heads], dim=-1)
+        return mixed, z, b, a
 
     def _gated_norm(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """RMSNorm over each value head's Dv (weight as stored, no offset), times silu(z)."""

@@ -67,7 +67,8 @@ def _attention_shapes(cfg: ModelConfig, p: str, Hq: int) -> dict[str, tuple[int,
 
 
 def gated_deltanet_shapes(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
-    """A Gated DeltaNet layer's weights, in the grouped order `models/gated_deltanet.py` describes."""
+    """A Gated DeltaNet layer's weights (`models/gated_deltanet.py` describes their row orders; both
+    have these shapes)."""
     s, H = cfg.linear_attention, cfg.hidden_size
     r = s.value_heads // s.key_heads
     return {

@@ -20,7 +20,7 @@ from lucebox.models.hf_config import (
 from lucebox.models.layout import hf_sources
 from lucebox.models.sources import Source
 
-from lucebox.config import LayerSpec, LinearAttentionSpec, ModelConfig
+from lucebox.config import LayerSpec, LinearAttentionSpec, ModelConfig, MoESpec
 from lucebox.errors import ConfigError
 
 ARCHITECTURES = ("Qwen3NextForCausalLM",)
@@ -50,7 +50,7 @@ def mlp_kinds(hf: dict, n: int) -> list[str]:
     return ["moe" if experts > 0 and i not in dense_only and (i + 1) % step == 0 else "dense" for i in range(n)]
 
 
-def linear_attention(hf: dict) -> LinearAttentionSpec:
+def linear_attention(hf: dict, projections: str) -> LinearAttentionSpec:
     def size(key: str, lowest: int, highest: int) -> int:
         return integer(require(hf, key), key, lowest, highest)
 
@@ -60,34 +60,58 @@ def linear_attention(hf: dict) -> LinearAttentionSpec:
         key_dim=size("linear_key_head_dim", 1, 4096),
         value_dim=size("linear_value_head_dim", 1, 4096),
         conv_kernel=size("linear_conv_kernel_dim", 1, 64),
+        projections=projections,
     )
+
+
+def hybrid_config(hf: dict, mlps: list[str], moe: MoESpec | None, projections: str) -> ModelConfig:
+    """What Qwen3-Next and Qwen3.5 share: layer kinds, gated attention with QK norm and partial
+    rotary (0.25 unless stated, transformers' default for both), (1 + w) norms, the GDN shapes."""
+    kinds = layer_kinds(hf, len(mlps))
+    params = rope_parameters(hf)
+    params.setdefault("partial_rotary_factor", 0.25)
+    rope = rope_spec(params, head_dim(hf), hf.get("max_position_embeddings", 32768))
+    heads = int(require(hf, "num_attention_heads"))
+    layers = tuple(LayerSpec(kind, heads, rope, mlp) for kind, mlp in zip(kinds, mlps, strict=True))
+    return ModelConfig(layers=layers, moe=moe, qk_norm=True, attention_gate="sigmoid",
+                       linear_attention=linear_attention(hf, projections), norm_offset=1.0, **common_fields(hf))
+
+
+def gated_shared_expert_moe(hf: dict, normalize: bool) -> MoESpec:
+    """Softmax top-k routing, and a shared expert scaled by a sigmoid gate when it has a width."""
+    base = softmax_moe(hf, ("num_experts",), normalize=normalize)
+    shared = integer(hf.get("shared_expert_intermediate_size", 0) or 0, "shared_expert_intermediate_size", 0, 2**20)
+    return replace(base, shared_expert_size=shared, shared_expert_gate=shared > 0)
 
 
 def build_config(hf: dict) -> ModelConfig:
     n = int(require(hf, "num_hidden_layers"))
-    kinds, mlps = layer_kinds(hf, n), mlp_kinds(hf, n)
-    params = rope_parameters(hf)
-    params.setdefault("partial_rotary_factor", 0.25)  # transformers' default for Qwen3-Next
-    rope = rope_spec(params, head_dim(hf), hf.get("max_position_embeddings", 32768))
-    heads = int(require(hf, "num_attention_heads"))
-    layers = tuple(LayerSpec(kind, heads, rope, mlp) for kind, mlp in zip(kinds, mlps, strict=True))
-    moe = None
-    if "moe" in mlps:
-        base = softmax_moe(hf, ("num_experts",), normalize=bool(hf.get("norm_topk_prob", True)))
-        shared = integer(hf.get("shared_expert_intermediate_size", 0) or 0, "shared_expert_intermediate_size", 0, 2**20)
-        moe = replace(base, shared_expert_size=shared, shared_expert_gate=shared > 0)
-    return ModelConfig(layers=layers, moe=moe, qk_norm=True, attention_gate="sigmoid",
-                       linear_attention=linear_attention(hf), norm_offset=1.0, **common_fields(hf))
+    mlps = mlp_kinds(hf, n)
+    moe = gated_shared_expert_moe(hf, bool(hf.get("norm_topk_prob", True))) if "moe" in mlps else None
+    return hybrid_config(hf, mlps, moe, projections="grouped")
 
 
-def sources(cfg: ModelConfig) -> dict[str, Source]:
-    """The Llama-style names of the attention and MLP weights, and each linear_attn module's own."""
-    out = hf_sources(cfg)
+def gdn_sources(cfg: ModelConfig, projections: dict[str, Source]) -> dict[str, Source]:
+    """Each linear_attn module's weights: `projections` gives the sources of `qkvz` and `ba`, named
+    relative to the module; the rest are named alike in Qwen3-Next and Qwen3.5."""
+    out: dict[str, Source] = {}
     for i, layer in enumerate(cfg.layers):
         if not layer.is_recurrent:
             continue
         p, hf = f"layers.{i}.gdn_", f"model.layers.{i}.linear_attn."
-        out.update({p + "qkvz": hf + "in_proj_qkvz.weight", p + "ba": hf + "in_proj_ba.weight",
-                    p + "conv": hf + "conv1d.weight", p + "dt_bias": hf + "dt_bias", p + "A_log": hf + "A_log",
+        out.update({p + part: _under(hf, source) for part, source in projections.items()})
+        out.update({p + "conv": hf + "conv1d.weight", p + "dt_bias": hf + "dt_bias", p + "A_log": hf + "A_log",
                     p + "norm": hf + "norm.weight", p + "out": hf + "out_proj.weight"})
     return out
+
+
+def _under(prefix: str, source: Source) -> Source:
+    """`source` with each checkpoint name put under `prefix`."""
+    if isinstance(source, str):
+        return prefix + source
+    return replace(source, parts=tuple(_under(prefix, part) for part in source.parts))
+
+
+def sources(cfg: ModelConfig) -> dict[str, Source]:
+    """The Llama-style names of the attention and MLP weights, and each linear_attn module's own."""
+    return {**hf_sources(cfg), **gdn_sources(cfg, {"qkvz": "in_proj_qkvz.weight", "ba": "in_proj_ba.weight"})}

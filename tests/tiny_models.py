@@ -88,19 +88,53 @@ def qwen3_next_settings(base: dict) -> dict:
             "mlp_only_layers": [0], "norm_topk_prob": True}
 
 
-def _qwen3_next():
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-
-    model = Qwen3NextForCausalLM(Qwen3NextConfig(**qwen3_next_settings(_BASE)))
-    with torch.no_grad():  # norms start at 0 (scaled by 1 + w) or 1 (the gated norm): make each one count
+def _with_perturbed_norms(model):
+    """Hybrid norms start at 0 (scaled by 1 + w) or 1 (the gated norm): make each one count."""
+    with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.add_(torch.randn_like(param) * 0.1)
     return model
 
 
+def _qwen3_next():
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    return _with_perturbed_norms(Qwen3NextForCausalLM(Qwen3NextConfig(**qwen3_next_settings(_BASE))))
+
+
+def qwen3_5_settings(base: dict) -> dict:
+    """A 4-layer Qwen3.5 text model: Gated DeltaNet, full attention, twice (by layer_types), two value
+    heads per key head, half-rotary mrope whose sections split the 4 frequencies over t, h, w."""
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "mrope_section": [2, 1, 1], "mrope_interleaved": True}
+    return {**base, "num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention"] * 2,
+            "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+            "linear_value_head_dim": 12, "linear_conv_kernel_dim": 4, "rope_parameters": rope}
+
+
+def qwen3_5_moe_settings(base: dict) -> dict:
+    """qwen3_5_settings with 4 experts (top 2) and a gated shared expert in every layer."""
+    settings = {k: v for k, v in qwen3_5_settings(base).items() if k != "intermediate_size"}
+    return {**settings, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 24}
+
+
+def _qwen3_5():
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    return _with_perturbed_norms(Qwen3_5ForCausalLM(Qwen3_5TextConfig(**qwen3_5_settings(_BASE))))
+
+
+def _qwen3_5_moe():
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    return _with_perturbed_norms(Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**qwen3_5_moe_settings(_BASE))))
+
+
 BUILDERS = {"laguna": _laguna, "llama": _llama, "mistral": _mistral, "qwen3": _qwen3,
-            "qwen3_moe": _qwen3_moe, "qwen3_next": _qwen3_next, "mixtral": _mixtral}
+            "qwen3_moe": _qwen3_moe, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe,
+            "mixtral": _mixtral}
 SHARDED = {"qwen3_moe"}  # saved as several shards with model.safetensors.index.json
 
 
