@@ -1,7 +1,9 @@
+import inspect
 import json
 import os
 import shutil
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,53 @@ def poisoned(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(real_empty(*a, **k)))
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(real_like(*a, **k)))
+
+
+class _Float64Torch(types.ModuleType):
+    """torch, except that float32 (and float) mean float64."""
+
+    def __getattr__(self, name):
+        return torch.float64 if name in ("float32", "float") else getattr(torch, name)
+
+
+def _in_float64(fn):
+    """`fn` (its undecorated code) with `torch` bound to _Float64Torch in its globals."""
+    fn = inspect.unwrap(fn)
+    return types.FunctionType(fn.__code__, {**fn.__globals__, "torch": _Float64Torch("torch")}, fn.__name__,
+                              fn.__defaults__, fn.__closure__)
+
+
+# Each hybrid's transformers module, and its classes whose forward computes in float32 (besides
+# the module's two delta-rule functions).
+_FLOAT32_CLASSES = {
+    "qwen3_next": ("Qwen3NextRMSNormGated", "Qwen3NextTopKRouter"),
+    "qwen3_5": ("Qwen3_5RMSNormGated",),
+    "qwen3_5_moe": ("Qwen3_5MoeRMSNormGated", "Qwen3_5MoeTopKRouter"),
+}
+
+
+@pytest.fixture
+def exact_reference(monkeypatch):
+    """transformers' hybrids (Qwen3-Next, Qwen3.5) compute their delta rule, gated norm and router
+    in float32 whatever the model's dtype; run those same functions with float32 meaning float64, so
+    a float64 comparison measures lucebox, not transformers' rounding."""
+    import importlib
+
+    for name, classes in _FLOAT32_CLASSES.items():
+        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        for function in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+            monkeypatch.setattr(module, function, _in_float64(getattr(module, function)))
+        for cls in (getattr(module, c) for c in classes):
+            monkeypatch.setattr(cls, "forward", _in_float64(cls.forward))
+
+
+def greedy_by_forwards(model, ids: list[int], n: int) -> list[int]:
+    """transformers' greedy choice after each prefix, by whole forwards: on the hybrids (transformers
+    5.24, CPU) its cached `generate` disagrees with its own forward, so the forward is the reference."""
+    with torch.no_grad():
+        for _ in range(n):
+            ids = ids + [int(model(torch.tensor([ids])).logits[0, -1].argmax())]
+    return ids
 
 
 CORPUS = ["hello world, this is a tiny corpus.", "the quick brown fox jumps over the lazy dog!",

@@ -1,12 +1,11 @@
 """Qwen3-Next (Gated DeltaNet + full attention) equals transformers, keeps its recurrent state
 across prefill chunks and requests exactly, and refuses what it cannot do yet."""
 
-import inspect
 import shutil
-import types
 
 import pytest
 import torch
+from conftest import greedy_by_forwards
 from lucebox.kernels.delta_rule import causal_conv1d, chunked_gated_delta_rule, recurrent_gated_delta_rule
 from lucebox.models import build_model_config
 from tiny_models import VOCAB
@@ -22,31 +21,6 @@ PROMPT = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(
 @pytest.fixture(scope="module")
 def qwen3_next(reference_models):
     return reference_models("qwen3_next")
-
-
-class _Float64Torch(types.ModuleType):
-    """torch, except that float32 (and float) mean float64."""
-
-    def __getattr__(self, name):
-        return torch.float64 if name in ("float32", "float") else getattr(torch, name)
-
-
-@pytest.fixture
-def exact_reference(monkeypatch):
-    """transformers' Qwen3-Next computes its delta rule, gated norm and router in float32 whatever the
-    model's dtype; run those same functions with float32 meaning float64, so a float64 comparison
-    measures lucebox, not transformers' rounding."""
-    from transformers.models.qwen3_next import modeling_qwen3_next as m
-
-    def in_float64(fn):
-        fn = inspect.unwrap(fn)
-        return types.FunctionType(fn.__code__, {**fn.__globals__, "torch": _Float64Torch("torch")}, fn.__name__,
-                                  fn.__defaults__, fn.__closure__)
-
-    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
-        monkeypatch.setattr(m, name, in_float64(getattr(m, name)))
-    for cls in (m.Qwen3NextRMSNormGated, m.Qwen3NextTopKRouter):
-        monkeypatch.setattr(cls, "forward", in_float64(cls.forward))
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +45,9 @@ def test_logits_match_transformers_across_prefill_chunks(llm, qwen3_next, exact_
 
 
 def test_60_greedy_tokens_match_transformers(llm, qwen3_next, exact_reference):
-    """transformers' greedy choice after each prefix, by whole forwards: on this model (transformers
-    5.24, CPU) its cached `generate` disagrees with its own forward from the first token, so the
-    forward is the reference."""
-    _, ref = qwen3_next
-    ids = PROMPT[:12]
-    with torch.no_grad():
-        for _ in range(60):
-            ids = ids + [int(ref(torch.tensor([ids])).logits[0, -1].argmax())]
+    """(On this model transformers' cached `generate` disagrees with its own forward from the first
+    token, so the reference is a loop of forwards.)"""
+    ids = greedy_by_forwards(qwen3_next[1], PROMPT[:12], 60)
     assert llm.generate(PROMPT[:12], max_tokens=60, ignore_eos=True).token_ids == ids[12:]
 
 

@@ -16,7 +16,8 @@ def reference_logits(model, ids):
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_logits_match_transformers_float64(arch, reference_models):
+def test_logits_match_transformers_float64(arch, reference_models, exact_reference):
+    """(exact_reference: the hybrids' float32 parts in transformers run in float64.)"""
     folder, ref = reference_models(arch)
     llm = lucebox.LLM(folder, device="cpu", dtype="float64", prefill_chunk=7)  # several prefill chunks
     ours = llm.logits(PROMPT * 2)
