@@ -12,8 +12,13 @@ from lucebox.config import ModelConfig
 from lucebox.errors import ConfigError, UnsupportedArchitectureError
 
 _MODULES = (laguna, llama, mistral, mixtral, qwen3, qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_next)
-_ADAPTERS: dict[str, ModuleType] = {arch: module for module in _MODULES for arch in module.ARCHITECTURES}
-SUPPORTED_ARCHITECTURES = tuple(sorted(_ADAPTERS))
+SUPPORTED_ARCHITECTURES = tuple(sorted(arch for module in _MODULES for arch in module.ARCHITECTURES))
+# An adapter may also claim names it refuses with its own message (REFUSED_ARCHITECTURES: the
+# image-text Qwen3.5 checkpoints), rather than the generic "not supported" below.
+_ADAPTERS: dict[str, ModuleType] = {
+    arch: module for module in _MODULES
+    for arch in (*module.ARCHITECTURES, *getattr(module, "REFUSED_ARCHITECTURES", ()))
+}
 
 
 def adapter_for(hf_config: dict) -> ModuleType:

@@ -16,7 +16,8 @@ from lucebox.models.sources import Cat, Source
 from lucebox.config import ModelConfig
 from lucebox.errors import ConfigError, UnsupportedArchitectureError
 
-ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+ARCHITECTURES = ("Qwen3_5ForCausalLM",)
+REFUSED_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration",)  # `refuse_vision_checkpoint`
 
 
 def refuse_vision_checkpoint(hf: dict) -> None:

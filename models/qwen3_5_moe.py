@@ -13,7 +13,8 @@ from lucebox.models.qwen3_next import gated_shared_expert_moe, hybrid_config
 
 from lucebox.config import ModelConfig
 
-ARCHITECTURES = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
+ARCHITECTURES = ("Qwen3_5MoeForCausalLM",)
+REFUSED_ARCHITECTURES = ("Qwen3_5MoeForConditionalGeneration",)  # `refuse_vision_checkpoint`
 
 
 def build_config(hf: dict) -> ModelConfig:
