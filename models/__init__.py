@@ -1,5 +1,10 @@
 """Architecture adapters: each maps a Hugging Face config.json onto a `ModelConfig` and names where
-its tensors live in the checkpoint. The engine itself never looks at the architecture name."""
+its tensors live in the checkpoint. The engine itself never looks at the architecture name.
+
+An adapter module has ARCHITECTURES, `build_config(hf)` and `sources(cfg)`; optionally
+`text_model_fields(hf)` (an image-text config.json's text model fields, which `build_config` then
+reads) and UNLOADED (`Unloaded` rules: checkpoint tensors it knowingly does not load, e.g. an MTP
+head or a vision tower; any other tensor no source reads stops the load)."""
 
 from __future__ import annotations
 
@@ -13,12 +18,7 @@ from lucebox.errors import ConfigError, UnsupportedArchitectureError
 
 _MODULES = (laguna, llama, mistral, mixtral, qwen3, qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_next)
 SUPPORTED_ARCHITECTURES = tuple(sorted(arch for module in _MODULES for arch in module.ARCHITECTURES))
-# An adapter may also claim names it refuses with its own message (REFUSED_ARCHITECTURES: the
-# image-text Qwen3.5 checkpoints), rather than the generic "not supported" below.
-_ADAPTERS: dict[str, ModuleType] = {
-    arch: module for module in _MODULES
-    for arch in (*module.ARCHITECTURES, *getattr(module, "REFUSED_ARCHITECTURES", ()))
-}
+_ADAPTERS: dict[str, ModuleType] = {arch: module for module in _MODULES for arch in module.ARCHITECTURES}
 
 
 def adapter_for(hf_config: dict) -> ModuleType:
@@ -34,6 +34,8 @@ def adapter_for(hf_config: dict) -> ModuleType:
 def build_model_config(hf_config: dict) -> ModelConfig:
     """The normalized config of a config.json; any malformed value becomes a ConfigError."""
     adapter = adapter_for(hf_config)
+    if hasattr(adapter, "text_model_fields"):
+        hf_config = adapter.text_model_fields(hf_config)
     check_values(hf_config)
     try:
         return adapter.build_config(hf_config)

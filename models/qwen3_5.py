@@ -3,33 +3,50 @@
 separately (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a: the "flat" row order of
 `models/gated_deltanet.py`). Its RoPE is multimodal (mrope): t, h and w positions each rotate their
 own share of the frequencies. For text every token's three positions are equal, so mrope is plain
-RoPE, which is all lucebox runs: the multimodal checkpoints (ForConditionalGeneration, with a
-vision tower) are refused."""
+RoPE, which is all lucebox runs.
+
+The published checkpoints are image-text ones (ForConditionalGeneration): config.json nests the
+text model's fields under `text_config` beside a `vision_config`, and the weights are the text
+model under model.language_model.*, the vision tower under model.visual.* and lm_head.weight.
+lucebox loads their text model (`text_model_fields`, `sources`) and skips the vision tower by name
+(`VISION_TOWER`), saying so; like Qwen3-Next's, the checkpoints' MTP head is skipped too."""
 
 from __future__ import annotations
 
 from lucebox.models.hf_config import integer, require, rope_parameters
 from lucebox.models.layout import hf_sources
-from lucebox.models.qwen3_next import gdn_sources, hybrid_config
-from lucebox.models.sources import Cat, Source
+from lucebox.models.qwen3_next import MTP_HEAD, gdn_sources, hybrid_config
+from lucebox.models.sources import Cat, Source, Unloaded, renamed
 
 from lucebox.config import ModelConfig
-from lucebox.errors import ConfigError, UnsupportedArchitectureError
+from lucebox.errors import ConfigError
 
-ARCHITECTURES = ("Qwen3_5ForCausalLM",)
-REFUSED_ARCHITECTURES = ("Qwen3_5ForConditionalGeneration",)  # `refuse_vision_checkpoint`
+ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+VISION_TOWER = Unloaded("model.visual.", "the vision tower (image and video input); lucebox runs the text model only")
+UNLOADED = (MTP_HEAD, VISION_TOWER)  # transformers' Qwen3.5 ignores both prefixes on load too
+# An image-text config.json's text_config lacks what the composite model states at the top level:
+# its class, and tie_word_embeddings (transformers ties lm_head by the top-level value, default
+# false); token ids and dtype are taken from the top level only where text_config has none.
+_FROM_TOP_LEVEL = {"architectures": None, "tie_word_embeddings": False}
+_INHERITED = ("bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype")
+_TEXT_PREFIX = "model.language_model."  # where an image-text checkpoint keeps the text model's model.*
 
 
-def refuse_vision_checkpoint(hf: dict) -> None:
-    """The image-text checkpoints nest the text model's config under `text_config` and hold a vision
-    tower (model.visual.*) that lucebox cannot run yet: say so, and how to get a text-only one."""
-    name = hf.get("architectures", ["?"])[0]
-    if name.endswith("ForConditionalGeneration") or "text_config" in hf or "vision_config" in hf:
-        text = name.replace("ForConditionalGeneration", "ForCausalLM")
-        raise UnsupportedArchitectureError(
-            f"{name} is an image-text checkpoint; its vision tower is not supported yet. Use a text-only "
-            f"checkpoint: config.json with architectures [\"{text}\"] and the fields of text_config at the top "
-            "level, weights under model.* (not model.language_model.*) and no model.visual.* tensors")
+def is_image_text(architecture: str) -> bool:
+    return architecture.endswith("ForConditionalGeneration")
+
+
+def text_model_fields(hf: dict) -> dict:
+    """The text model's config.json fields: an image-text config's `text_config` completed from
+    its top level (a text-only config as it is)."""
+    text = hf.get("text_config")
+    if text is None:
+        return hf
+    if not isinstance(text, dict):
+        raise ConfigError("config.json: text_config must be an object")
+    inherited = {key: hf[key] for key in _INHERITED if key in hf}
+    top = {key: hf.get(key, default) for key, default in _FROM_TOP_LEVEL.items()}
+    return {**inherited, **text, **top}
 
 
 def check_mrope(hf: dict) -> None:
@@ -47,7 +64,6 @@ def check_mrope(hf: dict) -> None:
 
 
 def build_config(hf: dict) -> ModelConfig:
-    refuse_vision_checkpoint(hf)
     check_mrope(hf)
     n = integer(require(hf, "num_hidden_layers"), "num_hidden_layers", 1, 1024)
     integer(require(hf, "intermediate_size"), "intermediate_size", 1, 2**20)
@@ -63,4 +79,13 @@ def flat_projections(cfg: ModelConfig) -> dict[str, Source]:
 
 
 def sources(cfg: ModelConfig) -> dict[str, Source]:
-    return {**hf_sources(cfg), **gdn_sources(cfg, flat_projections(cfg))}
+    """The text model's tensors; in an image-text checkpoint its model.* is under model.language_model.*
+    (lm_head.weight stays at the top)."""
+    text = {**hf_sources(cfg), **gdn_sources(cfg, flat_projections(cfg))}
+    if not is_image_text(cfg.architecture):
+        return text
+    return {ours: renamed(source, _under_language_model) for ours, source in text.items()}
+
+
+def _under_language_model(name: str) -> str:
+    return _TEXT_PREFIX + name.removeprefix("model.") if name.startswith("model.") else name

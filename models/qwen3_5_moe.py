@@ -7,18 +7,20 @@ which ignores them."""
 from __future__ import annotations
 
 from lucebox.models.hf_config import integer, require
-from lucebox.models.qwen3_5 import check_mrope, refuse_vision_checkpoint
-from lucebox.models.qwen3_5 import sources as sources  # same tensor names as the dense model's
+
+# The same tensor names, image-text layout and skipped tensors as the dense model's
+from lucebox.models.qwen3_5 import UNLOADED as UNLOADED
+from lucebox.models.qwen3_5 import check_mrope
+from lucebox.models.qwen3_5 import sources as sources
+from lucebox.models.qwen3_5 import text_model_fields as text_model_fields
 from lucebox.models.qwen3_next import gated_shared_expert_moe, hybrid_config
 
 from lucebox.config import ModelConfig
 
-ARCHITECTURES = ("Qwen3_5MoeForCausalLM",)
-REFUSED_ARCHITECTURES = ("Qwen3_5MoeForConditionalGeneration",)  # `refuse_vision_checkpoint`
+ARCHITECTURES = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")  # as `models/qwen3_5.py`
 
 
 def build_config(hf: dict) -> ModelConfig:
-    refuse_vision_checkpoint(hf)
     check_mrope(hf)
     n = integer(require(hf, "num_hidden_layers"), "num_hidden_layers", 1, 1024)
     integer(require(hf, "num_experts"), "num_experts", 1, 4096)

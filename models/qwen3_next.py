@@ -2,7 +2,9 @@
 (every `full_attention_interval`-th, or as `layer_types` lists them). Its attention has a
 per-element sigmoid output gate fused into q_proj, QK norm and partial rotary (0.25 by default);
 its RMSNorms scale by (1 + weight); its MoE layers have a softmax router and a shared expert
-whose output a sigmoid gate scales; dense layers come from mlp_only_layers / decoder_sparse_step."""
+whose output a sigmoid gate scales; dense layers come from mlp_only_layers / decoder_sparse_step.
+Its checkpoints also hold a multi-token-prediction head (mtp.*, `mtp_num_hidden_layers` in
+config.json), which transformers skips on load and lucebox skips too (`MTP_HEAD`)."""
 
 from __future__ import annotations
 
@@ -18,12 +20,16 @@ from lucebox.models.hf_config import (
     softmax_moe,
 )
 from lucebox.models.layout import hf_sources
-from lucebox.models.sources import Source
+from lucebox.models.sources import Source, Unloaded, renamed
 
 from lucebox.config import LayerSpec, LinearAttentionSpec, ModelConfig, MoESpec
 from lucebox.errors import ConfigError
 
 ARCHITECTURES = ("Qwen3NextForCausalLM",)
+# The MTP head predicts a further token from the last hidden state: a drafter for speculative
+# decoding, which lucebox does not use yet (transformers ignores `^mtp.*` on load likewise).
+MTP_HEAD = Unloaded("mtp.", "the multi-token-prediction (MTP) head, a drafter lucebox does not use yet")
+UNLOADED = (MTP_HEAD,)
 _KINDS = {"linear_attention": "gdn", "full_attention": "full"}
 
 
@@ -99,17 +105,10 @@ def gdn_sources(cfg: ModelConfig, projections: dict[str, Source]) -> dict[str, S
         if not layer.is_recurrent:
             continue
         p, hf = f"layers.{i}.gdn_", f"model.layers.{i}.linear_attn."
-        out.update({p + part: _under(hf, source) for part, source in projections.items()})
+        out.update({p + part: renamed(source, lambda name, hf=hf: hf + name) for part, source in projections.items()})
         out.update({p + "conv": hf + "conv1d.weight", p + "dt_bias": hf + "dt_bias", p + "A_log": hf + "A_log",
                     p + "norm": hf + "norm.weight", p + "out": hf + "out_proj.weight"})
     return out
-
-
-def _under(prefix: str, source: Source) -> Source:
-    """`source` with each checkpoint name put under `prefix`."""
-    if isinstance(source, str):
-        return prefix + source
-    return replace(source, parts=tuple(_under(prefix, part) for part in source.parts))
 
 
 def sources(cfg: ModelConfig) -> dict[str, Source]:

@@ -4,12 +4,15 @@ A source is a checkpoint tensor name (`str`), a concatenation along dim 0 (`Cat`
 projections fused into one matrix), a stack along a new dim 0 (`Stack`, e.g. 256 experts into one
 3-D tensor), or alternatives (`AnyOf`, e.g. per-expert tensors or an already fused tensor) of which
 the first one whose tensors all exist is used.
+
+A checkpoint tensor that no source reads stops the load (UnexpectedTensorError), unless an
+`Unloaded` rule names it: a tensor the architecture knowingly leaves unread, with the reason.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,29 @@ class AnyOf:
 
 
 Source = str | Cat | Stack | AnyOf
+
+
+@dataclass(frozen=True)
+class Unloaded:
+    """Checkpoint tensors a load knowingly leaves unread: the tensor `name`, or every tensor under
+    it when it ends with '.'. `why` is told to the user when such tensors are skipped (`quiet`: not
+    told, for a skip as routine as a tied lm_head copy)."""
+
+    name: str
+    why: str
+    quiet: bool = False
+
+    def covers(self, tensor: str) -> bool:
+        return tensor.startswith(self.name) if self.name.endswith(".") else tensor == self.name
+
+
+def renamed(source: Source, rename: Callable[[str], str]) -> Source:
+    """`source` with `rename` applied to each checkpoint name it reads."""
+    if isinstance(source, str):
+        return rename(source)
+    if isinstance(source, AnyOf):
+        return AnyOf(tuple(renamed(option, rename) for option in source.options))
+    return replace(source, parts=tuple(renamed(part, rename) for part in source.parts))
 
 
 def leaf_names(source: Source, first_option: bool = False) -> Iterator[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from lucebox.checkpoints.safetensors_file import SafetensorsFile, read_header
 from lucebox.errors import (
     CheckpointError,
     ConfigError,
+    LuceboxWarning,
     MissingTensorError,
     ModelNotFoundError,
     PickleCheckpointError,
@@ -26,7 +28,7 @@ from lucebox.errors import (
     TensorShapeError,
     UnexpectedTensorError,
 )
-from lucebox.models.sources import Cat, Source, Stack, first_available, leaf_names
+from lucebox.models.sources import Cat, Source, Stack, Unloaded, first_available, leaf_names
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 # Tensors some exporters leave behind that carry no weights.
@@ -174,10 +176,10 @@ def _describe(shape: tuple[int, ...]) -> str:
 
 def resolve_sources(
     sources: dict[str, Source], shapes: dict[str, tuple[int, ...]], index: CheckpointIndex,
-    unused_ok: frozenset[str] = frozenset(),
+    unloaded: tuple[Unloaded, ...] = (),
 ) -> dict[str, Source]:
     """Pick one available option per tensor; raise on missing or unexpected checkpoint tensors
-    (`unused_ok` names tensors that may be present and are ignored)."""
+    (those no `unloaded` rule covers), and say once which rule skipped tensors, and why."""
     chosen: dict[str, Source] = {}
     missing: list[str] = []
     for name, source in sources.items():
@@ -194,15 +196,26 @@ def resolve_sources(
             f"{'; '.join(missing[:8])}{more}. Is config.json the one that belongs to these weights?"
         )
     used = {n for source in chosen.values() for n in leaf_names(source)}
-    extra = sorted(n for n in index.location
-                   if n not in used and n not in unused_ok and not n.endswith(_IGNORED_SUFFIXES))
+    unread = [n for n in index.location if n not in used and not n.endswith(_IGNORED_SUFFIXES)]
+    extra = sorted(n for n in unread if not any(rule.covers(n) for rule in unloaded))
     if extra:
         more = f" and {len(extra) - 8} more" if len(extra) > 8 else ""
         raise UnexpectedTensorError(
             f"checkpoint has {len(extra)} tensor(s) this architecture does not use: "
             f"{', '.join(extra[:8])}{more}. Does config.json describe these weights?"
         )
+    _tell_skipped(unread, unloaded)
     return chosen
+
+
+def _tell_skipped(unread: list[str], unloaded: tuple[Unloaded, ...]) -> None:
+    """One warning per rule that skipped tensors (a vision tower, an MTP head), so a user knows
+    what of the checkpoint does not run."""
+    for rule in unloaded:
+        count = sum(1 for n in unread if rule.covers(n))
+        if count and not rule.quiet:
+            warnings.warn(f"not loading {count} checkpoint tensor(s) {rule.name}*: {rule.why}",
+                          LuceboxWarning, stacklevel=2)
 
 
 def _fill(dest: torch.Tensor, source: Source, read: Callable[[str, torch.Tensor], None], name: str) -> None:
@@ -231,7 +244,7 @@ def load_weights(
     shapes: dict[str, tuple[int, ...]],
     dtype: torch.dtype,
     device: torch.device | Callable[[str], torch.device],
-    unused_ok: frozenset[str] = frozenset(),
+    unloaded: tuple[Unloaded, ...] = (),
     transform: Callable[[str, torch.Tensor], object] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, torch.Tensor]:
@@ -239,7 +252,7 @@ def load_weights(
     given, replaces each as soon as it is read (quantization), so only one full-precision tensor
     is held at a time. `progress(done, total)` is told the bytes read so far after each tensor."""
     weights: dict[str, torch.Tensor] = {}
-    for name, tensor in iter_weights(index, sources, shapes, dtype, device, unused_ok, progress):
+    for name, tensor in iter_weights(index, sources, shapes, dtype, device, unloaded, progress):
         weights[name] = transform(name, tensor) if transform is not None else tensor
         del tensor
     return weights
@@ -251,14 +264,14 @@ def iter_weights(
     shapes: dict[str, tuple[int, ...]],
     dtype: torch.dtype | None,
     device: torch.device | Callable[[str], torch.device],
-    unused_ok: frozenset[str] = frozenset(),
+    unloaded: tuple[Unloaded, ...] = (),
     progress: Callable[[int, int], None] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(our name, tensor) one at a time, in `dtype` on `device` (or `device(name)`: experts bound for
     host memory are read there); with dtype None, each in the checkpoint's own dtype (that of its
     first part), so a caller that streams them on (`lucebox quantize`) holds one tensor at a time.
     Every name is checked before the first is read."""
-    chosen = resolve_sources(sources, shapes, index, unused_ok)
+    chosen = resolve_sources(sources, shapes, index, unloaded)
     total = sum(math.prod(shapes[name]) * (dtype or index.dtypes[next(leaf_names(src))]).itemsize
                 for name, src in chosen.items())
     done = 0

@@ -21,7 +21,7 @@ from lucebox.memory.expert_cache import ExpertTraffic, PinnedArena, cache_expert
 from lucebox.models import adapter_for, build_model_config
 from lucebox.models.decoder import Decoder
 from lucebox.models.layout import quantizable, weight_shapes
-from lucebox.models.sources import Source
+from lucebox.models.sources import Source, Unloaded
 from lucebox.text.tokenizer import Tokenizer
 from lucebox.text.tokenizer_files import load_tokenizer
 
@@ -80,13 +80,18 @@ def check_load_format(load_format: str) -> None:
         raise InvalidArgumentError(f"load_format '{load_format}' is not one of {', '.join(LOAD_FORMATS)}")
 
 
-def checkpoint_sources(desc: ModelDescription) -> tuple[dict[str, Source], frozenset[str]]:
+# With tied embeddings an exported lm_head.weight is a copy of the embedding; like transformers, ignore it.
+_TIED_LM_HEAD = Unloaded("lm_head.weight", "a copy of the tied embedding", quiet=True)
+
+
+def checkpoint_sources(desc: ModelDescription) -> tuple[dict[str, Source], tuple[Unloaded, ...]]:
     """Where each of our tensors is in the model's checkpoint, and the checkpoint tensors that may
-    be left unread."""
-    sources = adapter_for(desc.hf_config).sources(desc.cfg)
-    # With tied embeddings an exported lm_head.weight is a copy of the embedding; like transformers, ignore it.
-    unused_ok = frozenset({"lm_head.weight"}) if desc.cfg.tie_word_embeddings else frozenset()
-    return sources, unused_ok
+    be left unread: those the adapter declares (its UNLOADED rules), and a tied lm_head copy."""
+    adapter = adapter_for(desc.hf_config)
+    unloaded = tuple(getattr(adapter, "UNLOADED", ()))
+    if desc.cfg.tie_word_embeddings:
+        unloaded += (_TIED_LM_HEAD,)
+    return adapter.sources(desc.cfg), unloaded
 
 
 def resolve_quantization(asked: str | None, desc: ModelDescription) -> str | None:
@@ -157,8 +162,8 @@ def load_model(
         weights = desc.gguf.load_weights(desc.cfg, dtype, read_to, transform, progress)
     else:
         index = CheckpointIndex(weight_files(desc.folder))
-        sources, unused_ok = checkpoint_sources(desc)
-        weights = load_weights(index, sources, shapes, dtype, read_to, unused_ok, transform, progress)
+        sources, unloaded = checkpoint_sources(desc)
+        weights = load_weights(index, sources, shapes, dtype, read_to, unloaded, transform, progress)
     if on_host:
         cache_experts(weights, len(desc.cfg.layers), expert_slots, device, expert_traffic or ExpertTraffic())
     if desc.gguf is not None:

@@ -109,12 +109,12 @@ def quantize_checkpoint(model: str | Path, out: str | Path, bits: int, group: in
     shapes = weight_shapes(desc.cfg)
     _check_group(shapes, scheme, group)
     index = CheckpointIndex(weight_files(desc.folder))
-    sources, unused_ok = checkpoint_sources(desc)
+    sources, unloaded = checkpoint_sources(desc)
     out = Path(out).expanduser()
     started = time.perf_counter()
     with new_folder(out, "lucebox quantize", overwrite=overwrite, reads=(desc.folder,)) as partial:
         writer, records, read = _ShardWriter(partial, shard_bytes), {}, 0
-        for name, tensor in iter_weights(index, sources, shapes, None, torch.device("cpu"), unused_ok, progress):
+        for name, tensor in iter_weights(index, sources, shapes, None, torch.device("cpu"), unloaded, progress):
             read += tensor.numel() * tensor.element_size()
             stored: torch.Tensor | QuantizedTensor = quantize(tensor, scheme, group) if quantizable(name) else tensor
             records[name] = tensor_record(stored)
