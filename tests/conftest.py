@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 # Triton kernels run through Triton's interpreter where there is no GPU. triton.jit reads this
 # when a kernel module is imported, so it is set before any test imports one.
@@ -117,6 +118,25 @@ def greedy_by_forwards(model, ids: list[int], n: int) -> list[int]:
         for _ in range(n):
             ids = ids + [int(model(torch.tensor([ids])).logits[0, -1].argmax())]
     return ids
+
+
+def rewrite_weights(folder: Path, change) -> None:
+    """`change(tensors)` applied to a folder's model.safetensors, in place."""
+    tensors = load_file(folder / "model.safetensors")
+    change(tensors)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def add_mtp_head(folder: Path, hidden: int) -> None:
+    """The multi-token-prediction tensors a real Qwen3-Next / Qwen3.5 checkpoint ships beside the
+    model (a few of them, at their real names and shapes)."""
+    def add(tensors):
+        tensors.update({"mtp.fc.weight": torch.randn(hidden, 2 * hidden), "mtp.norm.weight": torch.ones(hidden),
+                        "mtp.pre_fc_norm_embedding.weight": torch.ones(hidden),
+                        "mtp.pre_fc_norm_hidden.weight": torch.ones(hidden),
+                        "mtp.layers.0.input_layernorm.weight": torch.ones(hidden)})
+
+    rewrite_weights(folder, add)
 
 
 CORPUS = ["hello world, this is a tiny corpus.", "the quick brown fox jumps over the lazy dog!",

@@ -1,16 +1,18 @@
 """Qwen3.5 and Qwen3.5-MoE (text) equal transformers: the GDN input projections in their flat
-order, mrope on text positions, the MoE block in every layer; image-text checkpoints are refused."""
+order, mrope on text positions, the MoE block in every layer; image-text checkpoints load their
+text model; the MTP head and the vision tower are skipped by name, any other unknown tensor refused."""
 
 import json
 
 import pytest
 import torch
-from conftest import greedy_by_forwards
+from conftest import add_mtp_head, greedy_by_forwards, rewrite_weights
 from lucebox.models import build_model_config
-from tiny_models import VOCAB
+from safetensors.torch import load_file
+from tiny_models import VOCAB, build_image_text
 
 import lucebox
-from lucebox.errors import ConfigError, UnsupportedArchitectureError
+from lucebox.errors import ConfigError, LuceboxWarning, UnexpectedTensorError
 
 PROMPT = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(5)).tolist()
 ARCHS = ["qwen3_5", "qwen3_5_moe"]
@@ -49,19 +51,48 @@ def test_60_greedy_tokens_match_transformers(model, exact_reference):
 
 
 @pytest.mark.parametrize("name", ARCHS)
-def test_an_image_text_checkpoint_is_refused_naming_the_vision_tower(name, reference_models, tmp_path):
-    """The published Qwen3.5 checkpoints are image-text ones (ForConditionalGeneration): refused
-    before any weight is read, saying what to use instead."""
-    from transformers import Qwen3_5Config, Qwen3_5MoeConfig
+def test_an_image_text_checkpoint_loads_its_text_model_and_says_the_vision_tower_is_not(name, tmp_path,
+                                                                                       exact_reference):
+    """The published checkpoints are image-text ones (ForConditionalGeneration: text_config, the
+    text model under model.language_model.*, a vision tower under model.visual.*): lucebox runs the
+    text model exactly as transformers' text-only forward of the whole model, and says it left the
+    vision tower out."""
+    ref = build_image_text(name)
+    ref.save_pretrained(tmp_path)
+    assert any(n.startswith("model.visual.") for n in load_file(tmp_path / "model.safetensors"))
+    with pytest.warns(LuceboxWarning, match=r"model\.visual\.\*: the vision tower.*text model only"):
+        llm = lucebox.LLM(tmp_path, device="cpu", dtype="float64", prefill_chunk=16)
+    with torch.no_grad():
+        expected = ref(torch.tensor([PROMPT])).logits[0]
+    assert (llm.logits(PROMPT) - expected).abs().max().item() <= 1e-6
 
-    text = json.loads((reference_models(name)[0] / "config.json").read_text())
-    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64}
-    moe = name == "qwen3_5_moe"
-    config = (Qwen3_5MoeConfig if moe else Qwen3_5Config)(text_config=text, vision_config=vision)
-    config.architectures = ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"]
-    config.save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedArchitectureError, match="vision tower is not supported yet.*text-only"):
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_an_image_text_checkpoint_still_refuses_a_tensor_no_rule_covers(name, tmp_path):
+    build_image_text(name).save_pretrained(tmp_path)
+    rewrite_weights(tmp_path, lambda t: t.update({"model.visual_adapter.weight": torch.zeros(2)}))
+    with pytest.raises(UnexpectedTensorError, match=r"model\.visual_adapter\.weight"):
         lucebox.LLM(tmp_path, device="cpu", dtype="float64")
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_the_mtp_head_is_skipped_and_generation_is_unchanged(name, reference_models, model_copy):
+    folder = model_copy(name)
+    add_mtp_head(folder, hidden=64)
+    with pytest.warns(LuceboxWarning, match=r"5 checkpoint tensor\(s\) mtp\.\*: the multi-token-prediction"):
+        with_mtp = lucebox.LLM(folder, device="cpu", dtype="float64")
+    plain = lucebox.LLM(reference_models(name)[0], device="cpu", dtype="float64")
+    assert (with_mtp.generate(PROMPT[:12], max_tokens=16, ignore_eos=True).token_ids
+            == plain.generate(PROMPT[:12], max_tokens=16, ignore_eos=True).token_ids)
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_a_tensor_beside_the_mtp_head_is_still_refused_by_name(name, model_copy):
+    folder = model_copy(name)
+    add_mtp_head(folder, hidden=64)
+    rewrite_weights(folder, lambda t: t.update({"mtp_scale": torch.zeros(2)}))  # not under mtp.
+    with pytest.raises(UnexpectedTensorError, match=r"1 tensor\(s\).*: mtp_scale\."):
+        lucebox.LLM(folder, device="cpu", dtype="float64")
 
 
 @pytest.mark.parametrize("name", ARCHS)

@@ -1,18 +1,25 @@
 """Qwen3-Next (Gated DeltaNet + full attention) equals transformers, keeps its recurrent state
-across prefill chunks and requests exactly, and refuses what it cannot do yet."""
+across prefill chunks and requests exactly, skips its checkpoints' MTP head by name, and refuses
+what it cannot do yet."""
 
 import shutil
 
 import pytest
 import torch
-from conftest import greedy_by_forwards
+from conftest import add_mtp_head, greedy_by_forwards, rewrite_weights
 from lucebox.kernels.delta_rule import causal_conv1d, chunked_gated_delta_rule, recurrent_gated_delta_rule
 from lucebox.models import build_model_config
 from tiny_models import VOCAB
 
 import lucebox
 from lucebox.caches import Step
-from lucebox.errors import CacheRewindError, ConfigError, SpeculationUnsupportedError
+from lucebox.errors import (
+    CacheRewindError,
+    ConfigError,
+    LuceboxWarning,
+    SpeculationUnsupportedError,
+    UnexpectedTensorError,
+)
 from lucebox.memory.plan import recurrent_state_bytes
 
 PROMPT = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(3)).tolist()
@@ -49,6 +56,24 @@ def test_60_greedy_tokens_match_transformers(llm, qwen3_next, exact_reference):
     token, so the reference is a loop of forwards.)"""
     ids = greedy_by_forwards(qwen3_next[1], PROMPT[:12], 60)
     assert llm.generate(PROMPT[:12], max_tokens=60, ignore_eos=True).token_ids == ids[12:]
+
+
+def test_the_mtp_head_is_skipped_and_generation_is_unchanged(llm, model_copy):
+    """Real checkpoints ship an MTP head (mtp.*) that lucebox does not use yet: skipped by name, said once."""
+    folder = model_copy("qwen3_next")
+    add_mtp_head(folder, hidden=llm.config.hidden_size)
+    with pytest.warns(LuceboxWarning, match=r"mtp\.\*: the multi-token-prediction \(MTP\) head"):
+        with_mtp = lucebox.LLM(folder, device="cpu", dtype="float64", prefill_chunk=16)
+    assert (with_mtp.generate(PROMPT[:12], max_tokens=16, ignore_eos=True).token_ids
+            == llm.generate(PROMPT[:12], max_tokens=16, ignore_eos=True).token_ids)
+
+
+def test_an_unknown_tensor_beside_the_mtp_head_is_still_refused_by_name(llm, model_copy):
+    folder = model_copy("qwen3_next")
+    add_mtp_head(folder, hidden=llm.config.hidden_size)
+    rewrite_weights(folder, lambda t: t.update({"model.layers.0.linear_attn.mystery": torch.zeros(2)}))
+    with pytest.raises(UnexpectedTensorError, match=r"1 tensor\(s\).*: model\.layers\.0\.linear_attn\.mystery\."):
+        lucebox.LLM(folder, device="cpu", dtype="float64")
 
 
 def test_chunked_delta_rule_equals_the_recurrent_one_from_any_state():

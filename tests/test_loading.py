@@ -5,7 +5,8 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from conftest import rewrite_weights
+from safetensors.torch import load_file
 
 import lucebox
 from lucebox.errors import (
@@ -21,12 +22,6 @@ from lucebox.errors import (
     UnexpectedTensorError,
     UnsupportedArchitectureError,
 )
-
-
-def rewrite_weights(folder, change):
-    tensors = load_file(folder / "model.safetensors")
-    change(tensors)
-    save_file(tensors, folder / "model.safetensors")
 
 
 def test_half_precision_checkpoints_are_converted_to_the_requested_dtype(llama_copy):

@@ -132,6 +132,31 @@ def _qwen3_5_moe():
     return _with_perturbed_norms(Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**qwen3_5_moe_settings(_BASE))))
 
 
+# The smallest vision tower Qwen3.5's image-text models construct; its output feeds the text model.
+_TINY_VISION = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64}
+
+
+def build_image_text(name: str, seed: int = 0):
+    """A random image-text (ForConditionalGeneration) Qwen3.5 or Qwen3.5-MoE in float64, eager
+    experts: the tiny text model of `name` with the tiny vision tower, as the published checkpoints are."""
+    from transformers import (
+        Qwen3_5Config,
+        Qwen3_5ForConditionalGeneration,
+        Qwen3_5MoeConfig,
+        Qwen3_5MoeForConditionalGeneration,
+    )
+
+    torch.manual_seed(seed)
+    if name == "qwen3_5_moe":
+        config = Qwen3_5MoeConfig(text_config=qwen3_5_moe_settings(_BASE), vision_config=_TINY_VISION)
+        model = Qwen3_5MoeForConditionalGeneration(config)
+        model.set_experts_implementation("eager")  # grouped_mm refuses float64
+    else:
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=qwen3_5_settings(_BASE),
+                                                              vision_config=_TINY_VISION))
+    return _with_perturbed_norms(model).to(torch.float64).eval()
+
+
 BUILDERS = {"laguna": _laguna, "llama": _llama, "mistral": _mistral, "qwen3": _qwen3,
             "qwen3_moe": _qwen3_moe, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe,
             "mixtral": _mixtral}
