@@ -6,7 +6,8 @@ it predicts for key k_t towards v_t by a step beta_t, and reads it with q_t:
     S_t = exp(g_t) * S_{t-1} + k_t (beta_t * (v_t - k_t^T exp(g_t) S_{t-1}))^T
     o_t = S_t^T q_t
 
-`recurrent_gated_delta_rule` runs that row by row (decode, verify); `chunked_gated_delta_rule`
+`recurrent_gated_delta_rule` runs that row by row (decode, verify) and, for a verify step, keeps
+the state after every row (so a commit can keep the accepted row's); `chunked_gated_delta_rule`
 computes the same in chunks of rows with matrix products (prefill): inside a chunk the delta
 corrections are a unit lower-triangular system, solved once (the WY/UT form of DeltaNet).
 Both start from a state and return the one after their last row, so a prefill split in chunks,
@@ -27,13 +28,17 @@ def causal_conv1d(
     x: torch.Tensor,  # (T, C): this step's conv inputs
     weight: torch.Tensor,  # (C, K): one depthwise filter per channel
     state: torch.Tensor,  # (K - 1, C): the conv inputs of the K - 1 rows before this step (zeros at the start)
+    every_row: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(silu(depthwise causal conv) (T, C), the next state (K - 1, C)): each row sees itself and
-    the K - 1 rows before it, across the step boundary through `state`."""
+    """(silu(depthwise causal conv) (T, C), the next state (K - 1, C), or with `every_row` the
+    state after each row (T, K - 1, C)): each row sees itself and the K - 1 rows before it,
+    across the step boundary through `state`."""
     K = weight.shape[1]
     full = torch.cat([state.to(x.dtype), x], dim=0)  # (K - 1 + T, C)
     windows = full.unfold(0, K, 1)  # (T, C, K): row t's window, oldest first
     out = (windows * weight).sum(-1)
+    if every_row:  # after row t the state is rows t + 1 .. t + K - 1 of `full`
+        return F.silu(out), full.unfold(0, K - 1, 1)[1:].transpose(1, 2)
     return F.silu(out), full[full.shape[0] - (K - 1):]
 
 
@@ -44,19 +49,24 @@ def recurrent_gated_delta_rule(
     g: torch.Tensor,  # (T, Hv) log decay, <= 0
     beta: torch.Tensor,  # (T, Hv) in (0, 1)
     state: torch.Tensor,  # (Hv, Dk, Dv)
+    every_row: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(outputs (T, Hv, Dv) in v's dtype, state after the last row (Hv, Dk, Dv)), row by row."""
+    """(outputs (T, Hv, Dv) in v's dtype, state after the last row (Hv, Dk, Dv), or with
+    `every_row` the state after each row (T, Hv, Dk, Dv)), row by row."""
     dtype, dt = v.dtype, _compute_dtype(v.dtype)
     q, k, v, g, beta = (t.to(dt) for t in (q, k, v, g, beta))
     S = state.to(dt)
     out = torch.empty_like(v)
+    states = []
     for t in range(q.shape[0]):
         S = S * g[t].exp()[:, None, None]
         predicted = torch.einsum("hk,hkv->hv", k[t], S)
         delta = (v[t] - predicted) * beta[t][:, None]
         S = S + k[t][:, :, None] * delta[:, None, :]
         out[t] = torch.einsum("hk,hkv->hv", q[t], S)
-    return out.to(dtype), S
+        if every_row:
+            states.append(S)
+    return out.to(dtype), torch.stack(states) if every_row else S
 
 
 def chunked_gated_delta_rule(
