@@ -38,7 +38,8 @@ class CacheContext:
 
     def recurrent_state(self, layer: int) -> RecurrentState:
         if self.tree is not None:
-            raise InvalidArgumentError("tree verification is not supported on recurrent (Gated DeltaNet) layers yet")
+            raise InvalidArgumentError("tree verification is not supported on recurrent (Gated DeltaNet) layers: each "
+                                       "node would need its state built from its parent's; verify chains instead")
         state = self.cache.layers[layer]
         state.reserve(self.step)  # refuses a step that does not continue the state
         return state

@@ -1,7 +1,9 @@
 """The Gated DeltaNet token mixer (Qwen3-Next's "linear_attention" layers): projections, a causal
 depthwise conv over q, k and v, the gated delta rule over the layer's recurrent state, a gated
 RMSNorm and the output projection. The state lives in the forward's context
-(`ForwardContext.recurrent_state`), which also says where this step starts.
+(`ForwardContext.recurrent_state`), which also says where this step starts. A decode/verify step
+runs the recurrent rule row by row and keeps the state after every row (speculation commits the
+accepted row's); a prefill runs the chunked rule and keeps its final state.
 
 Weights of layer i (`models/layout.py`):
   gdn_qkvz [2*Hk*Dk + 2*Hv*Dv, H], gdn_ba [2*Hv, H],
@@ -52,20 +54,24 @@ class GatedDeltaNetMixer:
         mixed, z, b, a = self._grouped(qkvz, ba) if self.grouped else self._flat(qkvz, ba)
 
         state = context.recurrent_state(self.layer)
-        mixed, conv_state = causal_conv1d(mixed, w[n["conv"]].view(self.channels, -1), state.conv)
+        conv_state, recurrent_state = state.current()
+        every_row = state.every_row  # a decode/verify step keeps each row's state; a prefill its last
+        mixed, conv_after = causal_conv1d(mixed, w[n["conv"]].view(self.channels, -1), conv_state, every_row)
         q, key, v = mixed.split([Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
         # Each key head serves `r` consecutive value heads.
         q = q.view(T, Hk, Dk).repeat_interleave(r, dim=1)
         key = key.view(T, Hk, Dk).repeat_interleave(r, dim=1)
-        dt = state.recurrent.dtype  # float32 at least, as the delta rule computes
+        dt = recurrent_state.dtype  # float32 at least, as the delta rule computes
         q = l2_normalized(q.to(dt)) * Dk**-0.5
         key = l2_normalized(key.to(dt))
         beta = b.reshape(T, Hv).to(dt).sigmoid()
         g = -w[n["A_log"]].to(dt).exp() * F.softplus(a.reshape(T, Hv).to(dt) + w[n["dt_bias"]].to(dt))  # log decay
-        rule = recurrent_gated_delta_rule if T == 1 else chunked_gated_delta_rule
-        extra = {} if T == 1 else {"chunk": PREFILL_CHUNK_ROWS}
-        out, recurrent = rule(q, key, v.reshape(T, Hv, Dv).to(dt), g, beta, state.recurrent, **extra)
-        state.update(conv_state, recurrent, T)
+        v = v.reshape(T, Hv, Dv).to(dt)
+        if every_row or T == 1:
+            out, recurrent_after = recurrent_gated_delta_rule(q, key, v, g, beta, recurrent_state, every_row)
+        else:
+            out, recurrent_after = chunked_gated_delta_rule(q, key, v, g, beta, recurrent_state, PREFILL_CHUNK_ROWS)
+        state.update(conv_after, recurrent_after)
 
         out = self._gated_norm(out, z.reshape(T, Hv, Dv)).to(h.dtype)
         return k.linear(out.reshape(T, Hv * Dv), w[n["out"]])

@@ -40,9 +40,9 @@ class ForwardContext(Protocol):
                window: int | None) -> torch.Tensor: ...
 
     def recurrent_state(self, layer: int):
-        """Recurrent layer `layer`'s state (`lucebox.caches.recurrent.RecurrentState`: `conv`,
-        `recurrent`, `update(conv, recurrent, rows)`), positioned where this forward's rows
-        start; the mixer reads it and stores the state after its rows. Contexts that cannot keep
+        """Recurrent layer `layer`'s state (`lucebox.caches.recurrent.RecurrentState`: `current()`,
+        `every_row`, `update(conv, recurrent)`), positioned where this forward's rows start; the
+        mixer reads it and stores the state after each row (or after the last, in a prefill). Contexts that cannot keep
         a state refuse with a clear error."""
         ...
 

@@ -1,10 +1,14 @@
-"""The state cache of one recurrent layer (Gated DeltaNet): a conv state and a recurrent state,
-allocated once at fixed addresses and updated in place.
+"""The state cache of one recurrent layer (Gated DeltaNet): conv and recurrent states in slots
+allocated once at fixed addresses.
 
-Unlike a K/V cache it keeps no rows: after a step its state already folds in every row the step
-wrote, so it can only be "rolled back" to where it is, or to 0 (emptied). `rows` counts the rows
-folded in. Speculative decoding on it needs one state per verify row (issue 24); until then a
-rollback below `rows` is refused, and the engine refuses drafters on hybrid models.
+Unlike a K/V cache it keeps no rows: a state already folds in every row before its position, so
+a state can only be returned to if it was kept. A decode/verify step of T rows keeps the state
+after each of its rows, each in its own slot (as vLLM keeps one state per speculative token), so
+a commit keeps the accepted row's state and a rollback to any position inside the step is exact,
+with no recomputation. A prefill keeps only its final state. `held` maps each position whose
+state is kept to its slot; a commit forgets those below it, since nothing rolls back past a
+commit. Slots: the verify rows a step may hold (`CacheSettings.decode_rows`) plus the state the
+step started from (`recurrent_slots`).
 """
 
 from __future__ import annotations
@@ -18,29 +22,57 @@ from lucebox.config import LinearAttentionSpec
 from lucebox.errors import CacheRewindError
 
 
+def recurrent_slots(decode_rows: int) -> int:
+    """State slots per recurrent layer: one per verify row, and the state the step started from."""
+    return decode_rows + 1
+
+
 class RecurrentState(LayerCache):
-    def __init__(self, spec: LinearAttentionSpec, dtype: torch.dtype, device: torch.device):
-        channels = spec.conv_channels
+    def __init__(self, spec: LinearAttentionSpec, decode_rows: int, dtype: torch.dtype, device: torch.device):
+        slots = recurrent_slots(decode_rows)
         # The last conv_kernel - 1 conv inputs (q, k, v channels), in the activations' dtype.
-        self.conv = torch.zeros(spec.conv_kernel - 1, channels, dtype=dtype, device=device)
+        self.conv = torch.zeros(slots, spec.conv_kernel - 1, spec.conv_channels, dtype=dtype, device=device)
         # The delta rule's state, one (key_dim, value_dim) matrix per value head, in float32 at least:
         # it accumulates over the whole context.
         state_dtype = torch.promote_types(dtype, torch.float32)
-        self.recurrent = torch.zeros(spec.value_heads, spec.key_dim, spec.value_dim, dtype=state_dtype, device=device)
-        self.rows = 0  # positions folded into the state
+        self.recurrent = torch.zeros(slots, spec.value_heads, spec.key_dim, spec.value_dim, dtype=state_dtype,
+                                     device=device)
+        self.rows = 0  # positions folded into the current state
+        self.held = {0: 0}  # position -> slot holding the state before that position (slot 0 starts zeroed)
+        self.every_row = False  # whether the step in progress keeps the state after each of its rows
+        self._targets: list[tuple[int, int]] = []  # (position, slot) the step in progress writes
 
     def reserve(self, step: Step) -> None:
-        """A step must continue exactly where the state is: its rows follow `rows`."""
+        """A step must continue exactly where the state is: its rows follow `rows`. Chooses the
+        slots its states go to: free ones first, then those of the oldest kept positions."""
         if step.start != self.rows:
             raise CacheRewindError(f"a recurrent layer's state holds {self.rows} positions; a step starting at "
                                    f"{step.start} cannot continue it (recurrent states cannot skip or rewrite rows)")
+        every_row = not step.prefill
+        positions = list(range(step.start + 1, step.end + 1)) if every_row else [step.end]
+        if len(positions) >= len(self.conv):
+            raise CacheRewindError(f"a decode step of {step.count} rows needs {step.count + 1} state slots; a "
+                                   f"recurrent layer has {len(self.conv)} (decode_rows + 1)")
         self.dirty = True
+        used = [slot for position, slot in sorted(self.held.items()) if position != self.rows]
+        free = [slot for slot in range(len(self.conv)) if slot not in self.held.values()] + used  # oldest used first
+        self.every_row, self._targets = every_row, list(zip(positions, free, strict=False))
 
-    def update(self, conv: torch.Tensor, recurrent: torch.Tensor, count: int) -> None:
-        """The state after this step's `count` rows, copied into the fixed buffers."""
-        self.conv.copy_(conv)
-        self.recurrent.copy_(recurrent)
-        self.rows += count
+    def current(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(conv (K - 1, C), recurrent (Hv, Dk, Dv)): the state a step starting at `rows` reads."""
+        slot = self.held[self.rows]
+        return self.conv[slot], self.recurrent[slot]
+
+    def update(self, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+        """The states after the step's rows (each row's with `every_row`, else the last's), copied
+        into the slots `reserve` chose."""
+        slots = [slot for _, slot in self._targets]
+        index = torch.tensor(slots, device=self.conv.device)
+        self.conv.index_copy_(0, index, conv.reshape(len(slots), *self.conv.shape[1:]).to(self.conv.dtype))
+        self.recurrent.index_copy_(0, index, recurrent.reshape(len(slots), *self.recurrent.shape[1:]))
+        kept = {position: slot for position, slot in self.held.items() if slot not in slots}
+        self.held = kept | dict(self._targets)
+        self.rows = self._targets[-1][0]
 
     def store(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise TypeError("a recurrent layer keeps no K/V rows: its mixer updates its state (`update`)")
@@ -48,25 +80,33 @@ class RecurrentState(LayerCache):
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         raise TypeError("a recurrent layer has no key blocks to attend over")
 
+    def begin_commit(self, length: int) -> None:
+        """Positions below `length` are final: their states are never returned to, so their slots free up."""
+        self.held = {position: slot for position, slot in self.held.items() if position >= length}
+
     def rollback(self, to_position: int) -> None:
         self.check_rollback(to_position)
         if to_position >= self.rows:
             return
-        self.conv.zero_()
-        self.recurrent.zero_()
-        self.rows = 0
+        if to_position in self.held:  # a state the last step kept: exact, nothing recomputed
+            self.held = {position: slot for position, slot in self.held.items() if position <= to_position}
+        else:  # back to the start
+            self.conv[0].zero_()
+            self.recurrent[0].zero_()
+            self.held = {0: 0}
+        self.rows = to_position
 
     def check_rollback(self, to_position: int) -> None:
-        """CacheRewindError unless `rollback(to_position)` is exact: at or past `rows`, or 0."""
-        if 0 < to_position < self.rows:
+        """CacheRewindError unless `rollback(to_position)` is exact: at or past `rows`, a kept state, or 0."""
+        if to_position < self.rows and not self.can_rewind_to(to_position):
             raise CacheRewindError(
-                f"cannot roll a recurrent layer's state back from {self.rows} to {to_position} positions: the state "
-                "folds in every row it saw (only its own length or 0 can be returned to); speculative decoding on "
-                "recurrent layers is not supported yet"
+                f"cannot roll a recurrent layer's state back from {self.rows} to {to_position} positions: it keeps "
+                f"the states of positions {sorted(self.held)} only (each row of the last decode step's and the "
+                "one before it, none before a commit); only those or 0 can be returned to"
             )
 
     def can_rewind_to(self, position: int) -> bool:
-        return position == 0 or position == self.rows
+        return position == 0 or position in self.held
 
     def device_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.conv, self.recurrent))

@@ -27,7 +27,7 @@ class SequenceCache:
         self.layers: list[LayerCache] = []
         for layer in cfg.layers:
             if layer.is_recurrent:
-                self.layers.append(RecurrentState(cfg.linear_attention, dtype, device))
+                self.layers.append(RecurrentState(cfg.linear_attention, settings.decode_rows, dtype, device))
             elif settings.reference:
                 self.layers.append(ContiguousCache(kv, d, settings.max_context, dtype, device))
             elif layer.is_sliding or settings.full_attention_window:
@@ -89,7 +89,7 @@ class SequenceCache:
     def can_rewind_to(self, position: int) -> bool:
         """Whether rolling back to `position` keeps every row a later query needs (rings lose rows
         that later writes overwrote; the paged pool and the contiguous cache lose none; a recurrent
-        state returns only to its own length or to 0). Never for
+        state returns only to a position whose state it kept, or to 0). Never for
         a dirty cache: whatever a cut-short step left half written, a fresh cache is exact."""
         if self.dirty:
             return False

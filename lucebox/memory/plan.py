@@ -10,8 +10,9 @@ from typing import NamedTuple
 import torch
 
 from lucebox.caches import CacheSettings
+from lucebox.caches.recurrent import recurrent_slots
 from lucebox.config import ModelConfig
-from lucebox.engine.config import KV_CHUNK
+from lucebox.engine.config import DECODE_ROWS, KV_CHUNK
 from lucebox.errors import ContextLengthError, InsufficientMemoryError
 from lucebox.kernels.quant import quantized_bytes
 from lucebox.models.layout import quantizable, weight_shapes
@@ -106,18 +107,19 @@ def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
         "kv_host_max": full * chunks * kvf.chunk * row if kvf.offload else 0,
         "drafter": drafter.total,
         "experts_host": experts_host,
-        "recurrent_states": recurrent_state_bytes(cfg, dtype),
+        "recurrent_states": recurrent_state_bytes(cfg, dtype, settings.decode_rows),
     }
 
 
-def recurrent_state_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+def recurrent_state_bytes(cfg: ModelConfig, dtype: torch.dtype, decode_rows: int = DECODE_ROWS) -> int:
     """The states of every recurrent layer (`caches.recurrent.RecurrentState`): the conv state in
-    `dtype`, the delta rule's state in float32 at least."""
+    `dtype`, the delta rule's state in float32 at least, in one slot per verify row and one for
+    the state a step starts from."""
     if cfg.linear_attention is None:
         return 0
     conv, recurrent = cfg.linear_attention.state_elements()
-    per_layer = conv * dtype.itemsize + recurrent * torch.promote_types(dtype, torch.float32).itemsize
-    return per_layer * sum(layer.is_recurrent for layer in cfg.layers)
+    per_slot = conv * dtype.itemsize + recurrent * torch.promote_types(dtype, torch.float32).itemsize
+    return per_slot * recurrent_slots(decode_rows) * sum(layer.is_recurrent for layer in cfg.layers)
 
 
 def _host_available() -> int:
