@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 import torch
+from draft_widths import vary_widths
 from drafters import save_dflash
 from tiny_models import VOCAB
 
@@ -60,19 +61,6 @@ def test_greedy_speculation_equals_plain_decoding(laguna, drafters, plain, propo
     if proposer == "self_draft" and policy == "exact":  # the target drafting for itself: every draft is kept
         assert stats["acceptance_by_position"] and all(a == 1.0 for a in stats["acceptance_by_position"])
     assert len([k for k in stats["width_histogram"] if k > 0]) >= 3  # the width changed from round to round
-
-
-def vary_widths(llm, seed=0):
-    """Cut every proposal to a pseudo-random length, so rounds verify 0..k drafts."""
-    rng = torch.Generator().manual_seed(seed)
-    propose = llm.proposer.propose
-
-    def cut(context, k, params, generator):
-        draft = propose(context, k, params, generator)
-        n = int(torch.randint(0, len(draft.tokens) + 1, (1,), generator=rng))
-        return type(draft)(draft.tokens[:n], None if draft.q is None else draft.q[:n], draft.confidence[:n])
-
-    llm.proposer.propose = cut
 
 
 def test_adaptive_width_stays_lossless(laguna, drafters, plain):

@@ -110,15 +110,25 @@ def warn_past_training(max_context: int, cfg: ModelConfig) -> None:
 
 
 def refuse_speculation_on_hybrid(drafter: DrafterSpec | None, draft, cfg: ModelConfig) -> None:
-    """Speculation on recurrent layers needs a state per verify row (not built yet): a drafter
-    given, or found by draft="auto", is refused; "auto" with none found decodes plainly."""
-    if drafter is None or not cfg.is_hybrid:
+    """A hybrid target keeps a state per verify row (`caches.recurrent`), so n-gram drafts and a
+    draft model of plain attention layers verify exactly. Refused: a DFlash drafter (it is trained
+    and drafts from the target's features, which needs training forwards through recurrent layers)
+    and a draft model with recurrent layers of its own (its cache would need to rewind its drafts'
+    states, which a draft model's commits forget)."""
+    if drafter is None or drafter.kind == "ngram":
         return
     found = f" (draft='auto' found the drafter {drafter.folder})" if draft == "auto" else ""
-    raise SpeculationUnsupportedError(
-        f"speculative decoding on a model with recurrent (Gated DeltaNet) layers is not supported yet{found}; "
-        "pass draft=None (--no-draft on the command line)"
-    )
+    if drafter.kind == "dflash" and cfg.is_hybrid:
+        raise SpeculationUnsupportedError(
+            f"a DFlash drafter for a model with recurrent (Gated DeltaNet) layers is not supported yet{found}; "
+            "pass draft='ngram', a draft model without recurrent layers, or draft=None (--no-draft)"
+        )
+    if drafter.kind == "model" and drafter.model.cfg.is_hybrid:
+        raise SpeculationUnsupportedError(
+            f"a draft model with recurrent (Gated DeltaNet) layers is not supported yet{found}: its cache cannot "
+            "rewind the states of rejected drafts; pass draft='ngram', a draft model without recurrent layers, "
+            "or draft=None (--no-draft)"
+        )
 
 
 def graphs_possible(device: torch.device, backend: str, experts_on_host: bool, hybrid: bool = False) -> bool:

@@ -1,0 +1,117 @@
+"""Speculation on a hybrid (Gated DeltaNet + full attention) target is lossless: a verify step
+keeps the recurrent state after each of its rows, a commit keeps the accepted row's, and a
+rollback inside the last step is exact. Refused: DFlash drafters, draft models with recurrent
+layers, tree verification."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from draft_widths import vary_widths
+from drafters import save_dflash
+from tiny_models import VOCAB
+
+import lucebox
+from lucebox.caches import Step
+from lucebox.caches.recurrent import RecurrentState
+from lucebox.errors import CacheRewindError, SpeculationUnsupportedError
+
+PROMPT = (torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(7)).tolist() * 3)[:30]
+N = 24
+COMMON = dict(device="cpu", dtype="float64", max_context=512, prefill_chunk=16, adaptive=False)
+
+
+@pytest.fixture(scope="module")
+def target(reference_models):
+    return reference_models("qwen3_next")[0]
+
+
+@pytest.fixture(scope="module")
+def drafter(reference_models, target):
+    folder = reference_models("llama")[0]  # plain attention layers, the same vocabulary
+    vocab = [json.loads((f / "config.json").read_text())["vocab_size"] for f in (folder, target)]
+    assert vocab[0] == vocab[1]
+    return folder
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return lucebox.LLM(target, draft=None, **COMMON).generate(PROMPT, max_tokens=N, ignore_eos=True).token_ids
+
+
+def speculative(target, draft, **options):
+    llm = lucebox.LLM(target, draft=draft, **COMMON)
+    vary_widths(llm)
+    return llm.generate(PROMPT, ignore_eos=True, **options)
+
+
+def rejected_drafts(out) -> bool:
+    return any(a < 1.0 for a in out.stats["acceptance_by_position"])
+
+
+@pytest.mark.parametrize("kind", ["ngram", "draft_model"])
+def test_greedy_speculation_on_a_hybrid_equals_plain_decoding(target, drafter, plain, kind):
+    out = speculative(target, "ngram" if kind == "ngram" else drafter, max_tokens=N)
+    assert out.token_ids == plain
+    assert out.stats["width_histogram"].get(0, 0) < out.stats["rounds"]  # drafts were really verified
+
+
+def test_coupled_sampling_on_a_hybrid_commits_what_plain_sampling_commits(target, drafter):
+    options = dict(max_tokens=N, temperature=0.9, top_p=0.95, seed=11)
+    plain = lucebox.LLM(target, draft=None, **COMMON).generate(PROMPT, ignore_eos=True, **options).token_ids
+    out = speculative(target, drafter, **options)
+    assert out.token_ids == plain and rejected_drafts(out)
+
+
+def test_a_commit_keeps_the_accepted_rows_state_not_the_last(target, drafter, plain, monkeypatch):
+    """A variant that returns to the last row's state after a rejection (what one state per layer,
+    no slots, would do) decodes something else; the real slots decode plain's tokens."""
+    out = speculative(target, drafter, max_tokens=N)
+    assert out.token_ids == plain and rejected_drafts(out)
+    rollback = RecurrentState.rollback
+
+    def keep_the_last_rows_state(self, to_position):
+        last = self.held[self.rows]
+        rollback(self, to_position)
+        self.held[to_position] = last
+
+    monkeypatch.setattr(RecurrentState, "rollback", keep_the_last_rows_state)
+    assert speculative(target, drafter, max_tokens=N).token_ids != plain
+
+
+def test_rollback_inside_the_last_step_then_decoding_equals_a_fresh_cache(target):
+    llm = lucebox.LLM(target, draft=None, **COMMON)
+    decoder, device, ids = llm.engine.decoder, llm.device, torch.tensor(PROMPT)
+
+    def prefilled(n):
+        cache = llm.engine.new_cache()
+        decoder.forward(ids[:n], Step.span(0, n, device, prefill=True), cache)
+        cache.commit(n)
+        return cache
+
+    for back_to in (8, 10, 13):  # the step's start, inside it, its end
+        cache = prefilled(8)
+        decoder.forward(ids[8:13], Step.span(8, 5, device), cache)  # a verify step of 5 rows
+        state = cache.layers[0]  # a recurrent layer: it kept the state after each of the step's rows
+        assert state.can_rewind_to(back_to) and not state.can_rewind_to(7)
+        cache.commit(back_to)
+        cache.rollback(back_to)
+        got = decoder.logits(decoder.forward(ids[back_to:20], Step.span(back_to, 20 - back_to, device), cache))
+        fresh = prefilled(back_to)
+        expected = decoder.logits(decoder.forward(ids[back_to:20], Step.span(back_to, 20 - back_to, device), fresh))
+        assert (got - expected).abs().max().item() < 1e-10
+        with pytest.raises(CacheRewindError, match="recurrent"):  # before the committed length: refused
+            cache.rollback(back_to - 1)
+
+
+def test_dflash_and_recurrent_draft_models_are_refused_on_a_hybrid(target, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(target, folder)
+    shutil.copytree(target, folder / "draft")  # a draft model with recurrent layers, found by draft="auto"
+    with pytest.raises(SpeculationUnsupportedError, match="draft model with recurrent.*draft='auto' found"):
+        lucebox.LLM(folder, device="cpu", dtype="float64")
+    hf = json.loads((target / "config.json").read_text())
+    dflash = save_dflash(tmp_path / "dflash", hf, "zlab", target_layer_ids=(0, 2))
+    with pytest.raises(SpeculationUnsupportedError, match="DFlash drafter"):
+        lucebox.LLM(target, device="cpu", dtype="float64", draft=dflash)
