@@ -15,6 +15,11 @@ from safetensors.torch import load_file, save_file
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# `python -m pytest` puts the checkout's root first on sys.path, where our top-level `kernels/`
+# folder (installed as lucebox.kernels) would shadow the `kernels` distribution that transformers
+# (>= 5.25) imports. lucebox itself comes from its install, so the root is not needed here.
+_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import BUILDERS, VOCAB, save_reference  # noqa: E402
