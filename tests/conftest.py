@@ -30,6 +30,15 @@ import lucebox  # noqa: E402
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"  # real configs (no weights) shipped in the repo
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run several times faster on one thread than on two contending with other processes."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def reference_models(tmp_path_factory):
     """name -> (folder, float64 transformers model), built once per test session."""
@@ -85,9 +94,19 @@ class _Float64Torch(types.ModuleType):
         return torch.float64 if name in ("float32", "float") else getattr(torch, name)
 
 
+def _undecorated(fn):
+    """The plain function under transformers' decorators: functools wrappers, and (transformers >=
+    5.25, with the `kernels` package) a `Func` module whose forward calls it from its closure."""
+    if isinstance(fn, torch.nn.Module):
+        forward = type(fn).forward
+        cells = (c.cell_contents for c in forward.__closure__)
+        fn = dict(zip(forward.__code__.co_freevars, cells, strict=True))["func"]
+    return inspect.unwrap(fn)
+
+
 def _in_float64(fn):
     """`fn` (its undecorated code) with `torch` bound to _Float64Torch in its globals."""
-    fn = inspect.unwrap(fn)
+    fn = _undecorated(fn)
     return types.FunctionType(fn.__code__, {**fn.__globals__, "torch": _Float64Torch("torch")}, fn.__name__,
                               fn.__defaults__, fn.__closure__)
 
@@ -150,11 +169,9 @@ TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{%
             "{% if add_generation_prompt %}<s>assistant:{% endif %}")
 
 
-@pytest.fixture(scope="session")
-def text_model(reference_models, tmp_path_factory):
-    """A tiny Mistral with a trained BPE tokenizer.json and a chat template."""
-    folder, _ = reference_models("mistral")
-    dest = tmp_path_factory.mktemp("with_tokenizer")
+def with_tokenizer(folder: Path, dest: Path, template: str = TEMPLATE) -> Path:
+    """A copy of the model in `folder` at `dest`, with a BPE tokenizer.json trained on CORPUS and
+    `template` as its chat template."""
     shutil.copytree(folder, dest, dirs_exist_ok=True)
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -164,5 +181,13 @@ def text_model(reference_models, tmp_path_factory):
     assert tok.get_vocab_size() <= VOCAB
     tok.save(str(dest / "tokenizer.json"))
     (dest / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>",
-                                                            "chat_template": TEMPLATE}))
-    return lucebox.LLM(dest, device="cpu", dtype="float32")
+                                                            "chat_template": template}))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def text_model(reference_models, tmp_path_factory):
+    """A tiny Mistral with a trained BPE tokenizer.json and a chat template."""
+    folder, _ = reference_models("mistral")
+    return lucebox.LLM(with_tokenizer(folder, tmp_path_factory.mktemp("with_tokenizer")), device="cpu",
+                       dtype="float32")
