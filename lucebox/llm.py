@@ -129,7 +129,7 @@ class LLM:
         cache, proposer = self.session.open(ids, private=False)
         reused = cache.length
         try:
-            for done, _ in enumerate(self.engine.prefill(ids, cache, proposer), 1):
+            for done, _ in enumerate(self.engine.prefill(ids, cache, proposer, (len(ids) - 1, len(ids))), 1):
                 if on_progress is not None:
                     on_progress(min(reused + done * self.prefill_chunk, len(ids)), len(ids))
         finally:
@@ -144,13 +144,17 @@ class LLM:
     def stream(self, prompt: Prompt, *, max_tokens: int, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
                stop: str | Sequence[str | int] | None = None, ignore_eos: bool = False,
-               speculate: bool = True) -> Iterator[Chunk]:
+               speculate: bool = True, snapshot_at: Sequence[int] = ()) -> Iterator[Chunk]:
         """Yield chunks of new tokens as they are produced; the last one carries finish_reason and stats.
 
         `stop` holds stop strings (never emitted) and/or stop token ids (emitted, like EOS).
         `speculate=False` decodes this request without the engine's drafter (to compare the two
         on one set of weights): greedy output is the same token for token, sampled output has the
         same distribution (the draws differ).
+        `snapshot_at`: prompt positions (a chat's turn boundary: where the template's generation
+        prompt starts) whose states a hybrid model's recurrent layers keep, so that a later prompt
+        sharing only that prefix prefills from there (the prompt's second-to-last position is always
+        kept; attention layers return to any prefix without help).
         """
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
         prompt_ids = self._prompt_ids(prompt)
@@ -159,7 +163,10 @@ class LLM:
         self._check_context(len(prompt_ids) + max_tokens, f"{len(prompt_ids)} prompt tokens + max_tokens {max_tokens}")
         stop_strings, stop_ids = self._split_stops(stop)
         stop_ids |= set() if ignore_eos else set(self.eos_token_ids)
-        request = Request(prompt_ids, params, max_tokens, stop_strings, stop_ids, speculate, self.draft_k)
+        if isinstance(snapshot_at, str) or not isinstance(snapshot_at, Sequence):
+            raise InvalidArgumentError(f"snapshot_at is a list of prompt positions, got {type(snapshot_at).__name__}")
+        snapshots = tuple(integer("snapshot_at", p, 1, len(prompt_ids)) for p in snapshot_at)
+        request = Request(prompt_ids, params, max_tokens, stop_strings, stop_ids, speculate, self.draft_k, snapshots)
         return run_request(self.engine, self.session, request)
 
     @torch.inference_mode()

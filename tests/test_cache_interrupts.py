@@ -2,7 +2,7 @@
 next request's greedy tokens are a fresh engine's, never a KeyError, never silently different.
 
 Interrupts are injected by a sys.settrace hook just before the n-th execution of one line of
-lucebox/caches/*.py, as a Ctrl-C arriving there would.
+lucebox/caches/*.py, as a Ctrl-C arriving there would (tests/line_interrupts.py).
 
 Named to run before tests/test_hardening.py: after a chat template there has been stopped by the
 render time limit (an exception raised asynchronously in the main thread), a sys.settrace hook in
@@ -10,57 +10,20 @@ this process makes the next engine call hang. Not understood yet; an open questi
 limit (a debugger is a settrace hook too)."""
 
 import random
-import sys
 from collections import Counter
-from contextlib import contextmanager, nullcontext
-from pathlib import Path
+from contextlib import nullcontext
 
 import pytest
 import torch
+from line_interrupts import Line, LineTrace, Scenario, traced, where
 from lucebox.kernels.attention import attention_over_blocks
 from tiny_models import VOCAB
 
-import lucebox
 from lucebox.caches import KV_POLICIES, KVFlashSettings, PagedKV, Step
 from lucebox.caches.contiguous import ContiguousCache
 from lucebox.caches.residency import ChunkResidency
 
-CACHES = str(Path(lucebox.caches.__file__).parent)
-Line = tuple[str, int]  # (file, line number)
-
-
-class LineTrace:
-    """Counts executions of each line of lucebox/caches/*.py; raises KeyboardInterrupt just before
-    the `nth` execution of `target`."""
-
-    def __init__(self, target: Line | None = None, nth: int = 0):
-        self.counts: Counter[Line] = Counter()
-        self.target, self.nth = target, nth
-
-    def __call__(self, frame, event, arg):  # the global hook: trace only the cache code's frames
-        return self._line if frame.f_code.co_filename.startswith(CACHES) else None
-
-    def _line(self, frame, event, arg):
-        if event == "line":
-            line = (frame.f_code.co_filename, frame.f_lineno)
-            self.counts[line] += 1
-            if line == self.target and self.counts[line] == self.nth:
-                raise KeyboardInterrupt(f"injected at {where(line, self.nth)}")
-        return self._line
-
-
-@contextmanager
-def traced(trace: LineTrace):
-    previous = sys.gettrace()
-    sys.settrace(trace)
-    try:
-        yield trace
-    finally:
-        sys.settrace(previous)
-
-
-def where(line: Line, nth: int) -> str:
-    return f"{Path(line[0]).name}:{line[1]} (execution {nth})"
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: faster on one thread
 
 
 def residency_lines(counts: Counter) -> list[Line]:
@@ -84,48 +47,11 @@ THIRD = SECOND + torch.randint(0, VOCAB, (4,), generator=_gen).tolist()
 assert len(THIRD) % ENGINE["kv_reselect_every"] == 0
 
 
-class Scenario:
-    """Request 1 completes; request 2 reuses its cache and is interrupted; request 3 extends
-    request 2's prompt and must give a fresh engine's tokens."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        llm = self.after_first_request()
-        with traced(LineTrace()) as trace:
-            llm.generate(SECOND, max_tokens=12, ignore_eos=True)
-        self.counts = trace.counts  # every cache line request 2 runs, and how often
-        self.expected = lucebox.LLM(folder, **ENGINE).generate(THIRD, max_tokens=8, ignore_eos=True).token_ids
-
-    def after_first_request(self) -> lucebox.LLM:
-        llm = lucebox.LLM(self.folder, **ENGINE)
-        llm.generate(FIRST, max_tokens=8, ignore_eos=True)
-        return llm
-
-    def check(self, line: Line, nth: int) -> str | None:
-        """What went wrong after an interrupt at the nth execution of `line`, or None."""
-        llm = self.after_first_request()
-        with pytest.raises(KeyboardInterrupt), traced(LineTrace(line, nth)):
-            llm.generate(SECOND, max_tokens=12, ignore_eos=True)
-        try:
-            got = llm.generate(THIRD, max_tokens=8, ignore_eos=True).token_ids
-        except Exception as error:  # noqa: BLE001 - a KeyError here is one of the failures looked for
-            return f"{where(line, nth)}: {error!r}"
-        return None if got == self.expected else f"{where(line, nth)}: {got} != {self.expected}"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run several times faster on one thread than on two contending with other processes."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def scenario(reference_models):
     folder, _ = reference_models("laguna")
-    made = Scenario(folder)
+    made = Scenario(folder, ENGINE, (FIRST, {"max_tokens": 8}), (SECOND, {"max_tokens": 12}),
+                    (THIRD, {"max_tokens": 8}))
     assert len(SECOND) > ENGINE["kv_pool_tokens"] and residency_lines(made.counts)  # chunks leave the pool
     return made
 
@@ -159,7 +85,7 @@ def test_a_step_cut_short_outside_the_caches_is_never_reused(scenario, monkeypat
 
     monkeypatch.setattr(llm.decoder, "run_layer", cut)
     with pytest.raises(KeyboardInterrupt):
-        llm.generate(SECOND, max_tokens=12, ignore_eos=True)
+        scenario.run(llm, scenario.second)
     monkeypatch.undo()
     third = llm.generate(THIRD, max_tokens=8, ignore_eos=True)
     assert third.stats["cached_prompt_tokens"] == 0 and third.token_ids == scenario.expected

@@ -7,8 +7,13 @@ after each of its rows, each in its own slot (as vLLM keeps one state per specul
 a commit keeps the accepted row's state and a rollback to any position inside the step is exact,
 with no recomputation. A prefill keeps only its final state. `held` maps each position whose
 state is kept to its slot; a commit forgets those below it, since nothing rolls back past a
-commit. Slots: the verify rows a step may hold (`CacheSettings.decode_rows`) plus the state the
-step started from (`recurrent_slots`).
+commit. Slots: the verify rows a step may hold (`CacheSettings.decode_rows`), the state the
+step started from, and `SNAPSHOTS` pinned states (`recurrent_slots`).
+
+Pinned states (`pin`) outlive commits: the engine pins a prompt's turn boundary and its
+second-to-last position, so a later prompt that shares only that prefix (a chat template that
+rewrites the last answer, a retried turn) starts from there instead of from 0. The newest
+`SNAPSHOTS` pins are kept; a rollback forgets those past its position.
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ from lucebox.caches.base import KVBlock, LayerCache, Step
 from lucebox.config import LinearAttentionSpec
 from lucebox.errors import CacheRewindError
 
+SNAPSHOTS = 2  # pinned states per layer: a prompt's turn boundary and its second-to-last position
+
 
 def recurrent_slots(decode_rows: int) -> int:
-    """State slots per recurrent layer: one per verify row, and the state the step started from."""
-    return decode_rows + 1
+    """State slots per recurrent layer: one per verify row, the state the step started from, and
+    the pinned snapshots."""
+    return decode_rows + 1 + SNAPSHOTS
 
 
 class RecurrentState(LayerCache):
@@ -39,6 +47,7 @@ class RecurrentState(LayerCache):
                                      device=device)
         self.rows = 0  # positions folded into the current state
         self.held = {0: 0}  # position -> slot holding the state before that position (slot 0 starts zeroed)
+        self.pinned: tuple[int, ...] = ()  # positions whose states commits keep (ascending)
         self.every_row = False  # whether the step in progress keeps the state after each of its rows
         self._targets: list[tuple[int, int]] = []  # (position, slot) the step in progress writes
 
@@ -50,12 +59,14 @@ class RecurrentState(LayerCache):
                                    f"{step.start} cannot continue it (recurrent states cannot skip or rewrite rows)")
         every_row = not step.prefill
         positions = list(range(step.start + 1, step.end + 1)) if every_row else [step.end]
-        if len(positions) >= len(self.conv):
-            raise CacheRewindError(f"a decode step of {step.count} rows needs {step.count + 1} state slots; a "
-                                   f"recurrent layer has {len(self.conv)} (decode_rows + 1)")
-        self.dirty = True
-        used = [slot for position, slot in sorted(self.held.items()) if position != self.rows]
+        kept = {self.rows, *self.pinned}  # the state this step reads, and the pinned ones
+        used = [slot for position, slot in sorted(self.held.items()) if position not in kept]
         free = [slot for slot in range(len(self.conv)) if slot not in self.held.values()] + used  # oldest used first
+        if len(positions) > len(free):
+            raise CacheRewindError(f"a decode step of {step.count} rows needs {step.count} free state slots; a "
+                                   f"recurrent layer has {len(free)} beside the current and {len(self.pinned)} "
+                                   f"pinned states (decode_rows + 1 + {SNAPSHOTS} in all)")
+        self.dirty = True
         self.every_row, self._targets = every_row, list(zip(positions, free, strict=False))
 
     def current(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,18 +93,28 @@ class RecurrentState(LayerCache):
 
     def begin_commit(self, length: int) -> None:
         """Positions below `length` are final: their states are never returned to, so their slots free up."""
-        self.held = {position: slot for position, slot in self.held.items() if position >= length}
+        self.held = {position: slot for position, slot in self.held.items()
+                     if position >= length or position in self.pinned}
+
+    def pin(self, position: int) -> None:
+        """Keep the state at `position` (one the last step kept) across later commits; the oldest
+        pin beyond `SNAPSHOTS` is let go (its slot frees at the next commit)."""
+        if position not in self.held:
+            raise CacheRewindError(f"a recurrent layer cannot pin position {position}: it holds the states of "
+                                   f"positions {sorted(self.held)} only")
+        self.pinned = tuple(sorted({*self.pinned, position}))[-SNAPSHOTS:]
 
     def rollback(self, to_position: int) -> None:
         self.check_rollback(to_position)
         if to_position >= self.rows:
             return
-        if to_position in self.held:  # a state the last step kept: exact, nothing recomputed
+        if to_position in self.held:  # a state the last step kept, or a pinned one: exact, nothing recomputed
             self.held = {position: slot for position, slot in self.held.items() if position <= to_position}
+            self.pinned = tuple(position for position in self.pinned if position <= to_position)
         else:  # back to the start
             self.conv[0].zero_()
             self.recurrent[0].zero_()
-            self.held = {0: 0}
+            self.held, self.pinned = {0: 0}, ()
         self.rows = to_position
 
     def check_rollback(self, to_position: int) -> None:
@@ -101,8 +122,8 @@ class RecurrentState(LayerCache):
         if to_position < self.rows and not self.can_rewind_to(to_position):
             raise CacheRewindError(
                 f"cannot roll a recurrent layer's state back from {self.rows} to {to_position} positions: it keeps "
-                f"the states of positions {sorted(self.held)} only (each row of the last decode step's and the "
-                "one before it, none before a commit); only those or 0 can be returned to"
+                f"the states of positions {sorted(self.held)} only (each row of the last decode step's, the one "
+                "before it and the pinned ones); only those or 0 can be returned to"
             )
 
     def can_rewind_to(self, position: int) -> bool:

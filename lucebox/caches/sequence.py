@@ -95,6 +95,24 @@ class SequenceCache:
             return False
         return all(layer.can_rewind_to(position) for layer in self.layers)
 
+    def rewind_point(self, limit: int) -> int:
+        """The longest position <= `limit` that every layer can roll back to exactly: `limit`
+        itself, or a state the recurrent layers kept (a pinned snapshot); 0 when there is none."""
+        kept = {p for layer in self.layers if isinstance(layer, RecurrentState) for p in layer.held if p <= limit}
+        return next((p for p in sorted({limit} | kept, reverse=True) if self.can_rewind_to(p)), 0)
+
+    def pin(self, position: int) -> None:
+        """Recurrent layers keep their state at `position` (the committed length) across later
+        commits, so a later prompt sharing only this prefix can return to it."""
+        for layer in self.layers:
+            if isinstance(layer, RecurrentState):
+                layer.pin(position)
+
+    @property
+    def has_states(self) -> bool:
+        """Whether some layer keeps a recurrent state, which returns only to positions it kept."""
+        return any(isinstance(layer, RecurrentState) for layer in self.layers)
+
     def rows_before_reselect(self, position: int) -> int:
         limits = [layer.rows_before_reselect(position) for layer in self.layers]
         return min((limit for limit in limits if limit is not None), default=self.settings.max_step)

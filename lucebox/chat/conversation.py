@@ -33,6 +33,14 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
     return text
 
 
+def turn_boundary(history_ids: list[int], prompt_ids: list[int]) -> tuple[int, ...]:
+    """`LLM.stream`'s `snapshot_at` for a chat turn: where the template's generation prompt starts
+    in `prompt_ids` (the end of the conversation so far, `history_ids`), which the next turn shares
+    even when the template rewrites this turn's answer; none when `history_ids` is not a prefix."""
+    n = len(history_ids)
+    return (n,) if 0 < n < len(prompt_ids) and prompt_ids[:n] == history_ids else ()
+
+
 def encode_all(tokenizer, text: str) -> list[int]:
     """Token ids of a whole rendered conversation: a template writes its own BOS; the plain template
     is a document that starts with one."""

@@ -11,7 +11,7 @@ from contextlib import closing
 from pathlib import Path
 
 from lucebox.arguments import integer
-from lucebox.chat.conversation import GrowingContext, encode_all, render
+from lucebox.chat.conversation import GrowingContext, encode_all, render, turn_boundary
 from lucebox.chat.saved_chat import chat_record, read_chat
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
@@ -84,6 +84,7 @@ class ChatSession:
         try:
             prompt_text = self._render(add_generation_prompt=True)
             prompt_ids = self.context.prompt_ids(prompt_text)
+            snapshots = turn_boundary(self.context.prompt_ids(self._render(add_generation_prompt=False)), prompt_ids)
             room = self.llm.max_context - len(prompt_ids)
             if room < 1:
                 raise ContextLengthError(
@@ -94,6 +95,7 @@ class ChatSession:
             self.messages.pop()
             raise
         settings["max_tokens"] = min(settings["max_tokens"], room)
+        settings["snapshot_at"] = snapshots
         self.last_prompt_ids = prompt_ids
         return self._answer(prompt_text, prompt_ids, settings)
 

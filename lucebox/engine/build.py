@@ -7,7 +7,7 @@ cache and the request's own stages).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -44,17 +44,22 @@ class Engine:
         s = self.setup
         return SequenceCache(s.model, s.cache, s.dtype, s.device)
 
-    def prefill(self, ids: list[int], cache: SequenceCache, proposer: Proposer | None = None) -> Iterator[torch.Tensor]:
+    def prefill(self, ids: list[int], cache: SequenceCache, proposer: Proposer | None = None,
+                snapshots: Collection[int] = ()) -> Iterator[torch.Tensor]:
         """Forward ids[cache.length:] in chunks of `prefill_chunk` rows, committing each; yields
-        each chunk's hidden states (T, H). A proposer is given every chunk (and its features)."""
-        device, chunk = self.setup.device, self.setup.prefill_chunk
+        each chunk's hidden states (T, H). A proposer is given every chunk (and its features).
+        On a hybrid model a chunk also ends at each position of `snapshots`, whose recurrent states
+        are pinned there (`SequenceCache.pin`) for later prompts sharing only that prefix."""
+        device = self.setup.device
         all_ids = torch.tensor(ids, device=device)
         layers = proposer.feature_layers if proposer is not None else ()
-        for begin in range(cache.length, len(ids), chunk):
-            end = min(begin + chunk, len(ids))
+        pins = set(snapshots) if cache.has_states else set()
+        for begin, end in prefill_spans(cache.length, len(ids), self.setup.prefill_chunk, pins):
             step = Step.span(begin, end - begin, device, prefill=True)
             hidden, features = self.decoder.forward_capturing(all_ids[begin:end], step, cache, layers)
             cache.commit(end)
+            if end in pins:
+                cache.pin(end)
             if proposer is not None:
                 proposer.commit(ids[:end], end - begin, features)
             yield hidden
@@ -64,6 +69,13 @@ class Engine:
         """Logits leave the engine in float32 at least (float64 models keep float64)."""
         dtype = self.setup.dtype
         return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def prefill_spans(start: int, stop: int, chunk: int, also_end_at: set[int]) -> list[tuple[int, int]]:
+    """(begin, end) of each prefill chunk over [start, stop): `chunk` rows each, also ending at
+    each position of `also_end_at` inside the range."""
+    ends = sorted({*range(start + chunk, stop, chunk), stop} | {p for p in also_end_at if start < p < stop})
+    return list(zip([start, *ends[:-1]], ends, strict=True)) if stop > start else []
 
 
 def build_engine(setup: EngineSetup, load_progress: Callable[[int, int], None] | None = None) -> Engine:

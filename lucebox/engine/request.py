@@ -33,6 +33,9 @@ class Request:
     stop_ids: set[int]
     speculate: bool  # False: this request leaves the engine's drafter out
     draft_k: int  # most drafts per round
+    # Prompt positions (a chat's turn boundary) whose recurrent states a hybrid model keeps for a
+    # later prompt that shares only that prefix; its second-to-last position is always kept.
+    snapshots: tuple[int, ...] = ()
 
 
 @torch.inference_mode()
@@ -61,7 +64,7 @@ def _decode(engine: Engine, session: Session, request: Request, private: bool) -
     traffic = dataclasses.replace(engine.expert_traffic)  # this request's expert cache traffic is counted from here
     start, prefill_done = engine.clock(), None
     try:
-        *_, hidden = engine.prefill(prompt_ids, cache, proposer)
+        *_, hidden = engine.prefill(prompt_ids, cache, proposer, {*request.snapshots, len(prompt_ids) - 1})
         first = rounds.first(engine.decoder.logits(hidden[-1:]))
         prefill_done = engine.clock()
         chunk = text.feed([first])

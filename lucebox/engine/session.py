@@ -68,8 +68,9 @@ class Session:
 
     def _reusable(self, prompt_ids: list[int]) -> SequenceCache:
         """The previous request's cache rolled back to the longest prefix it shares with this prompt
-        (at least one prompt token is forwarded again, for its logits), or emptied; a fresh cache
-        when it was left dirty."""
+        and can return to exactly (a hybrid's recurrent states: a position whose state it kept), at
+        least one prompt token being forwarded again for its logits; or emptied; a fresh cache when
+        it was left dirty."""
         cache = self.cache
         if cache is not None:
             held = self.tokens[: cache.length]  # a request that failed midway committed only part of its ids
@@ -78,8 +79,8 @@ class Session:
                 if a != b:
                     break
                 shared += 1
-            keep = min(shared, len(prompt_ids) - 1)
-            if keep > 0 and cache.can_rewind_to(keep):
+            keep = cache.rewind_point(min(shared, len(prompt_ids) - 1))  # a hybrid's: a state it kept
+            if keep > 0:
                 cache.rollback(keep)
                 return cache
             if not cache.dirty:  # nothing shared: its buffers (and the graphs captured over them) serve again

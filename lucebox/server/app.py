@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from lucebox.chat.conversation import encode_all, render
+from lucebox.chat.conversation import encode_all, render, turn_boundary
 from lucebox.chat.session import PLAIN_STOP, model_defaults
 from lucebox.errors import LuceboxError
 from lucebox.server import openai_api as api
@@ -125,7 +125,7 @@ class _State:
         if req.model is not None and req.model != self.model_name:
             raise api.APIError(404, f"model '{req.model}' is not served here; this server has "
                                     f"'{self.model_name}' (GET /v1/models)", "model", "model_not_found")
-        prompt_ids = await run_in_threadpool(self._prompt_ids, req)
+        prompt_ids, snapshots = await run_in_threadpool(self._prompt_ids, req)
         room = self.llm.max_context - len(prompt_ids)
         if room < 1:
             raise api.APIError(400, f"the prompt has {len(prompt_ids)} tokens; this server's context is "
@@ -134,7 +134,7 @@ class _State:
         max_tokens = min(req.max_tokens or room, room)
         stop = req.stop or (list(PLAIN_STOP) if kind == "chat" and not self.llm.tokenizer.has_chat_template else [])
         options = {"max_tokens": max_tokens, **{"temperature": 1.0, **self.defaults, **req.sampling},
-                   "stop": stop or None}
+                   "stop": stop or None, "snapshot_at": snapshots}
         job = Job(prompt_ids, options, asyncio.get_running_loop())
         self.worker.submit(job)
         rid = api.new_id(kind)
@@ -148,14 +148,17 @@ class _State:
                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return await self._whole(req, job, rid, first, request)
 
-    def _prompt_ids(self, req: api.GenerationRequest) -> list[int]:
+    def _prompt_ids(self, req: api.GenerationRequest) -> tuple[list[int], tuple[int, ...]]:
+        """The prompt's ids, and for a chat its turn boundary (`LLM.stream`'s `snapshot_at`)."""
         try:
             if req.kind == "chat":
                 tokenizer = self.llm.tokenizer
-                return encode_all(tokenizer, render(tokenizer, req.messages, add_generation_prompt=True))
+                ids = encode_all(tokenizer, render(tokenizer, req.messages, add_generation_prompt=True))
+                history = encode_all(tokenizer, render(tokenizer, req.messages, add_generation_prompt=False))
+                return ids, turn_boundary(history, ids)
             if isinstance(req.prompt, str):
-                return self.llm.tokenizer.encode(req.prompt)
-            return list(req.prompt)
+                return self.llm.tokenizer.encode(req.prompt), ()
+            return list(req.prompt), ()
         except LuceboxError as e:  # no tokenizer, a template that fails on these messages
             raise api.APIError(400, str(e)) from None
 
