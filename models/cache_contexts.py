@@ -9,7 +9,7 @@ from lucebox.kernels.backend import Kernels
 from lucebox.models.tree_mask import TreeMask
 
 from lucebox.caches import SequenceCache, Step
-from lucebox.caches.recurrent import RecurrentState
+from lucebox.caches.recurrent import StepState
 from lucebox.errors import InvalidArgumentError
 
 
@@ -36,13 +36,13 @@ class CacheContext:
         return attention_over_blocks(q, self.positions, layer_cache.blocks(q, self.step), self.scale, window,
                                      self.kernels.attention_partial, **_tree_args(self.tree, window))
 
-    def recurrent_state(self, layer: int) -> RecurrentState:
+    def recurrent_state(self, layer: int) -> StepState:
         if self.tree is not None:
             raise InvalidArgumentError("tree verification is not supported on recurrent (Gated DeltaNet) layers: each "
                                        "node would need its state built from its parent's; verify chains instead")
         state = self.cache.layers[layer]
         state.reserve(self.step)  # refuses a step that does not continue the state
-        return state
+        return state.step_state(self.step.positions, self.step.prefill)
 
 
 class StaticCacheContext:
@@ -66,7 +66,8 @@ class StaticCacheContext:
                                               k_scale=block.k_scale, v_scale=block.v_scale,
                                               **_tree_args(self.tree, window))[0]
 
-    def recurrent_state(self, layer: int) -> RecurrentState:
-        # The engine turns CUDA graphs off for hybrid models (`engine.setup.use_cuda_graphs`).
-        raise InvalidArgumentError("a graphed step cannot run recurrent (Gated DeltaNet) layers yet; "
-                                   "pass cuda_graphs=False")
+    def recurrent_state(self, layer: int) -> StepState:
+        """After the runner's `reserve`: ring slots computed on the device from the static positions."""
+        if self.tree is not None:  # the engine never graphs one (trees are refused on hybrids)
+            raise InvalidArgumentError("tree verification is not supported on recurrent (Gated DeltaNet) layers")
+        return self.cache.layers[layer].step_state(self.slots, prefill=False)

@@ -48,6 +48,19 @@ def test_graphed_steps_equal_the_plain_forward(reference_models, kv):
     assert {w for w, *_ in plain.runner.widths} == {1}
 
 
+def test_graphed_hybrid_steps_equal_the_plain_forward(reference_models):
+    """Gated DeltaNet layers in the graphed step: verify blocks of 1 + 6 drafts from a draft model,
+    rejected drafts rolled back to the accepted row's state slot."""
+    folder, drafter = reference_models("qwen3_next")[0], reference_models("llama")[0]
+    options = dict(device="cpu", dtype="float64")
+    want = lucebox.LLM(folder, **options).generate(PROMPT, max_tokens=40, ignore_eos=True).token_ids
+    graphed = lucebox.LLM(folder, draft=str(drafter), draft_k=6, adaptive=False, **options)
+    graphed.engine.runner = StepRunner(graphed.decoder, graphs=True, capture=False)
+    got = graphed.generate(PROMPT, max_tokens=40, ignore_eos=True)
+    assert got.token_ids == want and any(a < 1 for a in got.stats["acceptance_by_position"])
+    assert {w for w, *_ in graphed.runner.widths} >= {7}
+
+
 def test_cuda_graphs_need_cuda_and_triton(reference_models):
     folder, _ = reference_models("laguna")
     with pytest.raises(InvalidArgumentError, match="cuda_graphs=True needs device='cuda'"):

@@ -126,7 +126,8 @@ def test_a_recurrent_state_refuses_rollback_below_its_length(llm):
         cache.rollback(3)
     assert not cache.dirty  # refused before anything changed
     cache.rollback(0)
-    assert cache.layers[0].rows == 0 and not any(state.any() for state in cache.layers[0].current())
+    start = cache.layers[0].step_state(torch.tensor([0]), prefill=False).current()
+    assert cache.layers[0].rows == 0 and not any(state.any() for state in start)
 
 
 @pytest.mark.parametrize("field, value", [("linear_num_value_heads", 0), ("linear_conv_kernel_dim", 1000),

@@ -72,9 +72,10 @@ def test_a_commit_keeps_the_accepted_rows_state_not_the_last(target, drafter, pl
     rollback = RecurrentState.rollback
 
     def keep_the_last_rows_state(self, to_position):
-        last = self.held[self.rows]
+        last = self.rows
         rollback(self, to_position)
-        self.held[to_position] = last
+        if to_position < last:  # one state per layer: the newest stays, whatever was accepted
+            self._copy(last % self.ring, to_position % self.ring)
 
     monkeypatch.setattr(RecurrentState, "rollback", keep_the_last_rows_state)
     assert speculative(target, drafter, max_tokens=N).token_ids != plain
@@ -101,8 +102,8 @@ def test_rollback_inside_the_last_step_then_decoding_equals_a_fresh_cache(target
         fresh = prefilled(back_to)
         expected = decoder.logits(decoder.forward(ids[back_to:20], Step.span(back_to, 20 - back_to, device), fresh))
         assert (got - expected).abs().max().item() < 1e-10
-        with pytest.raises(CacheRewindError, match="recurrent"):  # before the committed length: refused
-            cache.rollback(back_to - 1)
+        with pytest.raises(CacheRewindError, match="recurrent"):  # a position whose state was never kept
+            cache.rollback(5)
 
 
 def test_dflash_and_recurrent_draft_models_are_refused_on_a_hybrid(target, tmp_path):

@@ -52,15 +52,9 @@ class OpRecorder(TorchDispatchMode):
         return out
 
 
-@pytest.fixture
-def recorded_steps(reference_models, monkeypatch):
-    """Recordings of the step body, by width, over a stretch of decoding past the pool."""
-    folder, _ = reference_models("laguna")
-    llm = lucebox.LLM(folder, device="cpu", dtype="float32", max_context=1024, kv_pool_tokens=640,
-                      kv_policy="select", kv_reselect_every=16, prefill_chunk=64)
-    llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+def record_bodies(monkeypatch) -> dict[int, list[tuple[int, list]]]:
+    """From now on every run of the step body is recorded: width -> [(position, ops)]."""
     recordings: dict[int, list[tuple[int, list]]] = defaultdict(list)
-    events = defaultdict(int)
     body = StepGraph.body
 
     def recorded_body(graph):
@@ -71,6 +65,40 @@ def recorded_steps(reference_models, monkeypatch):
         return out
 
     monkeypatch.setattr(StepGraph, "body", recorded_body)
+    return recordings
+
+
+def assert_same_ops_at_every_position(recordings: dict[int, list[tuple[int, list]]]) -> None:
+    for width, steps in recordings.items():
+        first_position, first = steps[0]
+        assert any("index_copy_" in op for op, _ in first)  # the cache stores are in the step
+        for position, ops in steps[1:]:
+            assert len(ops) == len(first), f"width {width}: {len(ops)} ops at {position}, {len(first)} before"
+            for i, (a, b) in enumerate(zip(first, ops, strict=True)):
+                assert a == b, f"width {width}, op {i}: {a} at {first_position} but {b} at {position}"
+
+
+def step_and_keep(llm, cache, position: int, width: int, gen: torch.Generator) -> int:
+    """One step of `width` random rows, all but one kept when width > 1 (a verify that rejected
+    its last draft); the position after what was kept."""
+    rows = torch.randint(0, VOCAB, (width,), generator=gen).tolist()
+    llm.runner.step(rows, Step.span(position, width, llm.device), cache)
+    kept = 1 if width == 1 else width - 1
+    cache.commit(position + kept)
+    if kept < width:
+        cache.rollback(position + kept)
+    return position + kept
+
+
+@pytest.fixture
+def recorded_steps(reference_models, monkeypatch):
+    """Recordings of the step body, by width, over a stretch of decoding past the pool."""
+    folder, _ = reference_models("laguna")
+    llm = lucebox.LLM(folder, device="cpu", dtype="float32", max_context=1024, kv_pool_tokens=640,
+                      kv_policy="select", kv_reselect_every=16, prefill_chunk=64)
+    llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    events = defaultdict(int)
+    recordings = record_bodies(monkeypatch)
     prompt = torch.randint(0, VOCAB, (700,), generator=torch.Generator().manual_seed(5)).tolist()
     cache = llm.engine.new_cache()
     for _ in llm.engine.prefill(prompt, cache):
@@ -83,13 +111,8 @@ def recorded_steps(reference_models, monkeypatch):
         # Width 1 (plain decoding) and verify blocks of 3 of which 2 are kept and 1 rolled back,
         # never spanning a reselect boundary (as the engine steps).
         width = 1 if position < 740 else min(3, cache.rows_before_reselect(position))
-        rows = torch.randint(0, VOCAB, (width,), generator=gen).tolist()
-        llm.runner.step(rows, Step.span(position, width, llm.device), cache)
-        kept = 1 if width == 1 else width - 1
-        cache.commit(position + kept)
-        if kept < width:
-            cache.rollback(position + kept)
-        position += kept
+        position, last = step_and_keep(llm, cache, position, width, gen), position
+        kept = position - last
         after = (set(paged.residency.chunk_slot), list(paged.selected), ring.highest // ring.capacity)
         events["chunk left the pool"] += bool(before[0] - after[0])
         events["re-selection changed the chosen chunks"] += before[1] != after[1]
@@ -103,10 +126,23 @@ def test_the_step_records_the_same_ops_at_every_position(recorded_steps):
     assert all(events[e] >= 1 for e in ("chunk left the pool", "re-selection changed the chosen chunks",
                                         "ring wrapped", "chunk boundary crossed")), dict(events)
     assert len(recordings[1]) >= 40 and len(recordings[3]) >= 10
-    for width, steps in recordings.items():
-        first_position, first = steps[0]
-        assert any("index_copy_" in op for op, _ in first)  # the cache stores are in the step
-        for position, ops in steps[1:]:
-            assert len(ops) == len(first), f"width {width}: {len(ops)} ops at {position}, {len(first)} before"
-            for i, (a, b) in enumerate(zip(first, ops, strict=True)):
-                assert a == b, f"width {width}, op {i}: {a} at {first_position} but {b} at {position}"
+    assert_same_ops_at_every_position(recordings)
+
+
+def test_a_hybrid_step_records_the_same_ops_at_every_position(reference_models, monkeypatch):
+    """Gated DeltaNet layers read and write their state slots at position % ring, computed on the
+    device: the same launches wherever the step is, around the ring several times."""
+    folder, _ = reference_models("qwen3_next")
+    llm = lucebox.LLM(folder, device="cpu", dtype="float32", prefill_chunk=16)
+    llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    recordings = record_bodies(monkeypatch)
+    gen = torch.Generator().manual_seed(7)
+    cache = llm.engine.new_cache()
+    for _ in llm.engine.prefill(torch.randint(0, VOCAB, (40,), generator=gen).tolist(), cache):
+        pass
+    position = 40
+    for i in range(36):
+        position = step_and_keep(llm, cache, position, 1 if i % 2 else 3, gen)
+    ring = next(layer.ring for layer in cache.layers if hasattr(layer, "ring"))
+    assert position - 40 > 2 * ring and len(recordings[1]) == len(recordings[3]) == 18
+    assert_same_ops_at_every_position(recordings)

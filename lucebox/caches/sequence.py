@@ -98,7 +98,8 @@ class SequenceCache:
     def rewind_point(self, limit: int) -> int:
         """The longest position <= `limit` that every layer can roll back to exactly: `limit`
         itself, or a state the recurrent layers kept (a pinned snapshot); 0 when there is none."""
-        kept = {p for layer in self.layers if isinstance(layer, RecurrentState) for p in layer.held if p <= limit}
+        states = [layer for layer in self.layers if isinstance(layer, RecurrentState)]
+        kept = {p for layer in states for p in layer.returnable() if p <= limit}
         return next((p for p in sorted({limit} | kept, reverse=True) if self.can_rewind_to(p)), 0)
 
     def pin(self, position: int) -> None:

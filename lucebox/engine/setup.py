@@ -88,7 +88,7 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
         weight_files(description.folder)  # a folder without weights says so before any memory figure
     cost = drafter_cost(drafter, dtype, max_context, choices.prefill_chunk, config.draft_ctx, DRAFT_WIDTH)
     memory = check_fits(description.cfg, cache, dtype, device, quantization, cost, choices.expert_slots, stored)
-    graphs = use_cuda_graphs(config.cuda_graphs, device, backend, choices.expert_slots, description.cfg.is_hybrid)
+    graphs = use_cuda_graphs(config.cuda_graphs, device, backend, choices.expert_slots)
     warn_past_training(max_context, description.cfg)  # once the engine is known to open: no warning before an error
     return EngineSetup(config, device, dtype, backend, description, quantization, drafter, choices.prefill_chunk,
                        cache, graphs, choices.expert_slots, vram_plan, memory, stored)
@@ -131,23 +131,21 @@ def refuse_speculation_on_hybrid(drafter: DrafterSpec | None, draft, cfg: ModelC
         )
 
 
-def graphs_possible(device: torch.device, backend: str, experts_on_host: bool, hybrid: bool = False) -> bool:
+def graphs_possible(device: torch.device, backend: str, experts_on_host: bool) -> bool:
     """CUDA graphs run on CUDA with the Triton kernels (the torch reference MoE syncs with the host,
-    which a graph cannot hold), the experts on the device (an expert cache reads its choices) and
-    no recurrent layers (their graphed step is not built yet)."""
-    return device.type == "cuda" and backend == "triton" and not experts_on_host and not hybrid
+    which a graph cannot hold) and the experts on the device (an expert cache reads its choices).
+    Recurrent layers graph too: their state slots follow from the step's positions."""
+    return device.type == "cuda" and backend == "triton" and not experts_on_host
 
 
-def use_cuda_graphs(asked: bool | None, device: torch.device, backend: str, expert_slots: int | None,
-                    hybrid: bool = False) -> bool:
+def use_cuda_graphs(asked: bool | None, device: torch.device, backend: str, expert_slots: int | None) -> bool:
     """`asked`, or wherever they can run when None; asking for them where they cannot is refused."""
-    possible = graphs_possible(device, backend, expert_slots is not None, hybrid)
+    possible = graphs_possible(device, backend, expert_slots is not None)
     if asked and not possible:
         raise InvalidArgumentError("cuda_graphs=True needs device='cuda', the Triton kernels "
-                                   "(backend='triton' or 'auto'), the experts on the device and no recurrent "
-                                   f"(Gated DeltaNet) layers; this engine has {device.type}, backend '{backend}'"
-                                   + (", experts in host memory" if expert_slots is not None else "")
-                                   + (", recurrent layers" if hybrid else ""))
+                                   "(backend='triton' or 'auto') and the experts on the device; this engine has "
+                                   f"{device.type}, backend '{backend}'"
+                                   + (", experts in host memory" if expert_slots is not None else ""))
     return possible if asked is None else asked
 
 
@@ -158,7 +156,7 @@ def plan_vram(config: EngineConfig, cfg: ModelConfig, device: torch.device, dtyp
     context = config.max_context or cfg.max_position_embeddings
     prefill = config.prefill_chunk or PREFILL_CHUNK[device.type]
     cost = drafter_cost(drafter, dtype, context, prefill, config.draft_ctx, DRAFT_WIDTH)
-    graphs = config.cuda_graphs is not False and graphs_possible(device, backend, False, cfg.is_hybrid)
+    graphs = config.cuda_graphs is not False and graphs_possible(device, backend, False)
     planned = plan_for_config(cfg, config, device.type, dtype, quantization, cost, graphs, stored)
     if not planned.fits:
         raise InsufficientMemoryError(f"vram_budget={config.vram_budget / 2**30:.1f}GiB: {planned.notes[-1]}")
