@@ -46,7 +46,7 @@ def recurrent_gated_delta_rule(
     q: torch.Tensor,  # (T, Hv, Dk), l2-normed and scaled
     k: torch.Tensor,  # (T, Hv, Dk), l2-normed
     v: torch.Tensor,  # (T, Hv, Dv)
-    g: torch.Tensor,  # (T, Hv) log decay, <= 0
+    g: torch.Tensor,  # (T, Hv) log decay, <= 0, per head, or (T, Hv, Dk) per key channel (KDA)
     beta: torch.Tensor,  # (T, Hv) in (0, 1)
     state: torch.Tensor,  # (Hv, Dk, Dv)
     every_row: bool = False,
@@ -59,7 +59,8 @@ def recurrent_gated_delta_rule(
     out = torch.empty_like(v)
     states = []
     for t in range(q.shape[0]):
-        S = S * g[t].exp()[:, None, None]
+        decay = g[t].exp()
+        S = S * (decay[:, :, None] if g.dim() == 3 else decay[:, None, None])
         predicted = torch.einsum("hk,hkv->hv", k[t], S)
         delta = (v[t] - predicted) * beta[t][:, None]
         S = S + k[t][:, :, None] * delta[:, None, :]

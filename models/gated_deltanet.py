@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from lucebox.kernels.backend import Kernels
-from lucebox.kernels.delta_rule import causal_conv1d, chunked_gated_delta_rule, recurrent_gated_delta_rule
 from lucebox.kernels.rope import RotaryTables
 
 from lucebox.config import ModelConfig
@@ -56,7 +55,7 @@ class GatedDeltaNetMixer:
         state = context.recurrent_state(self.layer)
         conv_state, recurrent_state = state.current()
         every_row = state.every_row  # a decode/verify step keeps each row's state; a prefill its last
-        mixed, conv_after = causal_conv1d(mixed, w[n["conv"]].view(self.channels, -1), conv_state, every_row)
+        mixed, conv_after = k.causal_conv1d(mixed, w[n["conv"]].view(self.channels, -1), conv_state, every_row)
         q, key, v = mixed.split([Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
         # Each key head serves `r` consecutive value heads.
         q = q.view(T, Hk, Dk).repeat_interleave(r, dim=1)
@@ -68,9 +67,9 @@ class GatedDeltaNetMixer:
         g = -w[n["A_log"]].to(dt).exp() * F.softplus(a.reshape(T, Hv).to(dt) + w[n["dt_bias"]].to(dt))  # log decay
         v = v.reshape(T, Hv, Dv).to(dt)
         if every_row or T == 1:
-            out, recurrent_after = recurrent_gated_delta_rule(q, key, v, g, beta, recurrent_state, every_row)
+            out, recurrent_after = k.recurrent_gated_delta_rule(q, key, v, g, beta, recurrent_state, every_row)
         else:
-            out, recurrent_after = chunked_gated_delta_rule(q, key, v, g, beta, recurrent_state, PREFILL_CHUNK_ROWS)
+            out, recurrent_after = k.chunked_gated_delta_rule(q, key, v, g, beta, recurrent_state, PREFILL_CHUNK_ROWS)
         state.update(conv_after, recurrent_after)
 
         out = self._gated_norm(out, z.reshape(T, Hv, Dv)).to(h.dtype)

@@ -2,11 +2,11 @@
 
 Run as a script (`python tests/kernel_compile.py`): it imports the kernels compiled (not
 interpreted), records each launch the kernel wrappers make at Laguna XS.2 shapes (bf16, fp16,
-fp32; plain, int8 and int4 weights; decode, verify and prefill rows), and compiles each distinct
-specialization to a cubin for sm_86 (RTX 3090) and sm_90 (H100/H200) with Triton's own
-compiler. That catches what the CPU interpreter cannot: constructs the compiler rejects, type
-mismatches, and tiles whose shared memory does not fit the card. Prints one JSON line per
-specialization and exits non-zero if any fails.
+fp32; plain, int8 and int4 weights; decode, verify and prefill rows) and at Qwen3-Next's Gated
+DeltaNet shapes, and compiles each distinct specialization to a cubin for sm_86 (RTX 3090) and
+sm_90 (H100/H200) with Triton's own compiler. That catches what the CPU interpreter cannot:
+constructs the compiler rejects, type mismatches, and tiles whose shared memory does not fit the
+card. Prints one JSON line per specialization and exits non-zero if any fails.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def record_launches() -> list[tuple]:
 
     JITFunction.run = run
     exercise_wrappers()
+    exercise_delta_rule()
     return list(launches.values())
 
 
@@ -96,6 +97,21 @@ def exercise_wrappers() -> None:
             norm_triton.rms_norm(x, torch.randn(H, dtype=dtype), 1e-6)
             norm_triton.add_rms_norm(x, x, torch.randn(H, dtype=dtype), 1e-6)
             norm_triton.rms_norm(torch.randn(M, 48, D, dtype=dtype), torch.randn(D, dtype=dtype), 1e-6)
+
+
+def exercise_delta_rule() -> None:
+    """The Gated DeltaNet kernels at Qwen3-Next's widths: the conv over bf16 / fp32 activations, the
+    delta rule over float32 inputs (as the mixer passes them), decay per head or per key channel."""
+    from lucebox.kernels import delta_rule_triton
+
+    Hv, Dk, Dv, C, K = 32, 128, 128, 8192, 4
+    for T, every_row in ((1, True), (16, True), (100, False)):  # decode, a verify block, a prefill chunk
+        for dtype in (torch.bfloat16, torch.float32):
+            x, weight = torch.randn(T, C, dtype=dtype), torch.randn(C, K, dtype=dtype)
+            delta_rule_triton.causal_conv1d(x, weight, torch.zeros(K - 1, C, dtype=dtype), every_row)
+        q, v, beta, state = torch.randn(T, Hv, Dk), torch.randn(T, Hv, Dv), torch.rand(T, Hv), torch.zeros(Hv, Dk, Dv)
+        for g in (-torch.rand(T, Hv), -torch.rand(T, Hv, Dk)):
+            delta_rule_triton.recurrent_gated_delta_rule(q, q, v, g, beta, state, every_row)
 
 
 def compile_one(job: tuple) -> dict:

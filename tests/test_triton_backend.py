@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pytest
 import torch
 from conftest import EXAMPLES
 from kernel_cases import DEVICE
+from lucebox.kernels import delta_rule_triton
 from lucebox.kernels.backend import resolve_backend
 from lucebox.kernels.quant import QuantizedTensor
 from tiny_models import VOCAB
 
 import lucebox
 import lucebox.memory.plan
+from lucebox.caches.recurrent import RecurrentState
 from lucebox.errors import BackendError, InvalidArgumentError
 
 PROMPT = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -37,16 +40,50 @@ def test_triton_engine_matches_the_torch_engine(reference_models, quantization):
     assert triton_llm.backend == "triton" and torch_llm.backend == "torch"
     if quantization:
         assert isinstance(triton_llm.decoder.w["layers.1.experts_gate_up"], QuantizedTensor)
-    want = torch_llm.generate(PROMPT, max_tokens=10, ignore_eos=True).token_ids
-    got = triton_llm.generate(PROMPT, max_tokens=10, ignore_eos=True).token_ids
-    reference = torch_llm.logits(PROMPT + want)
-    logits = triton_llm.logits(PROMPT + want)
+    _assert_same_greedy_tokens_and_close_logits(torch_llm, triton_llm, PROMPT, 10)
+
+
+def _assert_same_greedy_tokens_and_close_logits(torch_llm, triton_llm, prompt: list[int], n: int):
+    want = torch_llm.generate(prompt, max_tokens=n, ignore_eos=True).token_ids
+    got = triton_llm.generate(prompt, max_tokens=n, ignore_eos=True)
+    reference = torch_llm.logits(prompt + want)
+    logits = triton_llm.logits(prompt + want)
     error = _relative(logits, reference)
     assert error < 1e-3
-    top2 = reference[len(PROMPT) - 1 : -1].topk(2, dim=-1).values
+    top2 = reference[len(prompt) - 1 : -1].topk(2, dim=-1).values
     margins = (top2[:, 0] - top2[:, 1]) / reference.abs().max()
     assert margins.min() > 10 * error  # every greedy choice is clear of the kernels' rounding
-    assert got == want
+    assert got.token_ids == want
+    return got
+
+
+def test_triton_gated_deltanet_engine_matches_the_torch_engine(reference_models):
+    """Qwen3-Next-shaped hybrid: its Gated DeltaNet layers' conv and delta rule on Triton over
+    prefill chunks and n-gram verify steps (each row's state kept, rejected rows rolled back)."""
+    folder, _ = reference_models("qwen3_next")
+    torch_llm, triton_llm = _pair(folder, prefill_chunk=16, draft="ngram", adaptive=False)
+    rows = []  # (rows, every_row) of each Triton delta-rule launch
+
+    def spy(q, *args):
+        rows.append((q.shape[0], args[-1]))
+        return delta_rule_triton.recurrent_gated_delta_rule(q, *args)
+
+    kernels = triton_llm.decoder.kernels
+    assert kernels.causal_conv1d is delta_rule_triton.causal_conv1d
+    triton_llm.decoder.kernels = dataclasses.replace(kernels, recurrent_gated_delta_rule=spy)
+    prompt = (PROMPT[:8] * 3)[:20]  # repeats, so the n-gram drafter proposes
+    out = _assert_same_greedy_tokens_and_close_logits(torch_llm, triton_llm, prompt, 8)
+    assert any(count > 1 and every_row for count, every_row in rows)  # verify steps of several rows
+    assert out.stats["width_histogram"].get(0, 0) < out.stats["rounds"]
+    # The states the decode left (tokens alone hardly see a tiny model's recurrent state).
+    caches = [llm.session.cache.layers for llm in (torch_llm, triton_llm)]
+    assert caches[0][0].rows == caches[1][0].rows > len(prompt)
+    newest = torch.tensor([caches[0][0].rows])
+    for want, got in zip(*caches, strict=True):
+        if isinstance(want, RecurrentState):
+            states = [layer.step_state(newest, prefill=False).current() for layer in (got, want)]
+            for a, b in zip(*states, strict=True):
+                assert _relative(a, b) < 1e-4
 
 
 @pytest.mark.parametrize("policy,pool,length", [("exact", 192, 300), ("select", 512, 600)])
