@@ -40,7 +40,9 @@ class RopeSpec:
 class LayerSpec:
     """What one decoder layer is: attention kind, head count, RoPE, MLP kind."""
 
-    attention: str  # "full" | "sliding" (attention over a KV cache) | "gdn" (Gated DeltaNet, a recurrent state)
+    # "full" | "sliding" (attention over a KV cache) | "gdn" (Gated DeltaNet) | "kda" (Kimi Delta
+    # Attention): the last two keep a recurrent state
+    attention: str
     num_heads: int
     rope: RopeSpec
     mlp: str  # "dense" | "moe"
@@ -56,15 +58,16 @@ class LayerSpec:
         return self.attention in RECURRENT_KINDS
 
 
-RECURRENT_KINDS = ("gdn",)
+RECURRENT_KINDS = ("gdn", "kda")
 
 
 @dataclass(frozen=True)
 class LinearAttentionSpec:
-    """Shapes of the Gated DeltaNet layers (one spec shared by all of them). Each key head serves
-    value_heads // key_heads value heads; the conv runs over q, k and v channels together.
-    `projections` is the row order of the fused input projections (`models/gated_deltanet.py`):
-    "grouped" per key head (Qwen3-Next) or "flat", each of q, k, v, z, b, a whole (Qwen3.5)."""
+    """Shapes of the recurrent layers, Gated DeltaNet or KDA (one spec shared by all of them). Each
+    key head serves value_heads // key_heads value heads (KDA: one); the conv runs over q, k and v
+    channels together. `projections` is the row order of GDN's fused input projections
+    (`models/gated_deltanet.py`): "grouped" per key head (Qwen3-Next) or "flat", each of q, k, v,
+    z, b, a whole (Qwen3.5); KDA's are separate tensors, its conv channels q | k | v ("flat")."""
 
     key_heads: int
     value_heads: int
@@ -81,6 +84,26 @@ class LinearAttentionSpec:
         """(conv state, recurrent state) elements of one layer: the last conv_kernel - 1 conv
         inputs, and a key_dim x value_dim matrix per value head."""
         return (self.conv_kernel - 1) * self.conv_channels, self.value_heads * self.key_dim * self.value_dim
+
+
+@dataclass(frozen=True)
+class LatentAttentionSpec:
+    """Multi-head latent attention (MLA, DeepSeek-V2 style; Kimi Linear's full layers): K and V of
+    every head come from one shared latent of `kv_rank` (RMS-normed) and a `rope_dim` part of the
+    key that all heads share; q from the hidden state directly or through a `q_rank` latent (0: none).
+    A head's query and key are nope_dim + rope_dim wide, its value value_dim; the cache stores the
+    expanded K and V with head_dim = max(nope_dim + rope_dim, value_dim), zero-padded
+    (`models/latent_attention.py`). Kimi Linear rotates nothing (its layers' RopeSpec has rotary_dim 0)."""
+
+    kv_rank: int
+    q_rank: int
+    nope_dim: int
+    rope_dim: int
+    value_dim: int
+
+    @property
+    def qk_dim(self) -> int:
+        return self.nope_dim + self.rope_dim
 
 
 @dataclass(frozen=True)
@@ -119,7 +142,8 @@ class ModelConfig:
     # None | "head" | "element": softplus output gate from its own projection (Laguna);
     # "sigmoid": a per-element sigmoid gate whose rows sit in wq beside each head's query (Qwen3-Next)
     attention_gate: str | None = None
-    linear_attention: LinearAttentionSpec | None = None  # the "gdn" layers' shapes
+    linear_attention: LinearAttentionSpec | None = None  # the recurrent ("gdn", "kda") layers' shapes
+    latent_attention: LatentAttentionSpec | None = None  # set: every full layer is MLA
     # RMSNorm multiplies by (norm_offset + weight): Qwen3-Next stores its norm weights around 0
     norm_offset: float = 0.0
     tie_word_embeddings: bool = False
@@ -147,7 +171,9 @@ class ModelConfig:
                                 f"{self.num_kv_heads} KV heads")
             if layer.is_sliding and (not isinstance(layer.window, int) or layer.window <= 0):
                 problems.append(f"layer {i}: sliding window must be a positive integer, got {layer.window!r}")
-            if layer.rope.rotary_dim % 2 or not 0 < layer.rope.rotary_dim <= self.head_dim:
+            if self.latent_attention is not None:
+                problems.extend(f"layer {i}: {p}" for p in self._latent_problems(layer))
+            elif layer.rope.rotary_dim % 2 or not 0 < layer.rope.rotary_dim <= self.head_dim:
                 problems.append(f"layer {i}: rotary dimension {layer.rope.rotary_dim} must be even and <= head_dim")
             if layer.mlp == "dense" and self.intermediate_size <= 0:
                 problems.append(f"layer {i} is dense but intermediate_size is {self.intermediate_size}")
@@ -164,6 +190,15 @@ class ModelConfig:
         if problems:
             raise ConfigError("config.json: " + "; ".join(problems[:4]))
 
+    def _latent_problems(self, layer: LayerSpec) -> list[str]:
+        mla = self.latent_attention
+        problems = []
+        if layer.attention != "full" or layer.rope.rotary_dim != 0:
+            problems.append("latent attention layers must be full attention without RoPE")
+        if self.head_dim != max(mla.qk_dim, mla.value_dim) or self.num_kv_heads != layer.num_heads:
+            problems.append("latent attention caches every head's K and V at head_dim = max(qk, v) dims")
+        return problems
+
     @property
     def num_layers(self) -> int:
         return len(self.layers)
@@ -174,7 +209,7 @@ class ModelConfig:
 
     @property
     def is_hybrid(self) -> bool:
-        """Some layers keep a recurrent state instead of K/V rows (Gated DeltaNet)."""
+        """Some layers keep a recurrent state instead of K/V rows (Gated DeltaNet, KDA)."""
         return any(layer.is_recurrent for layer in self.layers)
 
     @property

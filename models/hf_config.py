@@ -37,6 +37,21 @@ _SIZES: dict[str, tuple[int, int]] = {
     "linear_value_head_dim": (1, 4096),
     "linear_conv_kernel_dim": (1, 64),
     "full_attention_interval": (1, 1024),
+    # Kimi Linear (DeepSeek-style MLA and MoE, KDA), under the names its config.json stores
+    "kv_lora_rank": (1, 2**16),
+    "q_lora_rank": (1, 2**16),
+    "qk_nope_head_dim": (0, 4096),
+    "qk_rope_head_dim": (0, 4096),
+    "v_head_dim": (1, 4096),
+    "linear_num_heads": (1, 4096),
+    "linear_head_dim": (1, 4096),
+    "num_expert_group": (1, 4096),
+    "topk_group": (1, 4096),
+    "num_shared_experts": (0, 64),
+    "first_k_dense_replace": (0, 1024),
+    "moe_layer_freq": (1, 1024),
+    "model_max_length": (1, 2**26),
+    "num_experts_per_token": (1, 4096),
 }
 _PER_LAYER_SIZES = {"num_attention_heads_per_layer": (1, 4096), "mlp_only_layers": (0, 1024)}
 

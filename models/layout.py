@@ -9,6 +9,9 @@ Names are flat: `embed`, `norm`, `lm_head`, and `layers.{i}.{part}` with parts
                                            then its D gate rows
   gdn_*                                    a Gated DeltaNet layer's own weights instead of the
                                            attention ones (`models/gated_deltanet.py`)
+  kda_*                                    a KDA layer's own (`models/kimi_delta_attention.py`)
+  wq or wq_a, q_a_norm, wq_b; wkv_a, kv_a_norm, wkv_b, wo
+                                           a latent attention (MLA) layer's (`models/latent_attention.py`)
   w_gate_up [2I, H], w_down [H, I]         dense MLP, gate rows first
   router [E, H], router_bias [E]           MoE routing (bias: selection-only correction)
   experts_gate_up [E, 2I_e, H], experts_down [E, H, I_e]
@@ -33,8 +36,12 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     for i, layer in enumerate(cfg.layers):
         p, Hq = f"layers.{i}.", layer.num_heads
         shapes.update({p + "attn_norm": (H,), p + "mlp_norm": (H,)})
-        if layer.is_recurrent:
+        if layer.attention == "kda":
+            shapes.update(kda_shapes(cfg, p))
+        elif layer.is_recurrent:
             shapes.update(gated_deltanet_shapes(cfg, p))
+        elif cfg.latent_attention is not None:
+            shapes.update(latent_attention_shapes(cfg, p, Hq))
         else:
             shapes.update(_attention_shapes(cfg, p, Hq))
         if layer.mlp == "dense":
@@ -82,6 +89,32 @@ def gated_deltanet_shapes(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]
     }
 
 
+def kda_shapes(cfg: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    """A KDA layer's weights: q, k, v projections, their short conv (one depthwise conv over q | k | v),
+    the low-rank decay (f) and output-gate (g) projections, beta, A_log as stored, the gated norm."""
+    s, H = cfg.linear_attention, cfg.hidden_size
+    HD, D = s.key_heads * s.key_dim, s.key_dim
+    return {
+        p + "kda_q": (HD, H), p + "kda_k": (HD, H), p + "kda_v": (HD, H),
+        p + "kda_conv": (s.conv_channels, 1, s.conv_kernel),
+        p + "kda_f_a": (D, H), p + "kda_f_b": (HD, D), p + "kda_dt_bias": (HD,),
+        p + "kda_A_log": (1, 1, s.key_heads, 1), p + "kda_b": (s.key_heads, H),
+        p + "kda_g_a": (D, H), p + "kda_g_b": (HD, D), p + "kda_norm": (D,), p + "kda_out": (H, HD),
+    }
+
+
+def latent_attention_shapes(cfg: ModelConfig, p: str, Hq: int) -> dict[str, tuple[int, ...]]:
+    mla, H = cfg.latent_attention, cfg.hidden_size
+    shapes = {p + "wkv_a": (mla.kv_rank + mla.rope_dim, H), p + "kv_a_norm": (mla.kv_rank,),
+              p + "wkv_b": (Hq * (mla.nope_dim + mla.value_dim), mla.kv_rank), p + "wo": (H, Hq * mla.value_dim)}
+    if mla.q_rank:
+        shapes.update({p + "wq_a": (mla.q_rank, H), p + "q_a_norm": (mla.q_rank,),
+                       p + "wq_b": (Hq * mla.qk_dim, mla.q_rank)})
+    else:
+        shapes[p + "wq"] = (Hq * mla.qk_dim, H)
+    return shapes
+
+
 @dataclass(frozen=True)
 class MoENames:
     """How an architecture names its MoE tensors under `model.layers.{i}.`."""
@@ -108,7 +141,7 @@ def hf_sources(cfg: ModelConfig, moe_names: MoENames = MoENames()) -> dict[str, 
         p, hf = f"layers.{i}.", f"model.layers.{i}."
         sources[p + "attn_norm"] = hf + "input_layernorm.weight"
         sources[p + "mlp_norm"] = hf + "post_attention_layernorm.weight"
-        if not layer.is_recurrent:
+        if not layer.is_recurrent and cfg.latent_attention is None:  # (others: named by their adapter)
             sources.update(_attention_sources(cfg, p, hf))
         if layer.mlp == "dense":
             sources[p + "w_gate_up"] = _gate_up(hf + "mlp.", "gate_proj", "up_proj", cfg.intermediate_size)

@@ -3,8 +3,9 @@ per-forward context it reaches those other rows through.
 
 Two interfaces keep each extension in one place:
 - `TokenMixer`, chosen per layer from `cfg.layers[i]` by `token_mixer`: today attention (full or
-  sliding, `AttentionMixer`) or Gated DeltaNet (`models/gated_deltanet.py`), a recurrent mixer
-  with its own projections, reading its layer's state cache through the context.
+  sliding, `AttentionMixer`; latent attention, `models/latent_attention.py`) or a recurrent mixer
+  (Gated DeltaNet, `models/gated_deltanet.py`; KDA, `models/kimi_delta_attention.py`) with its own
+  projections, reading its layer's state cache through the context.
 - `ForwardContext`, one per kind of forward (`models/cache_contexts.py`: eager and graphed decoding
   over a `SequenceCache`; `lucebox/training/forward.py`: a batch of whole sequences, or batched
   generation over a growing `BatchCache`): how this forward's rows reach what they attend to. A
@@ -19,6 +20,8 @@ import torch
 from lucebox.kernels.backend import Kernels
 from lucebox.kernels.rope import RotaryTables
 from lucebox.models.gated_deltanet import GatedDeltaNetMixer
+from lucebox.models.kimi_delta_attention import KimiDeltaAttentionMixer
+from lucebox.models.latent_attention import LatentAttentionMixer
 
 from lucebox.config import ModelConfig
 from lucebox.errors import ConfigError
@@ -102,7 +105,8 @@ class AttentionMixer:
 
 
 # The token mixer of each attention kind a `LayerSpec` names (a sliding layer is attention with a window).
-MIXERS: dict[str, type] = {"full": AttentionMixer, "sliding": AttentionMixer, "gdn": GatedDeltaNetMixer}
+MIXERS: dict[str, type] = {"full": AttentionMixer, "sliding": AttentionMixer, "gdn": GatedDeltaNetMixer,
+                           "kda": KimiDeltaAttentionMixer}
 
 
 def token_mixer(cfg: ModelConfig, i: int, weights: dict, kernels: Kernels, rope: RotaryTables) -> TokenMixer:
@@ -110,4 +114,6 @@ def token_mixer(cfg: ModelConfig, i: int, weights: dict, kernels: Kernels, rope:
     kind = cfg.layers[i].attention
     if kind not in MIXERS:
         raise ConfigError(f"layer {i}: no token mixer for attention kind '{kind}' (known: {', '.join(MIXERS)})")
+    if kind == "full" and cfg.latent_attention is not None:  # the same cache, K and V made from a latent
+        return LatentAttentionMixer(cfg, i, weights, kernels, rope)
     return MIXERS[kind](cfg, i, weights, kernels, rope)

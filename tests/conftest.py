@@ -1,8 +1,10 @@
 import inspect
 import json
 import os
+import re
 import shutil
 import sys
+import textwrap
 import types
 from pathlib import Path
 
@@ -22,7 +24,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_models import BUILDERS, VOCAB, save_reference  # noqa: E402
+from tiny_models import BUILDERS, VARIANTS, VOCAB, save_reference  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
 import lucebox  # noqa: E402
@@ -53,7 +55,7 @@ def reference_models(tmp_path_factory):
     return get
 
 
-ARCHITECTURES = sorted(BUILDERS)
+ARCHITECTURES = sorted(set(BUILDERS) - VARIANTS)
 
 
 @pytest.fixture
@@ -94,45 +96,69 @@ class _Float64Torch(types.ModuleType):
         return torch.float64 if name in ("float32", "float") else getattr(torch, name)
 
 
-def _undecorated(fn):
-    """The plain function under transformers' decorators: functools wrappers, and (transformers >=
-    5.25, with the `kernels` package) a `Func` module whose forward calls it from its closure."""
+def _torch_function(fn):
+    """The plain function under transformers' kernel decorators: with the `kernels` distribution
+    installed (transformers >= 5.25 depends on it) a kernelized function is an nn.Module whose
+    forward calls the decorated function, which wraps the torch reference."""
     if isinstance(fn, torch.nn.Module):
-        forward = type(fn).forward
-        cells = (c.cell_contents for c in forward.__closure__)
-        fn = dict(zip(forward.__code__.co_freevars, cells, strict=True))["func"]
+        fn = inspect.getclosurevars(type(fn).forward).nonlocals["func"]
     return inspect.unwrap(fn)
 
 
 def _in_float64(fn):
     """`fn` (its undecorated code) with `torch` bound to _Float64Torch in its globals."""
-    fn = _undecorated(fn)
+    fn = _torch_function(fn)
     return types.FunctionType(fn.__code__, {**fn.__globals__, "torch": _Float64Torch("torch")}, fn.__name__,
                               fn.__defaults__, fn.__closure__)
 
 
-# Each hybrid's transformers module, and its classes whose forward computes in float32 (besides
-# the module's two delta-rule functions).
-_FLOAT32_CLASSES = {
-    "qwen3_next": ("Qwen3NextRMSNormGated", "Qwen3NextTopKRouter"),
-    "qwen3_5": ("Qwen3_5RMSNormGated",),
-    "qwen3_5_moe": ("Qwen3_5MoeRMSNormGated", "Qwen3_5MoeTopKRouter"),
+def _recompiled_in_float64(fn):
+    """`fn` compiled again from its source with float32 meaning float64, tensor `.float()` casts
+    (which `_in_float64` cannot reach) included."""
+    fn = _torch_function(fn)
+    source = textwrap.dedent(inspect.getsource(fn))
+    source = source[re.search(r"^def ", source, re.MULTILINE).start():].replace(".float()", ".double()")
+    namespace = {**fn.__globals__, "torch": _Float64Torch("torch")}
+    exec(compile(source, inspect.getsourcefile(fn), "exec"), namespace)
+    return namespace[fn.__name__]
+
+
+# Each hybrid's transformers module: its delta-rule functions, and its classes whose forward
+# computes in float32.
+_GDN_RULES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+_FLOAT32_PARTS = {
+    "qwen3_next": (_GDN_RULES, ("Qwen3NextRMSNormGated", "Qwen3NextTopKRouter")),
+    "qwen3_5": (_GDN_RULES, ("Qwen3_5RMSNormGated",)),
+    "qwen3_5_moe": (_GDN_RULES, ("Qwen3_5MoeRMSNormGated", "Qwen3_5MoeTopKRouter")),
+    # KDA's rule, its decay (forget gate), gated norm and router, and the layer that calls the rule
+    # (it casts the kept state); these also cast with `.float()`, so they are recompiled.
+    "kimi_linear": (("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"),
+                    ("KimiLinearForgetGate", "KimiLinearRMSNormGated", "KimiLinearTopkRouter",
+                     "KimiLinearDeltaAttention")),
 }
 
 
 @pytest.fixture
 def exact_reference(monkeypatch):
-    """transformers' hybrids (Qwen3-Next, Qwen3.5) compute their delta rule, gated norm and router
-    in float32 whatever the model's dtype; run those same functions with float32 meaning float64, so
-    a float64 comparison measures lucebox, not transformers' rounding."""
+    """transformers' hybrids (Qwen3-Next, Qwen3.5, Kimi Linear) compute their delta rule, gated
+    norm and router in float32 whatever the model's dtype; run those same functions with float32
+    meaning float64, so a float64 comparison measures lucebox, not transformers' rounding."""
     import importlib
 
-    for name, classes in _FLOAT32_CLASSES.items():
+    for name, (functions, classes) in _FLOAT32_PARTS.items():
         module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-        for function in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
-            monkeypatch.setattr(module, function, _in_float64(getattr(module, function)))
+        in_float64 = _recompiled_in_float64 if name == "kimi_linear" else _in_float64
+        for function in functions:  # before the classes: their forwards' globals are copied with these in
+            monkeypatch.setattr(module, function, in_float64(getattr(module, function)))
         for cls in (getattr(module, c) for c in classes):
-            monkeypatch.setattr(cls, "forward", _in_float64(cls.forward))
+            monkeypatch.setattr(cls, "forward", in_float64(cls.forward))
+
+
+def logits_gap(llm, reference, ids: list[int]) -> float:
+    """The largest difference between lucebox's logits over `ids` and the reference model's."""
+    with torch.no_grad():
+        expected = reference(torch.tensor([ids])).logits[0]
+    return (llm.logits(ids) - expected).abs().max().item()
 
 
 def greedy_by_forwards(model, ids: list[int], n: int) -> list[int]:

@@ -132,6 +132,25 @@ def _qwen3_5_moe():
     return _with_perturbed_norms(Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**qwen3_5_moe_settings(_BASE))))
 
 
+def kimi_linear_settings(base: dict, q_lora_rank: int | None = 24, v_head_dim: int = 10) -> dict:
+    """A 4-layer Kimi Linear: KDA, MLA (no RoPE), twice (by linear_attn_config's 1-based lists), 3
+    KDA heads of 8 channels, MLA through a q latent with qk 12 + 8 > v 10 (v is padded in the cache),
+    a dense first layer then 4 experts (top 2, sigmoid with correction bias) and a shared expert."""
+    settings = {k: v for k, v in base.items() if k != "head_dim"}
+    return {**settings, "num_hidden_layers": 4, "num_key_value_heads": base["num_attention_heads"],
+            "kv_lora_rank": 16, "q_lora_rank": q_lora_rank, "qk_nope_head_dim": 12, "qk_rope_head_dim": 8,
+            "v_head_dim": v_head_dim, "num_local_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "n_shared_experts": 1, "routed_scaling_factor": 2.0, "first_k_dense_replace": 1,
+            "linear_attn_config": {"head_dim": 8, "num_heads": 3, "short_conv_kernel_size": 4,
+                                   "kda_layers": [1, 3], "full_attn_layers": [2, 4]}}
+
+
+def _kimi_linear(**options):
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    return _with_perturbed_norms(KimiLinearForCausalLM(KimiLinearConfig(**kimi_linear_settings(_BASE, **options))))
+
+
 # The smallest vision tower Qwen3.5's image-text models construct; its output feeds the text model.
 _TINY_VISION = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64}
 
@@ -159,7 +178,10 @@ def build_image_text(name: str, seed: int = 0):
 
 BUILDERS = {"laguna": _laguna, "llama": _llama, "mistral": _mistral, "qwen3": _qwen3,
             "qwen3_moe": _qwen3_moe, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe,
-            "mixtral": _mixtral}
+            "mixtral": _mixtral, "kimi_linear": _kimi_linear,
+            # no q latent, and v wider than q and k (q and k are padded in the cache)
+            "kimi_linear_wide_v": lambda: _kimi_linear(q_lora_rank=None, v_head_dim=24)}
+VARIANTS = {"kimi_linear_wide_v"}  # a second shape of one architecture: not in the every-architecture tests
 SHARDED = {"qwen3_moe"}  # saved as several shards with model.safetensors.index.json
 
 

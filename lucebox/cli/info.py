@@ -10,7 +10,7 @@ from lucebox.config import RECURRENT_KINDS, ModelConfig
 from lucebox.engine.config import KV_POLICIES
 from lucebox.models.layout import parameter_counts
 
-_PATTERN = {"full": "F", "sliding": "S", "gdn": "R"}
+_PATTERN = {"full": "F", "sliding": "S", "gdn": "R", "kda": "R"}
 
 
 def add_parser(sub) -> None:
@@ -64,7 +64,7 @@ def model_summary(cfg: ModelConfig, kv_dtype_bytes: int = 2, kv_int8: bool = Fal
         "attention": attention,
         "mlp": {"dense": mlp.get("dense", 0), "moe": mlp.get("moe", 0)},
         "kv_dtype_bytes": kv_dtype_bytes,
-        # F full attention, S sliding, R recurrent (Gated DeltaNet)
+        # F full attention, S sliding, R recurrent (Gated DeltaNet, KDA)
         "layer_pattern": "".join(_PATTERN[layer.attention] for layer in cfg.layers),
     }
     if cfg.moe is not None:

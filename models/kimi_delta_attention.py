@@ -1,0 +1,71 @@
+"""The Kimi Delta Attention token mixer (KDA, Kimi Linear's "linear_attention" layers): q, k, v
+projections, a causal depthwise conv over them, the KDA rule (`kernels/kda.py`: the gated delta
+rule with a decay per key channel) over the layer's recurrent state, an RMSNorm gated by a
+low-rank projection, and the output projection. H heads of D channels, each its own key and value
+head. Like Gated DeltaNet (`models/gated_deltanet.py`) it keeps its state in the forward's context:
+a decode/verify step runs the rule row by row and keeps each row's state, a prefill the chunked
+rule and its final state.
+
+Weights of layer i (`models/layout.py`): kda_q, kda_k, kda_v [H*D, hidden]; kda_conv [3*H*D, 1, K]
+over q | k | v (the checkpoint's q_conv1d, k_conv1d, v_conv1d stacked); the decay's kda_f_a [D, hidden],
+kda_f_b [H*D, D], kda_dt_bias [H*D], kda_A_log [1, 1, H, 1]; kda_b [H, hidden] (beta); the output
+gate's kda_g_a [D, hidden], kda_g_b [H*D, D]; kda_norm [D]; kda_out [hidden, H*D].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from lucebox.kernels.backend import Kernels
+from lucebox.kernels.kda import chunked_kda
+from lucebox.kernels.rope import RotaryTables
+from lucebox.models.gated_deltanet import PREFILL_CHUNK_ROWS, l2_normalized
+
+from lucebox.config import ModelConfig
+
+_PARTS = ("q", "k", "v", "conv", "f_a", "f_b", "dt_bias", "A_log", "b", "g_a", "g_b", "norm", "out")
+
+
+class KimiDeltaAttentionMixer:
+    def __init__(self, cfg: ModelConfig, i: int, weights: dict, kernels: Kernels, rope: RotaryTables):
+        spec, p = cfg.linear_attention, f"layers.{i}."
+        self.layer, self.w, self.kernels, self.eps = i, weights, kernels, cfg.rms_norm_eps
+        self.heads, self.dim, self.channels = spec.key_heads, spec.key_dim, spec.conv_channels
+        self.names = {n: p + "kda_" + n for n in _PARTS}
+
+    def mix(self, h: torch.Tensor, context) -> torch.Tensor:
+        w, n, k = self.w, self.names, self.kernels
+        T, H, D = h.shape[0], self.heads, self.dim
+        mixed = torch.cat([k.linear(h, w[n["q"]]), k.linear(h, w[n["k"]]), k.linear(h, w[n["v"]])], dim=-1)
+
+        state = context.recurrent_state(self.layer)
+        conv_state, recurrent_state = state.current()
+        every_row = state.every_row  # a decode/verify step keeps each row's state; a prefill its last
+        mixed, conv_after = k.causal_conv1d(mixed, w[n["conv"]].view(self.channels, -1), conv_state, every_row)
+        q, key, v = (part.reshape(T, H, D) for part in mixed.split(H * D, dim=-1))
+        dt = recurrent_state.dtype  # float32 at least, as the rule computes
+        q = l2_normalized(q.to(dt)) * D**-0.5
+        key = l2_normalized(key.to(dt))
+        beta = k.linear(h, w[n["b"]]).to(dt).sigmoid()
+        g = self._log_decay(h, dt)
+        if every_row or T == 1:
+            out, recurrent_after = k.recurrent_gated_delta_rule(q, key, v.to(dt), g, beta, recurrent_state, every_row)
+        else:
+            out, recurrent_after = chunked_kda(q, key, v.to(dt), g, beta, recurrent_state, PREFILL_CHUNK_ROWS)
+        state.update(conv_after, recurrent_after)
+
+        gate = k.linear(k.linear(h, w[n["g_a"]]), w[n["g_b"]]).view(T, H, D)
+        out = self._gated_norm(out, gate).to(h.dtype)
+        return k.linear(out.reshape(T, H * D), w[n["out"]])
+
+    def _log_decay(self, h: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+        """g (T, H, D) = -exp(A_log[head]) * softplus(f_b(f_a(h)) + dt_bias): each key channel's own decay."""
+        w, n, k, T = self.w, self.names, self.kernels, h.shape[0]
+        f = k.linear(k.linear(h, w[n["f_a"]]), w[n["f_b"]]).to(dt) + w[n["dt_bias"]].to(dt)
+        rate = w[n["A_log"]].to(dt).exp().view(self.heads, 1)
+        return -rate * F.softplus(f.view(T, self.heads, self.dim))
+
+    def _gated_norm(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """RMSNorm over each head's D (weight as stored), times sigmoid(gate), in the rule's dtype."""
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.w[self.names["norm"]].to(x.dtype) * x * torch.sigmoid(gate.to(x.dtype))
