@@ -74,7 +74,12 @@ def chunked_gated_delta_rule(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     state: torch.Tensor, chunk: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """As `recurrent_gated_delta_rule` (same arguments and results), `chunk` rows at a time."""
+    """As `recurrent_gated_delta_rule` (same arguments and results), `chunk` rows at a time. A decay
+    per key channel (Kimi Delta Attention) takes `kernels/kda.py`'s form of the chunks."""
+    if g.dim() == 3:
+        from lucebox.kernels.kda import chunked_kda
+
+        return chunked_kda(q, k, v, g, beta, state, chunk)
     dtype, dt = v.dtype, _compute_dtype(v.dtype)
     T = q.shape[0]
     # (Hv, T, D) head-major, so each head's chunk is one matrix

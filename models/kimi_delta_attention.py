@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from lucebox.kernels.backend import Kernels
-from lucebox.kernels.kda import chunked_kda
 from lucebox.kernels.rope import RotaryTables
 from lucebox.models.gated_deltanet import PREFILL_CHUNK_ROWS, l2_normalized
 
@@ -51,7 +50,8 @@ class KimiDeltaAttentionMixer:
         if every_row or T == 1:
             out, recurrent_after = k.recurrent_gated_delta_rule(q, key, v.to(dt), g, beta, recurrent_state, every_row)
         else:
-            out, recurrent_after = chunked_kda(q, key, v.to(dt), g, beta, recurrent_state, PREFILL_CHUNK_ROWS)
+            out, recurrent_after = k.chunked_gated_delta_rule(q, key, v.to(dt), g, beta, recurrent_state,
+                                                              PREFILL_CHUNK_ROWS)
         state.update(conv_after, recurrent_after)
 
         gate = k.linear(k.linear(h, w[n["g_a"]]), w[n["g_b"]]).view(T, H, D)

@@ -57,8 +57,9 @@ def test_recurrent_delta_rule_matches_the_reference(poisoned, dtype, every_row, 
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_prefill_delta_rule_matches_the_chunked_reference(poisoned, dtype):
-    inputs = _delta_rule_inputs(70, 2, 8, 12, dtype)  # more than one 64-row chunk
+@pytest.mark.parametrize("decay", ["head", "key"])  # key: Kimi Delta Attention's prefill
+def test_prefill_delta_rule_matches_the_chunked_reference(poisoned, dtype, decay):
+    inputs = _delta_rule_inputs(70, 2, 8, 12, dtype, per_key=decay == "key")  # more than one 64-row chunk
     got = delta_rule_triton.chunked_gated_delta_rule(*inputs, chunk=64)
     want = delta_rule.chunked_gated_delta_rule(*(t.double() for t in inputs), chunk=64)
     _check_delta_rule(got, want, dtype)
