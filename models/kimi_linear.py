@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from lucebox.models.hf_config import common_fields, integer, number, require, shown
 from lucebox.models.layout import MoENames, hf_sources
+from lucebox.models.qwen3_next import named_kinds
 from lucebox.models.sources import AnyOf, Cat, Source, renamed
 
 from lucebox.config import LatentAttentionSpec, LayerSpec, LinearAttentionSpec, ModelConfig, MoESpec, RopeSpec
@@ -55,12 +56,7 @@ def layer_kinds(hf: dict, n: int) -> list[str]:
                               "(1-based): every layer must be in kda_layers or full_attn_layers")
     elif kinds is None:
         kinds = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n)]
-    if not isinstance(kinds, list) or len(kinds) != n:
-        raise ConfigError(f"config.json: layer_types must list one entry for each of the {n} layers")
-    unknown = sorted({str(k) for k in kinds if k not in _KINDS})
-    if unknown:
-        raise ConfigError(f"config.json: layer_types has unknown entries {unknown[:3]} (known: {', '.join(_KINDS)})")
-    return [_KINDS[k] for k in kinds]
+    return named_kinds(kinds, n, _KINDS)
 
 
 def mlp_kinds(hf: dict, n: int) -> list[str]:

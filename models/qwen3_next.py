@@ -40,12 +40,17 @@ def layer_kinds(hf: dict, n: int) -> list[str]:
     if kinds is None:
         interval = integer(hf.get("full_attention_interval", 4), "full_attention_interval", 1, 1024)
         return ["full" if (i + 1) % interval == 0 else "gdn" for i in range(n)]
+    return named_kinds(kinds, n, _KINDS)
+
+
+def named_kinds(kinds, n: int, known: dict[str, str]) -> list[str]:
+    """`layer_types` (one of `known`'s names per layer) as lucebox's layer kinds."""
     if not isinstance(kinds, list) or len(kinds) != n:
         raise ConfigError(f"config.json: layer_types must list one entry for each of the {n} layers")
-    unknown = sorted({str(k) for k in kinds if k not in _KINDS})
+    unknown = sorted({str(k) for k in kinds if k not in known})
     if unknown:
-        raise ConfigError(f"config.json: layer_types has unknown entries {unknown[:3]} (known: {', '.join(_KINDS)})")
-    return [_KINDS[k] for k in kinds]
+        raise ConfigError(f"config.json: layer_types has unknown entries {unknown[:3]} (known: {', '.join(known)})")
+    return [known[k] for k in kinds]
 
 
 def mlp_kinds(hf: dict, n: int) -> list[str]:

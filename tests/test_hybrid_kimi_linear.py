@@ -8,8 +8,6 @@ import pytest
 import torch
 from conftest import greedy_by_forwards, logits_gap
 from draft_widths import vary_widths
-from lucebox.kernels.delta_rule import recurrent_gated_delta_rule as recurrent_kda
-from lucebox.kernels.kda import chunked_kda
 from lucebox.models import build_model_config
 from tiny_models import VOCAB
 
@@ -68,29 +66,6 @@ def test_greedy_ngram_speculation_equals_plain_decoding(kimi, llm):
     out = speculative.generate(prompt, max_tokens=24, ignore_eos=True)
     assert out.token_ids == plain
     assert out.stats["width_histogram"].get(0, 0) < out.stats["rounds"]  # drafts were really verified
-
-
-def test_chunked_kda_equals_the_recurrent_rule_from_any_state():
-    g = torch.Generator().manual_seed(0)
-    T, H, Dk, Dv = 150, 3, 8, 5
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-    q, v, state = rand(T, H, Dk), rand(T, H, Dv), rand(H, Dk, Dv)
-    k = torch.nn.functional.normalize(rand(T, H, Dk), dim=-1)
-    decay = -torch.rand(T, H, Dk, generator=g, dtype=torch.float64)  # a log decay per key channel, <= 0
-    beta = torch.rand(T, H, generator=g, dtype=torch.float64)
-    out, final = recurrent_kda(q, k, v, decay, beta, state)
-    _, every = recurrent_kda(q[:5], k[:5], v[:5], decay[:5], beta[:5], state, every_row=True)
-    _, fifth = recurrent_kda(q[:5], k[:5], v[:5], decay[:5], beta[:5], state)
-    assert every.shape == (5, H, Dk, Dv) and torch.equal(every[-1], fifth)
-    # chunks of 64 with a partial last one, and a split in two calls carrying the state between them
-    chunked, chunked_final = chunked_kda(q, k, v, decay, beta, state, chunk=64)
-    first, middle = chunked_kda(q[:70], k[:70], v[:70], decay[:70], beta[:70], state, chunk=64)
-    second, split_final = chunked_kda(q[70:], k[70:], v[70:], decay[70:], beta[70:], middle, chunk=64)
-    for a, b in ((chunked, out), (chunked_final, final), (torch.cat([first, second]), out), (split_final, final)):
-        assert (a - b).abs().max().item() < 1e-10
 
 
 def test_info_and_the_planner_count_the_kda_states(llm):

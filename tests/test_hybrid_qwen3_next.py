@@ -73,7 +73,8 @@ def test_an_unknown_tensor_beside_the_mtp_head_is_still_refused_by_name(llm, mod
         lucebox.LLM(folder, device="cpu", dtype="float64")
 
 
-def test_chunked_delta_rule_equals_the_recurrent_one_from_any_state():
+@pytest.mark.parametrize("decay_per", ["head", "key"])  # key: Kimi Delta Attention's rule
+def test_chunked_delta_rule_equals_the_recurrent_one_from_any_state(decay_per):
     g = torch.Generator().manual_seed(0)
     T, H, Dk, Dv = 150, 3, 8, 5
 
@@ -82,9 +83,12 @@ def test_chunked_delta_rule_equals_the_recurrent_one_from_any_state():
 
     q, v, state = rand(T, H, Dk), rand(T, H, Dv), rand(H, Dk, Dv)
     k = torch.nn.functional.normalize(rand(T, H, Dk), dim=-1)
-    decay = -torch.rand(T, H, generator=g, dtype=torch.float64)  # log decay <= 0
+    decay = -torch.rand(T, H, *(Dk,) * (decay_per == "key"), generator=g, dtype=torch.float64)  # log decay <= 0
     beta = torch.rand(T, H, generator=g, dtype=torch.float64)
     out, final = recurrent_gated_delta_rule(q, k, v, decay, beta, state)
+    _, every = recurrent_gated_delta_rule(q[:5], k[:5], v[:5], decay[:5], beta[:5], state, every_row=True)
+    _, fifth = recurrent_gated_delta_rule(q[:5], k[:5], v[:5], decay[:5], beta[:5], state)
+    assert every.shape == (5, H, Dk, Dv) and torch.equal(every[-1], fifth)
     # chunks of 64 with a partial last one, and a split in two calls carrying the state between them
     chunked, chunked_final = chunked_gated_delta_rule(q, k, v, decay, beta, state, chunk=64)
     first, middle = chunked_gated_delta_rule(q[:70], k[:70], v[:70], decay[:70], beta[:70], state, chunk=64)
