@@ -130,11 +130,13 @@ def test_every_width_replays_the_uncaptured_steps_logits_on_cuda(tmp_path):
     assert {w for w, *_ in engines[0].runner.widths} == set(range(1, DECODE_ROWS + 1))
 
 
-def test_the_graphed_step_never_syncs_with_the_host(reference_models):
+@pytest.mark.parametrize("arch", ["laguna", "qwen3_next"])
+def test_the_graphed_step_never_syncs_with_the_host(reference_models, arch):
     """What a graph captures (embed, norms, projections, RoPE, cache stores, attention over the
-    static blocks, gate, routing, MoE with a shared expert, LM head, argmax; Triton kernels
-    through the interpreter) calls nothing that waits for the device."""
-    folder, _ = reference_models("laguna")
+    static blocks, gate, routing, MoE with a shared expert, LM head, argmax; Gated DeltaNet's conv,
+    delta rule and state slots; Triton kernels through the interpreter) calls nothing that waits
+    for the device."""
+    folder, _ = reference_models(arch)
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", backend="triton", max_context=1024,
                       kv_pool_tokens=640, kv_policy="select")
     cache = llm.engine.new_cache()
