@@ -116,6 +116,17 @@ def exact_reference(monkeypatch):
             monkeypatch.setattr(cls, "forward", _in_float64(cls.forward))
 
 
+@pytest.fixture
+def float64_kernels(monkeypatch):
+    """lucebox's torch references compute norm statistics and routing in float32 whatever the
+    model's dtype (as the reference implementations do); with float32 meaning float64 in their
+    modules, a float64 model computes in float64 throughout (for finite differences)."""
+    from lucebox.kernels import moe, norm
+
+    for module in (moe, norm):
+        monkeypatch.setattr(module, "torch", _Float64Torch("torch"))
+
+
 def greedy_by_forwards(model, ids: list[int], n: int) -> list[int]:
     """transformers' greedy choice after each prefix, by whole forwards: on the hybrids (transformers
     5.24, CPU) its cached `generate` disagrees with its own forward, so the forward is the reference."""
@@ -150,11 +161,9 @@ TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{%
             "{% if add_generation_prompt %}<s>assistant:{% endif %}")
 
 
-@pytest.fixture(scope="session")
-def text_model(reference_models, tmp_path_factory):
-    """A tiny Mistral with a trained BPE tokenizer.json and a chat template."""
-    folder, _ = reference_models("mistral")
-    dest = tmp_path_factory.mktemp("with_tokenizer")
+def with_tokenizer(folder: Path, dest: Path) -> Path:
+    """A copy of a model folder with a BPE tokenizer.json trained on CORPUS (special tokens <unk>,
+    <s>, </s>) and a chat template."""
     shutil.copytree(folder, dest, dirs_exist_ok=True)
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -165,4 +174,11 @@ def text_model(reference_models, tmp_path_factory):
     tok.save(str(dest / "tokenizer.json"))
     (dest / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>",
                                                             "chat_template": TEMPLATE}))
+    return dest
+
+
+@pytest.fixture(scope="session")
+def text_model(reference_models, tmp_path_factory):
+    """A tiny Mistral with a trained BPE tokenizer.json and a chat template."""
+    dest = with_tokenizer(reference_models("mistral")[0], tmp_path_factory.mktemp("with_tokenizer"))
     return lucebox.LLM(dest, device="cpu", dtype="float32")
