@@ -113,6 +113,19 @@ def test_a_commit_keeps_the_accepted_rows_state_not_the_last(target, draft_for, 
     assert speculative(target, drafter, max_tokens=N).token_ids != plain
 
 
+def test_dflash_follow_up_requests_on_a_hybrid_equal_plain_decoding(target, dflash):
+    """A request that extends the last one keeps the target's state and the drafter's context
+    ring (`Proposer.resume`); one that diverges prefills both from 0. Either way: plain's tokens."""
+    llm = lucebox.LLM(target, draft=dflash, **COMMON)
+    llm.proposer.lookup = None
+    plain = lucebox.LLM(target, draft=None, **COMMON)
+    first = llm.generate(PROMPT, max_tokens=8, ignore_eos=True).token_ids
+    for prompt, reused in ((PROMPT + first + PROMPT[:5], True), (PROMPT[:10] + PROMPT[20:], False)):
+        out = llm.generate(prompt, max_tokens=N, ignore_eos=True)
+        assert out.token_ids == plain.generate(prompt, max_tokens=N, ignore_eos=True).token_ids
+        assert (out.stats["cached_prompt_tokens"] > 0) == reused
+
+
 def test_rollback_inside_the_last_step_then_decoding_equals_a_fresh_cache(target):
     llm = lucebox.LLM(target, draft=None, **COMMON)
     decoder, device, ids = llm.engine.decoder, llm.device, torch.tensor(PROMPT)
