@@ -74,7 +74,7 @@ class GatedDeltaNetMixer:
         L = T // B  # rows per sequence
         weight = w[n["conv"]].view(self.channels, -1).repeat(B, 1)
         mixed, conv_after = causal_conv1d(side_by_side(mixed, B), weight, conv_state, every_row)
-        q, key, v = mixed.view(L, B, -1).split([Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
+        q, key, v = mixed.reshape(L, B, -1).split([Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
         # Each key head serves `r` consecutive value heads.
         q = q.reshape(L, B * Hk, Dk).repeat_interleave(r, dim=1)
         key = key.reshape(L, B * Hk, Dk).repeat_interleave(r, dim=1)
@@ -91,7 +91,7 @@ class GatedDeltaNetMixer:
             out, recurrent_after = chunked_gated_delta_rule(q, key, v, g, beta, recurrent_state, PREFILL_CHUNK_ROWS)
         state.update(conv_after, recurrent_after)
 
-        out = self._gated_norm(back_to_rows(out, B).view(T, Hv, Dv), z.reshape(T, Hv, Dv)).to(h.dtype)
+        out = self._gated_norm(back_to_rows(out, B).reshape(T, Hv, Dv), z.reshape(T, Hv, Dv)).to(h.dtype)
         return k.linear(out.reshape(T, Hv * Dv), w[n["out"]])
 
     def _grouped(self, qkvz: torch.Tensor, ba: torch.Tensor) -> tuple[torch.Tensor, ...]:

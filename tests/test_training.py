@@ -25,9 +25,10 @@ def laguna(reference_models):
     return reference_models("laguna")[0]
 
 
-# Laguna (full and sliding attention) and Qwen3-Next (Gated DeltaNet and full attention): a hybrid's
-# batch of two different sequences equals each one prefilled alone, so no recurrent state leaks.
-TARGETS = ["laguna", "qwen3_next"]
+# Laguna (full and sliding attention) and the hybrids (Gated DeltaNet and full attention; Qwen3-Next's
+# grouped projections, Qwen3.5's flat ones): a hybrid's batch of two different sequences equals each
+# one prefilled alone, so no recurrent state leaks from one into the other.
+TARGETS = ["laguna", "qwen3_next", "qwen3_5"]
 
 
 @pytest.mark.parametrize("name", TARGETS)
