@@ -83,8 +83,9 @@ class CacheRewindError(LuceboxError):
 
 
 class SpeculationUnsupportedError(InvalidArgumentError):
-    """Speculative decoding was asked for (a drafter given or found) on a model it cannot run on
-    yet: recurrent (Gated DeltaNet) layers need a state per verify row. Pass draft=None (--no-draft)."""
+    """Speculative decoding was asked for in a form a model cannot run yet (on a target with
+    recurrent (Gated DeltaNet) layers: a draft model with recurrent layers, or draft trees); the
+    message names what to pass instead."""
 
 
 class BackendError(LuceboxError):

@@ -35,6 +35,16 @@ def l2_normalized(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
+def side_by_side(x: torch.Tensor, B: int) -> torch.Tensor:
+    """Rows (B*L, ...) of B sequences, sequence-major -> (L, B * ...): row l of every sequence together."""
+    return x.view(B, x.shape[0] // B, -1).transpose(0, 1).reshape(x.shape[0] // B, -1)
+
+
+def back_to_rows(x: torch.Tensor, B: int) -> torch.Tensor:
+    """The inverse of `side_by_side`: (L, B * ...) -> rows (B*L, ...) flattened per row."""
+    return x.reshape(x.shape[0], B, -1).transpose(0, 1).reshape(B * x.shape[0], -1)
+
+
 class GatedDeltaNetMixer:
     def __init__(self, cfg: ModelConfig, i: int, weights: dict, kernels: Kernels, rope: RotaryTables):
         spec, p = cfg.linear_attention, f"layers.{i}."
@@ -55,24 +65,32 @@ class GatedDeltaNetMixer:
         state = context.recurrent_state(self.layer)
         conv_state, recurrent_state = state.current()
         every_row = state.every_row  # a decode/verify step keeps each row's state; a prefill its last
-        mixed, conv_after = k.causal_conv1d(mixed, w[n["conv"]].view(self.channels, -1), conv_state, every_row)
-        q, key, v = mixed.split([Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
+        # A state of B sequences (a training batch, rows sequence-major) holds them side by side: B*C
+        # conv channels, B*Hv heads. The conv is depthwise and the delta rule runs per head, so the
+        # batch runs as one sequence of T / B rows, and no sequence sees another's rows. B = 1 here
+        # for the engine (a no-op).
+        B = recurrent_state.shape[0] // Hv
+        L = T // B  # rows per sequence
+        weight = w[n["conv"]].view(self.channels, -1).repeat(B, 1)
+        mixed, conv_after = k.causal_conv1d(side_by_side(mixed, B), weight, conv_state, every_row)
+        q, key, v = mixed.reshape(L, B, -1).split([Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
         # Each key head serves `r` consecutive value heads.
-        q = q.view(T, Hk, Dk).repeat_interleave(r, dim=1)
-        key = key.view(T, Hk, Dk).repeat_interleave(r, dim=1)
+        q = q.reshape(L, B * Hk, Dk).repeat_interleave(r, dim=1)
+        key = key.reshape(L, B * Hk, Dk).repeat_interleave(r, dim=1)
         dt = recurrent_state.dtype  # float32 at least, as the delta rule computes
         q = l2_normalized(q.to(dt)) * Dk**-0.5
         key = l2_normalized(key.to(dt))
-        beta = b.reshape(T, Hv).to(dt).sigmoid()
+        beta = side_by_side(b.reshape(T, Hv).to(dt).sigmoid(), B)
         g = -w[n["A_log"]].to(dt).exp() * F.softplus(a.reshape(T, Hv).to(dt) + w[n["dt_bias"]].to(dt))  # log decay
-        v = v.reshape(T, Hv, Dv).to(dt)
-        if every_row or T == 1:
+        g = side_by_side(g, B)
+        v = v.reshape(L, B * Hv, Dv).to(dt)
+        if every_row or L == 1:
             out, recurrent_after = k.recurrent_gated_delta_rule(q, key, v, g, beta, recurrent_state, every_row)
         else:
             out, recurrent_after = k.chunked_gated_delta_rule(q, key, v, g, beta, recurrent_state, PREFILL_CHUNK_ROWS)
         state.update(conv_after, recurrent_after)
 
-        out = self._gated_norm(out, z.reshape(T, Hv, Dv)).to(h.dtype)
+        out = self._gated_norm(back_to_rows(out, B).reshape(T, Hv, Dv), z.reshape(T, Hv, Dv)).to(h.dtype)
         return k.linear(out.reshape(T, Hv * Dv), w[n["out"]])
 
     def _grouped(self, qkvz: torch.Tensor, ba: torch.Tensor) -> tuple[torch.Tensor, ...]:

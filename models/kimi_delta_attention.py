@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from lucebox.kernels.backend import Kernels
 from lucebox.kernels.rope import RotaryTables
-from lucebox.models.gated_deltanet import PREFILL_CHUNK_ROWS, l2_normalized
+from lucebox.models.gated_deltanet import PREFILL_CHUNK_ROWS, back_to_rows, l2_normalized, side_by_side
 
 from lucebox.config import ModelConfig
 
@@ -40,14 +40,18 @@ class KimiDeltaAttentionMixer:
         state = context.recurrent_state(self.layer)
         conv_state, recurrent_state = state.current()
         every_row = state.every_row  # a decode/verify step keeps each row's state; a prefill its last
-        mixed, conv_after = k.causal_conv1d(mixed, w[n["conv"]].view(self.channels, -1), conv_state, every_row)
-        q, key, v = (part.reshape(T, H, D) for part in mixed.split(H * D, dim=-1))
+        # B sequences of a training batch side by side, as in `models/gated_deltanet.py` (B = 1 in the engine).
+        B = recurrent_state.shape[0] // H
+        L = T // B  # rows per sequence
+        weight = w[n["conv"]].view(self.channels, -1).repeat(B, 1)
+        mixed, conv_after = k.causal_conv1d(side_by_side(mixed, B), weight, conv_state, every_row)
+        q, key, v = (part.reshape(L, B * H, D) for part in mixed.reshape(L, B, -1).split(H * D, dim=-1))
         dt = recurrent_state.dtype  # float32 at least, as the rule computes
         q = l2_normalized(q.to(dt)) * D**-0.5
         key = l2_normalized(key.to(dt))
-        beta = k.linear(h, w[n["b"]]).to(dt).sigmoid()
-        g = self._log_decay(h, dt)
-        if every_row or T == 1:
+        beta = side_by_side(k.linear(h, w[n["b"]]).to(dt).sigmoid(), B)
+        g = side_by_side(self._log_decay(h, dt), B).view(L, B * H, D)
+        if every_row or L == 1:
             out, recurrent_after = k.recurrent_gated_delta_rule(q, key, v.to(dt), g, beta, recurrent_state, every_row)
         else:
             out, recurrent_after = k.chunked_gated_delta_rule(q, key, v.to(dt), g, beta, recurrent_state,
@@ -55,7 +59,7 @@ class KimiDeltaAttentionMixer:
         state.update(conv_after, recurrent_after)
 
         gate = k.linear(k.linear(h, w[n["g_a"]]), w[n["g_b"]]).view(T, H, D)
-        out = self._gated_norm(out, gate).to(h.dtype)
+        out = self._gated_norm(back_to_rows(out, B).view(T, H, D), gate).to(h.dtype)
         return k.linear(out.reshape(T, H * D), w[n["out"]])
 
     def _log_decay(self, h: torch.Tensor, dt: torch.dtype) -> torch.Tensor:

@@ -161,6 +161,17 @@ def logits_gap(llm, reference, ids: list[int]) -> float:
     return (llm.logits(ids) - expected).abs().max().item()
 
 
+@pytest.fixture
+def float64_kernels(monkeypatch):
+    """lucebox's torch references compute norm statistics and routing in float32 whatever the
+    model's dtype (as the reference implementations do); with float32 meaning float64 in their
+    modules, a float64 model computes in float64 throughout (for finite differences)."""
+    from lucebox.kernels import moe, norm
+
+    for module in (moe, norm):
+        monkeypatch.setattr(module, "torch", _Float64Torch("torch"))
+
+
 def greedy_by_forwards(model, ids: list[int], n: int) -> list[int]:
     """transformers' greedy choice after each prefix, by whole forwards: on the hybrids (transformers
     5.24, CPU) its cached `generate` disagrees with its own forward, so the forward is the reference."""

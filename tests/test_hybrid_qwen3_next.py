@@ -1,6 +1,6 @@
 """Qwen3-Next (Gated DeltaNet + full attention) equals transformers, keeps its recurrent state
-across prefill chunks and requests exactly, skips its checkpoints' MTP head by name, and refuses
-what it cannot do yet."""
+across prefill chunks and requests exactly, skips its checkpoints' MTP head by name, trains
+through its recurrent layers (gradients), and refuses what it cannot do yet."""
 
 import pytest
 import torch
@@ -145,16 +145,30 @@ def test_bad_linear_attention_fields_name_themselves(qwen3_next, field, value):
         build_model_config({**hf, field: value})
 
 
-def test_training_forwards_and_distill_refuse_a_hybrid(llm, qwen3_next, tmp_path, capsys):
-    """Training forwards carry no recurrent state yet: they say so, and `lucebox distill` refuses a
-    hybrid target before any work, leaving no output folder."""
-    from lucebox.cli import main
-    from lucebox.errors import UnsupportedArchitectureError
+def test_the_training_forward_is_differentiable_through_recurrent_layers(llm, float64_kernels):
+    """Gradients flow through a batch's Gated DeltaNet layers (conv, delta rule, gated norm): for
+    weights of both recurrent layers, autograd's gradient of a loss equals central finite
+    differences (float64 throughout)."""
     from lucebox.training.forward import forward_batch
 
-    with pytest.raises(UnsupportedArchitectureError, match="recurrent"):
-        forward_batch(llm.decoder, torch.tensor([PROMPT[:8]]))
-    out = tmp_path / "drafter"
-    assert main(["distill", str(qwen3_next[0]), "--out", str(out), "--steps", "1"]) != 0
-    assert "hybrid target is not supported" in capsys.readouterr().err
-    assert not out.exists() and not list(tmp_path.iterdir())
+    decoder = llm.decoder
+    ids = torch.tensor([PROMPT[:20], PROMPT[20:]])
+    probe = torch.randn(2, 20, llm.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def loss() -> torch.Tensor:
+        return (forward_batch(decoder, ids)[0] * probe).sum()
+
+    for name, element in (("layers.0.gdn_A_log", 1), ("layers.0.gdn_qkvz", 100), ("layers.2.gdn_conv", 7)):
+        weight = decoder.w[name]
+        weight.requires_grad_(True)
+        (grad,) = torch.autograd.grad(loss(), weight)
+        weight.requires_grad_(False)
+        flat, eps = weight.view(-1), 1e-6
+        kept = flat[element].item()
+        with torch.no_grad():
+            flat[element] = kept + eps
+            up = loss().item()
+            flat[element] = kept - eps
+            down = loss().item()
+            flat[element] = kept
+        assert grad.view(-1)[element].item() == pytest.approx((up - down) / (2 * eps), rel=1e-6, abs=1e-7), name

@@ -17,7 +17,7 @@ from lucebox.training.drafter_forward import draft_hidden
 from lucebox.training.forward import forward_batch, greedy_continuations
 
 COMMON = dict(device="cpu", dtype="float64", max_context=512)
-TOKENS = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(3))
+TOKENS = torch.randint(0, 128, (2, 72), generator=torch.Generator().manual_seed(3))  # > 64: two delta-rule chunks
 
 
 @pytest.fixture(scope="module")
@@ -25,19 +25,35 @@ def laguna(reference_models):
     return reference_models("laguna")[0]
 
 
-def test_batched_training_forward_equals_the_engine(laguna):
-    llm = lucebox.LLM(laguna, **COMMON)
+# Laguna (full and sliding attention) and the hybrids (Gated DeltaNet and full attention; Qwen3-Next's
+# grouped projections, Qwen3.5's flat ones; Kimi Linear's KDA and latent attention): a hybrid's batch of two different sequences equals each
+# one prefilled alone, so no recurrent state leaks from one into the other.
+TARGETS = ["laguna", "qwen3_next", "qwen3_5", "kimi_linear"]
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_batched_training_forward_equals_the_engine(reference_models, name):
+    llm = lucebox.LLM(reference_models(name)[0], prefill_chunk=16, **COMMON)
     hidden, features = forward_batch(llm.decoder, TOKENS, (0, 2))
     for row in range(len(TOKENS)):
         ids = TOKENS[row].tolist()
-        assert torch.allclose(llm.decoder.logits(hidden[row]), llm.logits(ids), atol=1e-9)
-        step, cache = Step(torch.arange(40)), llm.engine.new_cache()
-        _, engine_features = llm.decoder.forward_capturing(TOKENS[row], step, cache, (0, 2))
-        assert torch.allclose(features[row], engine_features, atol=1e-9)
+        assert torch.allclose(llm.decoder.logits(hidden[row]), llm.logits(ids), atol=1e-9)  # 16-row prefill chunks
+        assert torch.allclose(features[row], _prefill_features(llm, TOKENS[row], (0, 2)), atol=1e-9)
 
 
-def test_batched_greedy_generation_equals_the_engine(laguna):
-    llm = lucebox.LLM(laguna, **COMMON)
+def _prefill_features(llm, ids: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
+    """The outputs of decoder `layers` for `ids`, captured by the engine's chunked prefill."""
+    cache, chunk, out = llm.engine.new_cache(), llm.setup.prefill_chunk, []
+    for begin in range(0, len(ids), chunk):
+        step = Step.span(begin, min(chunk, len(ids) - begin), llm.device, prefill=True)
+        out.append(llm.decoder.forward_capturing(ids[step.start:step.end], step, cache, layers)[1])
+        cache.commit(step.end)
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("name", TARGETS)
+def test_batched_greedy_generation_equals_the_engine(reference_models, name):
+    llm = lucebox.LLM(reference_models(name)[0], **COMMON)
     out = greedy_continuations(llm.decoder, TOKENS[:, :12], 30)  # crosses the window (8) many times
     for row in range(len(TOKENS)):
         assert out[row, 12:].tolist() == llm.generate(TOKENS[row, :12].tolist(), max_tokens=30,

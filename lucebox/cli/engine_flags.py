@@ -60,7 +60,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-budget", type=int,
                    help=f"draft rows of a draft tree verified per round, 0..{engine.DRAFT_WIDTH}, with a DFlash "
                         "drafter (other drafters draft chains); 0: chains "
-                        f"(default: {engine.EngineConfig.tree_budget})")
+                        f"(default: {engine.DRAFT_WIDTH}, chains on models with recurrent layers)")
     cpu, cuda = engine.PREFILL_CHUNK["cpu"], engine.PREFILL_CHUNK["cuda"]
     p.add_argument("--prefill-chunk", type=int,
                    help=f"rows per prefill forward (default: {cuda} on CUDA, {cpu} on CPU)")

@@ -70,7 +70,8 @@ class EngineConfig:
     adaptive: choose each round's width by cost (False: always draft_k, never switched off).
     tree_budget: most draft rows of a draft tree per round (a DFlash drafter's top-k per position,
         best first): greedy rounds verify the rows the width policy finds worth their cost (all of
-        them when `adaptive` is False, sampled rounds too); 0: chains.
+        them when `adaptive` is False, sampled rounds too); 0: chains; None: DRAFT_WIDTH where trees
+        can run (a DFlash drafter on a target without recurrent layers), else chains.
     backend: kernels: "auto" (Triton on CUDA, the torch references on the CPU) | "triton" | "torch".
     quantization: "int8" | "int4": quantize the linear layers' weights as they load.
     cuda_graphs: run decode/verify steps as CUDA graphs (None: wherever they can run).
@@ -94,7 +95,7 @@ class EngineConfig:
     verify: str = "coupled"
     draft_ctx: int = DRAFT_CTX
     adaptive: bool = True
-    tree_budget: int = DRAFT_WIDTH
+    tree_budget: int | None = None
     backend: str = "auto"
     quantization: str | None = None
     cuda_graphs: bool | None = None
@@ -117,7 +118,7 @@ class EngineConfig:
             "verify": choice("verify", self.verify, VERIFY_RULES),
             "draft_ctx": integer("draft_ctx", self.draft_ctx, 1),
             "adaptive": flag("adaptive", self.adaptive),
-            "tree_budget": integer("tree_budget", self.tree_budget, 0, DRAFT_WIDTH),
+            "tree_budget": integer("tree_budget", self.tree_budget, 0, DRAFT_WIDTH, optional=True),
             "backend": choice("backend", self.backend, BACKENDS),
             "cuda_graphs": flag("cuda_graphs", self.cuda_graphs, optional=True),
             "vram_budget": None if self.vram_budget is None else size("vram_budget", self.vram_budget),

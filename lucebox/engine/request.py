@@ -58,7 +58,7 @@ def _decode(engine: Engine, session: Session, request: Request, private: bool) -
     setup = engine.setup
     context = DecodeContext(engine.runner, cache, engine.clock, engine.learned, request.draft_k,
                             setup.config.verify, setup.config.adaptive, setup.model.vocab_size, setup.device,
-                            setup.config.tree_budget)
+                            setup.tree_budget)
     rounds = Speculation(context, request.params, proposer, prompt_ids)
     text = TextStage(engine.tokenizer, prompt_ids, request.stop_strings, request.stop_ids, request.max_tokens)
     traffic = dataclasses.replace(engine.expert_traffic)  # this request's expert cache traffic is counted from here

@@ -43,6 +43,7 @@ class EngineSetup:
     description: ModelDescription
     quantization: str | None  # the weights' scheme (a saved checkpoint's own, or the one asked for)
     drafter: DrafterSpec | None
+    tree_budget: int  # draft rows of a tree round; 0: chains
     prefill_chunk: int
     cache: CacheSettings
     cuda_graphs: bool
@@ -75,6 +76,7 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
     quantization = resolve_quantization(config.quantization, description)  # a saved scheme may only be repeated
     drafter = resolve_drafter(config.draft, description)
     refuse_speculation_on_hybrid(drafter, config.draft, description.cfg)
+    tree_budget = settle_tree_budget(config.tree_budget, drafter, description.cfg)
     stored = stored_weights(description, dtype, config.load_format)
     max_context = config.max_context or description.cfg.max_position_embeddings
     vram_plan = None
@@ -90,8 +92,8 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
     memory = check_fits(description.cfg, cache, dtype, device, quantization, cost, choices.expert_slots, stored)
     graphs = use_cuda_graphs(config.cuda_graphs, device, backend, choices.expert_slots)
     warn_past_training(max_context, description.cfg)  # once the engine is known to open: no warning before an error
-    return EngineSetup(config, device, dtype, backend, description, quantization, drafter, choices.prefill_chunk,
-                       cache, graphs, choices.expert_slots, vram_plan, memory, stored)
+    return EngineSetup(config, device, dtype, backend, description, quantization, drafter, tree_budget,
+                       choices.prefill_chunk, cache, graphs, choices.expert_slots, vram_plan, memory, stored)
 
 
 def stored_weights(description: ModelDescription, dtype: torch.dtype, load_format: str) -> StoredWeights | None:
@@ -110,25 +112,36 @@ def warn_past_training(max_context: int, cfg: ModelConfig) -> None:
 
 
 def refuse_speculation_on_hybrid(drafter: DrafterSpec | None, draft, cfg: ModelConfig) -> None:
-    """A hybrid target keeps a state per verify row (`caches.recurrent`), so n-gram drafts and a
-    draft model of plain attention layers verify exactly. Refused: a DFlash drafter (it is trained
-    and drafts from the target's features, which needs training forwards through recurrent layers)
-    and a draft model with recurrent layers of its own (its cache would need to rewind its drafts'
-    states, which a draft model's commits forget)."""
-    if drafter is None or drafter.kind == "ngram":
+    """A hybrid target keeps a state per verify row (`caches.recurrent`), so chains of drafts
+    verify exactly whoever drafts them: n-gram, a draft model of plain attention layers, or a
+    DFlash drafter (it reads only the target's hidden states, which a verify step computes as on
+    any target). Refused: a draft model with recurrent layers of its own (its cache would need to
+    rewind its drafts' states, which a draft model's commits forget); trees: `settle_tree_budget`."""
+    if drafter is None or drafter.kind != "model":
         return
     found = f" (draft='auto' found the drafter {drafter.folder})" if draft == "auto" else ""
-    if drafter.kind == "dflash" and cfg.is_hybrid:
-        raise SpeculationUnsupportedError(
-            f"a DFlash drafter for a model with recurrent (Gated DeltaNet) layers is not supported yet{found}; "
-            "pass draft='ngram', a draft model without recurrent layers, or draft=None (--no-draft)"
-        )
-    if drafter.kind == "model" and drafter.model.cfg.is_hybrid:
+    if drafter.model.cfg.is_hybrid:
         raise SpeculationUnsupportedError(
             f"a draft model with recurrent (Gated DeltaNet) layers is not supported yet{found}: its cache cannot "
             "rewind the states of rejected drafts; pass draft='ngram', a draft model without recurrent layers, "
             "or draft=None (--no-draft)"
         )
+
+
+def settle_tree_budget(asked: int | None, drafter: DrafterSpec | None, cfg: ModelConfig) -> int:
+    """`asked`, or when None DRAFT_WIDTH where draft trees can run, else 0 (chains). Trees are
+    drafted by DFlash drafters only, and not on a target with recurrent layers: a tree's rows
+    branch, while a verify step runs a recurrent layer's rows as one chain (each row's state from
+    the row before it), so asking for a tree there is refused."""
+    if asked is None:
+        return 0 if cfg.is_hybrid else DRAFT_WIDTH
+    if asked and cfg.is_hybrid and drafter is not None and drafter.kind == "dflash":
+        raise SpeculationUnsupportedError(
+            f"tree_budget={asked}: draft trees on a model with recurrent (Gated DeltaNet) layers are not supported "
+            "yet (a recurrent layer verifies one chain of rows, not a tree); pass tree_budget=0 (--tree-budget 0) "
+            "or leave it unset for chains"
+        )
+    return asked
 
 
 def graphs_possible(device: torch.device, backend: str, experts_on_host: bool) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from lucebox.errors import InvalidArgumentError, UnsupportedArchitectureError
+from lucebox.errors import InvalidArgumentError
 from lucebox.models.dflash import build_config
 from lucebox.speculative.learned import CALIBRATION_FILE, calibration_record
 from lucebox.training import corpus
@@ -97,9 +97,6 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
     desc = describe_model(target_path)
     loaded = load_model(desc, torch.float32, torch.device("cpu"))
     target, tokenizer = loaded.decoder, loaded.tokenizer
-    if target.cfg.is_hybrid:  # before any work: training forwards have no recurrent state yet
-        raise UnsupportedArchitectureError(f"{target_path} has recurrent (Gated DeltaNet) layers: distilling a "
-                                           "drafter for a hybrid target is not supported yet")
     if tokenizer is None:
         raise InvalidArgumentError(f"{target_path} has no tokenizer files; distill reads text through the "
                                    "target's own tokenizer")
