@@ -18,7 +18,9 @@ from lucebox.output import OutputExistsError
 
 @pytest.fixture(scope="module")
 def builtin():
-    return lucebox.LLM()
+    # Plain decoding: the default drafter's width follows the clock, and float32 verify blocks of other
+    # widths round differently, so its greedy tokens could differ from run to run on a loaded machine.
+    return lucebox.LLM(draft=None)
 
 
 @pytest.fixture(scope="module")
