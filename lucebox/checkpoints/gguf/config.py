@@ -8,7 +8,7 @@ llama.cpp writes Llama, Mistral and Mixtral all as architecture `llama`: experts
 a sliding window Mistral. Laguna's keys are those of llama.cpp's LLM_ARCH_LAGUNA (per-layer head
 counts, `leading_dense_block_count`, `attention.sliding_window_pattern`, `rope.*_swa`); its router
 soft-cap, which llama.cpp does not implement, is read from `laguna.router_logit_softcapping`, the
-key gguf-py defines for that purpose.
+key gguf-py defines for that purpose. The Gated DeltaNet hybrids' keys: `hybrid_config`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from lucebox.checkpoints.gguf import hybrid_config
 from lucebox.errors import ConfigError, TokenizerError, UnsupportedArchitectureError
 from lucebox.models.hf_config import check_values
 
-SUPPORTED_GGUF_ARCHITECTURES = ("laguna", "llama", "qwen3", "qwen3moe")
+SUPPORTED_GGUF_ARCHITECTURES = ("laguna", "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe")
 _SIGMOID_GATING = 2  # llama.cpp's expert_gating_func value for a sigmoid router
 
 
@@ -215,7 +216,9 @@ def _check_vocabulary(metadata: dict, rows: int, source: Path) -> None:
                              "it too)")
 
 
-_BUILDERS = {"llama": _llama, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "laguna": _laguna}
+_BUILDERS = {"llama": _llama, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "laguna": _laguna,
+             "qwen3next": hybrid_config.qwen3next, "qwen35": hybrid_config.qwen35,
+             "qwen35moe": hybrid_config.qwen35moe}
 
 
 def hf_config_from_gguf(metadata: dict, has: Callable[[str], bool], shape: Callable[[str], tuple[int, ...]],
