@@ -8,7 +8,9 @@ bias), `ffn_{gate,up,down}_exps` (experts, already stacked) and `ffn_{gate,up,do
 Quantized linear weights stay quantized (`lucebox.checkpoints.gguf.blocks`); embeddings, the output head,
 routers, norms and biases are read in the model dtype, as lucebox keeps them for its own
 quantization. llama.cpp's converter interleaves the two rotary halves of each attention head's
-q and k rows for architecture `llama` (its RoPE rotates adjacent pairs); we put them back.
+q and k rows for architecture `llama` (its RoPE rotates adjacent pairs); we put them back. The
+Gated DeltaNet hybrids' own names and transforms: `hybrid_weights`; a file's GDN projections stay
+quantized too (`keeps_blocks`).
 """
 
 from __future__ import annotations
