@@ -91,6 +91,18 @@ def test_a_missing_ssm_key_is_refused_naming_it(qwen35_file, tmp_path, key):
         lucebox.LLM(_without(qwen35_file, tmp_path, key=key), device="cpu")
 
 
+@pytest.mark.parametrize("key,value,refusal", [
+    ("qwen35.ssm.group_count", 3, "is not a multiple of linear_num_key_heads 3"),
+    ("qwen35.ssm.inner_size", 258, "'qwen35.ssm.inner_size' \\(258\\) is not a whole number"),
+    ("qwen35.ssm.conv_kernel", 0, "linear_conv_kernel_dim")])
+def test_inconsistent_ssm_sizes_are_refused_naming_the_key(qwen35_file, tmp_path, key, value, refusal):
+    layout = read_layout(qwen35_file)
+    layout.get(key).value = value
+    with pytest.raises(ConfigError, match=refusal) as refused:
+        lucebox.LLM(write_layout(layout, tmp_path / "broken.gguf"), device="cpu")
+    assert key in str(refused.value)
+
+
 @pytest.mark.parametrize("tensor", ["blk.0.ssm_a", "blk.2.ssm_alpha.weight", "blk.0.attn_gate.weight",
                                     "blk.1.post_attention_norm.weight"])
 def test_a_missing_tensor_is_refused_naming_it(qwen35_file, tmp_path, tensor):

@@ -30,7 +30,9 @@ _SIGMOID_GATING = 2  # llama.cpp's expert_gating_func value for a sigmoid router
 _FIELDS = {"hidden_size": "embedding_length", "num_hidden_layers": "block_count",
            "num_attention_heads": "attention.head_count", "num_key_value_heads": "attention.head_count_kv",
            "head_dim": "attention.key_length", "rms_norm_eps": "attention.layer_norm_rms_epsilon",
-           "max_position_embeddings": "context_length", "intermediate_size": "feed_forward_length"}
+           "max_position_embeddings": "context_length", "intermediate_size": "feed_forward_length",
+           "linear_num_key_heads": "ssm.group_count", "linear_num_value_heads": "ssm.time_step_rank",
+           "linear_key_head_dim": "ssm.state_size", "linear_conv_kernel_dim": "ssm.conv_kernel"}
 
 
 @contextmanager
