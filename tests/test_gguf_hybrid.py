@@ -58,7 +58,10 @@ def test_a_gguf_gets_the_config_and_weights_of_its_hugging_face_original(arch, t
     # GGUF keeps eps as float32, and has no checkpoint dtype
     assert dataclasses.replace(from_gguf, rms_norm_eps=from_hf.rms_norm_eps, checkpoint_dtype="float64") == from_hf
     assert from_gguf.rms_norm_eps == pytest.approx(from_hf.rms_norm_eps, rel=1e-7)
-    gguf_w = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype=torch.float64).decoder.w
+    llm = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype=torch.float64)
+    gguf_w = llm.decoder.w
+    held = sum(w.nbytes() if isinstance(w, QuantizedTensor) else w.numel() * w.element_size() for w in gguf_w.values())
+    assert llm.setup.memory["weights"] == held  # the memory plan counts the blocks kept
     hf_w = lucebox.LLM(tmp_path / "hf", device="cpu", dtype=torch.float64).decoder.w
     assert gguf_w.keys() == hf_w.keys()
     for name in hf_w:
