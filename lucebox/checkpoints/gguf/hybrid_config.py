@@ -16,6 +16,8 @@ inherited by the Qwen3.5 classes) and reads them (src/models/qwen3next.cpp, qwen
   expert_count, expert_used_count, expert_feed_forward_length, expert_shared_feed_forward_length.
 llama.cpp always renormalizes the chosen experts' weights for these architectures. A file that
 carries MTP layers (nextn_predict_layers > 0) is refused: lucebox does not load them.
+Names are typed out, as elsewhere in this package (importing gguf-py costs ~0.2 s at start-up);
+the tests write their files with gguf-py's own constants and tensor map, so the two must agree.
 """
 
 from __future__ import annotations

@@ -62,42 +62,41 @@ def _spread(heads: torch.Tensor, width: int) -> torch.Tensor:
 
 def _gated_deltanet(cfg: ModelConfig, p: str, b: str, arch: str, has) -> dict[str, GGUFSource]:
     s = cfg.linear_attention
-    Hk, Hv, Dk, Dv, r = s.key_heads, s.value_heads, s.key_dim, s.value_dim, s.value_heads // s.key_heads
-    qk, v = 2 * Hk * Dk, Hv * Dv
-    qkv, z = (b + "attn_qkv.weight", b + "attn_gate.weight")
-    sources = {p + "conv": GGUFSource((b + "ssm_conv1d.weight",), any_shape=True),
-               p + "norm": GGUFSource((b + "ssm_norm.weight",)), p + "out": GGUFSource((b + "ssm_out.weight",))}
+    qkv_z, shares = (b + "attn_qkv.weight", b + "attn_gate.weight"), (s.conv_channels, s.value_heads * s.value_dim)
+    sources = {"conv": GGUFSource((b + "ssm_conv1d.weight",), any_shape=True),
+               "norm": GGUFSource((b + "ssm_norm.weight",)), "out": GGUFSource((b + "ssm_out.weight",)),
+               "dt_bias": GGUFSource((b + "ssm_dt.bias",)), "A_log": GGUFSource((b + "ssm_a",), value="negated_exp")}
     if arch == "qwen3next":
-        if has(b + "ssm_in.weight"):
-            sources[p + "qkvz"] = GGUFSource((b + "ssm_in.weight",))
-        else:  # back to rows grouped by key head: its q, its k, its value heads' v, then their z
-            g = torch.arange(Hk)
-            grouped = _by_key_head([_spread(g, Dk), Hk * Dk + _spread(g, Dk), qk + _spread(g, r * Dv),
-                                    qk + v + _spread(g, r * Dv)], Hk)
-            sources[p + "qkvz"] = GGUFSource((qkv, z), rows=grouped, part_rows=(qk + v, v))
-        sources[p + "ba"] = GGUFSource((b + "ssm_ba.weight",))
-        sources[p + "dt_bias"] = GGUFSource((b + "ssm_dt.bias",))
-        sources[p + "A_log"] = GGUFSource((b + "ssm_a",), value="negated_exp")
-        return sources
-    # qwen35 / qwen35moe: flat projections; value head j = g*r + i of ours is the file's i*Hk + g
+        sources["ba"] = GGUFSource((b + "ssm_ba.weight",))
+        sources["qkvz"] = (GGUFSource((b + "ssm_in.weight",)) if has(b + "ssm_in.weight") else
+                           GGUFSource(qkv_z, rows=_grouped_qkvz(s), part_rows=shares))
+    else:
+        sources["ba"] = GGUFSource((b + "ssm_beta.weight", b + "ssm_alpha.weight"))
+        sources["qkvz"] = GGUFSource(qkv_z, part_rows=shares)
+        if s.key_heads != s.value_heads:
+            sources = _untiled(sources, s)
+    return {p + part: source for part, source in sources.items()}
+
+
+def _grouped_qkvz(s) -> torch.Tensor:
+    """attn_qkv | attn_gate rows back in in_proj_qkvz's order: for each key head g, its q, its k,
+    then the v and z of its r value heads."""
+    Hk, Dk, rDv = s.key_heads, s.key_dim, s.value_heads // s.key_heads * s.value_dim
+    qk, v, g = 2 * Hk * Dk, s.value_heads * s.value_dim, torch.arange(Hk)
+    runs = [_spread(g, Dk), Hk * Dk + _spread(g, Dk), qk + _spread(g, rDv), qk + v + _spread(g, rDv)]
+    return torch.cat([run.view(Hk, -1) for run in runs], dim=1).reshape(-1)
+
+
+def _untiled(sources: dict[str, GGUFSource], s) -> dict[str, GGUFSource]:
+    """Qwen3.5's value heads back from tiled to grouped order: our head j = g*r + i is the file's
+    i*Hk + g, in every tensor that has a row (or, for ssm_out, a column block) per value head."""
+    Hk, Hv, Dv, r = s.key_heads, s.value_heads, s.value_dim, s.value_heads // s.key_heads
     heads = (torch.arange(Hv) % r) * Hk + torch.arange(Hv) // r
-    tiled = Hk != Hv
-    order = heads if tiled else None
-    sources.update({
-        p + "qkvz": GGUFSource((qkv, z), rows=torch.cat([torch.arange(qk), qk + _spread(heads, Dv),
-                                                         qk + v + _spread(heads, Dv)]) if tiled else None,
-                               part_rows=(qk + v, v)),
-        p + "ba": GGUFSource((b + "ssm_beta.weight", b + "ssm_alpha.weight"),
-                             rows=torch.cat([heads, Hv + heads]) if tiled else None),
-        p + "dt_bias": GGUFSource((b + "ssm_dt.bias",), rows=order),
-        p + "A_log": GGUFSource((b + "ssm_a",), rows=order, value="negated_exp"),
-    })
-    if tiled:
-        sources[p + "conv"] = replace(sources[p + "conv"], rows=torch.cat([torch.arange(qk), qk + _spread(heads, Dv)]))
-        sources[p + "out"] = replace(sources[p + "out"], column_blocks=heads, block_width=Dv)
+    qk, v = 2 * Hk * s.key_dim, Hv * Dv
+    moved = {"qkvz": torch.cat([torch.arange(qk), qk + _spread(heads, Dv), qk + v + _spread(heads, Dv)]),
+             "conv": torch.cat([torch.arange(qk), qk + _spread(heads, Dv)]),
+             "ba": torch.cat([heads, Hv + heads]), "dt_bias": heads, "A_log": heads}
+    sources = {part: replace(source, rows=moved[part]) if part in moved else source
+               for part, source in sources.items()}
+    sources["out"] = replace(sources["out"], column_blocks=heads, block_width=Dv)
     return sources
-
-
-def _by_key_head(parts: list[torch.Tensor], heads: int) -> torch.Tensor:
-    """Interleave per-head runs: each part lists `heads` equal runs; head g takes run g of each part."""
-    return torch.cat([part.view(heads, -1) for part in parts], dim=1).reshape(-1)
