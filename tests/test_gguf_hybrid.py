@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from gguf_bytes import read_layout, write_layout
+from gguf_bytes import FLOAT32, read_layout, write_layout
 from gguf_hybrid_models import write_hybrid_gguf
 from gguf_models import VOCAB
 from lucebox.kernels.quant import QuantizedTensor, dequantize
@@ -97,10 +97,13 @@ def test_a_missing_ssm_key_is_refused_naming_it(qwen35_file, tmp_path, key):
 @pytest.mark.parametrize("key,value,refusal", [
     ("qwen35.ssm.group_count", 3, "is not a multiple of linear_num_key_heads 3"),
     ("qwen35.ssm.inner_size", 258, "'qwen35.ssm.inner_size' \\(258\\) is not a whole number"),
-    ("qwen35.ssm.conv_kernel", 0, "linear_conv_kernel_dim")])
+    ("qwen35.ssm.conv_kernel", 0, "linear_conv_kernel_dim"),
+    ("qwen35.ssm.state_size", float("inf"), "'qwen35.ssm.state_size' is 'inf'; it must be a whole number"),
+    ("qwen35.full_attention_interval", 1.5, "'qwen35.full_attention_interval' is '1.5'; it must be a whole")])
 def test_inconsistent_ssm_sizes_are_refused_naming_the_key(qwen35_file, tmp_path, key, value, refusal):
     layout = read_layout(qwen35_file)
-    layout.get(key).value = value
+    field = layout.get(key)
+    field.kind, field.value = (FLOAT32 if isinstance(value, float) else field.kind), value
     with pytest.raises(ConfigError, match=refusal) as refused:
         lucebox.LLM(write_layout(layout, tmp_path / "broken.gguf"), device="cpu")
     assert key in str(refused.value)

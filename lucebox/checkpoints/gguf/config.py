@@ -240,5 +240,5 @@ def hf_config_from_gguf(metadata: dict, has: Callable[[str], bool], shape: Calla
     try:
         hf = _common(meta, rows, tied=not has("output.weight"))
         return _BUILDERS[arch](meta, hf, has, shape)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise ConfigError(f"{source.name}: GGUF metadata has a value of the wrong type ({e})") from None
