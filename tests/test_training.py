@@ -26,8 +26,9 @@ def laguna(reference_models):
 
 
 # Laguna (full and sliding attention) and the hybrids (Gated DeltaNet and full attention; Qwen3-Next's
-# grouped projections, Qwen3.5's flat ones; Kimi Linear's KDA and latent attention): a hybrid's batch of two different sequences equals each
-# one prefilled alone, so no recurrent state leaks from one into the other.
+# grouped projections, Qwen3.5's flat ones; Kimi Linear's KDA and latent attention): a hybrid's
+# batch of two different sequences equals each one prefilled alone, so no recurrent state leaks
+# from one into the other.
 TARGETS = ["laguna", "qwen3_next", "qwen3_5", "kimi_linear"]
 
 

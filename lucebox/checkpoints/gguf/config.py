@@ -8,7 +8,7 @@ llama.cpp writes Llama, Mistral and Mixtral all as architecture `llama`: experts
 a sliding window Mistral. Laguna's keys are those of llama.cpp's LLM_ARCH_LAGUNA (per-layer head
 counts, `leading_dense_block_count`, `attention.sliding_window_pattern`, `rope.*_swa`); its router
 soft-cap, which llama.cpp does not implement, is read from `laguna.router_logit_softcapping`, the
-key gguf-py defines for that purpose.
+key gguf-py defines for that purpose. The Gated DeltaNet hybrids' keys: `hybrid_config`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from lucebox.checkpoints.gguf import hybrid_config
 from lucebox.errors import ConfigError, TokenizerError, UnsupportedArchitectureError
 from lucebox.models.hf_config import check_values
 
-SUPPORTED_GGUF_ARCHITECTURES = ("laguna", "llama", "qwen3", "qwen3moe")
+SUPPORTED_GGUF_ARCHITECTURES = ("laguna", "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe")
 _SIGMOID_GATING = 2  # llama.cpp's expert_gating_func value for a sigmoid router
 
 
@@ -29,7 +30,9 @@ _SIGMOID_GATING = 2  # llama.cpp's expert_gating_func value for a sigmoid router
 _FIELDS = {"hidden_size": "embedding_length", "num_hidden_layers": "block_count",
            "num_attention_heads": "attention.head_count", "num_key_value_heads": "attention.head_count_kv",
            "head_dim": "attention.key_length", "rms_norm_eps": "attention.layer_norm_rms_epsilon",
-           "max_position_embeddings": "context_length", "intermediate_size": "feed_forward_length"}
+           "max_position_embeddings": "context_length", "intermediate_size": "feed_forward_length",
+           "linear_num_key_heads": "ssm.group_count", "linear_num_value_heads": "ssm.time_step_rank",
+           "linear_key_head_dim": "ssm.state_size", "linear_conv_kernel_dim": "ssm.conv_kernel"}
 
 
 @contextmanager
@@ -215,7 +218,9 @@ def _check_vocabulary(metadata: dict, rows: int, source: Path) -> None:
                              "it too)")
 
 
-_BUILDERS = {"llama": _llama, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "laguna": _laguna}
+_BUILDERS = {"llama": _llama, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "laguna": _laguna,
+             "qwen3next": hybrid_config.qwen3next, "qwen35": hybrid_config.qwen35,
+             "qwen35moe": hybrid_config.qwen35moe}
 
 
 def hf_config_from_gguf(metadata: dict, has: Callable[[str], bool], shape: Callable[[str], tuple[int, ...]],
@@ -235,5 +240,5 @@ def hf_config_from_gguf(metadata: dict, has: Callable[[str], bool], shape: Calla
     try:
         hf = _common(meta, rows, tied=not has("output.weight"))
         return _BUILDERS[arch](meta, hf, has, shape)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
         raise ConfigError(f"{source.name}: GGUF metadata has a value of the wrong type ({e})") from None

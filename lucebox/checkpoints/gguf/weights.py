@@ -8,17 +8,27 @@ bias), `ffn_{gate,up,down}_exps` (experts, already stacked) and `ffn_{gate,up,do
 Quantized linear weights stay quantized (`lucebox.checkpoints.gguf.blocks`); embeddings, the output head,
 routers, norms and biases are read in the model dtype, as lucebox keeps them for its own
 quantization. llama.cpp's converter interleaves the two rotary halves of each attention head's
-q and k rows for architecture `llama` (its RoPE rotates adjacent pairs); we put them back.
+q and k rows for architecture `llama` (its RoPE rotates adjacent pairs); we put them back. The
+Gated DeltaNet hybrids' own names and transforms: `hybrid_weights`; a file's GDN projections stay
+quantized too (`keeps_blocks`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from lucebox.checkpoints.gguf.file import GGUFFile
+from lucebox.checkpoints.gguf.hybrid_weights import HYBRID_ARCHITECTURES, hybrid_sources
+from lucebox.checkpoints.gguf.reorder import (
+    GGUFSource,
+    Weight,
+    rotary_halves_order,
+    take_column_blocks,
+    take_rows,
+    undo_value,
+)
 from lucebox.config import ModelConfig
 from lucebox.errors import MissingTensorError, TensorShapeError, UnexpectedTensorError
 from lucebox.kernels.quant import QuantizedTensor, dequantize
@@ -26,17 +36,11 @@ from lucebox.memory.expert_cache import is_routed_expert
 from lucebox.memory.plan import StoredWeights
 from lucebox.models.layout import quantizable, weight_shapes
 
-Weight = torch.Tensor | QuantizedTensor
 ROTARY_INTERLEAVED = ("llama",)  # architectures whose converter interleaves q/k rotary halves
 
 
-@dataclass(frozen=True)
-class GGUFSource:
-    names: tuple[str, ...]  # GGUF tensors, concatenated along the output rows
-    heads: int = 0  # > 0: undo the rotary interleave of this many heads' rows
-
-
-def gguf_sources(cfg: ModelConfig, arch: str) -> dict[str, GGUFSource]:
+def gguf_sources(cfg: ModelConfig, arch: str, has) -> dict[str, GGUFSource]:
+    """Where each of our tensors lies; `has(name)` tells which layout a hybrid's file holds."""
     interleaved = arch in ROTARY_INTERLEAVED
     sources = {"embed": GGUFSource(("token_embd.weight",)), "norm": GGUFSource(("output_norm.weight",))}
     if not cfg.tie_word_embeddings:
@@ -48,50 +52,41 @@ def gguf_sources(cfg: ModelConfig, arch: str) -> dict[str, GGUFSource]:
             return GGUFSource((block + name,), heads if interleaved else 0)
 
         q_heads, kv_heads = layer.num_heads, cfg.num_kv_heads
-        sources.update({p + "attn_norm": one("attn_norm.weight"), p + "mlp_norm": one("ffn_norm.weight"),
-                        p + "wq": one("attn_q.weight", q_heads), p + "wk": one("attn_k.weight", kv_heads),
-                        p + "wv": one("attn_v.weight"), p + "wo": one("attn_output.weight")})
-        if cfg.attention_bias:
-            sources.update({p + "bq": one("attn_q.bias", q_heads), p + "bk": one("attn_k.bias", kv_heads),
-                            p + "bv": one("attn_v.bias"), p + "bo": one("attn_output.bias")})
-        if cfg.qk_norm:
-            sources.update({p + "q_norm": one("attn_q_norm.weight"), p + "k_norm": one("attn_k_norm.weight")})
-        if cfg.attention_gate:
-            sources[p + "wg"] = one("attn_gate.weight")
-        if layer.mlp == "dense":
-            sources[p + "w_gate_up"] = GGUFSource((b + "ffn_gate.weight", b + "ffn_up.weight"))
-            sources[p + "w_down"] = one("ffn_down.weight")
-            continue
-        sources[p + "router"] = one("ffn_gate_inp.weight")
-        sources[p + "experts_gate_up"] = GGUFSource((b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight"))
-        sources[p + "experts_down"] = one("ffn_down_exps.weight")
-        if cfg.moe.correction_bias:
-            sources[p + "router_bias"] = one("exp_probs_b.bias")
-        if cfg.moe.shared_expert_size:
-            sources[p + "shared_gate_up"] = GGUFSource((b + "ffn_gate_shexp.weight", b + "ffn_up_shexp.weight"))
-            sources[p + "shared_down"] = one("ffn_down_shexp.weight")
+        sources.update({p + "attn_norm": one("attn_norm.weight"), p + "mlp_norm": one("ffn_norm.weight")})
+        if not layer.is_recurrent:  # (a recurrent layer's own tensors: `hybrid_sources`)
+            sources.update(_attention(cfg, p, one, q_heads, kv_heads))
+        sources.update(_mlp(cfg, layer, p, b, one))
+    return hybrid_sources(cfg, arch, sources, has) if arch in HYBRID_ARCHITECTURES else sources
+
+
+def _attention(cfg: ModelConfig, p: str, one, q_heads: int, kv_heads: int) -> dict[str, GGUFSource]:
+    sources = {p + "wq": one("attn_q.weight", q_heads), p + "wk": one("attn_k.weight", kv_heads),
+               p + "wv": one("attn_v.weight"), p + "wo": one("attn_output.weight")}
+    if cfg.attention_bias:
+        sources.update({p + "bq": one("attn_q.bias", q_heads), p + "bk": one("attn_k.bias", kv_heads),
+                        p + "bv": one("attn_v.bias"), p + "bo": one("attn_output.bias")})
+    if cfg.qk_norm:
+        sources.update({p + "q_norm": one("attn_q_norm.weight"), p + "k_norm": one("attn_k_norm.weight")})
+    if cfg.attention_gate in ("head", "element"):  # (a "sigmoid" gate is fused into attn_q)
+        sources[p + "wg"] = one("attn_gate.weight")
     return sources
 
 
-def rotary_halves_order(rows: int, heads: int) -> torch.Tensor:
-    """Row indices that turn llama.cpp's interleaved rotary layout back into halves: in each head
-    of D rows, our row h * D + j (j < D/2: first half, else second) is its row h * D + 2 * (j mod
-    D/2) + (j >= D/2)."""
-    D = rows // heads
-    within = torch.arange(D).view(D // 2, 2).t().reshape(-1)
-    return (torch.arange(heads)[:, None] * D + within).reshape(-1)
-
-
-def take_rows(w: Weight, order: torch.Tensor) -> Weight:
-    """w with its output rows (dim -2 of a matrix, dim 0 of a vector) reordered; quantized blocks
-    run along the input features, so whole rows move intact."""
-    if isinstance(w, QuantizedTensor):
-        pick = order.to(w.codes.device)
-        mins = None if w.mins is None else w.mins.index_select(-2, pick)
-        zeros = None if w.zeros is None else w.zeros.index_select(-2, pick)
-        return QuantizedTensor(w.codes.index_select(-2, pick), w.scales.index_select(-2, pick), zeros, w.bits,
-                               w.group, w.shape, w.dtype, mins)
-    return w.index_select(-2 if w.dim() > 1 else 0, order.to(w.device))
+def _mlp(cfg: ModelConfig, layer, p: str, b: str, one) -> dict[str, GGUFSource]:
+    if layer.mlp == "dense":
+        return {p + "w_gate_up": GGUFSource((b + "ffn_gate.weight", b + "ffn_up.weight")),
+                p + "w_down": one("ffn_down.weight")}
+    sources = {p + "router": one("ffn_gate_inp.weight"),
+               p + "experts_gate_up": GGUFSource((b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight")),
+               p + "experts_down": one("ffn_down_exps.weight")}
+    if cfg.moe.correction_bias:
+        sources[p + "router_bias"] = one("exp_probs_b.bias")
+    if cfg.moe.shared_expert_size:
+        sources[p + "shared_gate_up"] = GGUFSource((b + "ffn_gate_shexp.weight", b + "ffn_up_shexp.weight"))
+        sources[p + "shared_down"] = one("ffn_down_shexp.weight")
+    if cfg.moe.shared_expert_gate:  # [1, H] as transformers holds it, or llama.cpp's [H]
+        sources[p + "shared_gate"] = GGUFSource((b + "ffn_gate_inp_shexp.weight",), any_shape=True)
+    return sources
 
 
 def _widened(w: QuantizedTensor, group: int) -> QuantizedTensor:
@@ -140,15 +135,23 @@ def device_bytes(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.dtype
     index before loading: linear weights in their repacked block types (fused halves of different
     types are counted as if not widened), everything else in `dtype`."""
     total = experts = 0.0
-    for name, source in gguf_sources(cfg, arch).items():
+    for name, source in gguf_sources(cfg, arch, file.__contains__).items():
         for n in source.names:
             entry = file.tensors.get(n)
             if entry is not None:
-                per_weight = _REPACKED_BYTES.get(entry.type_name) if quantizable(name) else None
+                per_weight = _REPACKED_BYTES.get(entry.type_name) if keeps_blocks(name) else None
                 size = math.prod(entry.shape) * (per_weight or dtype.itemsize)
                 total += size
                 experts += size if is_routed_expert(name) else 0
     return StoredWeights(int(total), int(experts))
+
+
+# Beyond lucebox's own quantizable weights, a GGUF file's Gated DeltaNet projections stay in blocks too.
+_ALSO_IN_BLOCKS = ("gdn_qkvz", "gdn_ba", "gdn_out")
+
+
+def keeps_blocks(name: str) -> bool:
+    return quantizable(name) or name.rsplit(".", 1)[-1] in _ALSO_IN_BLOCKS
 
 
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's RoPE scaling as per-frequency divisors (gguf_loading)
@@ -170,12 +173,14 @@ def _check_present(file: GGUFFile, sources: dict[str, GGUFSource]) -> None:
 
 def _check_shapes(file: GGUFFile, sources: dict[str, GGUFSource], shapes: dict) -> None:
     """Every part in the shape the metadata implies, from the index, before any is read: the parts
-    of a fused weight (gate and up) split its rows evenly."""
+    of a fused weight (gate and up) split its rows evenly unless the source says how."""
     for name, source in sources.items():
         *lead, rows, width = shapes[name] if len(shapes[name]) > 1 else (shapes[name][0], None)
-        part = (*lead, rows // len(source.names)) + (() if width is None else (width,))
-        for n in source.names:
-            if file.shape(n) != part:
+        shares = source.part_rows or (rows // len(source.names),) * len(source.names)
+        for n, share in zip(source.names, shares, strict=True):
+            part = (*lead, share) + (() if width is None else (width,))
+            fits = math.prod(file.shape(n)) == math.prod(part) if source.any_shape else file.shape(n) == part
+            if not fits:
                 raise TensorShapeError(f"{file.path.name}: {n} has shape {list(file.shape(n))}, the metadata "
                                        f"implies {list(part)} (for {name})")
 
@@ -184,7 +189,7 @@ def load_gguf_weights(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.
                       transform=None, progress=None) -> dict[str, Weight]:
     """Every tensor the config needs, one at a time; `transform(name, tensor)` (lucebox's own
     quantization) applies to linear weights the file stores as floats."""
-    sources = gguf_sources(cfg, arch)
+    sources = gguf_sources(cfg, arch, file.__contains__)
     _check_present(file, sources)
     shapes = weight_shapes(cfg)
     _check_shapes(file, sources, shapes)
@@ -193,15 +198,29 @@ def load_gguf_weights(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.
     weights: dict[str, Weight] = {}
     for name, source in sources.items():
         target = device(name) if callable(device) else device  # experts bound for host memory are read there
-        w = concat_rows([file.read(n, dtype, target) for n in source.names])
-        if source.heads:
-            w = take_rows(w, rotary_halves_order(shapes[name][0], source.heads))
-        if not quantizable(name) and isinstance(w, QuantizedTensor):
-            w = dequantize(w)  # read whole or indexed by token: kept in the model dtype, like our own quantization
-        elif transform is not None:  # lucebox's quantization of float weights, and where each weight lives
-            w = transform(name, w)
-        weights[name] = w
+        weights[name] = _read(file, name, source, shapes[name], dtype, target, transform)
         done += sum(file.tensors[n].nbytes for n in source.names)
         if progress is not None:
             progress(done, total)
     return weights
+
+
+def _read(file: GGUFFile, name: str, source: GGUFSource, shape: tuple[int, ...], dtype: torch.dtype, device,
+          transform) -> Weight:
+    """Our tensor `name`: its parts read and concatenated, the converter's moves and value changes undone."""
+    w = concat_rows([file.read(n, dtype, device) for n in source.names])
+    if source.heads:
+        w = take_rows(w, rotary_halves_order(shape[0], source.heads))
+    if source.rows is not None:
+        w = take_rows(w, source.rows)
+    if source.column_blocks is not None:
+        w = take_column_blocks(w, source.column_blocks, source.block_width, f"{file.path.name}: {source.names[0]}")
+    if not keeps_blocks(name) and isinstance(w, QuantizedTensor):
+        # read whole or indexed by token: kept in the model dtype, like our own quantization
+        w = dequantize(w).reshape(shape)
+        return w if source.value is None else undo_value(w, source.value, f"{file.path.name}: {source.names[0]}")
+    if source.any_shape:
+        w = w.reshape(shape)
+    if source.value is not None:
+        w = undo_value(w, source.value, f"{file.path.name}: {source.names[0]}")
+    return w if transform is None else transform(name, w)  # lucebox's quantization, and where it lives
