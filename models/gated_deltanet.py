@@ -45,6 +45,20 @@ def back_to_rows(x: torch.Tensor, B: int) -> torch.Tensor:
     return x.reshape(x.shape[0], B, -1).transpose(0, 1).reshape(B * x.shape[0], -1)
 
 
+def convolved_side_by_side(kernels: Kernels, mixed: torch.Tensor, weight: torch.Tensor, state, heads: int):
+    """The step's conv over `mixed` (T, C) from `state` (a `StepState`, or a training batch's).
+
+    A state of B sequences (a training batch, rows sequence-major) holds them side by side: B*C conv
+    channels, B*heads recurrent heads. The conv is depthwise and the delta rule runs per head, so the
+    batch runs as one sequence of T / B rows, and no sequence sees another's rows (B = 1 for the
+    engine: a no-op). Returns (B, conv output (T / B, B, C), the conv state(s) after, the recurrent
+    state the rule starts from)."""
+    conv_state, recurrent_state = state.current()
+    B = recurrent_state.shape[0] // heads
+    out, conv_after = kernels.causal_conv1d(side_by_side(mixed, B), weight.repeat(B, 1), conv_state, state.every_row)
+    return B, out.reshape(out.shape[0], B, -1), conv_after, recurrent_state
+
+
 class GatedDeltaNetMixer:
     def __init__(self, cfg: ModelConfig, i: int, weights: dict, kernels: Kernels, rope: RotaryTables):
         spec, p = cfg.linear_attention, f"layers.{i}."
@@ -63,17 +77,11 @@ class GatedDeltaNetMixer:
         mixed, z, b, a = self._grouped(qkvz, ba) if self.grouped else self._flat(qkvz, ba)
 
         state = context.recurrent_state(self.layer)
-        conv_state, recurrent_state = state.current()
         every_row = state.every_row  # a decode/verify step keeps each row's state; a prefill its last
-        # A state of B sequences (a training batch, rows sequence-major) holds them side by side: B*C
-        # conv channels, B*Hv heads. The conv is depthwise and the delta rule runs per head, so the
-        # batch runs as one sequence of T / B rows, and no sequence sees another's rows. B = 1 here
-        # for the engine (a no-op).
-        B = recurrent_state.shape[0] // Hv
+        conv = w[n["conv"]].view(self.channels, -1)
+        B, mixed, conv_after, recurrent_state = convolved_side_by_side(k, mixed, conv, state, Hv)
         L = T // B  # rows per sequence
-        weight = w[n["conv"]].view(self.channels, -1).repeat(B, 1)
-        mixed, conv_after = k.causal_conv1d(side_by_side(mixed, B), weight, conv_state, every_row)
-        q, key, v = mixed.reshape(L, B, -1).split([Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
+        q, key, v = mixed.split([Hk * Dk, Hk * Dk, Hv * Dv], dim=-1)
         # Each key head serves `r` consecutive value heads.
         q = q.reshape(L, B * Hk, Dk).repeat_interleave(r, dim=1)
         key = key.reshape(L, B * Hk, Dk).repeat_interleave(r, dim=1)

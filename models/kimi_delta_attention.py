@@ -18,7 +18,13 @@ import torch
 import torch.nn.functional as F
 from lucebox.kernels.backend import Kernels
 from lucebox.kernels.rope import RotaryTables
-from lucebox.models.gated_deltanet import PREFILL_CHUNK_ROWS, back_to_rows, l2_normalized, side_by_side
+from lucebox.models.gated_deltanet import (
+    PREFILL_CHUNK_ROWS,
+    back_to_rows,
+    convolved_side_by_side,
+    l2_normalized,
+    side_by_side,
+)
 
 from lucebox.config import ModelConfig
 
@@ -38,14 +44,11 @@ class KimiDeltaAttentionMixer:
         mixed = torch.cat([k.linear(h, w[n["q"]]), k.linear(h, w[n["k"]]), k.linear(h, w[n["v"]])], dim=-1)
 
         state = context.recurrent_state(self.layer)
-        conv_state, recurrent_state = state.current()
         every_row = state.every_row  # a decode/verify step keeps each row's state; a prefill its last
-        # B sequences of a training batch side by side, as in `models/gated_deltanet.py` (B = 1 in the engine).
-        B = recurrent_state.shape[0] // H
+        conv = w[n["conv"]].view(self.channels, -1)
+        B, mixed, conv_after, recurrent_state = convolved_side_by_side(k, mixed, conv, state, H)  # B: batch rows
         L = T // B  # rows per sequence
-        weight = w[n["conv"]].view(self.channels, -1).repeat(B, 1)
-        mixed, conv_after = k.causal_conv1d(side_by_side(mixed, B), weight, conv_state, every_row)
-        q, key, v = (part.reshape(L, B * H, D) for part in mixed.reshape(L, B, -1).split(H * D, dim=-1))
+        q, key, v = (part.reshape(L, B * H, D) for part in mixed.split(H * D, dim=-1))
         dt = recurrent_state.dtype  # float32 at least, as the rule computes
         q = l2_normalized(q.to(dt)) * D**-0.5
         key = l2_normalized(key.to(dt))
