@@ -30,6 +30,9 @@ def test_logits_and_greedy_tokens_equal_the_transformers_twin(qtype, q_lora_rank
     with torch.no_grad():
         tokens = ref.generate(torch.tensor([PROMPT]), max_new_tokens=6, do_sample=False)[0, len(PROMPT):]
     assert llm.generate(PROMPT, max_tokens=6, ignore_eos=True).token_ids == tokens.tolist()
+    if qtype == "Q8_0" and not legacy:  # the blocks kept, run in float32
+        llm32 = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32")
+        assert relative_error(llm32.logits(PROMPT), want) <= 1e-4
 
 
 def _plain(w) -> torch.Tensor:
