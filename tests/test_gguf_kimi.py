@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from gguf_bytes import UINT32, Field, read_layout, write_layout
+from gguf_bytes import STRING, UINT32, Field, read_layout, write_layout
 from gguf_kimi_models import write_kimi_gguf
 from lucebox.kernels.quant import QuantizedTensor, dequantize
 from test_gguf_hybrid import PROMPT, reference_logits, relative_error
@@ -87,10 +87,13 @@ def test_a_missing_key_is_refused_naming_it(kimi_file, tmp_path, key):
     ("kimi-linear.expert_gating_func", 1, "is 1; lucebox's Kimi Linear routes with a sigmoid"),
     ("kimi-linear.expert_group_count", 2, "grouped top-k routing is not implemented"),
     ("kimi-linear.attention.kv_lora_rank", 0, "kv_lora_rank"),
-    ("kimi-linear.attention.head_count_kv", 1, "must list one count for each of the 4 layers")])
+    ("kimi-linear.attention.head_count_kv", 1, "must list one count for each of the 4 layers"),
+    ("kimi-linear.hidden_activation", "situ", "runs SiLU MLPs only"),
+    ("kimi-linear.moe_latent_size", 64, "latent MoE projections")])
 def test_unsupported_or_inconsistent_keys_are_refused_naming_them(kimi_file, tmp_path, key, value, refusal):
     layout = read_layout(kimi_file)
-    layout.fields = [f for f in layout.fields if f.key != key] + [Field(key, UINT32, value)]
+    kind = STRING if isinstance(value, str) else UINT32
+    layout.fields = [f for f in layout.fields if f.key != key] + [Field(key, kind, value)]
     with pytest.raises(ConfigError, match=refusal) as refused:
         lucebox.LLM(write_layout(layout, tmp_path / "broken.gguf"), device="cpu")
     assert key in str(refused.value)

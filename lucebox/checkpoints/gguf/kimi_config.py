@@ -16,6 +16,8 @@ over TextModel's) and reads them (src/models/kimi-linear.cpp load_arch_hparams):
   expert_gating_func (2: sigmoid, from moe_router_activation_func), expert_group_count (only from
   an `n_group` field, which Kimi's config lacks) and expert_group_used_count (topk_group).
 llama.cpp always renormalizes the chosen experts' weights for kimi-linear (moe_renormalize).
+Newer converters also write Kimi K3's extras under this architecture: hidden_activation (other than
+silu), moe_latent_size (> 0) and their tensors are refused, as lucebox does not implement them.
 """
 
 from __future__ import annotations
@@ -80,8 +82,19 @@ def _experts(meta) -> dict:
             "num_expert_group": groups, "topk_group": chosen}
 
 
+def _refuse_k3_extras(meta) -> None:
+    activation = meta.get("hidden_activation", "silu")
+    if activation != "silu":
+        raise ConfigError(f"{meta.source.name}: '{meta.arch}.hidden_activation' is {str(activation)[:40]!r}; "
+                          "lucebox's Kimi Linear runs SiLU MLPs only")
+    if whole_number(meta, "moe_latent_size", 0):
+        raise ConfigError(f"{meta.source.name}: '{meta.arch}.moe_latent_size' is {meta.get('moe_latent_size')}; "
+                          "lucebox does not implement latent MoE projections")
+
+
 def kimi_linear(meta, hf: dict) -> dict:
     """`hf` (the sizes every architecture has) completed into Kimi Linear's config.json."""
+    _refuse_k3_extras(meta)
     n, heads = hf["num_hidden_layers"], hf["num_attention_heads"]
     hf.update(architectures=["KimiLinearForCausalLM"], num_key_value_heads=heads,
               layer_types=_layer_types(meta, n), model_max_length=hf["max_position_embeddings"],
