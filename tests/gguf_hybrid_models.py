@@ -134,27 +134,35 @@ def write_hybrid_gguf(arch: str, qtype: str, path: Path, seed: int = 0, legacy: 
     """A tiny random `arch` hybrid in `path` (linear weights in `qtype`; `legacy`: Qwen3-Next's
     in_proj_qkvz whole, as ssm_in), and its float64 twin holding what the file decodes to."""
     torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
     model = _transformers_model(arch).to(torch.float64).eval()
-    if hasattr(model, "set_experts_implementation"):
-        model.set_experts_implementation("eager")
-    state = model.state_dict()
     with torch.no_grad():
-        for name, t in state.items():  # make every norm and bias count
+        for name, t in model.state_dict().items():  # make every norm and bias count
             if name.endswith(("norm.weight", "dt_bias")):
                 t.add_(torch.randn_like(t) * 0.1)
-    config, tensor_names = model.config, gguf.get_tensor_name_map(ARCHES[arch], model.config.num_hidden_layers)
-    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[ARCHES[arch]])
-    _metadata(writer, config)
-    for hf_name, t in state.items():
+    return write_converted(model, path, ARCHES[arch], _metadata, lambda name, t: _layout(name, t, model.config, arch,
+                                                                                        legacy),
+                           _value_change, qtype, seed)
+
+
+def write_converted(model, path: Path, arch: gguf.MODEL_ARCH, metadata, layout, value_change, qtype: str, seed: int):
+    """Write `model` (float64) as the converter would: `metadata(writer, config)` its keys,
+    `layout(name, t)` the (HF-style or GGUF name, tensor) pairs it makes of each tensor, and
+    `value_change(name)` its (forward, inverse) value change; every stored element's decoded value
+    goes back into the model, through the same layout replayed on an index tensor."""
+    rng = np.random.default_rng(seed)
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
+    config, tensor_names = model.config, gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
+    writer = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
+    metadata(writer, config)
+    for hf_name, t in model.state_dict().items():
         index = torch.arange(t.numel(), dtype=torch.float64).reshape(t.shape)
-        change = _value_change(hf_name)
-        for (name, part), (_, where) in zip(_layout(hf_name, t, config, arch, legacy),
-                                            _layout(hf_name, index, config, arch, legacy), strict=True):
-            gname = _gguf_name(tensor_names, name)
+        change = value_change(hf_name)
+        for (name, part), (_, where) in zip(layout(hf_name, t), layout(hf_name, index), strict=True):
+            gname = name if name.startswith("blk.") else _gguf_name(tensor_names, name)
             values = part.numpy() if change is None else change[0](part.numpy())
-            # F32, as the converter keeps them: vectors, the conv kernel, the router
-            small = part.dim() < 2 or "conv1d" in name or name.endswith("mlp.gate.weight")
+            # F32, as the converter keeps them: vectors, the conv kernels, the router
+            small = part.dim() < 2 or "conv1d" in name or name.endswith(("mlp.gate.weight", "A_log"))
             stored, decoded = _encode(values, "F32" if small else qtype, rng)
             writer.add_tensor(gname, stored, raw_dtype=None if small or qtype in ("F32", "F16") else
                               gguf.GGMLQuantizationType[qtype])

@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lucebox.checkpoints.gguf import hybrid_config
+from lucebox.checkpoints.gguf import hybrid_config, kimi_config
 from lucebox.errors import ConfigError, TokenizerError, UnsupportedArchitectureError
 from lucebox.models.hf_config import check_values
 
-SUPPORTED_GGUF_ARCHITECTURES = ("laguna", "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35", "qwen35moe")
+SUPPORTED_GGUF_ARCHITECTURES = ("kimi-linear", "laguna", "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35",
+                                "qwen35moe")
 _SIGMOID_GATING = 2  # llama.cpp's expert_gating_func value for a sigmoid router
 
 
@@ -32,7 +33,8 @@ _FIELDS = {"hidden_size": "embedding_length", "num_hidden_layers": "block_count"
            "head_dim": "attention.key_length", "rms_norm_eps": "attention.layer_norm_rms_epsilon",
            "max_position_embeddings": "context_length", "intermediate_size": "feed_forward_length",
            "linear_num_key_heads": "ssm.group_count", "linear_num_value_heads": "ssm.time_step_rank",
-           "linear_key_head_dim": "ssm.state_size", "linear_conv_kernel_dim": "ssm.conv_kernel"}
+           "linear_key_head_dim": "ssm.state_size", "linear_conv_kernel_dim": "ssm.conv_kernel",
+           **kimi_config.FIELDS}
 
 
 @contextmanager
@@ -104,14 +106,10 @@ def _rope(meta: _Metadata, head_dim: int, dimension_key: str = "rope.dimension_c
 
 
 def _common(meta: _Metadata, vocab_size: int, tied: bool) -> dict:
-    heads = meta.require("attention.head_count")
-    first_heads = heads[0] if isinstance(heads, list) and heads else heads
-    sizes = {"vocab_size": vocab_size, "hidden_size": meta.require("embedding_length"),
-             "num_hidden_layers": meta.require("block_count"), "num_attention_heads": first_heads,
-             "num_key_value_heads": meta.uniform("attention.head_count_kv", first_heads),
-             "head_dim": meta.get("attention.key_length"), "max_position_embeddings": meta.get("context_length", 4096),
-             "intermediate_size": meta.uniform("feed_forward_length", 0),
-             "rms_norm_eps": meta.require("attention.layer_norm_rms_epsilon")}
+    sizes = _model_sizes(meta, vocab_size)
+    heads = sizes["num_attention_heads"]
+    sizes.update(num_key_value_heads=meta.uniform("attention.head_count_kv", heads),
+                 head_dim=meta.get("attention.key_length"))
     with in_gguf_terms(meta.source, meta.arch):
         check_values(sizes)  # every size in range before any is divided by
         head_dim = int(sizes["head_dim"] or sizes["hidden_size"] // sizes["num_attention_heads"])
@@ -119,14 +117,32 @@ def _common(meta: _Metadata, vocab_size: int, tied: bool) -> dict:
     if int(meta.get("attention.value_length", head_dim)) != head_dim:
         raise ConfigError(f"{meta.source.name}: '{meta.arch}.attention.value_length' differs from key_length; "
                           "lucebox needs equal key and value head sizes")
-    return {
-        **{key: int(value) for key, value in sizes.items() if key != "rms_norm_eps"},
-        "head_dim": head_dim,
-        "rms_norm_eps": float(sizes["rms_norm_eps"]),
-        "tie_word_embeddings": tied,
-        "rope_parameters": _rope(meta, head_dim),
-        **_token_ids(meta.metadata),
-    }
+    return {**_plain(sizes, tied, meta), "head_dim": head_dim, "rope_parameters": _rope(meta, head_dim)}
+
+
+def _model_sizes(meta: _Metadata, vocab_size: int) -> dict:
+    """The sizes every architecture has, as config.json names them (attention's own aside)."""
+    heads = meta.require("attention.head_count")
+    return {"vocab_size": vocab_size, "hidden_size": meta.require("embedding_length"),
+            "num_hidden_layers": meta.require("block_count"),
+            "num_attention_heads": heads[0] if isinstance(heads, list) and heads else heads,
+            "max_position_embeddings": meta.get("context_length", 4096),
+            "intermediate_size": meta.uniform("feed_forward_length", 0),
+            "rms_norm_eps": meta.require("attention.layer_norm_rms_epsilon")}
+
+
+def _plain(sizes: dict, tied: bool, meta: _Metadata) -> dict:
+    return {**{key: int(value) for key, value in sizes.items() if key != "rms_norm_eps"},
+            "rms_norm_eps": float(sizes["rms_norm_eps"]), "tie_word_embeddings": tied, **_token_ids(meta.metadata)}
+
+
+def _kimi_linear(meta: _Metadata, vocab_size: int, tied: bool) -> dict:
+    """Kimi Linear's common part: its attention sizes are MLA's and KDA's (`kimi_config`), and its
+    head_count_kv (one per layer) tells the layer kinds."""
+    sizes = _model_sizes(meta, vocab_size)
+    with in_gguf_terms(meta.source, meta.arch):
+        check_values(sizes)
+    return kimi_config.kimi_linear(meta, _plain(sizes, tied, meta))
 
 
 def _llama(meta: _Metadata, hf: dict, has: Callable[[str], bool], shape) -> dict:
@@ -228,7 +244,7 @@ def hf_config_from_gguf(metadata: dict, has: Callable[[str], bool], shape: Calla
     """The config.json dict of the model a GGUF file holds; `has` and `shape` look at its tensors
     (tied embeddings, attention biases, dense layers and the gate width are told by them)."""
     arch = metadata.get("general.architecture")
-    if arch not in _BUILDERS:
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise UnsupportedArchitectureError(
             f"{source.name}: general.architecture is {arch!r}, which lucebox does not support "
             f"(supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)})")
@@ -238,6 +254,8 @@ def hf_config_from_gguf(metadata: dict, has: Callable[[str], bool], shape: Calla
     rows = shape("token_embd.weight")[0]
     _check_vocabulary(metadata, rows, source)
     try:
+        if arch == "kimi-linear":
+            return _kimi_linear(meta, rows, tied=not has("output.weight"))
         hf = _common(meta, rows, tied=not has("output.weight"))
         return _BUILDERS[arch](meta, hf, has, shape)
     except (TypeError, ValueError, OverflowError) as e:

@@ -27,7 +27,7 @@ from lucebox.errors import ConfigError
 _REQUIRED = object()
 
 
-def _whole(meta, suffix: str, default=_REQUIRED) -> int:
+def whole_number(meta, suffix: str, default=_REQUIRED) -> int:
     """`{arch}.{suffix}` as an int; anything else (1.5, inf, a string) is refused naming the key."""
     value = meta.require(suffix) if default is _REQUIRED else meta.get(suffix, default)
     if not isinstance(value, int) or isinstance(value, bool):
@@ -37,21 +37,21 @@ def _whole(meta, suffix: str, default=_REQUIRED) -> int:
 
 
 def _linear_attention(meta, hf: dict) -> dict:
-    value_heads = _whole(meta, "ssm.time_step_rank")
-    inner = _whole(meta, "ssm.inner_size")
+    value_heads = whole_number(meta, "ssm.time_step_rank")
+    inner = whole_number(meta, "ssm.inner_size")
     if value_heads < 1 or inner % value_heads:
         raise ConfigError(f"{meta.source.name}: '{meta.arch}.ssm.inner_size' ({inner}) is not a whole number of "
                           f"'{meta.arch}.ssm.time_step_rank' ({value_heads}) value heads")
-    return {"linear_conv_kernel_dim": _whole(meta, "ssm.conv_kernel"),
-            "linear_key_head_dim": _whole(meta, "ssm.state_size"),
-            "linear_num_key_heads": _whole(meta, "ssm.group_count"),
+    return {"linear_conv_kernel_dim": whole_number(meta, "ssm.conv_kernel"),
+            "linear_key_head_dim": whole_number(meta, "ssm.state_size"),
+            "linear_num_key_heads": whole_number(meta, "ssm.group_count"),
             "linear_num_value_heads": value_heads, "linear_value_head_dim": inner // value_heads}
 
 
 def _layer_types(meta, n: int) -> list[str]:
     recurrent = meta.get("attention.recurrent_layers")
     if recurrent is None:
-        interval = _whole(meta, "full_attention_interval", 4)
+        interval = whole_number(meta, "full_attention_interval", 4)
         if interval < 1:
             raise ConfigError(f"{meta.source.name}: '{meta.arch}.full_attention_interval' is {interval}; it must be "
                               "at least 1")
@@ -63,12 +63,12 @@ def _layer_types(meta, n: int) -> list[str]:
 
 
 def _hybrid(meta, hf: dict, architecture: str) -> dict:
-    if _whole(meta, "nextn_predict_layers", 0):
+    if whole_number(meta, "nextn_predict_layers", 0):
         raise ConfigError(f"{meta.source.name}: '{meta.arch}.nextn_predict_layers' is "
                           f"{meta.get('nextn_predict_layers')}; lucebox does not load MTP layers from a GGUF file "
                           "(convert the model without them)")
     rope = dict(hf["rope_parameters"])
-    rope["partial_rotary_factor"] = _whole(meta, "rope.dimension_count", hf["head_dim"]) / hf["head_dim"]
+    rope["partial_rotary_factor"] = whole_number(meta, "rope.dimension_count", hf["head_dim"]) / hf["head_dim"]
     sections = meta.get("rope.dimension_sections")
     if sections is not None:
         rope.update(mrope_section=list(sections)[:3], mrope_interleaved=True)
@@ -78,10 +78,10 @@ def _hybrid(meta, hf: dict, architecture: str) -> dict:
 
 
 def _experts(meta, hf: dict) -> dict:
-    return {"num_experts": _whole(meta, "expert_count"),
-            "num_experts_per_tok": _whole(meta, "expert_used_count"),
-            "moe_intermediate_size": _whole(meta, "expert_feed_forward_length"),
-            "shared_expert_intermediate_size": _whole(meta, "expert_shared_feed_forward_length",
+    return {"num_experts": whole_number(meta, "expert_count"),
+            "num_experts_per_tok": whole_number(meta, "expert_used_count"),
+            "moe_intermediate_size": whole_number(meta, "expert_feed_forward_length"),
+            "shared_expert_intermediate_size": whole_number(meta, "expert_shared_feed_forward_length",
                                                       hf["intermediate_size"]),
             "norm_topk_prob": True}
 

@@ -24,6 +24,8 @@ class GGUFSource:
     value: str | None = None  # a value transform to undo (`undo_value`)
     any_shape: bool = False  # the file may hold our values in another shape with as many elements
     part_rows: tuple[int, ...] | None = None  # rows of each name (None: equal shares)
+    part_shapes: tuple[tuple[int, ...], ...] | None = None  # each name's exact shape, when not a share of ours
+    joined: str | None = None  # the parts are joined by `JOINS[joined]`, not concatenated along rows
 
 
 def rotary_halves_order(rows: int, heads: int) -> torch.Tensor:
@@ -79,3 +81,12 @@ def undo_value(w: torch.Tensor, value: str, name: str) -> torch.Tensor:
         raise CorruptCheckpointError(f"{name} holds values >= 0; llama.cpp stores -exp(A_log) there, which is "
                                      "always negative: re-convert the model")
     return _INVERSES[value](w)
+
+
+def joined_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
+    """MLA's kv_b (H*(nope + v), kv_rank) from llama.cpp's absorbed split: k_b (H, kv_rank, nope), the
+    nope rows of each head transposed, and v_b (H, v, kv_rank); each head's nope rows, then its v rows."""
+    return torch.cat([k_b.transpose(-1, -2), v_b], dim=-2).reshape(-1, v_b.shape[-1])
+
+
+JOINS = {"kv_b": joined_kv_b}  # joins of float parts (quantized ones are dequantized first)

@@ -21,7 +21,9 @@ import torch
 
 from lucebox.checkpoints.gguf.file import GGUFFile
 from lucebox.checkpoints.gguf.hybrid_weights import HYBRID_ARCHITECTURES, hybrid_sources
+from lucebox.checkpoints.gguf.kimi_weights import KIMI_ARCHITECTURES, kimi_sources
 from lucebox.checkpoints.gguf.reorder import (
+    JOINS,
     GGUFSource,
     Weight,
     rotary_halves_order,
@@ -53,9 +55,11 @@ def gguf_sources(cfg: ModelConfig, arch: str, has) -> dict[str, GGUFSource]:
 
         q_heads, kv_heads = layer.num_heads, cfg.num_kv_heads
         sources.update({p + "attn_norm": one("attn_norm.weight"), p + "mlp_norm": one("ffn_norm.weight")})
-        if not layer.is_recurrent:  # (a recurrent layer's own tensors: `hybrid_sources`)
+        if not layer.is_recurrent and cfg.latent_attention is None:  # (others: `hybrid_sources`, `kimi_sources`)
             sources.update(_attention(cfg, p, one, q_heads, kv_heads))
         sources.update(_mlp(cfg, layer, p, b, one))
+    if arch in KIMI_ARCHITECTURES:
+        return kimi_sources(cfg, sources, has)
     return hybrid_sources(cfg, arch, sources, has) if arch in HYBRID_ARCHITECTURES else sources
 
 
@@ -146,8 +150,10 @@ def device_bytes(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.dtype
     return StoredWeights(int(total), int(experts))
 
 
-# Beyond lucebox's own quantizable weights, a GGUF file's Gated DeltaNet projections stay in blocks too.
-_ALSO_IN_BLOCKS = ("gdn_qkvz", "gdn_ba", "gdn_out")
+# Beyond lucebox's own quantizable weights, a GGUF file's Gated DeltaNet, KDA and MLA projections stay
+# in blocks too (kv_b is rebuilt in floats: `kimi_weights`).
+_ALSO_IN_BLOCKS = ("gdn_qkvz", "gdn_ba", "gdn_out", "kda_q", "kda_k", "kda_v", "kda_f_a", "kda_f_b", "kda_b",
+                   "kda_g_a", "kda_g_b", "kda_out", "wq_a", "wq_b", "wkv_a")
 
 
 def keeps_blocks(name: str) -> bool:
@@ -177,8 +183,12 @@ def _check_shapes(file: GGUFFile, sources: dict[str, GGUFSource], shapes: dict) 
     for name, source in sources.items():
         *lead, rows, width = shapes[name] if len(shapes[name]) > 1 else (shapes[name][0], None)
         shares = source.part_rows or (rows // len(source.names),) * len(source.names)
-        for n, share in zip(source.names, shares, strict=True):
+        for i, (n, share) in enumerate(zip(source.names, shares, strict=True)):
             part = (*lead, share) + (() if width is None else (width,))
+            if source.part_shapes is not None:
+                part = source.part_shapes[i]
+            elif source.any_shape:  # any shape holding an equal share of ours, split along its first dim
+                part = (shapes[name][0] // len(source.names), *shapes[name][1:])
             fits = math.prod(file.shape(n)) == math.prod(part) if source.any_shape else file.shape(n) == part
             if not fits:
                 raise TensorShapeError(f"{file.path.name}: {n} has shape {list(file.shape(n))}, the metadata "
@@ -208,7 +218,14 @@ def load_gguf_weights(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.
 def _read(file: GGUFFile, name: str, source: GGUFSource, shape: tuple[int, ...], dtype: torch.dtype, device,
           transform) -> Weight:
     """Our tensor `name`: its parts read and concatenated, the converter's moves and value changes undone."""
-    w = concat_rows([file.read(n, dtype, device) for n in source.names])
+    parts = [file.read(n, dtype, device) for n in source.names]
+    if source.joined is not None:
+        parts = [dequantize(p).to(dtype) if isinstance(p, QuantizedTensor) else p for p in parts]
+        w = JOINS[source.joined](*parts)
+        return w if transform is None else transform(name, w)
+    if source.any_shape and len(parts) > 1:  # e.g. (1, C, 1, K) convs, stacked along C
+        parts = [p.reshape(-1, p.shape[-1]) for p in parts]
+    w = concat_rows(parts)
     if source.heads:
         w = take_rows(w, rotary_halves_order(shape[0], source.heads))
     if source.rows is not None:
