@@ -24,7 +24,6 @@ from lucebox.models.hf_config import check_values
 
 SUPPORTED_GGUF_ARCHITECTURES = ("kimi-linear", "laguna", "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35",
                                 "qwen35moe")
-_SIGMOID_GATING = 2  # llama.cpp's expert_gating_func value for a sigmoid router
 
 
 # config.json fields read straight from `{arch}.<key>`, to name the key when a field is refused
@@ -199,9 +198,9 @@ def _laguna(meta: _Metadata, hf: dict, has, shape) -> dict:
     if not meta.get("expert_weights_norm", True):
         raise ConfigError(f"{meta.source.name}: 'laguna.expert_weights_norm' is false; lucebox's Laguna always "
                           "normalizes the chosen experts' weights")
-    if meta.get("expert_gating_func", _SIGMOID_GATING) != _SIGMOID_GATING:
+    if meta.get("expert_gating_func", kimi_config.SIGMOID_GATING) != kimi_config.SIGMOID_GATING:
         raise ConfigError(f"{meta.source.name}: 'laguna.expert_gating_func' is {meta.get('expert_gating_func')}; "
-                          f"lucebox's Laguna routes with a sigmoid ({_SIGMOID_GATING})")
+                          f"lucebox's Laguna routes with a sigmoid ({kimi_config.SIGMOID_GATING})")
     gate_rows = shape("blk.0.attn_gate.weight")[0] if has("blk.0.attn_gate.weight") else None
     gating = {None: False, heads[0]: "per-head", heads[0] * head_dim: "per-element"}.get(gate_rows)
     if gating is None:

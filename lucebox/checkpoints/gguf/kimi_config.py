@@ -25,7 +25,7 @@ from __future__ import annotations
 from lucebox.checkpoints.gguf.hybrid_config import whole_number
 from lucebox.errors import ConfigError
 
-_SIGMOID_GATING = 2  # llama.cpp's expert_gating_func value for a sigmoid router
+SIGMOID_GATING = 2  # llama.cpp's expert_gating_func value for a sigmoid router
 
 # config.json fields the Kimi Linear adapter may refuse, and the GGUF key each comes from
 FIELDS = {"kv_lora_rank": "attention.kv_lora_rank", "q_lora_rank": "attention.q_lora_rank",
@@ -60,9 +60,9 @@ def _latent_attention(meta) -> dict:
 
 def _experts(meta) -> dict:
     gating = whole_number(meta, "expert_gating_func")
-    if gating != _SIGMOID_GATING:
+    if gating != SIGMOID_GATING:
         raise ConfigError(f"{meta.source.name}: '{meta.arch}.expert_gating_func' is {gating}; lucebox's Kimi Linear "
-                          f"routes with a sigmoid ({_SIGMOID_GATING})")
+                          f"routes with a sigmoid ({SIGMOID_GATING})")
     groups = whole_number(meta, "expert_group_count", 1)
     chosen = whole_number(meta, "expert_group_used_count", groups)
     if chosen != groups:
