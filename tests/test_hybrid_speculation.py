@@ -87,7 +87,7 @@ def test_greedy_speculation_on_a_hybrid_equals_plain_decoding(target, draft_for,
     assert out.stats["width_histogram"].get(0, 0) < out.stats["rounds"]  # drafts were really verified
 
 
-@pytest.mark.parametrize("kind", ["draft_model", "dflash"])
+@pytest.mark.parametrize("kind", ["ngram", "draft_model", "dflash"])
 def test_coupled_sampling_on_a_hybrid_commits_what_plain_sampling_commits(target, draft_for, kind):
     options = dict(max_tokens=N, temperature=0.9, top_p=0.95, seed=11)
     plain = lucebox.LLM(target, draft=None, **COMMON).generate(PROMPT, ignore_eos=True, **options).token_ids
