@@ -115,7 +115,8 @@ def test_the_second_turn_of_a_conversation_reuses_the_cache(server):
 
 
 def test_faults_get_their_status_codes_and_the_server_goes_on(server):
-    body = json.dumps({"model": "laguna-code-6m", "prompt": "x", "max_tokens": 2}).encode()
+    body = json.dumps({"model": "laguna-code-6m", "prompt": "x", "max_tokens": 2,
+                       "response_format": {"type": "text"}, "tool_choice": "none"}).encode()  # what is done anyway
     cases = [
         (b"{not json", KEY, 400, None),
         (json.dumps({"model": "laguna-code-6m"}).encode(), KEY, 400, "prompt"),
@@ -123,6 +124,13 @@ def test_faults_get_their_status_codes_and_the_server_goes_on(server):
         (json.dumps({"prompt": "x", "max_tokens": -1}).encode(), KEY, 422, "max_tokens"),
         (json.dumps({"prompt": "x", "temperature": True}).encode(), KEY, 422, "temperature"),
         (json.dumps({"prompt": "x", "n": 2}).encode(), KEY, 422, "n"),
+        # output constraints lucebox does not implement are refused, never ignored with a 200
+        (json.dumps({"prompt": "x", "response_format": {"type": "json_object"}}).encode(), KEY, 422, "response_format"),
+        (json.dumps({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
+            "name": "n", "schema": {"type": "object"}}}}).encode(), KEY, 422, "response_format"),
+        (json.dumps({"prompt": "x", "grammar": "root ::= \"a\""}).encode(), KEY, 422, "grammar"),
+        (json.dumps({"prompt": "x", "guided_json": {"type": "object"}}).encode(), KEY, 422, "guided_json"),
+        (json.dumps({"prompt": "x", "tool_choice": "required"}).encode(), KEY, 422, "tool_choice"),
         (json.dumps({"prompt": [1, 99999]}).encode(), KEY, 422, "prompt"),
         (json.dumps({"prompt": "x", "model": "gpt-4"}).encode(), KEY, 404, "model"),
         (json.dumps({"prompt": "x" * 70000}).encode(), KEY, 413, None),

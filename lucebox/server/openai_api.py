@@ -105,6 +105,11 @@ def _messages(value) -> list[dict]:
     return messages
 
 
+# llama.cpp's server (grammar, json_schema) and vLLM's (guided_*) constraint fields.
+_CONSTRAINT_EXTENSIONS = ("grammar", "json_schema", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                          "structured_outputs")
+
+
 def _unsupported(body: dict) -> None:
     """Fields that would change the output in ways lucebox does not implement are refused, not ignored."""
     n = body.get("n")
@@ -117,6 +122,16 @@ def _unsupported(body: dict) -> None:
         raise invalid("logprobs", "log-probabilities are not supported by lucebox yet")
     if body.get("tools") or body.get("functions"):
         raise invalid("tools", "tools are not supported by lucebox yet")
+    if body.get("tool_choice") not in (None, "none"):
+        raise invalid("tool_choice", "tools are not supported by lucebox yet")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise invalid("response_format", "structured output (json_object, json_schema) is not supported by lucebox "
+                                         "yet; only {\"type\": \"text\"} is accepted")
+    for name in _CONSTRAINT_EXTENSIONS:  # other servers' ways to constrain the output
+        if body.get(name) is not None:
+            raise invalid(name, "constrained output (grammars, JSON schemas, guided decoding) is not supported by "
+                                "lucebox yet")
     if body.get("best_of") not in (None, 1):
         raise invalid("best_of", "only best_of=1 is supported")
 
