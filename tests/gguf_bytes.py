@@ -118,3 +118,11 @@ def tiny_spm_tokenizer(vocab: int) -> list[Field]:
             Field("tokenizer.ggml.unknown_token_id", UINT32, 0),
             Field("tokenizer.chat_template", STRING,
                   "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}")]
+
+
+def without(path: Path, tmp_path: Path, key: str | None = None, tensor: str | None = None) -> Path:
+    """A copy of the GGUF file at `path` lacking the metadata `key` or the `tensor`."""
+    layout = read_layout(path)
+    layout.fields = [f for f in layout.fields if f.key != key]
+    layout.tensors = [t for t in layout.tensors if t.name != tensor]
+    return write_layout(layout, tmp_path / "broken.gguf")

@@ -236,3 +236,13 @@ def write_gguf(model, arch: str, qtype: str, path: Path, seed: int = 0, types: d
     if model.config.tie_word_embeddings:
         model.tie_weights()
     return model
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want).abs().max() / want.abs().max()).item()
+
+
+def reference_logits(model, prompt: list[int]) -> torch.Tensor:
+    """The transformers twin's logits over `prompt`."""
+    with torch.no_grad():
+        return model(torch.tensor([prompt])).logits[0]

@@ -9,7 +9,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf_models import QUANT_TYPES, VOCAB, write_tiny_gguf
+from gguf_models import QUANT_TYPES, VOCAB, reference_logits, relative_error, write_tiny_gguf
 from lucebox.kernels import moe, quant
 from lucebox.kernels.quant import QuantizedTensor
 
@@ -20,15 +20,6 @@ from lucebox.cli import main
 from lucebox.errors import ConfigError, ModelNotFoundError, TensorDtypeError, UnsupportedArchitectureError
 
 PROMPT = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(1)).tolist()
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.double() - want).abs().max() / want.abs().max()).item()
-
-
-def reference_logits(model) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([PROMPT])).logits[0]
 
 
 def random_blocks(block_type: str, rows: tuple[int, ...], K: int, seed: int = 0) -> np.ndarray:
@@ -58,7 +49,7 @@ def test_logits_equal_the_gguf_dequantized_model(qtype, tmp_path):
     """Qwen3-MoE (a dense layer, then routed experts) with every linear weight, the embedding and
     the output head in one GGUF type."""
     ref = write_tiny_gguf("qwen3moe", qtype, tmp_path / "model.gguf")
-    want = reference_logits(ref)
+    want = reference_logits(ref, PROMPT)
     assert relative_error(lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype=torch.float64).logits(PROMPT),
                           want) <= 1e-6
     assert relative_error(lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32").logits(PROMPT),
@@ -74,7 +65,7 @@ def test_every_architecture_matches_transformers(arch, qtype, tmp_path):
     layers by pattern, YaRN partial rotary, per-element gate, soft-capped sigmoid router with a
     correction bias, shared expert, routed scaling."""
     ref = write_tiny_gguf(arch, qtype, tmp_path / "model.gguf")
-    want = reference_logits(ref)
+    want = reference_logits(ref, PROMPT)
     llm = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype=torch.float64)
     assert relative_error(llm.logits(PROMPT), want) <= 1e-6
     assert relative_error(lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32").logits(PROMPT),
@@ -107,7 +98,7 @@ def test_gate_and_up_of_different_types_fuse_without_changing_a_value(tmp_path):
     mixed = {"blk.0.ffn_up.weight": "Q6_K", "blk.1.ffn_up_exps.weight": "Q4_0", "blk.2.ffn_gate_exps.weight": "Q5_K"}
     ref = write_tiny_gguf("qwen3moe", "Q4_K", tmp_path / "model.gguf", types=mixed)
     llm = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype=torch.float64)
-    assert relative_error(llm.logits(PROMPT), reference_logits(ref)) <= 1e-6
+    assert relative_error(llm.logits(PROMPT), reference_logits(ref, PROMPT)) <= 1e-6
 
 
 @pytest.mark.parametrize("block_type", sorted(BLOCK_SHAPES))
@@ -133,7 +124,7 @@ def test_triton_kernels_read_every_gguf_layout(block_type):
 def test_triton_backend_runs_a_quantized_gguf(tmp_path):
     ref = write_tiny_gguf("qwen3moe", "Q4_K", tmp_path / "model.gguf")
     llm = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32", backend="triton")
-    assert relative_error(llm.logits(PROMPT[:5]), reference_logits(ref)[:5]) <= 1e-4
+    assert relative_error(llm.logits(PROMPT[:5]), reference_logits(ref, PROMPT)[:5]) <= 1e-4
 
 
 def test_a_folder_holding_one_gguf_loads_and_two_are_refused(tmp_path):

@@ -7,9 +7,9 @@ import dataclasses
 
 import pytest
 import torch
-from gguf_bytes import FLOAT32, read_layout, write_layout
+from gguf_bytes import FLOAT32, read_layout, without, write_layout
 from gguf_hybrid_models import write_hybrid_gguf
-from gguf_models import VOCAB
+from gguf_models import VOCAB, reference_logits, relative_error
 from lucebox.kernels.quant import QuantizedTensor, dequantize
 
 import lucebox
@@ -20,22 +20,13 @@ PROMPT = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(
 FLOAT64 = 1e-6  # transformers' Gated DeltaNet runs parts of its rule in float32, even for float64 weights
 
 
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.double() - want).abs().max() / want.abs().max()).item()
-
-
-def reference_logits(model) -> torch.Tensor:
-    with torch.no_grad():
-        return model(torch.tensor([PROMPT])).logits[0]
-
-
 @pytest.mark.parametrize("arch,qtype,legacy", [("qwen3next", "F32", False), ("qwen3next", "Q6_K", True),
                                                ("qwen35", "Q8_0", False), ("qwen35moe", "Q4_K", False)])
 def test_logits_and_greedy_tokens_equal_the_transformers_twin(arch, qtype, legacy, tmp_path):
     """Qwen3-Next as today's converter splits in_proj_qkvz (and as older ones kept it, ssm_in);
     Qwen3.5 with its value heads in llama.cpp's tiled order; each with its +1 norms and -exp(A_log)."""
     ref = write_hybrid_gguf(arch, qtype, tmp_path / "model.gguf", legacy=legacy)
-    want = reference_logits(ref)
+    want = reference_logits(ref, PROMPT)
     llm = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype=torch.float64)
     assert relative_error(llm.logits(PROMPT), want) <= FLOAT64
     with torch.no_grad():
@@ -73,13 +64,6 @@ def test_a_gguf_gets_the_config_and_weights_of_its_hugging_face_original(arch, t
         assert isinstance(gguf_w[name], torch.Tensor), name
 
 
-def _without(path, tmp_path, key: str | None = None, tensor: str | None = None):
-    layout = read_layout(path)
-    layout.fields = [f for f in layout.fields if f.key != key]
-    layout.tensors = [t for t in layout.tensors if t.name != tensor]
-    return write_layout(layout, tmp_path / "broken.gguf")
-
-
 @pytest.fixture(scope="module")
 def qwen35_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen35") / "model.gguf"
@@ -91,7 +75,7 @@ def qwen35_file(tmp_path_factory):
                                  "qwen35.ssm.time_step_rank", "qwen35.ssm.inner_size"])
 def test_a_missing_ssm_key_is_refused_naming_it(qwen35_file, tmp_path, key):
     with pytest.raises(ConfigError, match=f"lacks '{key}'"):
-        lucebox.LLM(_without(qwen35_file, tmp_path, key=key), device="cpu")
+        lucebox.LLM(without(qwen35_file, tmp_path, key=key), device="cpu")
 
 
 @pytest.mark.parametrize("key,value,refusal", [
@@ -113,7 +97,7 @@ def test_inconsistent_ssm_sizes_are_refused_naming_the_key(qwen35_file, tmp_path
                                     "blk.1.post_attention_norm.weight"])
 def test_a_missing_tensor_is_refused_naming_it(qwen35_file, tmp_path, tensor):
     with pytest.raises(MissingTensorError, match=tensor):
-        lucebox.LLM(_without(qwen35_file, tmp_path, tensor=tensor), device="cpu")
+        lucebox.LLM(without(qwen35_file, tmp_path, tensor=tensor), device="cpu")
 
 
 def test_mtp_layers_and_a_non_negative_decay_are_refused(qwen35_file, tmp_path):
