@@ -9,7 +9,7 @@ from lucebox.kernels.backend import Kernels
 from lucebox.models.tree_mask import TreeMask
 
 from lucebox.caches import SequenceCache, Step
-from lucebox.caches.recurrent import StepState
+from lucebox.caches.recurrent import StateSlots, StepState
 from lucebox.errors import InvalidArgumentError
 
 
@@ -28,6 +28,7 @@ class CacheContext:
                  tree: TreeMask | None = None):
         self.step, self.cache, self.kernels, self.scale, self.tree = step, cache, kernels, scale, tree
         self.positions = step.positions if tree is None else step.start + tree.depths
+        self.state_slots: StateSlots | None = None  # computed by the first recurrent layer, shared by the others
 
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor:
@@ -42,7 +43,9 @@ class CacheContext:
                                        "node would need its state built from its parent's; verify chains instead")
         state = self.cache.layers[layer]
         state.reserve(self.step)  # refuses a step that does not continue the state
-        return state.step_state(self.step.positions, self.step.prefill)
+        stepped = state.step_state(self.step.positions, self.step.prefill, self.state_slots)
+        self.state_slots = stepped.slots
+        return stepped
 
 
 class StaticCacheContext:
@@ -55,6 +58,7 @@ class StaticCacheContext:
                  tree: TreeMask | None = None):
         self.slots, self.cache, self.kernels, self.scale, self.tree = positions, cache, kernels, scale, tree
         self.positions = positions if tree is None else positions[0] + tree.depths
+        self.state_slots: StateSlots | None = None  # computed by the first recurrent layer, shared by the others
 
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor:
@@ -70,4 +74,6 @@ class StaticCacheContext:
         """After the runner's `reserve`: ring slots computed on the device from the static positions."""
         if self.tree is not None:  # the engine never graphs one (trees are refused on hybrids)
             raise InvalidArgumentError("tree verification is not supported on recurrent (Gated DeltaNet) layers")
-        return self.cache.layers[layer].step_state(self.slots, prefill=False)
+        stepped = self.cache.layers[layer].step_state(self.slots, prefill=False, slots=self.state_slots)
+        self.state_slots = stepped.slots
+        return stepped

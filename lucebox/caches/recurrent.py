@@ -20,6 +20,7 @@ of from 0. The newest `SNAPSHOTS` pins are kept; a rollback forgets those past i
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -36,25 +37,38 @@ def recurrent_slots(decode_rows: int) -> int:
     return decode_rows + 1 + SNAPSHOTS
 
 
+@dataclass(frozen=True)
+class StateSlots:
+    """The ring slots one step reads (the state its first row continues, (1,)) and writes (the
+    states after its rows: each row's with `every_row`, else the last's), computed on the device
+    from the rows' positions; the same for every recurrent layer, so a step computes them once."""
+
+    read: torch.Tensor
+    write: torch.Tensor
+    every_row: bool
+
+    @classmethod
+    def of(cls, positions: torch.Tensor, ring: int, every_row: bool) -> StateSlots:
+        after = positions if every_row else positions[-1:]
+        return cls(positions[:1] % ring, (after + 1) % ring, every_row)
+
+
 class StepState:
     """A recurrent layer's state as one step's token mixer sees it: `current()` is the state its
-    first row continues, `update` writes the states after its rows (each row's with `every_row`,
-    else the last's). Slots are computed on the device from the rows' `positions`."""
+    first row continues, `update` writes the states after its rows (`StateSlots`)."""
 
-    def __init__(self, state: RecurrentState, positions: torch.Tensor, every_row: bool):
-        self.state, self.positions, self.every_row = state, positions, every_row
+    def __init__(self, state: RecurrentState, slots: StateSlots):
+        self.state, self.slots, self.every_row = state, slots, slots.every_row
 
     def current(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(conv (K - 1, C), recurrent (Hv, Dk, Dv))."""
-        slot = self.positions[:1] % self.state.ring
-        return self.state.conv.index_select(0, slot)[0], self.state.recurrent.index_select(0, slot)[0]
+        read = self.slots.read
+        return self.state.conv.index_select(0, read)[0], self.state.recurrent.index_select(0, read)[0]
 
     def update(self, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
-        s = self.state
-        after = self.positions if self.every_row else self.positions[-1:]
-        slots = (after + 1) % s.ring
-        s.conv.index_copy_(0, slots, conv.reshape(len(slots), *s.conv.shape[1:]).to(s.conv.dtype))
-        s.recurrent.index_copy_(0, slots, recurrent.reshape(len(slots), *s.recurrent.shape[1:]))
+        s, write = self.state, self.slots.write
+        s.conv.index_copy_(0, write, conv.reshape(len(write), *s.conv.shape[1:]).to(s.conv.dtype))
+        s.recurrent.index_copy_(0, write, recurrent.reshape(len(write), *s.recurrent.shape[1:]))
 
 
 class RecurrentState(LayerCache):
@@ -87,9 +101,10 @@ class RecurrentState(LayerCache):
         kept = {position for position in self.held if position % self.ring not in overwritten}
         self.held, self.rows = kept | set(written), step.end
 
-    def step_state(self, positions: torch.Tensor, prefill: bool) -> StepState:
-        """The state a step at `positions` reads and writes, after `reserve`."""
-        return StepState(self, positions, every_row=not prefill)
+    def step_state(self, positions: torch.Tensor, prefill: bool, slots: StateSlots | None = None) -> StepState:
+        """The state a step at `positions` reads and writes, after `reserve` (`slots`: those another
+        recurrent layer of the same step computed)."""
+        return StepState(self, slots or StateSlots.of(positions, self.ring, every_row=not prefill))
 
     def graphable(self, step: Step) -> bool:
         return not step.prefill and step.count < self.ring
