@@ -82,4 +82,11 @@ class Scenario:
             got = self.run(llm, self.third)
         except Exception as error:  # noqa: BLE001 - a KeyError here is one of the failures looked for
             return f"{where(line, nth)}: {error!r}"
-        return None if got == self.expected else f"{where(line, nth)}: {got} != {self.expected}"
+        if got != self.expected:
+            return f"{where(line, nth)}: {got} != {self.expected}"
+        wrong = self.kept_state_error(llm)
+        return None if wrong is None else f"{where(line, nth)}: {wrong}"
+
+    def kept_state_error(self, llm: lucebox.LLM) -> str | None:
+        """What is wrong with state the engine keeps for later requests (none checked here)."""
+        return None
