@@ -69,6 +69,7 @@ class Kernels:
     attention_partial: Callable
     moe_experts: Callable
     linear: Callable  # x @ w.T (+ bias) for plain or quantized weights
+    greedy_choices: Callable  # each row's argmax after the LM head, -1 in a row that is not finite
     causal_conv1d: Callable  # the Gated DeltaNet mixer's conv + silu, and its state
     recurrent_gated_delta_rule: Callable  # decode / verify rows (each row's state with every_row)
     chunked_gated_delta_rule: Callable  # prefill rows
@@ -79,9 +80,12 @@ def kernels_for(backend: str) -> Kernels:
     """Operators for a resolved backend ("torch" or "triton")."""
     from lucebox.kernels import attention, delta_rule, gate, moe, norm, quant, rope
 
+    from lucebox.sampling import greedy_choices
+
     if backend == "torch":
         return Kernels("torch", norm.rms_norm, norm.add_rms_norm, rope.rotate, gate.softplus_gate,
-                       attention.attention_partial, moe.moe_experts, quant.linear, delta_rule.causal_conv1d,
+                       attention.attention_partial, moe.moe_experts, quant.linear, greedy_choices,
+                       delta_rule.causal_conv1d,
                        delta_rule.recurrent_gated_delta_rule, delta_rule.chunked_gated_delta_rule)
     if backend != "triton":
         raise InvalidArgumentError(f"kernels_for takes 'torch' or 'triton', got '{backend}'")
@@ -89,6 +93,7 @@ def kernels_for(backend: str) -> Kernels:
         attention_triton,
         delta_rule_triton,
         gate_triton,
+        greedy_triton,
         moe_triton,
         norm_triton,
         quant_triton,
@@ -97,5 +102,6 @@ def kernels_for(backend: str) -> Kernels:
 
     return Kernels("triton", norm_triton.rms_norm, norm_triton.add_rms_norm, rope_triton.rotate,
                    gate_triton.softplus_gate, attention_triton.attention_partial, moe_triton.moe_experts,
-                   quant_triton.linear, delta_rule_triton.causal_conv1d, delta_rule_triton.recurrent_gated_delta_rule,
+                   quant_triton.linear, greedy_triton.greedy_choices, delta_rule_triton.causal_conv1d,
+                   delta_rule_triton.recurrent_gated_delta_rule,
                    delta_rule_triton.chunked_gated_delta_rule)

@@ -61,3 +61,19 @@ class DeviceClock:
         if synchronize and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
+
+
+# Device memory the engine's later kernels take outside the caching allocator: Triton's modules,
+# cuBLAS's per-stream workspaces for the capture streams. Not measurable before they load; an allowance.
+MODULES_ALLOWANCE = 256 * 2**20
+
+
+def memory_outside_allocator(device: torch.device) -> int:
+    """Bytes of the card that torch's allocator cannot hand out: the CUDA context (created here
+    with cuBLAS loaded, as the first matmul would), whatever else holds memory on the card, and
+    `MODULES_ALLOWANCE`. A cap on the allocator alone would overcommit a budget equal to the
+    card's size by this much."""
+    torch.ones((8, 8), device=device) @ torch.ones((8, 8), device=device)  # context + cuBLAS, now
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return max(0, total - free - torch.cuda.memory_reserved(device)) + MODULES_ALLOWANCE

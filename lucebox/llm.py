@@ -35,7 +35,9 @@ class LLM:
     `kv_pool_tokens`, `kv_reselect_every`, `prefill_chunk`, `draft_k`, `verify`, `draft_ctx`,
     `adaptive`, `tree_budget`, `backend`, `quantization`, `cuda_graphs`, `vram_budget`, `experts_on_host`,
     `expert_slots`, `kv_dtype`. A whole configuration can be given instead (`config=`, `LLM.from_config`).
-    `load_progress(done, total)` is called with bytes of weights read as they load.
+    `load_progress(done, total)` is called with bytes of weights read as they load; on a GPU every
+    decode/verify step graph is then captured before the first request, `capture_progress(done,
+    total)` called after each.
 
     A prompt that extends the previous request's tokens reuses their cache and prefills only the
     new tokens. `kv_policy="exact"` attends to every cached token (the full model, within
@@ -45,23 +47,28 @@ class LLM:
     """
 
     def __init__(self, model=None, *, load_progress: Callable[[int, int], None] | None = None,
-                 config: EngineConfig | None = None, **options):
+                 config: EngineConfig | None = None, capture_progress: Callable[[int, int], None] | None = None,
+                 **options):
         if config is not None and (model is not None or options):
             raise InvalidArgumentError("give LLM either a config or the model and its options, not both; "
                                        "config.replace(...) changes a config")
-        self._open(config or EngineConfig(model, **options), load_progress)
+        self._open(config or EngineConfig(model, **options), load_progress, capture_progress)
 
     @classmethod
-    def from_config(cls, config: EngineConfig, load_progress: Callable[[int, int], None] | None = None) -> LLM:
+    def from_config(cls, config: EngineConfig, load_progress: Callable[[int, int], None] | None = None,
+                    capture_progress: Callable[[int, int], None] | None = None) -> LLM:
         """The engine `config` describes (the CLI, the server and `bench` open theirs this way)."""
-        return cls(config=config, load_progress=load_progress)
+        return cls(config=config, load_progress=load_progress, capture_progress=capture_progress)
 
-    def _open(self, config: EngineConfig, load_progress) -> None:
+    def _open(self, config: EngineConfig, load_progress, capture_progress) -> None:
         callback("load_progress", load_progress)
+        callback("capture_progress", capture_progress)
         self.setup: EngineSetup = plan_engine(config)
         self.engine: Engine = build_engine(self.setup, load_progress)
         self.session = Session(self.engine)
         self.draft_k = config.draft_k
+        if self.runner.graphs and self.runner.capture:  # a GPU: no request waits for a capture
+            self.session.capture_graphs(capture_progress)
         if self.engine.proposer is not None and config.adaptive:
             self.session.warm()  # the adaptive width's start-up cost table, on the cache the first request reuses
 

@@ -143,6 +143,8 @@ class RaceNoise:
 
 
 def greedy_choices(logits: torch.Tensor) -> torch.Tensor:
-    """Each row's argmax (k+1,), on the device; -1 everywhere when any logit is not finite (the
-    host sees that when it reads the tokens, which it must do anyway: no extra sync)."""
-    return torch.where(torch.isfinite(logits).all(), logits.float().argmax(-1), -1)
+    """Each row's argmax (k+1,), on the device; -1 in a row with a logit that is not finite (the
+    host sees that when it reads the tokens, which it must do anyway: no extra sync). A verify
+    step reaches a -1 before any token after it is kept: the rows before it are what plain
+    decoding would have computed. The Triton version (`kernels/greedy_triton.py`) is one launch."""
+    return torch.where(torch.isfinite(logits).all(-1), logits.float().argmax(-1), -1)

@@ -53,6 +53,7 @@ def record_launches() -> list[tuple]:
     JITFunction.run = run
     exercise_wrappers()
     exercise_delta_rule()
+    exercise_head()
     return list(launches.values())
 
 
@@ -112,6 +113,15 @@ def exercise_delta_rule() -> None:
         q, v, beta, state = torch.randn(T, Hv, Dk), torch.randn(T, Hv, Dv), torch.rand(T, Hv), torch.zeros(Hv, Dk, Dv)
         for g in (-torch.rand(T, Hv), -torch.rand(T, Hv, Dk)):
             delta_rule_triton.recurrent_gated_delta_rule(q, q, v, g, beta, state, every_row)
+
+
+def exercise_head() -> None:
+    """The greedy choice after the LM head, over XS.2's vocabulary, for decode and a verify block."""
+    from lucebox.kernels import greedy_triton
+
+    for dtype in (torch.bfloat16, torch.float32):
+        for M in (1, 16):
+            greedy_triton.greedy_choices(torch.randn(M, 100352, dtype=dtype))
 
 
 def compile_one(job: tuple) -> dict:

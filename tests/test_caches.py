@@ -172,8 +172,9 @@ def test_ring_rewind_is_judged_from_the_highest_row_written():
 def test_ring_rollback_hides_forgotten_rows_from_queries_past_the_rows_written():
     """A DFlash drafter's context ring is read by draft queries at positions it holds no rows for
     yet (`DFlashDrafter.draft`): after a rollback and a shorter rewrite, the rows the rollback
-    forgot must be invisible to them, though no write has overwritten their slots."""
-    ring = SlidingRing(8, 4, KV, D, **F64)  # 12 slots
+    forgot must be invisible to them, though no write has overwritten their slots: such rings
+    read ahead (the target's rings need not: their rollback launches nothing)."""
+    ring = SlidingRing(8, 4, KV, D, **F64, reads_ahead=True)  # 12 slots
     reference = ContiguousCache(KV, D, 100, **F64)
     gen = torch.Generator().manual_seed(0)
     for start in range(0, 12, 4):  # the previous request's rows 0..11
@@ -210,3 +211,16 @@ def test_an_emptied_and_refilled_ring_can_be_rewound_to_a_prefix_of_the_new_sequ
         cache.rollback(4)
         cache.write(step, k, v)
     assert (attend(ring, q, step, 8) - attend(reference, q, step, 8)).abs().max() < 1e-12
+
+
+def test_rejecting_drafts_launches_nothing_on_the_targets_rings():
+    """A speculation round's rollback on the target's sliding rings is host bookkeeping only: the
+    rows past the kept ones are rewritten before any query can see them."""
+    from lucebox.benchmark.launches import LaunchCounter
+
+    ring = SlidingRing(8, 4, KV, D, **F64)
+    gen = torch.Generator().manual_seed(0)
+    ring.write(Step(torch.arange(0, 4)), rows(4, gen), rows(4, gen))
+    with LaunchCounter() as counter:
+        ring.rollback(2)
+    assert counter.launches == []

@@ -128,6 +128,7 @@ def test_every_width_replays_the_uncaptured_steps_logits_on_cuda(tmp_path):
                 cache.rollback(position + 1)
             position += 1
     assert {w for w, *_ in engines[0].runner.widths} == set(range(1, DECODE_ROWS + 1))
+    assert len({graph.pool for graph in engines[0].runner.widths.values()}) == 1  # one memory pool for all
 
 
 @pytest.mark.parametrize("arch", ["laguna", "qwen3_next"])

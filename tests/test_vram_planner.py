@@ -146,3 +146,24 @@ def test_commands_with_vram_print_the_plan(reference_models, capsys):
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "VRAM plan for 1024 tokens" in err and "fits" in err and "chosen: kv_policy" in err
+
+
+def test_the_allocator_cap_leaves_room_for_what_lives_outside_it(monkeypatch):
+    """`--vram 24GiB` on a 24 GiB card: the CUDA context and modules (measured at start-up) come
+    out of the budget before the plan and the allocator's cap, or the card would be overcommitted."""
+    from types import SimpleNamespace
+
+    from lucebox.engine import setup
+    from lucebox.engine.config import EngineConfig
+
+    capped = []
+    monkeypatch.setattr(setup, "memory_outside_allocator", lambda device: 2 * GIB)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=24 * GIB))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, device: capped.append(fraction))
+    config = EngineConfig(EXAMPLES / "laguna-xs2", vram_budget="24GiB", max_context=262144, quantization="int4")
+    plan = setup.plan_vram(config, XS2, torch.device("cuda"), torch.bfloat16, "triton", "int4", None, None)
+    assert plan.fits and plan.budget == 22 * GIB and plan.device_total <= 22 * GIB
+    assert capped == [22 / 24] and "2.00 GiB of the budget is outside torch's allocator" in plan.notes[0]
+    monkeypatch.setattr(setup, "memory_outside_allocator", lambda device: 25 * GIB)
+    with pytest.raises(InsufficientMemoryError, match="already take 25.0 GiB"):
+        setup.plan_vram(config, XS2, torch.device("cuda"), torch.bfloat16, "triton", "int4", None, None)

@@ -12,8 +12,12 @@ import torch
 class HostChunks:
     """The pool's planes, chunk by chunk: K and V as (chunks, KV, chunk, D), and with int8 K/V
     their scales as (chunks, KV, chunk). Each chunk of a plane is one contiguous block, so a
-    chunk's copy to or from the device is one asynchronous transfer from pinned memory; grown a
-    few chunks at a time."""
+    chunk's copy to or from the device is one asynchronous transfer from pinned memory.
+
+    Every plane is allocated once, at its planned size (`max_chunks`, from max_context), in one
+    pinned arena: growing it would allocate new pinned memory and wait for the whole device
+    (pending copies into the old blocks) in the middle of a request. The memory plan already
+    counts these bytes (`kv_host`); off CUDA the arena is ordinary memory, taken as it is touched."""
 
     def __init__(self, chunk: int, kv_heads: int, head_dim: int, max_chunks: int,
                  dtype: torch.dtype, device: torch.device, int8: bool = False):
@@ -25,26 +29,16 @@ class HostChunks:
         # (shape of one chunk, dtype) of each plane, in the pool's order: k, v[, k scales, v scales]
         self.planes = [(rows, torch.int8), (rows, torch.int8), (rows[:2], torch.float32), (rows[:2], torch.float32)] \
             if int8 else [(rows, dtype), (rows, dtype)]
-        self.parts = [self._empty(0, plane) for plane in self.planes]
-
-    def _empty(self, chunks: int, plane: tuple) -> torch.Tensor:
-        shape, dtype = plane
-        return torch.empty((chunks, *shape), dtype=dtype, pin_memory=self.pin)
+        sizes = [max_chunks * _numel(shape) * dtype.itemsize for shape, dtype in self.planes]
+        arena = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=self.pin)
+        self.parts, start = [], 0
+        for size, (shape, dtype) in zip(sizes, self.planes, strict=True):
+            self.parts.append(arena[start : start + size].view(dtype).view(max_chunks, *shape))
+            start += size
 
     def reserve(self, chunks: int) -> None:
-        held = self.parts[0].shape[0]
-        if chunks <= held:
-            return
         if chunks > self.max_chunks:
             raise ValueError(f"host KV asked for {chunks} chunks, planned for {self.max_chunks}")
-        capacity = min(self.max_chunks, max(chunks, 2 * held, 16))
-        if self.pin:
-            torch.cuda.synchronize(self.device)  # pending device-to-host copies (any stream) land first
-        grown = []
-        for old, plane in zip(self.parts, self.planes, strict=True):
-            grown.append(self._empty(capacity, plane))
-            grown[-1][:held] = old
-        self.parts = grown  # all at once: a half-grown set would pass the size check above
 
     def store(self, chunk: int, *parts: torch.Tensor) -> None:
         """One chunk of every plane ((KV, chunk, D) rows, (KV, chunk) scales), from its slot in the
@@ -67,3 +61,10 @@ class HostChunks:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.parts)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for size in shape:
+        n *= size
+    return n

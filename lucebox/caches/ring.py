@@ -10,12 +10,14 @@ length: rejected drafts wrote past it. `can_rewind_to` checks exactly that (the 
 start at `highest - capacity`), which is what reusing a cache for a new prompt must ask.
 
 What `rollback(r)` does, and why each part is needed:
-- It marks the slots of positions >= r empty at once. A forward that writes before it attends
-  would not need that: a query at q sees keys at positions <= q only, and every such position
-  from r on is rewritten, into the same slot, before q attends. But a DFlash drafter reads its
-  context ring with draft queries at positions the ring holds no rows for yet
-  (`DFlashDrafter.draft`), after rewinding the ring to a shorter prompt (`resume`): those queries
-  would see the forgotten rows.
+- A ring read only by forwards that write before they attend (the target model's: `reads_ahead`
+  False) launches nothing: a query at q sees keys at positions <= q only, and every such position
+  from r on is rewritten, into the same slot, before q attends, while rows at positions > q are
+  masked. So rejecting a verify step's drafts costs no device work (30 launches per round at
+  Laguna XS.2's 30 sliding layers). A DFlash drafter reads its context ring with draft queries at
+  positions the ring holds no rows for yet (`DFlashDrafter.draft`), after rewinding the ring to a
+  shorter prompt (`resume`): its rings (`reads_ahead` True) mark the slots of positions >= r
+  empty at once, or those queries would see the forgotten rows.
 - `rollback(0)` also forgets `highest`: with no row left there is none to lose, and an emptied
   ring refilled by a new request must allow the rewinds a fresh ring allows (`can_rewind_to`),
   or prefix reuse would refuse it. A partial rollback keeps `highest`: the rows its drafts
@@ -33,8 +35,8 @@ from lucebox.caches.base import KVBlock, LayerCache, Step, move_slots, path_move
 
 class SlidingRing(LayerCache):
     def __init__(self, window: int, max_step: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
-        self.window, self.max_step = window, max_step
+                 dtype: torch.dtype, device: torch.device, reads_ahead: bool = False):
+        self.window, self.max_step, self.reads_ahead = window, max_step, reads_ahead
         self.capacity = window + max_step
         self.k = torch.zeros((kv_heads, self.capacity, head_dim), dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
@@ -72,7 +74,8 @@ class SlidingRing(LayerCache):
         return max(0, position - self.window + 1) >= max(0, self.highest - self.capacity)
 
     def rollback(self, to_position: int) -> None:
-        self.positions.masked_fill_(self.positions >= to_position, -1)
+        if self.reads_ahead:
+            self.positions.masked_fill_(self.positions >= to_position, -1)
         if to_position == 0:  # emptied: no row is left to lose, whatever was written before
             self.highest = 0
 

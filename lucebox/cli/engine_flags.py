@@ -99,10 +99,15 @@ def open_engine(args: argparse.Namespace, load_progress=None, **overrides):
     """The `LLM` the flags describe (with --vram, its plan is printed on stderr)."""
     from lucebox import LLM
 
-    llm = LLM.from_config(engine_config(args, **overrides), load_progress)
+    llm = LLM.from_config(engine_config(args, **overrides), load_progress, _print_capture_progress)
     if llm.vram_plan is not None:
         print("\n".join(llm.vram_plan.lines()), file=sys.stderr)
     return llm
+
+
+def _print_capture_progress(done: int, total: int) -> None:
+    end = "\n" if done == total else ""
+    print(f"\rcapturing CUDA graphs: {done}/{total}", end=end, file=sys.stderr, flush=True)
 
 
 # The flag of each keyword argument the CLI sets (engine flags above, sampling flags of `generate`

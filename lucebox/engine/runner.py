@@ -39,7 +39,6 @@ from lucebox.caches import SequenceCache, Step
 from lucebox.engine.config import DECODE_ROWS
 from lucebox.models.cache_contexts import CacheContext, StaticCacheContext
 from lucebox.models.tree_mask import TreeMask
-from lucebox.sampling import greedy_choices
 
 
 @dataclass
@@ -53,8 +52,8 @@ class StepGraph:
     """A decode/verify step of exactly `width` rows over one cache, capturing decoder `layers`."""
 
     def __init__(self, decoder, cache: SequenceCache, width: int, layers: tuple[int, ...], capture: bool,
-                 tree: bool = False):
-        self.decoder, self.cache, self.layers = decoder, cache, layers
+                 tree: bool = False, pool=None):
+        self.decoder, self.cache, self.layers, self.pool = decoder, cache, layers, pool
         # token ids, positions (+ a tree's depths and ancestor bits)
         self.inputs = torch.zeros((4 if tree else 2, width), dtype=torch.long, device=decoder.device)
         self.tree = tree
@@ -69,7 +68,7 @@ class StepGraph:
         context = StaticCacheContext(positions, self.cache, d.kernels, d.scale, tree)
         hidden, features = d.run(ids, context, self.layers)
         logits = d.logits(hidden)
-        return StepOutput(logits, greedy_choices(logits), features)
+        return StepOutput(logits, d.kernels.greedy_choices(logits), features)
 
     def run(self) -> StepOutput:
         if self.graph is not None:
@@ -85,7 +84,11 @@ class StepGraph:
         # compiles, cuBLAS sets up its workspace for that stream, both outside the capture), then
         # the capture, then the replay that does this step's work (a capture runs nothing; its
         # outputs are the graph's static tensors). Running the step twice is harmless: a store
-        # rewrites the same rows at the same slots.
+        # rewrites the same rows at the same slots. Every graph of a runner allocates from one
+        # memory pool (`pool`): they replay one at a time on one stream, so one set of
+        # intermediates serves them all, and each graph's outputs stay allocated. The capture
+        # watches only this thread for forbidden calls ("thread_local"), so the server's worker
+        # thread capturing does not fail on what another thread does meanwhile.
         device = self.decoder.device
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -93,7 +96,7 @@ class StepGraph:
             self.body()
             side.synchronize()
             graph = torch.cuda.CUDAGraph()
-            graph.capture_begin()
+            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
             try:
                 self.out = self.body()
             finally:
@@ -112,6 +115,7 @@ class StepRunner:
         self.graphs = graphs  # whether decode/verify steps take the graphed path at all
         self.capture = decoder.device.type == "cuda" if capture is None else capture
         self.widths: dict[tuple[int, tuple[int, ...]], StepGraph] = {}
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None  # shared by every graph
         self._bound: SequenceCache | None = None
         self._staging = torch.zeros(4 * DECODE_ROWS, dtype=torch.long, pin_memory=self.capture)
         self._uploaded: torch.cuda.Event | None = None  # when the last upload from `_staging` was done
@@ -134,6 +138,8 @@ class StepRunner:
         """Let the graphs and the cache they read go (the engine drops that cache)."""
         self.widths.clear()
         self._bound = None
+        if self.capture:  # the dropped graphs' pool goes with them; later ones share a new one
+            self.pool = torch.cuda.graph_pool_handle()
 
     def step(self, rows: list[int], step: Step, cache: SequenceCache,
              layers: tuple[int, ...] = (), tree=None) -> StepOutput:
@@ -172,11 +178,11 @@ class StepRunner:
             context = CacheContext(step, cache, d.kernels, d.scale, TreeMask(bits, depths))
             hidden, features = d.run(ids, context, layers)
         logits = d.logits(hidden)
-        return StepOutput(logits, greedy_choices(logits), features)
+        return StepOutput(logits, d.kernels.greedy_choices(logits), features)
 
     def _graph(self, width: int, layers: tuple[int, ...], cache: SequenceCache, tree: bool) -> StepGraph:
         self._bound = cache
         key = (width, layers, tree)
         if key not in self.widths:
-            self.widths[key] = StepGraph(self.decoder, cache, width, layers, self.capture, tree)
+            self.widths[key] = StepGraph(self.decoder, cache, width, layers, self.capture, tree, self.pool)
         return self.widths[key]

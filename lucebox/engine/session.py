@@ -11,7 +11,11 @@ by address, so it is emptied and reused rather than reallocated whenever it can 
 
 from __future__ import annotations
 
-from lucebox.caches import SequenceCache
+from collections.abc import Callable
+
+import torch
+
+from lucebox.caches import SequenceCache, Step
 from lucebox.engine.build import Engine
 from lucebox.speculative.proposer import Proposer
 
@@ -40,6 +44,31 @@ class Session:
         costs = RoundCosts(measure_verify_seconds(engine.runner, cache, engine.clock))
         drafter = engine.setup.drafter
         engine.learned = Learned(costs, read_calibration(None if drafter is None else drafter.folder))
+        self.cache, self.tokens = cache, []
+
+    def capture_graphs(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Capture, on the session's cache, every step graph requests will replay: each width up to
+        DECODE_ROWS with the drafter's feature layers (none without a DFlash drafter), and plain
+        decoding without them; so no request waits for a capture or a Triton compile. `progress(done,
+        total)` after each. Draft-tree graphs are still captured by their first tree round."""
+        from lucebox.engine.config import DECODE_ROWS
+
+        engine = self.engine
+        proposer = engine.proposer
+        layers = proposer.feature_layers if proposer is not None else ()
+        keys = [(width, layers) for width in range(1, DECODE_ROWS + 1)] + ([(1, ())] if layers else [])
+        cache = self._fresh()
+        device, vocab = engine.decoder.device, engine.decoder.cfg.vocab_size
+        rows = [(i * 7919) % vocab for i in range(DECODE_ROWS + 8)]  # distinct: MoE rows spread as real ones do
+        engine.decoder.forward(torch.tensor(rows[:8], device=device), Step.span(0, 8, device, prefill=True), cache)
+        cache.commit(8)
+        for done, (width, captured) in enumerate(keys, 1):
+            engine.runner.step(rows[8 : 8 + width], Step.span(8, width, device), cache, captured)
+            cache.rollback(8)
+            if progress is not None:
+                progress(done, len(keys))
+        cache.rollback(0)
+        cache.commit(0)  # the steps completed: clean, so the first request reuses it and the graphs over it
         self.cache, self.tokens = cache, []
 
     def open(self, prompt_ids: list[int], private: bool, speculate: bool = True

@@ -18,7 +18,7 @@ from lucebox.caches import CacheSettings
 from lucebox.checkpoints.hf_folder import weight_files
 from lucebox.checkpoints.loading import ModelDescription, describe_model, resolve_quantization
 from lucebox.config import ModelConfig
-from lucebox.device import resolve_device, resolve_dtype
+from lucebox.device import memory_outside_allocator, resolve_device, resolve_dtype
 from lucebox.engine.config import DRAFT_WIDTH, PREFILL_CHUNK, EngineConfig
 from lucebox.errors import (
     InsufficientMemoryError,
@@ -170,9 +170,18 @@ def plan_vram(config: EngineConfig, cfg: ModelConfig, device: torch.device, dtyp
     prefill = config.prefill_chunk or PREFILL_CHUNK[device.type]
     cost = drafter_cost(drafter, dtype, context, prefill, config.draft_ctx, DRAFT_WIDTH)
     graphs = config.cuda_graphs is not False and graphs_possible(device, backend, False)
+    asked = config.vram_budget
+    outside = memory_outside_allocator(device) if device.type == "cuda" else 0
+    if outside >= asked:
+        raise InsufficientMemoryError(f"vram_budget={asked / 2**30:.1f}GiB: the CUDA context, loaded modules and "
+                                      f"other processes already take {outside / 2**30:.1f} GiB of this card")
+    config = config.replace(vram_budget=asked - outside)
     planned = plan_for_config(cfg, config, device.type, dtype, quantization, cost, graphs, stored)
+    if outside:
+        planned.notes.insert(0, f"{outside / 2**30:.2f} GiB of the budget is outside torch's allocator (the CUDA "
+                                "context, modules, other processes): the plan uses the rest")
     if not planned.fits:
-        raise InsufficientMemoryError(f"vram_budget={config.vram_budget / 2**30:.1f}GiB: {planned.notes[-1]}")
+        raise InsufficientMemoryError(f"vram_budget={asked / 2**30:.1f}GiB: {planned.notes[-1]}")
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, config.vram_budget / total), device)

@@ -45,6 +45,14 @@ def activation_bytes(cfg: ModelConfig, rows: int, dtype: torch.dtype) -> int:
     return attention + mlp + residual + logits
 
 
+def graph_pool_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """The one memory pool every captured step graph shares (`lucebox.engine.runner`): graphs replay
+    one at a time, so one set of activations, the widest step's, serves them all; each graph's
+    outputs (its logits) stay allocated between replays."""
+    kept_logits = sum(width * cfg.vocab_size * 4 for width in range(1, DECODE_ROWS))
+    return activation_bytes(cfg, DECODE_ROWS, dtype) + kept_logits
+
+
 @dataclass
 class VramPlan:
     fits: bool
@@ -104,8 +112,7 @@ def _parts(cfg, settings, dtype, quantization, drafter, graphs: bool, slots: int
         "kv_chunk_summaries": need["kv_chunk_summaries_max"],
         "drafter": need["drafter"],
         "activations": activation_bytes(cfg, max(settings.max_step, DECODE_ROWS), dtype),
-        # One private pool per captured width, each holding that width's activations.
-        "graph_pools": sum(activation_bytes(cfg, w, dtype) for w in range(1, DECODE_ROWS + 1)) if graphs else 0,
+        "graph_pools": graph_pool_bytes(cfg, dtype) if graphs else 0,
     }
     return device, {"kv_host": need["kv_host_max"], "experts_host": need["experts_host"]}
 

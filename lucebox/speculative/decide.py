@@ -60,7 +60,7 @@ def _decide(logits, draft, params, seen, rule, generator, choices, position) -> 
             choices = greedy_choices(penalize_repetition(logits.float(), torch.stack(histories),
                                                          params.repetition_penalty))
         return verify_greedy(choices.tolist(), drafts)
-    # Logits that are not finite in any row turn every choice into -1, as in `greedy_choices`.
+    # Logits that are not finite in any row make every probability nan: the verdict's token is -1 (`check_finite`).
     finite = torch.isfinite(logits).all()
     p = distribution(logits, params, torch.stack(histories) if params.repetition_penalty != 1.0 else seen).double()
     p = torch.where(finite, p, torch.nan)

@@ -67,7 +67,8 @@ class DFlashProposer(Proposer):
     def start(self, prompt: list[int], features: torch.Tensor | None) -> None:
         cfg = self.drafter.cfg
         self.rings = [SlidingRing(self.draft_ctx, self.max_step, cfg.num_kv_heads, cfg.head_dim,
-                                  self.drafter.dtype, self.drafter.device) for _ in range(cfg.num_layers)]
+                                  self.drafter.dtype, self.drafter.device, reads_ahead=True)
+                      for _ in range(cfg.num_layers)]
         self.length = 0
         self.waiting, self.waiting_rows = [], 0
         if self.lookup is not None:
