@@ -148,7 +148,8 @@ def table(specs: list[dict]) -> str:
         if "error" in s:
             lines.append(f"{s['kernel']:<20} ERROR {s['error'][:90]}")
             continue
-        short = {k: v for k, v in s["constexprs"].items() if k.startswith(("BLOCK", "BITS", "M", "T", "DEDUP"))}
+        shown = ("BLOCK", "BITS", "OFFSET", "M", "T", "INT8", "HAS", "ALL")
+        short = {k: v for k, v in s["constexprs"].items() if k.startswith(shown)}
         per_byte = f"{s['instructions_per_byte']:.3f}" if "instructions_per_byte" in s else ""
         lines.append(f"{s['kernel']:<20} {s['activation']:>4} {s.get('bits', ''):>4} {s['registers']:>4} "
                      f"{s['n_spills']:>5} {s['shared_bytes']:>6} {s['num_warps']:>5} "
