@@ -181,23 +181,28 @@ def main(argv: list[str] | None = None) -> int:
     cfg = build_model_config(json.loads((Path(args.config) / "config.json").read_text()))
     specs = json.loads(Path(args.specs).read_text()) if args.specs else None
     rows = model(cfg, specs, args.kernels_per_token, args.launch_us * 1e-6, kvflash_tokens=args.kvflash_tokens)
+    folder = Path(args.config).resolve()
+    config_name = str(folder.relative_to(ROOT)) if folder.is_relative_to(ROOT) else args.config
     record = {
         "benchmark": "roofline", "date": utc_now(), "commit": commit(),
         "command": " ".join(["python", "bench/roofline.py", *(argv if argv is not None else sys.argv[1:])]),
         "gpu_measurements": "none: every figure here is a model, nothing was run on a GPU",
+        "computed": f"bytes per token from {config_name}/config.json (the shapes lucebox loads)",
         "measured": {"instructions_per_byte": f"CPU compile statistics (sm_86 SASS) from {args.specs}"
                      if specs else "not given: instruction-bound time is 0",
                      "specs_commit": specs.get("commit") if specs else None},
         "assumed": {"hardware": {k: asdict(v) for k, v in HARDWARE.items()},
                     "launch_seconds": args.launch_us * 1e-6, "launch_source": LAUNCH_SOURCE,
+                    "instructions_per_byte_choice": "per kind and width, the worst specialization with bf16 "
+                    "activations (kernel_specs summary): covers int4 zero points and the slower of MoE up/down, so "
+                    "conservative",
                     "kernels_per_token": args.kernels_per_token,
                     "kernels_per_token_source": "given (today ~1,800 per the issue; feed it from a kernel-count bench)",
                     "issue_rate": "SMs x schedulers x clock warp instructions/s; sm_86 instructions per byte are "
                                   "used for the H200 too (its sm_90 SASS may differ)",
                     "kv": "bf16 K and V; full layers read " + (f"{args.kvflash_tokens} KVFlash tokens"
                                                                if args.kvflash_tokens else "the whole context")},
-        "model": {"config": str(Path(args.config).relative_to(ROOT)) if Path(args.config).is_relative_to(ROOT)
-                  else args.config, "layers": len(cfg.layers), "experts": cfg.moe.num_experts,
+        "model": {"config": config_name, "layers": len(cfg.layers), "experts": cfg.moe.num_experts,
                   "top_k": cfg.moe.top_k},
         "method": __doc__.split("\n\n", 2)[2].strip(),
         "predictions": rows,
