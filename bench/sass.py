@@ -4,8 +4,9 @@ The hot loop of a streaming kernel is an innermost loop: a back edge (a branch t
 dominates it) whose body holds no other loop. Its cost per iteration is the instructions on the
 longest path from the loop's header to the back edge, so the two arms of an `if` inside the loop
 (MoE's shared expert / routed expert tiles) count once, the longer one, not both.
-`BRA.DIV` (taken only when a warp arrives diverged at a shuffle) is counted as not taken: the
-out-of-line code it leads to is not part of a normal iteration.
+`BRA.DIV` (taken only when a warp arrives diverged at a shuffle) is counted as not taken and
+`BRA.CONV` (taken when it arrives converged) as always taken: the slow code for diverged warps is
+not part of a normal iteration.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ class Instruction:
 
     def falls_through(self) -> bool:
         op = self.opcode.split(".")
-        return self.predicated or "DIV" in op or op[0] not in ("BRA", "EXIT", "RET", "BRX", "JMP", "JMX")
+        if op[0] == "BRA" and ("DIV" in op or "CONV" in op):
+            return "DIV" in op
+        return self.predicated or op[0] not in ("BRA", "EXIT", "RET", "BRX", "JMP", "JMX")
 
 
 @dataclass(frozen=True)

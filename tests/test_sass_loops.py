@@ -56,6 +56,14 @@ def test_nested_loops_report_only_the_innermost():
     assert sass.find_loops(sass.parse_sass(listing)) == [sass.Loop(0x20, 0x30, 2, 2)]
 
 
+def test_a_branch_taken_when_the_warp_is_converged_skips_the_slow_code():
+    listing = "\n".join(f"/*{a:04x}*/ {text} ;" for a, text in [
+        (0x00, "MOV R1, R2"), (0x10, "FADD R5, R5, R6"), (0x20, "BRA.CONV ~URZ, 0x50"), (0x30, "CALL.REL.NOINC 0x80"),
+        (0x40, "BRA 0x60"), (0x50, "SHFL.BFLY PT, R6, R5, 0x1, 0x1f"), (0x60, "@P0 BRA 0x10"), (0x70, "EXIT"),
+        (0x80, "RET.REL.NODEC R20 0x0")])
+    assert sass.find_loops(sass.parse_sass(listing)) == [sass.Loop(0x10, 0x60, 4, 4)]
+
+
 def test_resources_read_registers_and_local_memory():
     usage = " Function _matmul_kernel:\n  REG:128 STACK:0 SHARED:0 LOCAL:8 CONSTANT[0]:448 TEXTURE:0"
     assert sass.parse_resources(usage) == {"registers": 128, "stack_bytes": 0, "static_shared_bytes": 0,
