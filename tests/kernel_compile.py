@@ -12,49 +12,21 @@ card. Prints one JSON line per specialization and exits non-zero if any fails.
 from __future__ import annotations
 
 import json
-import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)  # before any kernel module is imported
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+import torch
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton import knobs  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource, make_backend  # noqa: E402
-from triton.runtime.jit import JITFunction, create_function_from_signature  # noqa: E402
-
-# Shared memory one block may use: RTX 3090 (sm_86) and Hopper (sm_90).
-TARGETS = {86: 101376, 90: 232448}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Turns Triton's interpreter off: before any kernel module is imported.
+from bench.triton_compile import SHARED_MEMORY, Launch, compile_all, compile_launch, record_launches  # noqa: E402
 
 
-def record_launches() -> list[tuple]:
-    """(module, kernel name, signature, constexprs, attributes, options) of every distinct launch
-    the wrappers make, specialized as Triton's launcher would on a GPU (integers equal to 1 and
-    16-byte alignment or divisibility by 16 of pointers and integers)."""
-    launches = {}
-    backend = make_backend(GPUTarget("cuda", 90, 32))
-
-    def run(self, *args, grid, warmup, **kwargs):
-        kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug
-        kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-        kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
-        binder = create_function_from_signature(self.signature, self.params, backend)
-        bound, specialization, options = binder(*args, **kwargs)
-        options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, specialization, options)
-        # Launch options as given (num_warps, num_stages...): each target completes them itself.
-        given = {k: v for k, v in kwargs.items() if k in options.__dict__}
-        key = repr((self.fn.__module__, self.fn.__name__, specialization, sorted(given.items())))
-        launches[key] = (self.fn.__module__, self.fn.__name__, signature, constexprs, attrs, given)
-
-    JITFunction.run = run
+def exercise_engine() -> None:
+    """Every kernel launch the engine makes at the widths this file checks."""
     exercise_wrappers()
     exercise_delta_rule()
     exercise_head()
-    return list(launches.values())
 
 
 def exercise_wrappers() -> None:
@@ -124,33 +96,27 @@ def exercise_head() -> None:
             greedy_triton.greedy_choices(torch.randn(M, 100352, dtype=dtype))
 
 
-def compile_one(job: tuple) -> dict:
-    module, name, signature, constexprs, attrs, options, capability = job
-    fn = getattr(sys.modules.get(module) or __import__(module, fromlist=[name]), name)
+def compile_one(job: tuple[Launch, int]) -> dict:
+    launch, capability = job
     try:
-        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                                target=GPUTarget("cuda", capability, 32), options=options)
-        shared = kernel.metadata.shared
-        ok = shared <= TARGETS[capability]
-        error = None if ok else f"needs {shared} bytes of shared memory, sm_{capability} has {TARGETS[capability]}"
+        shared = compile_launch(launch, capability).metadata.shared
+        limit = SHARED_MEMORY[capability]
+        ok = shared <= limit
+        error = None if ok else f"needs {shared} bytes of shared memory, sm_{capability} has {limit}"
     except Exception as e:  # noqa: BLE001 - report every failure, keep compiling the rest
         shared, ok, error = None, False, f"{type(e).__name__}: {str(e)[:800]}"
-    return {"kernel": name, "sm": capability, "ok": ok, "shared_bytes": shared, "error": error,
-            "constexprs": {str(k): v for k, v in constexprs.items()}}
+    return {"kernel": launch.kernel, "sm": capability, "ok": ok, "shared_bytes": shared, "error": error,
+            "constexprs": {str(k): v for k, v in launch.constexprs.items()}}
+
+
+def compiler_crashed(job: tuple[Launch, int]) -> dict:
+    return {"kernel": job[0].kernel, "sm": job[1], "ok": False, "shared_bytes": None,
+            "error": "the compiler crashed (see stderr)", "constexprs": {}}
 
 
 def main() -> int:
-    launches = record_launches()
-    jobs = [(*launch, capability) for launch in launches for capability in TARGETS]
-    results = []
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        futures = [(job, pool.submit(compile_one, job)) for job in jobs]
-        for job, future in futures:
-            try:
-                results.append(future.result())
-            except BrokenProcessPool:  # the compiler aborted the process (an LLVM error)
-                results.append({"kernel": job[1], "sm": job[-1], "ok": False, "shared_bytes": None,
-                                "error": "the compiler crashed (see stderr)", "constexprs": {}})
+    launches = record_launches(exercise_engine)
+    results = compile_all([(launch, sm) for launch in launches for sm in SHARED_MEMORY], compile_one, compiler_crashed)
     for result in results:
         print(json.dumps(result, default=str))
     failed = [r for r in results if not r["ok"]]
