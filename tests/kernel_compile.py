@@ -53,6 +53,7 @@ def record_launches() -> list[tuple]:
     JITFunction.run = run
     exercise_wrappers()
     exercise_delta_rule()
+    exercise_route()
     return list(launches.values())
 
 
@@ -112,6 +113,21 @@ def exercise_delta_rule() -> None:
         q, v, beta, state = torch.randn(T, Hv, Dk), torch.randn(T, Hv, Dv), torch.rand(T, Hv), torch.zeros(Hv, Dk, Dv)
         for g in (-torch.rand(T, Hv), -torch.rand(T, Hv, Dk)):
             delta_rule_triton.recurrent_gated_delta_rule(q, q, v, g, beta, state, every_row)
+
+
+def exercise_route() -> None:
+    """MoE routing at Laguna XS.2's widths: 256 experts, top-8, sigmoid + correction bias, over
+    bf16 / fp32 rows and the float32 router; a decode row and a full verify block."""
+    from lucebox.kernels import route_triton
+
+    from lucebox.config import MoESpec
+
+    H, E = 2048, 256
+    spec = MoESpec(num_experts=E, top_k=8, expert_size=512, router="sigmoid", normalize_topk=True,
+                   routed_scaling=2.5, correction_bias=True)
+    for M in (1, 16):
+        for dtype in (torch.bfloat16, torch.float32):
+            route_triton.moe_route(torch.randn(M, H, dtype=dtype), torch.randn(E, H), spec, torch.randn(E))
 
 
 def compile_one(job: tuple) -> dict:
