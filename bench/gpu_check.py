@@ -199,9 +199,9 @@ FALLBACK_PROMPT = "def mean(values):\n    total = 0\n    for value in values:\n 
 # name -> (section, seconds its process may run on the GPU). The .sh runs them in this order.
 # The lead's next two sections go after "drafter": kernels per token (profiler), per-kernel bandwidth.
 SECTIONS = {
-    "environment": (environment, 30),
-    "graph_tests": (graph_tests, 110),
-    "laguna_xs2": (laguna_xs2, 210),
+    "environment": (environment, 20),
+    "graph_tests": (graph_tests, 100),
+    "laguna_xs2": (laguna_xs2, 240),
     "stream_race": (stream_race, 60),
     "drafter": (drafter, 50),
 }
