@@ -278,18 +278,22 @@ def bench_model(folder, dtype, device, peak, tokens: int, dry: bool) -> list[dic
     return rows
 
 
-def bench_contexts(folder, dtype, device, contexts: list[int], tokens: int, vram: str | None = None,
-                   kv_dtype: str = "auto") -> list[dict]:
-    """Decode speed and peak device memory of the model (dummy int4 weights, graphs on) after
-    prompts of each length, within the `vram` budget if given. Prompts nest, so each one reuses
-    the cache of the one before and prefills only its new tokens."""
-    import torch
-
+def contexts_llm(folder, dtype, device, max_context: int, vram: str | None = None, kv_dtype: str = "auto"):
+    """The model `bench_contexts` measures: dummy int4 weights, graphs on where there is CUDA."""
     import lucebox
 
-    llm = lucebox.LLM(folder, device=device.type, dtype=str(dtype).split(".")[-1], load_format="dummy",
-                      quantization="int4", max_context=max(contexts) + tokens + 1, vram_budget=vram,
-                      kv_dtype=kv_dtype)
+    return lucebox.LLM(folder, device=device.type, dtype=str(dtype).split(".")[-1], load_format="dummy",
+                       quantization="int4", max_context=max_context, vram_budget=vram, kv_dtype=kv_dtype)
+
+
+def bench_contexts(folder, dtype, device, contexts: list[int], tokens: int, vram: str | None = None,
+                   kv_dtype: str = "auto", llm=None) -> list[dict]:
+    """Decode speed and peak device memory of the model (`contexts_llm`, or `llm` if given) after
+    prompts of each length, within the `vram` budget if given. Prompts nest (one seeded stream of
+    tokens), so each one reuses the cache of the one before and prefills only its new tokens."""
+    import torch
+
+    llm = llm or contexts_llm(folder, dtype, device, max(contexts) + tokens + 1, vram, kv_dtype)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, llm.config.vocab_size, (max(contexts),), generator=gen).tolist()
     rows = []

@@ -68,6 +68,7 @@ class Kernels:
     softplus_gate: Callable
     attention_partial: Callable
     moe_experts: Callable
+    moe_route: Callable  # router GEMM in float32 + expert choice: (weights, ids)
     linear: Callable  # x @ w.T (+ bias) for plain or quantized weights
     greedy_choices: Callable  # each row's argmax after the LM head, -1 in a row that is not finite
     causal_conv1d: Callable  # the Gated DeltaNet mixer's conv + silu, and its state
@@ -84,9 +85,9 @@ def kernels_for(backend: str) -> Kernels:
 
     if backend == "torch":
         return Kernels("torch", norm.rms_norm, norm.add_rms_norm, rope.rotate, gate.softplus_gate,
-                       attention.attention_partial, moe.moe_experts, quant.linear, greedy_choices,
-                       delta_rule.causal_conv1d,
-                       delta_rule.recurrent_gated_delta_rule, delta_rule.chunked_gated_delta_rule)
+                       attention.attention_partial, moe.moe_experts, moe.moe_route, quant.linear,
+                       greedy_choices, delta_rule.causal_conv1d, delta_rule.recurrent_gated_delta_rule,
+                       delta_rule.chunked_gated_delta_rule)
     if backend != "triton":
         raise InvalidArgumentError(f"kernels_for takes 'torch' or 'triton', got '{backend}'")
     from lucebox.kernels import (
@@ -98,10 +99,11 @@ def kernels_for(backend: str) -> Kernels:
         norm_triton,
         quant_triton,
         rope_triton,
+        route_triton,
     )
 
     return Kernels("triton", norm_triton.rms_norm, norm_triton.add_rms_norm, rope_triton.rotate,
                    gate_triton.softplus_gate, attention_triton.attention_partial, moe_triton.moe_experts,
-                   quant_triton.linear, greedy_triton.greedy_choices, delta_rule_triton.causal_conv1d,
-                   delta_rule_triton.recurrent_gated_delta_rule,
+                   route_triton.moe_route, quant_triton.linear, greedy_triton.greedy_choices,
+                   delta_rule_triton.causal_conv1d, delta_rule_triton.recurrent_gated_delta_rule,
                    delta_rule_triton.chunked_gated_delta_rule)

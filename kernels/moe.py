@@ -1,7 +1,8 @@
 """Mixture-of-experts routing and expert GEMMs, torch reference.
 
 Routing runs in float32 whatever the model dtype (as the reference implementations do), so the
-chosen experts are the same ones they choose.
+chosen experts are the same ones they choose: the router's GEMM too (`moe_route`), since a
+bfloat16 GEMM rounds logits to 8 bits of mantissa, enough to swap two close experts.
 """
 
 from __future__ import annotations
@@ -17,12 +18,32 @@ from lucebox.config import MoESpec
 SMALL_STEP_ROWS = 16
 
 
-def route(
-    router_logits: torch.Tensor,  # (T, E), model dtype
+def routing_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype routers are kept in and their GEMM runs in: float32, or the model's own when it is
+    wider (a float64 model's reference computes its router in float64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def moe_route(
+    h: torch.Tensor,  # (T, H), model dtype
+    router: torch.Tensor,  # (E, H), kept in `routing_dtype` at load
     spec: MoESpec,
     correction_bias: torch.Tensor | None = None,  # (E,)
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights (T, k) in the model dtype, or float32 with `spec.float32_weights`; expert ids (T, k))."""
+    """`route` of the router's logits computed in `routing_dtype` (h upcast): (weights (T, k) in
+    the model dtype, or float32 with `spec.float32_weights`; expert ids (T, k))."""
+    wide = routing_dtype(h.dtype)
+    return route(F.linear(h.to(wide), router.to(wide)), spec, correction_bias, h.dtype)
+
+
+def route(
+    router_logits: torch.Tensor,  # (T, E)
+    spec: MoESpec,
+    correction_bias: torch.Tensor | None = None,  # (E,)
+    dtype: torch.dtype | None = None,  # the model's (default: the logits')
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights (T, k) in `dtype`, or float32 with `spec.float32_weights`; expert ids (T, k), the
+    k best in descending order)."""
     logits = router_logits.to(torch.float32)
     if spec.logit_softcap > 0:
         logits = torch.tanh(logits / spec.logit_softcap) * spec.logit_softcap
@@ -35,7 +56,7 @@ def route(
     weights = scores.gather(-1, ids)  # the bias only chooses; it never weighs
     if spec.normalize_topk:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return (weights if spec.float32_weights else weights.to(router_logits.dtype)), ids
+    return (weights if spec.float32_weights else weights.to(dtype or router_logits.dtype)), ids
 
 
 def swiglu(x: torch.Tensor, w_gate_up: Weight, w_down: Weight, linear=linear) -> torch.Tensor:

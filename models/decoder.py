@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from lucebox.kernels.backend import Kernels, kernels_for
-from lucebox.kernels.moe import route, swiglu
+from lucebox.kernels.moe import swiglu
 from lucebox.kernels.rope import RotaryTables
 from lucebox.models.cache_contexts import CacheContext
 from lucebox.models.token_mixers import ForwardContext, token_mixer
@@ -110,7 +110,7 @@ class Decoder:
         if layer.mlp == "dense":
             return swiglu(h, w[p + "w_gate_up"], w[p + "w_down"], k.linear)
         moe = self.cfg.moe
-        weights, ids = route(F.linear(h, w[p + "router"]), moe, w.get(p + "router_bias"))
+        weights, ids = k.moe_route(h, w[p + "router"], moe, w.get(p + "router_bias"))
         # A gated shared expert (Qwen3-Next: sigmoid(h . shared_gate) times its output) runs beside the
         # routed experts; an ungated one runs inside the experts' kernel.
         gated = moe.shared_expert_gate

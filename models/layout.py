@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+from lucebox.kernels.moe import routing_dtype
 from lucebox.models.sources import AnyOf, Cat, Source, Stack
 
 from lucebox.config import ModelConfig
@@ -207,10 +209,20 @@ def parameter_counts(cfg: ModelConfig) -> tuple[int, int]:
 
 
 # Linear layers whose weights `quantization=` turns into int8/int4 codes. Embeddings, the output
-# head, routers and norms stay in the model dtype: they are small or decide which experts run.
+# head, routers and norms stay in floats: they are small or decide which experts run.
 _QUANTIZABLE = ("wq", "wk", "wv", "wo", "wg", "w_gate_up", "w_down", "shared_gate_up", "shared_down",
                 "experts_gate_up", "experts_down")
 
 
 def quantizable(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in _QUANTIZABLE
+
+
+# Routers and their correction biases are kept in float32 (`routing_dtype`), not the model dtype: they
+# are small (E x H) and choose the experts, which a bfloat16 router GEMM can swap (`kernels.moe.moe_route`).
+_ROUTERS = ("router", "router_bias")
+
+
+def stored_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype weight `name` is held in (before any quantization) when the model runs in `dtype`."""
+    return routing_dtype(dtype) if name.rsplit(".", 1)[-1] in _ROUTERS else dtype

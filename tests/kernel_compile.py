@@ -27,6 +27,7 @@ def exercise_engine() -> None:
     exercise_wrappers()
     exercise_delta_rule()
     exercise_head()
+    exercise_route()
 
 
 def exercise_wrappers() -> None:
@@ -94,6 +95,21 @@ def exercise_head() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         for M in (1, 16):
             greedy_triton.greedy_choices(torch.randn(M, 100352, dtype=dtype))
+
+
+def exercise_route() -> None:
+    """MoE routing at Laguna XS.2's widths: 256 experts, top-8, sigmoid + correction bias, over
+    bf16 / fp32 rows and the float32 router; a decode row and a full verify block."""
+    from lucebox.kernels import route_triton
+
+    from lucebox.config import MoESpec
+
+    H, E = 2048, 256
+    spec = MoESpec(num_experts=E, top_k=8, expert_size=512, router="sigmoid", normalize_topk=True,
+                   routed_scaling=2.5, correction_bias=True)
+    for M in (1, 16):
+        for dtype in (torch.bfloat16, torch.float32):
+            route_triton.moe_route(torch.randn(M, H, dtype=dtype), torch.randn(E, H), spec, torch.randn(E))
 
 
 def compile_one(job: tuple[Launch, int]) -> dict:

@@ -20,7 +20,7 @@ from lucebox.kernels.quant import SCHEMES, quantize
 from lucebox.memory.expert_cache import ExpertTraffic, PinnedArena, cache_experts, is_routed_expert, moved
 from lucebox.models import adapter_for, build_model_config
 from lucebox.models.decoder import Decoder
-from lucebox.models.layout import quantizable, weight_shapes
+from lucebox.models.layout import quantizable, stored_dtype, weight_shapes
 from lucebox.models.sources import Source, Unloaded
 from lucebox.text.tokenizer import Tokenizer
 from lucebox.text.tokenizer_files import load_tokenizer
@@ -164,6 +164,9 @@ def load_model(
         index = CheckpointIndex(weight_files(desc.folder))
         sources, unloaded = checkpoint_sources(desc)
         weights = load_weights(index, sources, shapes, dtype, read_to, unloaded, transform, progress)
+    for name in weights:  # routers read in the model dtype are held wider (exactly: a widening cast)
+        if stored_dtype(name, dtype) != dtype:
+            weights[name] = weights[name].to(stored_dtype(name, dtype))
     if on_host:
         cache_experts(weights, len(desc.cfg.layers), expert_slots, device, expert_traffic or ExpertTraffic())
     if desc.gguf is not None:

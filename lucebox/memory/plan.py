@@ -15,7 +15,7 @@ from lucebox.config import ModelConfig
 from lucebox.engine.config import DECODE_ROWS, KV_CHUNK
 from lucebox.errors import ContextLengthError, InsufficientMemoryError
 from lucebox.kernels.quant import quantized_bytes
-from lucebox.models.layout import quantizable, weight_shapes
+from lucebox.models.layout import quantizable, stored_dtype, weight_shapes
 
 HEADROOM = 0.9  # leave a tenth of what is free to the allocator, activations and everyone else
 
@@ -44,7 +44,7 @@ class StoredWeights(NamedTuple):
 
 def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None = None) -> int:
     return sum(quantized_bytes(shape, quantization) if quantization and quantizable(name)
-               else math.prod(shape) * dtype.itemsize for name, shape in weight_shapes(cfg).items())
+               else math.prod(shape) * stored_dtype(name, dtype).itemsize for name, shape in weight_shapes(cfg).items())
 
 
 def one_expert_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None = None) -> int:

@@ -6,11 +6,11 @@ and per block `blk.{i}.attn_norm`, `attn_q/k/v/output` (+ `.bias`), `attn_q_norm
 bias), `ffn_{gate,up,down}_exps` (experts, already stacked) and `ffn_{gate,up,down}_shexp`.
 
 Quantized linear weights stay quantized (`lucebox.checkpoints.gguf.blocks`); embeddings, the output head,
-routers, norms and biases are read in the model dtype, as lucebox keeps them for its own
-quantization. llama.cpp's converter interleaves the two rotary halves of each attention head's
-q and k rows for architecture `llama` (its RoPE rotates adjacent pairs); we put them back. The
-Gated DeltaNet hybrids' own names and transforms: `hybrid_weights`; a file's GDN projections stay
-quantized too (`keeps_blocks`).
+norms and biases are read in the model dtype, as lucebox keeps them for its own quantization, and
+routers in float32 (`lucebox.models.layout.stored_dtype`). llama.cpp's converter interleaves the
+two rotary halves of each attention head's q and k rows for architecture `llama` (its RoPE rotates
+adjacent pairs); we put them back. The Gated DeltaNet hybrids' own names and transforms:
+`hybrid_weights`; a file's GDN projections stay quantized too (`keeps_blocks`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from lucebox.errors import MissingTensorError, TensorShapeError, UnexpectedTenso
 from lucebox.kernels.quant import QuantizedTensor, dequantize
 from lucebox.memory.expert_cache import is_routed_expert
 from lucebox.memory.plan import StoredWeights
-from lucebox.models.layout import quantizable, weight_shapes
+from lucebox.models.layout import quantizable, stored_dtype, weight_shapes
 
 ROTARY_INTERLEAVED = ("llama",)  # architectures whose converter interleaves q/k rotary halves
 
@@ -144,7 +144,7 @@ def device_bytes(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.dtype
             entry = file.tensors.get(n)
             if entry is not None:
                 per_weight = _REPACKED_BYTES.get(entry.type_name) if keeps_blocks(name) else None
-                size = math.prod(entry.shape) * (per_weight or dtype.itemsize)
+                size = math.prod(entry.shape) * (per_weight or stored_dtype(name, dtype).itemsize)
                 total += size
                 experts += size if is_routed_expert(name) else 0
     return StoredWeights(int(total), int(experts))
@@ -208,7 +208,7 @@ def load_gguf_weights(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.
     weights: dict[str, Weight] = {}
     for name, source in sources.items():
         target = device(name) if callable(device) else device  # experts bound for host memory are read there
-        weights[name] = _read(file, name, source, shapes[name], dtype, target, transform)
+        weights[name] = _read(file, name, source, shapes[name], stored_dtype(name, dtype), target, transform)
         done += sum(file.tensors[n].nbytes for n in source.names)
         if progress is not None:
             progress(done, total)

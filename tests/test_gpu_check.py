@@ -1,0 +1,46 @@
+"""`bench/gpu_check.py --dry-run` runs every section of the GPU check on the CPU and writes one JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = ("environment", "graph_tests", "laguna_xs2", "stream_race", "drafter")
+
+
+def run_check(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([sys.executable, "bench/gpu_check.py", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_dry_run_records_every_section_and_a_timeout_keeps_what_was_measured(tmp_path):
+    done = run_check("--dry-run", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    sections = json.loads((tmp_path / "gpu-check.json").read_text())["sections"]
+    assert list(sections) == list(SECTIONS)
+    assert all(s["dry_run"] and s["seconds"] >= 0 for s in sections.values())
+    assert sections["environment"]["torch"] and sections["environment"]["gpu"] is None
+    assert sections["graph_tests"]["status"] == "skipped" and "CUDA" in sections["graph_tests"]["reason"]
+    xs2 = sections["laguna_xs2"]
+    assert xs2["status"] == "ok" and xs2["load_s"] > 0 and xs2["first_request_s"] > 0
+    assert [row["context"] for row in xs2["decode"]] == xs2["contexts"]
+    assert all(row["decode_tokens_per_s"] > 0 and row["achieved_gb_per_s"] > 0 for row in xs2["decode"])
+    assert sections["stream_race"]["identical"] and sections["stream_race"]["status"] == "ok"
+    assert (tmp_path / "gpu-check-logs" / "stream_race_blocking1.log").exists()
+    drafter = sections["drafter"]
+    assert drafter["identical"] and drafter["acceptance_length"] >= 1 and drafter["speculative_tokens_per_s"] > 0
+
+    assert run_check("--out", str(tmp_path), "--timed-out", "laguna_xs2").returncode == 0
+    after = json.loads((tmp_path / "gpu-check.json").read_text())["sections"]["laguna_xs2"]
+    assert after["status"] == "timed_out" and after["decode"] == xs2["decode"]
+
+
+def test_the_shell_script_runs_the_sections_in_the_table_order():
+    listed = run_check("--list").stdout.split()
+    assert listed[0::2] == list(SECTIONS)
+    assert sum(int(seconds) for seconds in listed[1::2]) <= 8 * 60 - 20  # under 8 minutes with the install
