@@ -7,8 +7,10 @@ Sections, in order (`SECTIONS`): the environment; the graph capture/replay and k
 Laguna XS.2 int4 with dummy weights under a 24 GiB budget (load, first request, decode tokens/s at
 1K/32K/128K of context, peak memory); a stream race check (the same greedy tokens with and without
 CUDA_LAUNCH_BLOCKING=1); a drafter check (speculation gives plain decoding's output, its acceptance
-and speed). Each section merges its result into one JSON file (`gpu-check.json`) as soon as it
-has one, partial results included, so a section cut short by its time box keeps what it measured.
+and speed); the step's profile (`bench/gpu_step_profile.py`: kernels per step, verify-8 over
+decode-1 on the bound cache, per-kernel bandwidth). Each section merges its result into one JSON
+file (`gpu-check.json`) as soon as it has one, partial results included, so a section cut short
+by its time box keeps what it measured.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 XS2 = ROOT / "examples" / "laguna-xs2"
+
+from bench.gpu_step_profile import step_profile  # noqa: E402
 
 
 class Check:
@@ -197,13 +201,13 @@ FALLBACK_PROMPT = "def mean(values):\n    total = 0\n    for value in values:\n 
 
 
 # name -> (section, seconds its process may run on the GPU). The .sh runs them in this order.
-# The lead's next two sections go after "drafter": kernels per token (profiler), per-kernel bandwidth.
 SECTIONS = {
-    "environment": (environment, 20),
-    "graph_tests": (graph_tests, 100),
-    "laguna_xs2": (laguna_xs2, 240),
-    "stream_race": (stream_race, 60),
+    "environment": (environment, 15),
+    "graph_tests": (graph_tests, 75),
+    "laguna_xs2": (laguna_xs2, 200),
+    "stream_race": (stream_race, 50),
     "drafter": (drafter, 50),
+    "step_profile": (step_profile, 70),
 }
 
 

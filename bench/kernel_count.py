@@ -40,6 +40,8 @@ def parse_args(argv=None):
     p.add_argument("--backend", choices=("triton", "torch"), default="triton")
     p.add_argument("--quantization", choices=("int4", "int8", "none"), default="int4")
     p.add_argument("--kv-dtype", choices=("auto", "int8"), default="auto")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: the compiled kernels in bfloat16 (the launches are the same)")
     p.add_argument("--out", help="directory to write kernel-count-<machine>.json into (default: print only)")
     return p.parse_args(argv)
 
@@ -72,7 +74,8 @@ def count(args) -> dict:
     folder = pattern_model(widths)
     config = json.loads((folder / "config.json").read_text())
     # KVFlash as XS.2 runs at long context: a paged pool smaller than the context, chunks on the host.
-    llm = lucebox.LLM(str(folder), load_format="dummy", device="cpu", dtype="float32", backend=args.backend,
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    llm = lucebox.LLM(str(folder), load_format="dummy", device=args.device, dtype=dtype, backend=args.backend,
                       quantization=None if args.quantization == "none" else args.quantization, kv_dtype=args.kv_dtype,
                       max_context=2048, kv_pool_tokens=640, kv_policy="select", prefill_chunk=64)
     llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
@@ -85,7 +88,7 @@ def count(args) -> dict:
     per_kind = {kind: sum(ops.values()) for kind, ops in kinds.items()}
     per_token = (sum(parts["embed"].values()) + sum(parts["head"].values())
                  + sum(per_kind[kind] * n for kind, n in layers.items()))
-    return {"widths": args.widths, "backend": args.backend, "quantization": args.quantization,
+    return {"widths": args.widths, "device": args.device, "backend": args.backend, "quantization": args.quantization,
             "kv_dtype": args.kv_dtype, "launches_per_layer": per_kind, "xs2_layers_per_kind": dict(layers),
             "launches_per_token_xs2": per_token, "most_per_layer": max(per_kind.values()),
             "embed": parts["embed"], "head": parts["head"], "ops_per_kind": kinds}
@@ -93,7 +96,7 @@ def count(args) -> dict:
 
 def main() -> None:
     args = parse_args()
-    if args.backend == "triton":
+    if args.backend == "triton" and args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
     from bench.common import write_result
 

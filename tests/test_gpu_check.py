@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("environment", "graph_tests", "laguna_xs2", "stream_race", "drafter")
+SECTIONS = ("environment", "graph_tests", "laguna_xs2", "stream_race", "drafter", "step_profile")
 
 
 def run_check(*args: str) -> subprocess.CompletedProcess:
@@ -34,6 +34,9 @@ def test_dry_run_records_every_section_and_a_timeout_keeps_what_was_measured(tmp
     assert (tmp_path / "gpu-check-logs" / "stream_race_blocking1.log").exists()
     drafter = sections["drafter"]
     assert drafter["identical"] and drafter["acceptance_length"] >= 1 and drafter["speculative_tokens_per_s"] > 0
+    step = sections["step_profile"]
+    assert step["status"] == "ok" and step["verify8_over_decode1"] > 0 and step["launches_per_token_xs2"] > 0
+    assert {row["kernel"] for row in step["kernel_bandwidth"]} == {"linear", "moe_experts"}
 
     assert run_check("--out", str(tmp_path), "--timed-out", "laguna_xs2").returncode == 0
     after = json.loads((tmp_path / "gpu-check.json").read_text())["sections"]["laguna_xs2"]
