@@ -146,11 +146,18 @@ def _down_decode_kernel(
              mask=(rows[:, None] < M) & (h < H)[None, :])
 
 
-def _format(args: tuple, width: int, rows: int, products: int) -> tuple:
-    """(BITS, GROUP, OFFSET, BLOCK_R, TILE_GROUPS, EVEN_R) of a matrix (`weight_args`'s last three
-    and its reduction tiles over `width` inputs)."""
-    bits, group, offset = args[5:]
-    return (bits, group, offset, *tile_shape(rows, width, group, bits, products))
+def _matrix_args(routed: tuple, alone: tuple | None, width: int, s_width: int, rows: int, products: int):
+    """(pointers and strides, formats) of an expert stack and of the shared expert's matrix, for
+    reductions over `width` (routed) and `s_width` (shared) inputs. Formats: (BITS, GROUP, OFFSET,
+    BLOCK_R, TILE_GROUPS, EVEN_R) each. Without a shared expert its slots take the stack's own
+    arguments: placeholders never read."""
+    w_args, expert_strides = routed
+    s_args = alone if alone is not None else w_args
+    bits, group, offset = w_args[5:]
+    s_bits, s_group, s_offset = s_args[5:]
+    formats = (bits, group, offset, *tile_shape(rows, width, group, bits, products),
+               s_bits, s_group, s_offset, *tile_shape(rows, s_width, s_group, s_bits, products))
+    return (*w_args[:3], *expert_strides, *w_args[3:5], *s_args[:5]), formats
 
 
 def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tuple | None,
@@ -167,20 +174,13 @@ def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tup
     up_i, down_h = 8, 8  # outputs a program: 512 / 8 * 9 up and 2048 / 8 down programs at Laguna XS.2
     inter = torch.empty((P + M * shared, max(F, f_shared)), dtype=x.dtype, device=x.device)
     out = torch.empty((M, H), dtype=x.dtype, device=x.device)
+    sizes = (M, K, H, F, f_shared, inter.stride(0))
     shape = dict(BLOCK_M=block_m, BLOCK_P=triton.next_power_of_2(P), BLOCK_C=triton.next_power_of_2(K), STAGES=3)
-    # The shared slots take the first expert's matrix when there is none: placeholders never read.
-    for name, routed, alone in (("up", gate_up, shared_gate_up), ("down", down, shared_down)):
-        w_args, expert_strides = routed
-        s_args = alone if shared else w_args
-        width, outputs = (H, up_i) if name == "up" else (F, down_h)
-        s_width = H if name == "up" else max(f_shared, 1)
-        products = (8192 if name == "up" else 16384) // outputs  # gate and up: two accumulators
-        pointers = (*w_args[:3], *expert_strides, *w_args[3:5], *s_args[:5], M, K, H, F, f_shared, inter.stride(0))
-        formats = (*_format(w_args, width, block_m, products), *_format(s_args, s_width, block_m, products))
-        if name == "up":
-            _up_decode_kernel[(P + shared, triton.cdiv(max(F, f_shared), up_i))](
-                x, inter, ids, *pointers, *formats, BLOCK_I=up_i, **shape)
-        else:
-            _down_decode_kernel[(triton.cdiv(H, down_h),)](
-                inter, out, weights, ids, *pointers, scaling, *formats, BLOCK_H=down_h, SHARED=shared, **shape)
+    # Multiplies a program's registers hold per row: gate and up share the up kernel's budget.
+    pointers, formats = _matrix_args(gate_up, shared_gate_up, H, H, block_m, 8192 // up_i)
+    _up_decode_kernel[(P + shared, triton.cdiv(max(F, f_shared), up_i))](
+        x, inter, ids, *pointers, *sizes, *formats, BLOCK_I=up_i, **shape)
+    pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1), block_m, 16384 // down_h)
+    _down_decode_kernel[(triton.cdiv(H, down_h),)](
+        inter, out, weights, ids, *pointers, *sizes, scaling, *formats, BLOCK_H=down_h, SHARED=shared, **shape)
     return out
