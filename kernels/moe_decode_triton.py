@@ -181,7 +181,7 @@ def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tup
     pointers, formats = _matrix_args(gate_up, shared_gate_up, H, H, block_m, 2048 // up_i)
     _up_decode_kernel[(P + shared, triton.cdiv(max(F, f_shared), up_i))](
         x, inter, ids, *pointers, *sizes, *formats, BLOCK_I=up_i, **shape)
-    pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1), block_m, 8192 // down_h)
+    pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1), block_m, 4096 // down_h)
     _down_decode_kernel[(triton.cdiv(H, down_h),)](
         inter, out, weights, ids, *pointers, *sizes, scaling, *formats, BLOCK_H=down_h, SHARED=shared, **shape)
     return out
