@@ -1,27 +1,24 @@
 """Fused MoE expert GEMMs in Triton: only the chosen experts' weights are read, each once per
 block of rows that chose it.
 
-Two kernels, each in two row layouts:
-- `_up_kernel`: for one expert and a tile of its intermediate features, gate and up projections
-  of the expert's rows, then silu(gate) * up -> `inter[pair]` (a pair is (row, choice j));
-- `_down_kernel`: for one expert and a tile of hidden features, the down projection of those
+Decode and verify steps (at most DEDUP_ROWS rows) take `moe_decode_triton` (two launches, the
+layer's output written by the second); wider steps take the prefill layout (SORTED) here:
+pairs (row, choice j) sorted by expert and cut into blocks of BLOCK_M rows of one expert
+(moe-align style), a grouped GEMM over experts; the block table is built on the device with a
+fixed upper bound on the block count, so it needs no host sync either.
+
+- `_up_kernel`: for one block and a tile of its intermediate features, gate and up projections
+  of the block's rows, then silu(gate) * up -> `inter[pair]`;
+- `_down_kernel`: for one block and a tile of hidden features, the down projection of those
   pairs, times the routing weight -> `out_pairs[pair]`; the k choices of a row are summed after,
   in a fixed order, so results are deterministic (no atomics).
 
 Shapes: M rows, H hidden features, E experts of F intermediate features, K choices per row.
 
-A shared expert (Laguna, Qwen2-MoE style) rides in the same launches: one more block (decode)
-or a few more blocks (prefill) whose rows are all M rows, with weight 1, reading the shared
-weights instead of an expert's, so it costs no extra launch and overlaps with the routed experts.
-Its results land in M extra pair rows after the M * K routed ones.
-
-Row layouts:
-- decode/verify (M <= DEDUP_ROWS rows, DEDUP): one program per (row, choice) pair; a program whose expert
-  already appears in an earlier pair does nothing, the others gather every row that chose their
-  expert. No sorting, no host sync: the launch fits in a CUDA graph.
-- prefill (SORTED): pairs sorted by expert and cut into blocks of BLOCK_M rows of one expert
-  (moe-align style), a grouped GEMM over experts; the block table is built on the device with
-  a fixed upper bound on the block count, so it needs no host sync either.
+A shared expert (Laguna, Qwen2-MoE style) rides in the same launches: a few more blocks whose
+rows are all M rows, with weight 1, reading the shared weights instead of an expert's, so it
+costs no extra launch and overlaps with the routed experts. Its results land in M extra pair
+rows after the M * K routed ones.
 """
 
 from __future__ import annotations
@@ -29,41 +26,24 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from lucebox.kernels.moe_decode_triton import DEDUP_ROWS, moe_decode
 from lucebox.kernels.quant import Weight
 from lucebox.kernels.quant_triton import dot_precision, expert_strides, load_weight_tile, weight_args
 
-# The most rows a step may have for the decode layout (DEDUP): one tile of rows, each program a
-# (row, choice) pair. Wider steps take the prefill layout's 64-row tiles.
-DEDUP_ROWS = 16
-
 
 @triton.jit
-def _block_rows(b, ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, M, K,
-                DEDUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr):
+def _block_rows(b, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, M, K, BLOCK_M: tl.constexpr):
     """(expert, pair index (BLOCK_M,), token (BLOCK_M,), row mask (BLOCK_M,), active, shared) of
     block b. Pairs m * K + j are routed choices; pairs M * K + m are the shared expert's rows."""
     r = tl.arange(0, BLOCK_M)
     P = M * K
-    if DEDUP:
-        shared = b >= P  # the one block after the routed pairs
-        expert = tl.load(ids_ptr + tl.minimum(b, P - 1))
-        earlier = tl.arange(0, BLOCK_P)
-        seen = tl.load(ids_ptr + earlier, mask=earlier < b, other=-1)
-        active = shared | (tl.sum((seen == expert).to(tl.int32), axis=0) == 0)
-        j = tl.arange(0, BLOCK_K)
-        chosen = tl.load(ids_ptr + r[:, None] * K + j[None, :], mask=(r[:, None] < M) & (j[None, :] < K), other=-1)
-        match = chosen == expert
-        valid = tl.where(shared, r < M, tl.sum(match.to(tl.int32), axis=1) > 0)
-        pair = tl.where(shared, P + r, r * K + tl.sum(tl.where(match, j[None, :], 0), axis=1))
-        token = r
-    else:
-        expert = tl.load(block_expert_ptr + b)
-        shared = expert < 0
-        rows = tl.load(block_rows_ptr + b)
-        active = rows > 0
-        valid = r < rows
-        pair = tl.load(order_ptr + tl.load(block_start_ptr + b) + r, mask=valid, other=0)
-        token = tl.where(pair >= P, pair - P, pair // K)
+    expert = tl.load(block_expert_ptr + b)
+    shared = expert < 0
+    rows = tl.load(block_rows_ptr + b)
+    active = rows > 0
+    valid = r < rows
+    pair = tl.load(order_ptr + tl.load(block_start_ptr + b) + r, mask=valid, other=0)
+    token = tl.where(pair >= P, pair - P, pair // K)
     # int64 offsets: pair * H passes 2**31 for prefill chunks of ~100K rows at Laguna widths.
     return tl.maximum(expert, 0).to(tl.int64), pair.to(tl.int64), token.to(tl.int64), valid, active, shared
 
@@ -86,18 +66,16 @@ def _weight_tile(shared, expert, rows, cols, mask,
 
 @triton.jit
 def _up_kernel(
-    x_ptr, inter_ptr, ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr,
+    x_ptr, inter_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr,
     w_ptr, s_ptr, z_ptr, stride_we, stride_se, stride_w, stride_s,
     sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
     M, K, H, F, F_SHARED, stride_inter,
     BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr,
-    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_OFFSET: tl.constexpr, DEDUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr,
 ):
     expert, pair, token, valid, active, shared = _block_rows(
-        tl.program_id(0), ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, M, K,
-        DEDUP, BLOCK_M, BLOCK_P, BLOCK_K)
+        tl.program_id(0), order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, M, K, BLOCK_M)
     width = tl.where(shared, F_SHARED, F)
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     i_ok = i < width
@@ -124,18 +102,16 @@ def _up_kernel(
 
 @triton.jit
 def _down_kernel(
-    inter_ptr, out_ptr, weights_ptr, ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr,
+    inter_ptr, out_ptr, weights_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr,
     w_ptr, s_ptr, z_ptr, stride_we, stride_se, stride_w, stride_s,
     sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
     M, K, H, F, F_SHARED, stride_inter, scaling,
     BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr,
-    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_OFFSET: tl.constexpr, DEDUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+    S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_OFFSET: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, PRECISION: tl.constexpr,
 ):
     expert, pair, token, valid, active, shared = _block_rows(
-        tl.program_id(0), ids_ptr, order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, M, K,
-        DEDUP, BLOCK_M, BLOCK_P, BLOCK_K)
+        tl.program_id(0), order_ptr, block_expert_ptr, block_start_ptr, block_rows_ptr, M, K, BLOCK_M)
     if active:
         width = tl.where(shared, F_SHARED, F)
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -217,26 +193,27 @@ def moe_experts(
     f_shared = shared_down.shape[1] if shared else 0
     x = x.contiguous()
     ids = ids.contiguous()
-    dedup = (layout_of[0] if layout_of else M) <= DEDUP_ROWS
-    block_m = DEDUP_ROWS if dedup else 64
-    # The dedup layout reads the ids alone; the table arguments are then unused placeholders.
-    table = (ids, ids, ids, ids) if dedup else _sorted_blocks(ids, E, block_m, M if shared else 0)
-    n_blocks = P + shared if dedup else table[1].numel()
+    rows = layout_of[0] if layout_of else M
+    if rows <= DEDUP_ROWS:
+        routed = [(weight_args(w), expert_strides(w)) for w in (gate_up, down)]
+        alone = [weight_args(w) if shared else None for w in (shared_gate_up, shared_down)]
+        return moe_decode(x, *routed, *alone, weights.contiguous(), ids, scaling, (E, F, f_shared),
+                          triton.next_power_of_2(rows))
+    block_m = 64
+    table = _sorted_blocks(ids, E, block_m, M if shared else 0)
+    n_blocks = table[1].numel()
     width = max(F, f_shared)
     inter = torch.empty((P + M * shared, width), dtype=x.dtype, device=x.device)
     out_pairs = torch.empty((P + M * shared, H), dtype=torch.float32, device=x.device)
-    shape = dict(DEDUP=dedup, BLOCK_M=block_m, BLOCK_P=triton.next_power_of_2(P),
-                 BLOCK_K=triton.next_power_of_2(K), PRECISION=dot_precision(x.dtype))
-    # Decode: narrow tiles, so the few active experts still spread over every SM (a program per
-    # 16 intermediate / 32 hidden features); prefill: square 64-wide tiles for the tensor cores.
-    # Untuned guesses until measured on a GPU (bench/kernels.py).
-    up_i, up_h, down_h, down_i = (16, 256, 32, 128) if dedup else (64, 64, 64, 64)
+    shape = dict(BLOCK_M=block_m, PRECISION=dot_precision(x.dtype))
+    # Square 64-wide tiles for the tensor cores. Untuned guesses until measured on a GPU.
+    up_i, up_h, down_h, down_i = 64, 64, 64, 64
     sizes = (M, K, H, F, f_shared, width)
     _up_kernel[(n_blocks, triton.cdiv(width, up_i))](
-        x, inter, ids, *table, *_weight_args(gate_up, shared_gate_up, shared), *sizes,
+        x, inter, *table, *_weight_args(gate_up, shared_gate_up, shared), *sizes,
         *_weight_flags(gate_up, shared_gate_up, shared), BLOCK_I=up_i, BLOCK_H=up_h, **shape)
     _down_kernel[(n_blocks, triton.cdiv(H, down_h))](
-        inter, out_pairs, weights.contiguous(), ids, *table, *_weight_args(down, shared_down, shared), *sizes, scaling,
+        inter, out_pairs, weights.contiguous(), *table, *_weight_args(down, shared_down, shared), *sizes, scaling,
         *_weight_flags(down, shared_down, shared), BLOCK_I=down_i, BLOCK_H=down_h, **shape)
     out = out_pairs[:P].view(M, K, H).sum(1)
     if shared:

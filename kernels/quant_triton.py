@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from lucebox.kernels.gemv_triton import GEMV_ROWS, gemv
 from lucebox.kernels.quant import QuantizedTensor
 
 
@@ -89,24 +90,22 @@ def expert_strides(w: torch.Tensor | QuantizedTensor) -> tuple[int, int]:
 @triton.jit
 def _matmul_kernel(
     x_ptr, y_ptr, w_ptr, scale_ptr, offset_ptr,
-    M, N, K, keys_per_split, stride_x, stride_y, stride_split, stride_w, stride_scale,
+    M, N, K, stride_x, stride_y, stride_w, stride_scale,
     BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """y[split] (M, N) = x[:, the split's inputs] @ dequantize(w)[:, the split's inputs].T"""
+    """y (M, N) = x @ dequantize(w).T for prefill rows (tensor-core tiles)."""
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     outs = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    split = tl.program_id(2)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    end = tl.minimum(K, (split + 1) * keys_per_split)
-    for k0 in range(split * keys_per_split, end, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < end),
+        x = tl.load(x_ptr + rows[:, None] * stride_x + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K),
                     other=0.0)
-        w = load_weight_tile(w_ptr, scale_ptr, offset_ptr, outs, ks, (outs[:, None] < N) & (ks[None, :] < end),
+        w = load_weight_tile(w_ptr, scale_ptr, offset_ptr, outs, ks, (outs[:, None] < N) & (ks[None, :] < K),
                              stride_w, stride_scale, BITS, GROUP, OFFSET)
         acc += tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PRECISION)
-    tl.store(y_ptr + split * stride_split + rows[:, None] * stride_y + outs[None, :], acc.to(y_ptr.dtype.element_ty),
+    tl.store(y_ptr + rows[:, None] * stride_y + outs[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=(rows[:, None] < M) & (outs[None, :] < N))
 
 
@@ -119,25 +118,19 @@ def linear(x: torch.Tensor, w: torch.Tensor | QuantizedTensor, bias: torch.Tenso
 
 
 def quantized_linear(x: torch.Tensor, w: QuantizedTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (..., K) @ dequantize(w).T (+ bias) for a quantized (N, K) weight."""
+    """x (..., K) @ dequantize(w).T (+ bias) for a quantized (N, K) weight. Decode and verify
+    steps (at most `GEMV_ROWS` rows) take the streaming GEMV, one launch; wider ones tl.dot tiles."""
     N, K = w.shape
     x2 = x.reshape(-1, K).contiguous()
     M = x2.shape[0]
-    block_m, block_n, block_k = (16, 32, 128) if M <= 16 else (64, 64, 64)
-    tiles = triton.cdiv(M, block_m) * triton.cdiv(N, block_n)
-    # Decode rows give few output tiles: split the inputs too until there are about 512 programs,
-    # each still reading at least 512 inputs; the splits' float32 partials are summed after, in
-    # a fixed order (deterministic, unlike atomics). Untuned until measured on a GPU.
-    splits = max(1, min(512 // tiles, K // 512))
-    keys_per_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
-    splits = triton.cdiv(K, keys_per_split)
-    out = torch.empty((splits, M, N), dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
+    if M <= GEMV_ROWS:
+        return gemv(x2, weight_args(w), N, bias).reshape(*x.shape[:-1], N)
+    block_m, block_n, block_k = 64, 64, 64
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     w_ptr, s_ptr, z_ptr, stride_w, stride_s, bits, group, offset = weight_args(w)
-    _matmul_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n), splits)](
-        x2, out, w_ptr, s_ptr, z_ptr, M, N, K, keys_per_split, x2.stride(0), out.stride(1), out.stride(0),
-        stride_w, stride_s, bits, group, offset, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        PRECISION=dot_precision(x.dtype))
-    y = out[0] if splits == 1 else out.sum(0).to(x.dtype)
+    _matmul_kernel[(triton.cdiv(M, block_m), triton.cdiv(N, block_n))](
+        x2, y, w_ptr, s_ptr, z_ptr, M, N, K, x2.stride(0), y.stride(0), stride_w, stride_s, bits, group, offset,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=dot_precision(x.dtype))
     if bias is not None:
         y = y + bias
     return y.reshape(*x.shape[:-1], N)

@@ -41,9 +41,10 @@ def exercise_wrappers() -> None:
         variants = [(gate_up, down, None, None), (gate_up, down, shared_gate_up, shared_down)]
         for scheme, asymmetric in (("int8", False), ("int4", False), ("int4", True)):
             q = [quant.quantize(w, scheme, asymmetric=asymmetric) for w in (gate_up, down, shared_gate_up, shared_down)]
-            variants.append(tuple(q))
-            quant_triton.quantized_linear(torch.randn(3, H, dtype=dtype), q[2])
-            quant_triton.quantized_linear(torch.randn(100, H, dtype=dtype), q[2])
+            variants += [tuple(q), (q[0], q[1], None, None)]  # with and without a shared expert
+            for M in (1, 3, 16, 100):  # the GEMV at decode and verify widths, tl.dot tiles for prefill
+                quant_triton.quantized_linear(torch.randn(M, H, dtype=dtype), q[2])
+            quant_triton.quantized_linear(torch.randn(1, H, dtype=dtype), q[2], torch.randn(2 * F, dtype=dtype))
         for M in (1, 16, 100):  # decode, a full verify block, a prefill chunk
             x = torch.randn(M, H, dtype=dtype)
             ids = torch.stack([torch.randperm(E)[:K] for _ in range(M)])

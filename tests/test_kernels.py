@@ -259,7 +259,7 @@ def test_moe_block_table_needs_no_host_sync():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scheme,group,asymmetric", [("int8", None, False), ("int4", 64, False), ("int4", 128, True),
                                                      ("int4", 32, False)])
-# The last two split their inputs across programs (decode rows, long K).
+# The last two stream a long K at decode rows (the GEMV), the 17- and 70-row ones take tl.dot tiles.
 @pytest.mark.parametrize("M,N,K", [(1, 70, 256), (3, 64, 128), (17, 33, 384), (70, 96, 128), (1, 40, 1536),
                                    (5, 24, 1024)])
 def test_quantized_matmul_matches_the_dequantized_reference(poisoned, dtype, scheme, group, asymmetric, M, N, K):

@@ -1,0 +1,152 @@
+"""Streaming quantized GEMV for decode and verify steps (at most `GEMV_ROWS` rows), one launch
+per matmul: y (M, N) = x (M, K) @ dequantize(w).T (+ bias), cast to x's dtype in the kernel.
+
+A step this narrow is bound by reading the weight, so each program owns a few output rows and
+streams their whole K once: contiguous loads of the packed codes, nibbles unpacked in registers,
+group scales (and zero points or mins) loaded once per group and broadcast over it, and a
+multiply-add reduction (tl.dot's tensor-core tiles would be mostly empty at these widths).
+
+`fma_weight_tile` is the one tile step; the MoE decode kernels use it too.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# The most rows a step may have to take the GEMV; wider steps take tl.dot tiles.
+GEMV_ROWS = 16
+
+
+@triton.jit
+def load_inputs(x_ptr, rows, stride_x, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """x[rows, k0:k0 + BLOCK_K] (R, BLOCK_K) in float32; `rows` must be in range (callers clamp
+    them), inputs past K read as 0."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    ptrs = x_ptr + rows[:, None] * stride_x + ks[None, :]
+    if EVEN_K:
+        return tl.load(ptrs).to(tl.float32)
+    return tl.load(ptrs, mask=ks[None, :] < K, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _dequantize(codes, scale, offset, OFFSET: tl.constexpr, ZERO: tl.constexpr):
+    """Codes (float32) times their scales, less their offsets (see `quant_triton.OFFSET_KINDS`).
+    (Every branch assigns one result: the compiler traces on past a `return` inside a constexpr if.)"""
+    if OFFSET == 2:
+        w = codes * scale - offset
+    elif OFFSET == 1:
+        w = (codes - offset) * scale
+    elif ZERO == 0:
+        w = codes * scale
+    else:
+        w = (codes - ZERO) * scale
+    return w
+
+
+@triton.jit
+def _group_values(ptr, group_ptrs, g, K, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, TILE_GROUPS: tl.constexpr,
+                  SPAN: tl.constexpr, EVEN_K: tl.constexpr):
+    """Per-group values (scales, zero points or mins) of a tile, loaded once per group and
+    repeated over each group's SPAN columns: (BLOCK_N, TILE_GROUPS * SPAN) float32."""
+    if EVEN_K:
+        values = tl.load(ptr + group_ptrs).to(tl.float32)
+    else:
+        values = tl.load(ptr + group_ptrs, mask=(g * GROUP < K)[None, :], other=0.0).to(tl.float32)
+    return tl.reshape(tl.broadcast_to(values[:, :, None], (BLOCK_N, TILE_GROUPS, SPAN)), (BLOCK_N, TILE_GROUPS * SPAN))
+
+
+@triton.jit
+def fma_weight_tile(
+    acc, xs,  # acc (R, BLOCK_N) float32; xs (R, BLOCK_K) float32, from `load_inputs`
+    w_ptr, scale_ptr, offset_ptr, outs, k0, K, stride_w, stride_scale,  # outs (BLOCK_N,), in range
+    BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILE_GROUPS: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """acc + xs @ dequantize(w)[outs, k0:k0 + BLOCK_K].T. BITS 0: plain weights; 8: int8 codes;
+    4: two codes per byte (even input in the low nibble). TILE_GROUPS: the scale groups one tile
+    spans (1 when a group holds whole tiles)."""
+    PACK: tl.constexpr = 2 if BITS == 4 else 1
+    WIDTH: tl.constexpr = BLOCK_K // PACK  # bytes (or elements) of a tile row
+    j = tl.arange(0, WIDTH)
+    ptrs = w_ptr + outs[:, None] * stride_w + k0 // PACK + j[None, :]
+    if EVEN_K:
+        stored = tl.load(ptrs)
+    else:
+        stored = tl.load(ptrs, mask=((k0 + j * PACK) < K)[None, :], other=0)
+    if BITS == 0:
+        products = xs[:, None, :] * stored.to(tl.float32)[None, :, :]
+    else:
+        g = k0 // GROUP + tl.arange(0, TILE_GROUPS)
+        group_ptrs = outs[:, None] * stride_scale + g[None, :]
+        SPAN: tl.constexpr = WIDTH // TILE_GROUPS
+        scale = _group_values(scale_ptr, group_ptrs, g, K, GROUP, BLOCK_N, TILE_GROUPS, SPAN, EVEN_K)
+        offset = scale  # read only when OFFSET > 0
+        if OFFSET > 0:
+            offset = _group_values(offset_ptr, group_ptrs, g, K, GROUP, BLOCK_N, TILE_GROUPS, SPAN, EVEN_K)
+        if BITS == 8:
+            w = _dequantize(stored.to(tl.float32), scale, offset, OFFSET, 0)
+            products = xs[:, None, :] * w[None, :, :]
+        else:
+            # int4: implicit zero 8 unless the codes carry zero points or mins. The inputs split
+            # into even and odd halves to meet the low and high nibbles (no per-element indexing).
+            packed = stored.to(tl.int32)
+            low = _dequantize((packed & 0xF).to(tl.float32), scale, offset, OFFSET, 8)
+            high = _dequantize((packed >> 4).to(tl.float32), scale, offset, OFFSET, 8)
+            x_even, x_odd = tl.split(tl.reshape(xs, (xs.shape[0], WIDTH, 2)))
+            products = x_even[:, None, :] * low[None, :, :] + x_odd[:, None, :] * high[None, :, :]
+    return acc + tl.sum(products, axis=2)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, y_ptr, bias_ptr, w_ptr, scale_ptr, offset_ptr,
+    M, N, K, stride_x, stride_y, stride_w, stride_scale,
+    BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILE_GROUPS: tl.constexpr,
+    EVEN_K: tl.constexpr, STAGES: tl.constexpr,
+):
+    """y[:, BLOCK_N outputs] for all M rows; rows and outputs past the ends are clamped for the
+    loads (no masks in the loop) and masked only at the store."""
+    rows = tl.arange(0, BLOCK_M)
+    outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    loaded_rows = tl.minimum(rows, M - 1).to(tl.int64)
+    loaded_outs = tl.minimum(outs, N - 1).to(tl.int64)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        xs = load_inputs(x_ptr, loaded_rows, stride_x, k0, K, BLOCK_K, EVEN_K)
+        acc = fma_weight_tile(acc, xs, w_ptr, scale_ptr, offset_ptr, loaded_outs, k0, K, stride_w, stride_scale,
+                              BITS, GROUP, OFFSET, BLOCK_N, BLOCK_K, TILE_GROUPS, EVEN_K)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + loaded_outs).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_y + outs[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(rows[:, None] < M) & (outs[None, :] < N))
+
+
+def tile_shape(rows: int, K: int, group: int, bits: int, products: int) -> tuple[int, int, bool]:
+    """(BLOCK_K, TILE_GROUPS, EVEN_K) for `rows` rows of x. BLOCK_K: as wide as a budget of
+    `products` multiplies per output row allows (a program's registers), from 32 to 512 inputs and
+    no wider than K, aligned to the groups: a tile holds whole groups, or lies inside one."""
+    block_k = max(32, min(512, products // triton.next_power_of_2(rows), triton.next_power_of_2(K)))
+    if not bits or group >= K:  # plain, or one group per row (int8's default)
+        return block_k, 1, K % block_k == 0
+    if group % block_k and block_k % group:
+        block_k = group & -group  # an odd group (never in real models): tiles inside one group
+    return block_k, max(1, block_k // group), K % block_k == 0
+
+
+def gemv(x: torch.Tensor, w_args: tuple, N: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """x (M <= GEMV_ROWS, K) contiguous @ a weight given as `quant_triton.weight_args` -> (M, N)."""
+    M, K = x.shape
+    w_ptr, s_ptr, z_ptr, stride_w, stride_s, bits, group, offset = w_args
+    block_m = triton.next_power_of_2(M)
+    # 8 outputs a program: 256 programs at N = 2048, over 3 per SM on an 82-SM RTX 3090.
+    block_n = 8
+    block_k, tile_groups, even_k = tile_shape(block_m, K, group, bits, products=16384 // block_n)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    _gemv_kernel[(triton.cdiv(N, block_n),)](
+        x, y, bias if bias is not None else y, w_ptr, s_ptr, z_ptr, M, N, K, x.stride(0), y.stride(0),
+        stride_w, stride_s, bits, group, offset, bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, TILE_GROUPS=tile_groups, EVEN_K=even_k, STAGES=3)
+    return y

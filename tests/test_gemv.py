@@ -1,0 +1,174 @@
+"""The streaming quantized GEMV (decode and verify steps) and the MoE decode kernels against the
+torch reference, on every weight format, and the launches they cost: one per linear, two per MoE."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import torch
+import triton.runtime.interpreter as interpreter
+from kernel_cases import DEVICE, assert_close, random
+from lucebox.kernels import moe, moe_triton, quant, quant_triton
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+def gguf_weight(shape: tuple[int, ...], bits: int, group: int, seed: int) -> quant.QuantizedTensor:
+    """A GGUF K-quant style weight (..., N, K): float32 scales and mins, codes * scale - min."""
+    g = torch.Generator().manual_seed(seed)
+    *lead, K = shape
+    if bits == 4:
+        codes = torch.randint(0, 256, (*lead, K // 2), generator=g, dtype=torch.uint8)
+    else:  # Q5_K's codes 0..31
+        codes = torch.randint(0, 32, shape, generator=g).to(torch.int8)
+    scales = torch.rand(*lead, K // group, generator=g) * 0.02 + 0.001
+    mins = torch.rand(*lead, K // group, generator=g) * 0.1 * scales.mean()
+    return quant.QuantizedTensor(codes.to(DEVICE), scales.to(DEVICE), None, bits, group, shape, torch.float32,
+                                 mins.to(DEVICE))
+
+
+# (scheme, group, asymmetric) for `quant.quantize`, or ("gguf", group, bits).
+FORMATS = {
+    "int8": ("int8", None, False),
+    "int4-g32": ("int4", 32, False),
+    "int4-asym-g64": ("int4", 64, True),
+    "gguf-int4-g16": ("gguf", 16, 4),
+    "gguf-int4-g32": ("gguf", 32, 4),
+    "gguf-int8-g16": ("gguf", 16, 8),
+}
+
+
+def make_weight(form: str | None, *shape: int, dtype: torch.dtype, seed: int = 0) -> quant.Weight:
+    """A weight (..., N, K) in one of `FORMATS`, or plain (None), values of about 0.2."""
+    if form is None:
+        return random(*shape, dtype=dtype, seed=seed, scale=0.2)
+    scheme, group, extra = FORMATS[form]
+    if scheme == "gguf":
+        w = gguf_weight(shape, extra, group, seed)
+        w.dtype = dtype
+        return w
+    return quant.quantize(random(*shape, dtype=dtype, seed=seed, scale=0.2), scheme, group, extra)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("form", FORMATS)
+# K 256: whole tiles (no masks); K 192 and 320: a partial last tile; N 21: a partial block of outputs.
+@pytest.mark.parametrize("M,N,K,bias", [(1, 21, 256, True), (3, 16, 192, False), (16, 21, 320, True),
+                                        (17, 21, 192, True)])
+def test_gemv_matches_the_dequantized_reference(poisoned, dtype, form, M, N, K, bias):
+    w = make_weight(form, N, K, dtype=dtype, seed=N)
+    x = random(M, K, dtype=dtype, seed=M)
+    b = random(N, dtype=dtype, seed=3) if bias else None
+    want = torch.nn.functional.linear(x.double(), quant.dequantize(w).double(), b.double() if bias else None)
+    got = quant_triton.quantized_linear(x, w, b)
+    assert got.dtype == dtype
+    assert_close(got, want, dtype)
+
+
+def test_gemv_handles_groups_that_do_not_divide_its_tiles(poisoned):
+    """An int4 row of 40 inputs in one group, and groups of 40 (not a power of two)."""
+    for K, group in ((40, None), (120, 40)):
+        w = quant.quantize(random(5, K, seed=K), "int4", group)
+        x = random(2, K, seed=1)
+        assert_close(quant_triton.quantized_linear(x, w), x.double() @ quant.dequantize(w).double().T, torch.float32)
+
+
+IGNORED_OPS = {"empty", "empty_strided", "view", "_unsafe_view", "reshape", "expand", "t", "transpose",
+               "as_strided", "slice", "select", "unsqueeze", "squeeze", "detach", "alias", "permute"}
+
+
+class ComputeOps(TorchDispatchMode):
+    """Records the ATen ops run outside Triton launches, views and empty allocations aside."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+        self.in_launch = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not self.in_launch and name not in IGNORED_OPS:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def counted_launches() -> Iterator[tuple[list[str], ComputeOps]]:
+    """(the names of the Triton kernels launched, the ATen compute ops run between launches)."""
+    launches: list[str] = []
+    real_run = interpreter.InterpretedFunction.run
+    mode = ComputeOps()
+
+    def run(self, *args, **kwargs):
+        launches.append(self.fn.__name__)
+        mode.in_launch = True  # the interpreter's own copies are not the wrapper's ops
+        try:
+            return real_run(self, *args, **kwargs)
+        finally:
+            mode.in_launch = False
+
+    interpreter.InterpretedFunction.run = run
+    try:
+        with mode:
+            yield launches, mode
+    finally:
+        interpreter.InterpretedFunction.run = real_run
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="counts the interpreter's launches")
+@pytest.mark.parametrize("form", ["int8", "int4-asym-g64", "gguf-int4-g16"])
+def test_a_decode_linear_is_one_launch_with_bias_and_cast_inside(form):
+    w = make_weight(form, 24, 128, dtype=torch.float16)
+    x, bias = random(1, 128, dtype=torch.float16), random(24, dtype=torch.float16, seed=1)
+    with counted_launches() as (launches, mode):
+        y = quant_triton.quantized_linear(x, w, bias)
+    assert launches == ["_gemv_kernel"] and mode.ops == [], (launches, mode.ops)
+    assert y.dtype == torch.float16
+
+
+def _dense(w: quant.Weight) -> torch.Tensor:
+    return quant.dequantize(w).double() if isinstance(w, quant.QuantizedTensor) else w.double()
+
+
+def _moe_case(form, M, shared, dtype, E=4, F=64, H=64, K=3, F_shared=128):
+    """Inputs of a Laguna-like layer, scaled down: 4 experts for 3 choices, so rows repeat experts."""
+    g = torch.Generator().manual_seed(M)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(M)]).to(DEVICE)
+    weights = torch.rand(M, K, generator=g).to(DEVICE)
+    experts = (make_weight(form, E, 2 * F, H, dtype=dtype, seed=7), make_weight(form, E, H, F, dtype=dtype, seed=8))
+    alone = (make_weight(form, 2 * F_shared, H, dtype=dtype, seed=9), make_weight(form, H, F_shared, dtype=dtype,
+                                                                                   seed=10)) if shared else (None, None)
+    return random(M, H, dtype=dtype, seed=M), experts, weights, ids, alone
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("form", [None, "int8", "int4-g32", "int4-asym-g64", "gguf-int4-g16"])
+@pytest.mark.parametrize("M,shared", [(1, True), (3, False), (16, True)])
+def test_moe_decode_matches_the_reference(poisoned, dtype, form, M, shared):
+    x, (gate_up, down), weights, ids, (s_gate_up, s_down) = _moe_case(form, M, shared, dtype)
+    want = moe.moe_experts(x.double(), _dense(gate_up), _dense(down), weights.double(), ids, 2.5,
+                           *((_dense(s_gate_up), _dense(s_down)) if shared else ()))
+    got = moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5, s_gate_up, s_down)
+    assert got.dtype == dtype
+    assert_close(got, want, dtype)
+
+
+def test_moe_decode_rows_do_not_depend_on_the_other_rows(poisoned):
+    """A row's choices are summed in choice order whatever its step's other rows chose: row groups
+    run in the whole step's layout give the whole step's bits."""
+    x, (gate_up, down), weights, ids, alone = _moe_case("int4-g32", 9, True, torch.float32)
+    whole = moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5, *alone)
+    for rows in (slice(0, 1), slice(1, 6), slice(6, 9)):
+        part = moe_triton.moe_experts(x[rows], gate_up, down, weights[rows], ids[rows], 2.5, *alone, layout_of=(9, 4))
+        assert torch.equal(part, whole[rows])
+
+
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="counts the interpreter's launches")
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_decode_moe_layer_is_two_launches(shared):
+    x, (gate_up, down), weights, ids, alone = _moe_case("int4-g32", 1, shared, torch.float16)
+    with counted_launches() as (launches, mode):
+        y = moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5, *alone)
+    assert launches == ["_up_decode_kernel", "_down_decode_kernel"] and mode.ops == [], (launches, mode.ops)
+    assert y.dtype == torch.float16
