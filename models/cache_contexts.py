@@ -9,6 +9,7 @@ from lucebox.kernels.backend import Kernels
 from lucebox.models.tree_mask import TreeMask
 
 from lucebox.caches import SequenceCache, Step
+from lucebox.caches.base import RowTable
 from lucebox.caches.recurrent import StateSlots, StepState
 from lucebox.errors import InvalidArgumentError
 
@@ -29,6 +30,9 @@ class CacheContext:
         self.step, self.cache, self.kernels, self.scale, self.tree = step, cache, kernels, scale, tree
         self.positions = step.positions if tree is None else step.start + tree.depths
         self.state_slots: StateSlots | None = None  # computed by the first recurrent layer, shared by the others
+
+    def row_table(self, layer: int) -> None:
+        return None  # `write` reserves and stores: the host's bookkeeping comes first
 
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor:
@@ -60,10 +64,17 @@ class StaticCacheContext:
         self.positions = positions if tree is None else positions[0] + tree.depths
         self.state_slots: StateSlots | None = None  # computed by the first recurrent layer, shared by the others
 
+    def row_table(self, layer: int) -> RowTable | None:
+        return self.cache.layers[layer].row_table()
+
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor:
+        self.cache.layers[layer].store(self.slots, key, value)
+        return self.attend_stored(layer, q, window)
+
+    def attend_stored(self, layer: int, q: torch.Tensor, window: int | None) -> torch.Tensor:
+        """Attention of q over layer `layer`'s static block, its rows already stored."""
         layer_cache = self.cache.layers[layer]
-        layer_cache.store(self.slots, key, value)
         block = layer_cache.static_block(q)
         return self.kernels.attention_partial(q, block.k, block.v, self.positions, block.positions, self.scale,
                                               window, block.pinned, block.recent,

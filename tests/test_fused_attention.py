@@ -1,0 +1,108 @@
+"""The attention half of a graphed decode step in few launches: q/k norm, RoPE and the K/V store
+as one operator over a cache's `RowTable`, and q, k, v (and the gate) as one projection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import DEVICE, assert_close, random
+from lucebox.kernels import rope, rope_store, rope_store_triton
+from lucebox.kernels.norm import rms_norm
+from lucebox.kernels.quant import QuantizedTensor
+
+import lucebox
+from lucebox.caches import KVFlashSettings, PagedKV, SlidingRing, Step
+from lucebox.config import RopeSpec
+
+KV, HQ, D = 2, 4, 32
+ROPES = [RopeSpec(kind="default", theta=10000.0, rotary_dim=32),
+         RopeSpec(kind="yarn", theta=500000.0, rotary_dim=16, factor=4.0, original_max_position=32)]  # partial
+# (rope positions, row positions) of a step: a chain crossing the ring's wrap (capacity 8) and a
+# paged chunk boundary (chunk 8), and a tree whose rows sit at scratch positions past their depths.
+STEPS = {"chain": ([6, 7, 8], [6, 7, 8]), "tree": ([6, 7, 7], [6, 7, 8])}
+
+
+def _cache(kind: str, dtype: torch.dtype):
+    """A ring or a paged pool reserved for rows at positions 6..8, with written rows to overwrite."""
+    if kind == "ring":
+        cache = SlidingRing(5, 3, KV, D, dtype, DEVICE)  # capacity 8: position 8 goes to slot 0
+    else:
+        settings = KVFlashSettings("exact", pool_tokens=32, max_context=64, max_step=8, decode_rows=4, chunk=8,
+                                   tail_tokens=16, reselect_every=8, stream_chunks=2)
+        cache = PagedKV(settings, KV, D, dtype, DEVICE)
+    for start in (0, 3):
+        cache.write(Step.span(start, 3, DEVICE), random(3, KV, D, dtype=dtype, seed=start),
+                    random(3, KV, D, dtype=dtype, seed=start + 1))
+    cache.reserve(Step.span(6, 3, DEVICE))
+    if kind == "paged":  # chunks in slots other than their own number, so the table matters
+        cache.residency.page_table[:2] = torch.tensor([3, 1], device=DEVICE)
+    return cache
+
+
+def _planes(cache) -> list[torch.Tensor]:
+    rows = cache.row_table()
+    return [rows.k, rows.v, rows.positions]
+
+
+def _inputs(dtype: torch.dtype, spec: RopeSpec, step: str, qk_norm: bool):
+    T = 3
+    projected = random(T, (HQ + 2 * KV) * D, dtype=dtype, seed=1)  # q, k, v as views of one projection
+    q, key, value = (projected[:, a * D : b * D].view(T, -1, D) for a, b in ((0, HQ), (HQ, HQ + KV),
+                                                                             (HQ + KV, HQ + 2 * KV)))
+    inv_freq, scaling = rope.inverse_frequencies(spec)
+    norms = (random(D, dtype=dtype, seed=2), random(D, dtype=dtype, seed=3)) if qk_norm else None
+    positions, row_positions = (torch.tensor(p, device=DEVICE) for p in STEPS[step])
+    return q, key, value, positions, inv_freq.to(DEVICE), scaling, norms, 1e-6, row_positions
+
+
+@pytest.mark.parametrize("kind", ["ring", "paged"])
+@pytest.mark.parametrize("step", list(STEPS))
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_fused_store_puts_rows_where_the_cache_store_does(kind, step, qk_norm):
+    """The reference over `row_table()` leaves the cache as the unfused path (norm, rotate, `store`) does."""
+    fused, unfused = _cache(kind, torch.float64), _cache(kind, torch.float64)
+    q, key, value, positions, inv_freq, scaling, norms, eps, row_positions = _inputs(torch.float64, ROPES[1], step,
+                                                                                     qk_norm)
+    got = rope_store.norm_rope_store(q, key, value, positions, inv_freq, scaling, norms, eps, fused.row_table(),
+                                     row_positions)
+    if norms is not None:
+        q, key = (rms_norm(x, w, eps) for x, w in zip((q, key), norms, strict=True))
+    want, key = rope.rotate((q, key), positions, inv_freq, scaling)
+    unfused.store(row_positions, key, value)
+    assert torch.allclose(got, want)
+    for a, b in zip(_planes(fused), _planes(unfused), strict=True):
+        assert torch.equal(a, b)
+    assert set(fused.row_table().positions.tolist()) >= set(STEPS[step][1])
+
+
+@pytest.mark.parametrize("kind", ["ring", "paged"])
+@pytest.mark.parametrize("spec", ROPES, ids=lambda s: s.kind)
+@pytest.mark.parametrize("qk_norm", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_norm_rope_store_matches_the_reference(poisoned, kind, spec, qk_norm, dtype):
+    args = _inputs(dtype, spec, "tree", qk_norm)
+    triton_cache, torch_cache = _cache(kind, dtype), _cache(kind, dtype)
+    got = rope_store_triton.norm_rope_store(*args[:-1], triton_cache.row_table(), args[-1])
+    want = rope_store.norm_rope_store(*args[:-1], torch_cache.row_table(), args[-1])
+    assert_close(got, want, dtype)
+    for a, b in zip(_planes(triton_cache), _planes(torch_cache), strict=True):
+        assert_close(a, b, dtype) if a.is_floating_point() else torch.equal(a, b)
+
+
+def test_int8_pools_keep_the_unfused_store():
+    settings = KVFlashSettings("exact", pool_tokens=32, max_context=32, max_step=8, decode_rows=4, chunk=8,
+                               tail_tokens=16, reselect_every=8, stream_chunks=2)
+    assert PagedKV(settings, KV, D, torch.float32, DEVICE, int8=True).row_table() is None
+
+
+@pytest.mark.parametrize("quantization", [None, "int4"])
+def test_attention_projections_load_as_one_weight_whose_rows_are_the_originals(reference_models, quantization):
+    """Laguna (q, k, v and the softplus gate's wg): one fused weight, the originals views of its
+    rows, so the bytes are held once."""
+    folder, _ = reference_models("laguna")
+    w = lucebox.LLM(folder, device="cpu", dtype="float32", quantization=quantization).decoder.w
+    fused, parts = w["layers.0.wqkv"], [w[f"layers.0.{n}"] for n in ("wq", "wk", "wv", "wg")]
+    codes = (lambda t: t.codes) if quantization else (lambda t: t)
+    assert isinstance(fused, QuantizedTensor) == (quantization is not None)
+    assert torch.equal(codes(fused), torch.cat([codes(p) for p in parts]))
+    assert all(codes(p).untyped_storage().data_ptr() == codes(fused).untyped_storage().data_ptr() for p in parts)
