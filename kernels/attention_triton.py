@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from lucebox.kernels.gate_triton import softplus as _softplus
 from lucebox.kernels.quant_triton import dot_precision
 
 
@@ -103,10 +104,13 @@ def _attention_kernel(
 
 
 @triton.jit
-def _merge_kernel(out_ptr, lse_ptr, merged_ptr, total_ptr, rows, splits, D, BLOCK_D: tl.constexpr):
+def _merge_kernel(out_ptr, lse_ptr, merged_ptr, total_ptr, gate_ptr, rows, splits, D, Hq, stride_gt,
+                  GATE: tl.constexpr, GATE_PER_HEAD: tl.constexpr, BLOCK_D: tl.constexpr):
     """One (query row, head) per program: the log-sum-exp merge of its `splits` partial results
     (out (splits, rows, D) float32, lse (splits, rows)) into merged (rows, D) and total (rows,);
-    a row no split saw gets zeros and -inf, as `merge_stacked` gives."""
+    a row no split saw gets zeros and -inf, as `merge_stacked` gives. With GATE, merged is then
+    multiplied by softplus of its gate logits (one per head, or one per element): Laguna's output
+    gate, here rather than in a launch of its own."""
     row = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
@@ -123,19 +127,36 @@ def _merge_kernel(out_ptr, lse_ptr, merged_ptr, total_ptr, rows, splits, D, BLOC
         acc += tl.where(w > 0, w * part, 0.0)  # a split that saw nothing may hold anything
         weight_sum += w
     seen = weight_sum > 0
-    tl.store(merged_ptr + row * D + d, acc / tl.where(seen, weight_sum, 1.0), mask=d_ok)
+    merged = acc / tl.where(seen, weight_sum, 1.0)
+    if GATE:
+        t, head = row // Hq, row % Hq
+        if GATE_PER_HEAD:
+            g = tl.load(gate_ptr + t * stride_gt + head).to(tl.float32)
+        else:
+            g = tl.load(gate_ptr + t * stride_gt + head * D + d, mask=d_ok, other=0.0).to(tl.float32)
+        # Rounded to the output's dtype first, as `kernels.gate` multiplies: out * softplus(g).to(dtype)
+        merged = merged.to(merged_ptr.dtype.element_ty).to(tl.float32) * \
+            _softplus(g).to(merged_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(merged_ptr + row * D + d, merged.to(merged_ptr.dtype.element_ty), mask=d_ok)
     tl.store(total_ptr + row, tl.where(seen, top + tl.log(tl.where(seen, weight_sum, 1.0)), float("-inf")))
 
 
-def merge_splits(out: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_splits(out: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype,
+                 gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (T, Hq, D) in `dtype`, lse (T, Hq) float32) of split-K partials out (splits, T, Hq, D)
-    and lse (splits, T, Hq), both float32 and contiguous: one launch instead of ~7 torch ops."""
+    and lse (splits, T, Hq), both float32 and contiguous: one launch instead of ~7 torch ops. With
+    `gate` (T, Hq) or (T, Hq*D) logits, unit stride along features, out is gated by their softplus."""
     splits, T, Hq, D = out.shape
     merged = torch.empty((T, Hq, D), dtype=dtype, device=out.device)
     total = torch.empty((T, Hq), dtype=torch.float32, device=out.device)
     rows = T * Hq
+    if gate is not None and gate.stride(1) != 1:
+        raise ValueError("the output gate's logits need unit stride along their features")
     if rows:
-        _merge_kernel[(rows,)](out, lse, merged, total, rows, splits, D, BLOCK_D=triton.next_power_of_2(D))
+        _merge_kernel[(rows,)](out, lse, merged, total, gate if gate is not None else lse, rows, splits, D, Hq,
+                               gate.stride(0) if gate is not None else 0, GATE=gate is not None,
+                               GATE_PER_HEAD=gate is not None and gate.shape[1] == Hq,
+                               BLOCK_D=triton.next_power_of_2(D))
     return merged, total
 
 
@@ -162,8 +183,10 @@ def attention_partial(
     v_scale: torch.Tensor | None = None,
     tree_bits: torch.Tensor | None = None,
     splits: int | None = None,
+    gate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """As `kernels.attention.attention_partial`: (out (T, Hq, D), lse (T, Hq) float32)."""
+    """As `kernels.attention.attention_partial`: (out (T, Hq, D), lse (T, Hq) float32). With
+    `gate`, the merge launch runs even for one split: it applies the gate (and the cast)."""
     T, Hq, D = q.shape
     kv_heads, S, _ = k.shape
     group = Hq // kv_heads
@@ -197,6 +220,6 @@ def attention_partial(
         BLOCK_M=block_m, BLOCK_N=64 if wide else 32, BLOCK_D=triton.next_power_of_2(D),
         PRECISION=dot_precision(q.dtype), num_stages=3 if wide else 2,
     )
-    if splits == 1:
+    if splits == 1 and gate is None:
         return out[0].to(q.dtype), lse[0]
-    return merge_splits(out, lse, q.dtype)
+    return merge_splits(out, lse, q.dtype, gate)

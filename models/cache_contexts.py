@@ -72,14 +72,17 @@ class StaticCacheContext:
         self.cache.layers[layer].store(self.slots, key, value)
         return self.attend_stored(layer, q, window)
 
-    def attend_stored(self, layer: int, q: torch.Tensor, window: int | None) -> torch.Tensor:
-        """Attention of q over layer `layer`'s static block, its rows already stored."""
+    def attend_stored(self, layer: int, q: torch.Tensor, window: int | None,
+                      gate: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of q over layer `layer`'s static block, its rows already stored; with `gate`
+        (softplus gate logits), gated inside attention's merge step rather than by a launch of its own."""
         layer_cache = self.cache.layers[layer]
         block = layer_cache.static_block(q)
+        gated = {} if gate is None else {"gate": gate}  # kernels without a gate keep their signature
         return self.kernels.attention_partial(q, block.k, block.v, self.positions, block.positions, self.scale,
                                               window, block.pinned, block.recent,
                                               k_scale=block.k_scale, v_scale=block.v_scale,
-                                              **_tree_args(self.tree, window))[0]
+                                              **_tree_args(self.tree, window), **gated)[0]
 
     def recurrent_state(self, layer: int) -> StepState:
         """After the runner's `reserve`: ring slots computed on the device from the static positions."""

@@ -47,8 +47,8 @@ class ForwardContext(Protocol):
     def row_table(self, layer: int) -> RowTable | None:
         """Where layer `layer`'s cache keeps this forward's rows when the mixer may store them
         itself: norm, RoPE and the store in one operator (`kernels.rope_store`), k and v at the
-        positions `slots` (N,), then `attend_stored(layer, q, window)` in place of `attend`. None:
-        `attend` stores them."""
+        positions `slots` (N,), then `attend_stored(layer, q, window, gate)` in place of `attend`
+        (with `gate`, softplus gate logits applied to the attention output). None: `attend` stores them."""
         ...
 
     def recurrent_state(self, layer: int):
@@ -98,7 +98,8 @@ class AttentionMixer:
             norms = (w[self.q_norm], w[self.k_norm]) if self.qk_norm else None
             q = k.norm_rope_store(q, key, value, context.positions, self.inv_freq, self.rope_scaling, norms,
                                   self.eps, rows, context.slots)
-            out = context.attend_stored(self.layer, q, self.window)
+            out = context.attend_stored(self.layer, q, self.window, gate_logits)  # gated there
+            gate_logits = None
         else:
             q, key = self.norm_rope(q, key, context.positions)
             out = context.attend(self.layer, q, key, value, self.window)  # (T, Hq, D)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_cases import DEVICE, assert_close, random
-from lucebox.kernels import rope, rope_store, rope_store_triton
+from lucebox.kernels import attention, attention_triton, rope, rope_store, rope_store_triton
+from lucebox.kernels.gate import softplus_gate
 from lucebox.kernels.norm import rms_norm
 from lucebox.kernels.quant import QuantizedTensor
 
@@ -106,3 +107,24 @@ def test_attention_projections_load_as_one_weight_whose_rows_are_the_originals(r
     assert isinstance(fused, QuantizedTensor) == (quantization is not None)
     assert torch.equal(codes(fused), torch.cat([codes(p) for p in parts]))
     assert all(codes(p).untyped_storage().data_ptr() == codes(fused).untyped_storage().data_ptr() for p in parts)
+
+
+@pytest.mark.parametrize("per", ["head", "element"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_softplus_gate_rides_in_the_attention_merge(poisoned, per, splits, dtype):
+    """Attention with `gate` (logits a view of the fused projection's output, as the mixer hands
+    them) equals the reference's attention followed by the softplus gate, one split or several."""
+    T, S = 2, 200
+    q = random(T, HQ, D, dtype=dtype, seed=4)
+    k, v = random(KV, S, D, dtype=dtype, seed=5), random(KV, S, D, dtype=dtype, seed=6)
+    positions = torch.arange(S, device=DEVICE)
+    positions[150:] = -1  # empty slots
+    width = HQ if per == "head" else HQ * D
+    gate = random(T, width + 8, dtype=dtype, seed=7)[:, 8:]
+    got, got_lse = attention_triton.attention_partial(q, k, v, positions[[140, 149]], positions, D**-0.5, 100,
+                                                      splits=splits, gate=gate)
+    want, want_lse = attention.attention_partial(q.double(), k.double(), v.double(), positions[[140, 149]],
+                                                 positions, D**-0.5, 100)
+    assert_close(got, softplus_gate(want, gate.double()), dtype)
+    assert_close(got_lse, want_lse, torch.float32)
