@@ -95,6 +95,9 @@ def exercise_wrappers() -> None:
                 gate_triton.softplus_gate(q, torch.randn(M, heads, dtype=dtype))
                 gate_triton.softplus_gate(q, torch.randn(M, heads * D, dtype=dtype))
                 exercise_norm_rope_store(M, heads, KV, D, S, window, dtype)
+                for width in (heads, heads * D):  # the softplus gate in the merge, its logits a projection's view
+                    gate = torch.randn(M, width + KV * D, dtype=dtype)[:, KV * D :]
+                    attention_triton.attention_partial(q, k, v, positions[-M:], positions, D**-0.5, window, gate=gate)
             norm_triton.rms_norm(x, torch.randn(H, dtype=dtype), 1e-6)
             norm_triton.add_rms_norm(x, x, torch.randn(H, dtype=dtype), 1e-6)
             norm_triton.rms_norm(torch.randn(M, 48, D, dtype=dtype), torch.randn(D, dtype=dtype), 1e-6)
