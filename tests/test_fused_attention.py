@@ -3,6 +3,9 @@ as one operator over a cache's `RowTable`, and q, k, v (and the gate) as one pro
 
 from __future__ import annotations
 
+import dataclasses
+from collections import defaultdict
+
 import pytest
 import torch
 from kernel_cases import DEVICE, assert_close, random
@@ -14,6 +17,7 @@ from lucebox.kernels.quant import QuantizedTensor
 import lucebox
 from lucebox.caches import KVFlashSettings, PagedKV, SlidingRing, Step
 from lucebox.config import RopeSpec
+from lucebox.engine.runner import StepRunner
 
 KV, HQ, D = 2, 4, 32
 ROPES = [RopeSpec(kind="default", theta=10000.0, rotary_dim=32),
@@ -131,3 +135,35 @@ def test_softplus_gate_rides_in_the_attention_merge(poisoned, per, splits, dtype
                                                  positions, D**-0.5, 100)
     assert_close(got, softplus_gate(want, gate.double()), dtype)
     assert_close(got_lse, want_lse, torch.float32)
+
+
+def test_the_graphed_decode_step_runs_the_attention_half_in_few_operators(reference_models):
+    """Per Laguna attention layer: one projection (the fused weight), one norm + RoPE + store, one
+    attention with the gate inside; no separate rotate, QK norm or gate."""
+    folder, _ = reference_models("laguna")
+    llm = lucebox.LLM(folder, device="cpu", dtype="float32")
+    llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    cache = llm.engine.new_cache()
+    prompt = list(range(3, 40))
+    for _ in llm.engine.prefill(prompt, cache):
+        pass
+    calls, w = defaultdict(list), llm.decoder.w
+
+    def spied(name, real):
+        def spy(*args, **kwargs):
+            calls[name].append(args)
+            return real(*args, **kwargs)
+        return spy
+
+    table = llm.decoder.kernels
+    names = ("linear", "rotate", "rms_norm", "softplus_gate", "norm_rope_store", "attention_partial")
+    llm.decoder.kernels = dataclasses.replace(table, **{n: spied(n, getattr(table, n)) for n in names})
+    llm.runner.step([5], Step.span(len(prompt), 1, llm.device), cache)
+    layers = len(llm.config.layers)
+    fused = {id(w[f"layers.{i}.wqkv"]) for i in range(layers)}
+    parts = {id(w[f"layers.{i}.{n}"]) for i in range(layers) for n in ("wq", "wk", "wv", "wg")}
+    assert sum(id(args[1]) in fused for args in calls["linear"]) == layers
+    assert not any(id(args[1]) in parts for args in calls["linear"])
+    assert len(calls["norm_rope_store"]) == len(calls["attention_partial"]) == layers
+    assert not calls["rotate"] and not calls["softplus_gate"]
+    assert len(calls["rms_norm"]) <= 1  # the first layer's input norm; QK norms ride in norm_rope_store
