@@ -39,6 +39,7 @@ def attention_partial(
     v_scale: torch.Tensor | None = None,  # (KV, S)
     tree_bits: torch.Tensor | None = None,  # (T,) int64: each row's ancestor-or-self rows, as bits
     gate: torch.Tensor | None = None,  # (T, Hq) or (T, Hq*D): softplus output gate logits (`kernels.gate`)
+    ring: bool = False,  # k/v are a ring whose slot is position % S: a hint for how to split the work
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (T, Hq, D) normalized over this block, lse (T, Hq) float32/64; -inf where nothing is visible).
     With `gate`, out is gated (a step attending over one block only: the lse is the ungated one's)."""

@@ -23,10 +23,11 @@ from lucebox.kernels.quant_triton import dot_precision
 @triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, qpos_ptr, kpos_ptr, pin_ptr, out_ptr, lse_ptr, kscale_ptr, vscale_ptr, tree_ptr,
-    T, S, D, Hq, group, keys_per_split, window, recent, scale,
+    T, S, live, D, Hq, group, keys_per_split, window, recent, scale,
     stride_qt, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs, stride_ksh, stride_vsh,
     HAS_WINDOW: tl.constexpr, HAS_PINNED: tl.constexpr, ALL_VISIBLE: tl.constexpr, INT8_KV: tl.constexpr,
-    TREE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    TREE: tl.constexpr, RING: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
 ):
     kv_head, split = tl.program_id(1), tl.program_id(2)
     r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (query row, head in group) pairs
@@ -46,13 +47,17 @@ def _attention_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    if RING:  # the live keys: `live` slots on from the oldest visible position's, wrapping
+        ring_base = tl.maximum(q_first - window + 1, 0) % S
     begin = split * keys_per_split
-    end = tl.minimum(S, begin + keys_per_split)
+    end = tl.minimum(live, begin + keys_per_split)
     k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
     for n0 in range(begin, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < end
+        if RING:
+            n = ((ring_base + n) % S).to(tl.int32)
         k_pos = tl.load(kpos_ptr + n, mask=n_ok, other=-1)
         # Skip a tile no query can see (causal or out of window); ring slots are unordered, so
         # this looks at the tile's positions rather than its index.
@@ -184,9 +189,12 @@ def attention_partial(
     tree_bits: torch.Tensor | None = None,
     splits: int | None = None,
     gate: torch.Tensor | None = None,
+    ring: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As `kernels.attention.attention_partial`: (out (T, Hq, D), lse (T, Hq) float32). With
-    `gate`, the merge launch runs even for one split: it applies the gate (and the cast)."""
+    `gate`, the merge launch runs even for one split: it applies the gate (and the cast). With
+    `ring` and a window, the splits share the window + T slots that can hold visible keys, found
+    from the queries' positions on the device, rather than the whole ring."""
     T, Hq, D = q.shape
     kv_heads, S, _ = k.shape
     group = Hq // kv_heads
@@ -194,9 +202,10 @@ def attention_partial(
         raise ValueError("attention needs unit stride along the head dimension")
     block_m = 16 if T * group <= 16 else 64
     m_blocks = triton.cdiv(T * group, block_m)
-    splits = splits or _splits(S, m_blocks * kv_heads)
-    keys_per_split = triton.cdiv(triton.cdiv(S, splits), 64) * 64
-    splits = triton.cdiv(S, keys_per_split) if S else 1
+    live = min(S, window + T) if ring and window else S
+    splits = splits or _splits(live, m_blocks * kv_heads)
+    keys_per_split = triton.cdiv(triton.cdiv(live, splits), 64) * 64
+    splits = triton.cdiv(live, keys_per_split) if live else 1
     out = torch.empty((splits, T, Hq, D), dtype=torch.float32, device=q.device)
     lse = torch.empty((splits, T, Hq), dtype=torch.float32, device=q.device)
     q_positions, k_positions = q_positions.contiguous(), k_positions.contiguous()
@@ -212,11 +221,11 @@ def attention_partial(
     _attention_kernel[(m_blocks, kv_heads, splits)](
         q, k, v, q_positions, k_positions, pin, out, lse, *scales,
         tree_bits.contiguous() if tree_bits is not None else k_positions,  # a valid pointer, unread without TREE
-        T, S, D, Hq, group, keys_per_split, window or 0, recent, scale,
+        T, S, live, D, Hq, group, keys_per_split, window or 0, recent, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         scales[0].stride(0), scales[1].stride(0),
         HAS_WINDOW=window is not None, HAS_PINNED=pinned is not None, ALL_VISIBLE=all_visible, INT8_KV=int8,
-        TREE=tree_bits is not None,
+        TREE=tree_bits is not None, RING=live < S,
         BLOCK_M=block_m, BLOCK_N=64 if wide else 32, BLOCK_D=triton.next_power_of_2(D),
         PRECISION=dot_precision(q.dtype), num_stages=3 if wide else 2,
     )

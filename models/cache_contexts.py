@@ -78,11 +78,12 @@ class StaticCacheContext:
         (softplus gate logits), gated inside attention's merge step rather than by a launch of its own."""
         layer_cache = self.cache.layers[layer]
         block = layer_cache.static_block(q)
-        gated = {} if gate is None else {"gate": gate}  # kernels without a gate keep their signature
+        # Kernels without a gate or ring hint keep their signature.
+        hints = ({} if gate is None else {"gate": gate}) | ({"ring": True} if block.ring else {})
         return self.kernels.attention_partial(q, block.k, block.v, self.positions, block.positions, self.scale,
                                               window, block.pinned, block.recent,
                                               k_scale=block.k_scale, v_scale=block.v_scale,
-                                              **_tree_args(self.tree, window), **gated)[0]
+                                              **_tree_args(self.tree, window), **hints)[0]
 
     def recurrent_state(self, layer: int) -> StepState:
         """After the runner's `reserve`: ring slots computed on the device from the static positions."""

@@ -98,6 +98,8 @@ def exercise_wrappers() -> None:
                 for width in (heads, heads * D):  # the softplus gate in the merge, its logits a projection's view
                     gate = torch.randn(M, width + KV * D, dtype=dtype)[:, KV * D :]
                     attention_triton.attention_partial(q, k, v, positions[-M:], positions, D**-0.5, window, gate=gate)
+                if window is not None:  # a sliding ring's splits over its live window
+                    attention_triton.attention_partial(q, k, v, positions[-M:], positions, D**-0.5, window, ring=True)
             norm_triton.rms_norm(x, torch.randn(H, dtype=dtype), 1e-6)
             norm_triton.add_rms_norm(x, x, torch.randn(H, dtype=dtype), 1e-6)
             norm_triton.rms_norm(torch.randn(M, 48, D, dtype=dtype), torch.randn(D, dtype=dtype), 1e-6)

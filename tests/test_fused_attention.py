@@ -167,3 +167,27 @@ def test_the_graphed_decode_step_runs_the_attention_half_in_few_operators(refere
     assert len(calls["norm_rope_store"]) == len(calls["attention_partial"]) == layers
     assert not calls["rotate"] and not calls["softplus_gate"]
     assert len(calls["rms_norm"]) <= 1  # the first layer's input norm; QK norms ride in norm_rope_store
+
+
+@pytest.mark.parametrize("newest", [50, 130, 223])  # before the window fills, wrapped, wrapped twice
+@pytest.mark.parametrize("tree", [False, True])
+def test_ring_attention_splits_share_the_live_window(poisoned, newest, tree):
+    """A sliding ring's graphed attention splits only the window + T slots that can hold visible
+    keys, found from the query positions, wherever the ring has wrapped: the same result as
+    attention over the whole ring."""
+    window, S, T = 100, 112, 3
+    positions = torch.full((S,), -1, device=DEVICE)
+    for p in range(newest + 1):  # what the ring holds after writing positions 0..newest
+        positions[p % S] = p
+    q = random(T, HQ, D, seed=10)
+    k, v = random(KV, S, D, seed=11), random(KV, S, D, seed=12)
+    start = newest - T + 1
+    q_positions = torch.tensor([start, start + 1, start + 1] if tree else list(range(start, newest + 1)),
+                               device=DEVICE)
+    bits = {"tree_bits": torch.tensor([1, 3, 5], device=DEVICE)} if tree else {}
+    got, got_lse = attention_triton.attention_partial(q, k, v, q_positions, positions, D**-0.5, window, splits=2,
+                                                      ring=True, **bits)
+    want, want_lse = attention.attention_partial(q.double(), k.double(), v.double(), q_positions, positions,
+                                                 D**-0.5, window, **bits)
+    assert_close(got, want, torch.float32)
+    assert_close(got_lse, want_lse, torch.float32)

@@ -82,6 +82,7 @@ class KVBlock:
     all_visible: bool = False  # every key is older than every query and none is empty: no mask needed
     k_scale: torch.Tensor | None = None  # (KV, S) float32: k and v hold int8 rows (`kernels.kv_int8`)
     v_scale: torch.Tensor | None = None
+    ring: bool = False  # a ring's whole buffer: each position's slot is position % S
 
 
 @dataclass(frozen=True)

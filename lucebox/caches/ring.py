@@ -71,7 +71,7 @@ class SlidingRing(LayerCache):
         return True
 
     def static_block(self, q: torch.Tensor) -> KVBlock:
-        return KVBlock(self.k, self.v, self.positions)  # empty slots hold position -1: masked
+        return KVBlock(self.k, self.v, self.positions, ring=True)  # empty slots hold position -1: masked
 
     def can_rewind_to(self, position: int) -> bool:
         """Whether every row a query at `position` or later needs is still intact."""
