@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = {"_matmul_kernel", "_up_kernel", "_down_kernel", "_attention_kernel", "_merge_kernel", "_rope_kernel",
-           "_gate_kernel", "_rms_norm_kernel", "_conv_kernel", "_delta_rule_kernel"}
+           "_gate_kernel", "_rms_norm_kernel", "_conv_kernel", "_delta_rule_kernel", "_norm_rope_store_kernel"}
 
 
 def test_every_kernel_compiles_for_rtx3090_and_hopper():
