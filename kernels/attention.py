@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from lucebox.kernels.gate import softplus_gate
 from lucebox.kernels.kv_int8 import dequantize_rows
 
 
@@ -37,8 +38,11 @@ def attention_partial(
     k_scale: torch.Tensor | None = None,  # (KV, S) float32: k and v are int8 rows (`kernels.kv_int8`)
     v_scale: torch.Tensor | None = None,  # (KV, S)
     tree_bits: torch.Tensor | None = None,  # (T,) int64: each row's ancestor-or-self rows, as bits
+    gate: torch.Tensor | None = None,  # (T, Hq) or (T, Hq*D): softplus output gate logits (`kernels.gate`)
+    ring: bool = False,  # k/v are a ring whose slot is position % S: a hint for how to split the work
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out (T, Hq, D) normalized over this block, lse (T, Hq) float32/64; -inf where nothing is visible)."""
+    """(out (T, Hq, D) normalized over this block, lse (T, Hq) float32/64; -inf where nothing is visible).
+    With `gate`, out is gated (a step attending over one block only: the lse is the ungated one's)."""
     if k_scale is not None:
         k, v = dequantize_rows(k, k_scale, q.dtype), dequantize_rows(v, v_scale, q.dtype)
     T, Hq, D = q.shape
@@ -64,6 +68,8 @@ def attention_partial(
     probs = torch.exp(scores - lse.clamp_min(torch.finfo(compute).min)[..., None])  # rows with no key: all 0
     out = torch.matmul(probs.to(v.dtype).view(kv_heads, group * T, -1), v)  # (KV, group*T, D)
     out = out.view(kv_heads, group, T, D).permute(2, 0, 1, 3).reshape(T, Hq, D)
+    if gate is not None:
+        out = softplus_gate(out, gate)
     return out, lse.permute(2, 0, 1).reshape(T, Hq)
 
 

@@ -16,16 +16,18 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from lucebox.kernels.gate_triton import softplus as _softplus
 from lucebox.kernels.quant_triton import dot_precision
 
 
 @triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, qpos_ptr, kpos_ptr, pin_ptr, out_ptr, lse_ptr, kscale_ptr, vscale_ptr, tree_ptr,
-    T, S, D, Hq, group, keys_per_split, window, recent, scale,
+    T, S, live, D, Hq, group, keys_per_split, window, recent, scale,
     stride_qt, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs, stride_ksh, stride_vsh,
     HAS_WINDOW: tl.constexpr, HAS_PINNED: tl.constexpr, ALL_VISIBLE: tl.constexpr, INT8_KV: tl.constexpr,
-    TREE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    TREE: tl.constexpr, RING: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
 ):
     kv_head, split = tl.program_id(1), tl.program_id(2)
     r = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # (query row, head in group) pairs
@@ -45,13 +47,17 @@ def _attention_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    if RING:  # the live keys: `live` slots on from the oldest visible position's, wrapping
+        ring_base = tl.maximum(q_first - window + 1, 0) % S
     begin = split * keys_per_split
-    end = tl.minimum(S, begin + keys_per_split)
+    end = tl.minimum(live, begin + keys_per_split)
     k_base = k_ptr + kv_head.to(tl.int64) * stride_kh
     v_base = v_ptr + kv_head.to(tl.int64) * stride_vh
     for n0 in range(begin, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         n_ok = n < end
+        if RING:
+            n = ((ring_base + n) % S).to(tl.int32)
         k_pos = tl.load(kpos_ptr + n, mask=n_ok, other=-1)
         # Skip a tile no query can see (causal or out of window); ring slots are unordered, so
         # this looks at the tile's positions rather than its index.
@@ -103,10 +109,13 @@ def _attention_kernel(
 
 
 @triton.jit
-def _merge_kernel(out_ptr, lse_ptr, merged_ptr, total_ptr, rows, splits, D, BLOCK_D: tl.constexpr):
+def _merge_kernel(out_ptr, lse_ptr, merged_ptr, total_ptr, gate_ptr, rows, splits, D, Hq, stride_gt,
+                  GATE: tl.constexpr, GATE_PER_HEAD: tl.constexpr, BLOCK_D: tl.constexpr):
     """One (query row, head) per program: the log-sum-exp merge of its `splits` partial results
     (out (splits, rows, D) float32, lse (splits, rows)) into merged (rows, D) and total (rows,);
-    a row no split saw gets zeros and -inf, as `merge_stacked` gives."""
+    a row no split saw gets zeros and -inf, as `merge_stacked` gives. With GATE, merged is then
+    multiplied by softplus of its gate logits (one per head, or one per element): Laguna's output
+    gate, here rather than in a launch of its own."""
     row = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
@@ -123,19 +132,36 @@ def _merge_kernel(out_ptr, lse_ptr, merged_ptr, total_ptr, rows, splits, D, BLOC
         acc += tl.where(w > 0, w * part, 0.0)  # a split that saw nothing may hold anything
         weight_sum += w
     seen = weight_sum > 0
-    tl.store(merged_ptr + row * D + d, acc / tl.where(seen, weight_sum, 1.0), mask=d_ok)
+    merged = acc / tl.where(seen, weight_sum, 1.0)
+    if GATE:
+        t, head = row // Hq, row % Hq
+        if GATE_PER_HEAD:
+            g = tl.load(gate_ptr + t * stride_gt + head).to(tl.float32)
+        else:
+            g = tl.load(gate_ptr + t * stride_gt + head * D + d, mask=d_ok, other=0.0).to(tl.float32)
+        # Rounded to the output's dtype first, as `kernels.gate` multiplies: out * softplus(g).to(dtype)
+        merged = merged.to(merged_ptr.dtype.element_ty).to(tl.float32) * \
+            _softplus(g).to(merged_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(merged_ptr + row * D + d, merged.to(merged_ptr.dtype.element_ty), mask=d_ok)
     tl.store(total_ptr + row, tl.where(seen, top + tl.log(tl.where(seen, weight_sum, 1.0)), float("-inf")))
 
 
-def merge_splits(out: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_splits(out: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype,
+                 gate: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (T, Hq, D) in `dtype`, lse (T, Hq) float32) of split-K partials out (splits, T, Hq, D)
-    and lse (splits, T, Hq), both float32 and contiguous: one launch instead of ~7 torch ops."""
+    and lse (splits, T, Hq), both float32 and contiguous: one launch instead of ~7 torch ops. With
+    `gate` (T, Hq) or (T, Hq*D) logits, unit stride along features, out is gated by their softplus."""
     splits, T, Hq, D = out.shape
     merged = torch.empty((T, Hq, D), dtype=dtype, device=out.device)
     total = torch.empty((T, Hq), dtype=torch.float32, device=out.device)
     rows = T * Hq
+    if gate is not None and gate.stride(1) != 1:
+        raise ValueError("the output gate's logits need unit stride along their features")
     if rows:
-        _merge_kernel[(rows,)](out, lse, merged, total, rows, splits, D, BLOCK_D=triton.next_power_of_2(D))
+        _merge_kernel[(rows,)](out, lse, merged, total, gate if gate is not None else lse, rows, splits, D, Hq,
+                               gate.stride(0) if gate is not None else 0, GATE=gate is not None,
+                               GATE_PER_HEAD=gate is not None and gate.shape[1] == Hq,
+                               BLOCK_D=triton.next_power_of_2(D))
     return merged, total
 
 
@@ -162,8 +188,13 @@ def attention_partial(
     v_scale: torch.Tensor | None = None,
     tree_bits: torch.Tensor | None = None,
     splits: int | None = None,
+    gate: torch.Tensor | None = None,
+    ring: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """As `kernels.attention.attention_partial`: (out (T, Hq, D), lse (T, Hq) float32)."""
+    """As `kernels.attention.attention_partial`: (out (T, Hq, D), lse (T, Hq) float32). With
+    `gate`, the merge launch runs even for one split: it applies the gate (and the cast). With
+    `ring` and a window, the splits share the window + T slots that can hold visible keys, found
+    from the queries' positions on the device, rather than the whole ring."""
     T, Hq, D = q.shape
     kv_heads, S, _ = k.shape
     group = Hq // kv_heads
@@ -171,9 +202,10 @@ def attention_partial(
         raise ValueError("attention needs unit stride along the head dimension")
     block_m = 16 if T * group <= 16 else 64
     m_blocks = triton.cdiv(T * group, block_m)
-    splits = splits or _splits(S, m_blocks * kv_heads)
-    keys_per_split = triton.cdiv(triton.cdiv(S, splits), 64) * 64
-    splits = triton.cdiv(S, keys_per_split) if S else 1
+    live = min(S, window + T) if ring and window else S
+    splits = splits or _splits(live, m_blocks * kv_heads)
+    keys_per_split = triton.cdiv(triton.cdiv(live, splits), 64) * 64
+    splits = triton.cdiv(live, keys_per_split) if live else 1
     out = torch.empty((splits, T, Hq, D), dtype=torch.float32, device=q.device)
     lse = torch.empty((splits, T, Hq), dtype=torch.float32, device=q.device)
     q_positions, k_positions = q_positions.contiguous(), k_positions.contiguous()
@@ -189,14 +221,14 @@ def attention_partial(
     _attention_kernel[(m_blocks, kv_heads, splits)](
         q, k, v, q_positions, k_positions, pin, out, lse, *scales,
         tree_bits.contiguous() if tree_bits is not None else k_positions,  # a valid pointer, unread without TREE
-        T, S, D, Hq, group, keys_per_split, window or 0, recent, scale,
+        T, S, live, D, Hq, group, keys_per_split, window or 0, recent, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         scales[0].stride(0), scales[1].stride(0),
         HAS_WINDOW=window is not None, HAS_PINNED=pinned is not None, ALL_VISIBLE=all_visible, INT8_KV=int8,
-        TREE=tree_bits is not None,
+        TREE=tree_bits is not None, RING=live < S,
         BLOCK_M=block_m, BLOCK_N=64 if wide else 32, BLOCK_D=triton.next_power_of_2(D),
         PRECISION=dot_precision(q.dtype), num_stages=3 if wide else 2,
     )
-    if splits == 1:
+    if splits == 1 and gate is None:
         return out[0].to(q.dtype), lse[0]
-    return merge_splits(out, lse, q.dtype)
+    return merge_splits(out, lse, q.dtype, gate)

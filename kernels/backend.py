@@ -74,12 +74,13 @@ class Kernels:
     causal_conv1d: Callable  # the Gated DeltaNet mixer's conv + silu, and its state
     recurrent_gated_delta_rule: Callable  # decode / verify rows (each row's state with every_row)
     chunked_gated_delta_rule: Callable  # prefill rows
+    norm_rope_store: Callable  # a graphed step's q/k norm, RoPE and K/V store in one (`kernels.rope_store`)
 
 
 @cache
 def kernels_for(backend: str) -> Kernels:
     """Operators for a resolved backend ("torch" or "triton")."""
-    from lucebox.kernels import attention, delta_rule, gate, moe, norm, quant, rope
+    from lucebox.kernels import attention, delta_rule, gate, moe, norm, quant, rope, rope_store
 
     from lucebox.sampling import greedy_choices
 
@@ -87,7 +88,7 @@ def kernels_for(backend: str) -> Kernels:
         return Kernels("torch", norm.rms_norm, norm.add_rms_norm, rope.rotate, gate.softplus_gate,
                        attention.attention_partial, moe.moe_experts, moe.moe_route, quant.linear,
                        greedy_choices, delta_rule.causal_conv1d, delta_rule.recurrent_gated_delta_rule,
-                       delta_rule.chunked_gated_delta_rule)
+                       delta_rule.chunked_gated_delta_rule, rope_store.norm_rope_store)
     if backend != "triton":
         raise InvalidArgumentError(f"kernels_for takes 'torch' or 'triton', got '{backend}'")
     from lucebox.kernels import (
@@ -98,6 +99,7 @@ def kernels_for(backend: str) -> Kernels:
         moe_triton,
         norm_triton,
         quant_triton,
+        rope_store_triton,
         rope_triton,
         route_triton,
     )
@@ -106,4 +108,4 @@ def kernels_for(backend: str) -> Kernels:
                    gate_triton.softplus_gate, attention_triton.attention_partial, moe_triton.moe_experts,
                    route_triton.moe_route, quant_triton.linear, greedy_triton.greedy_choices,
                    delta_rule_triton.causal_conv1d, delta_rule_triton.recurrent_gated_delta_rule,
-                   delta_rule_triton.chunked_gated_delta_rule)
+                   delta_rule_triton.chunked_gated_delta_rule, rope_store_triton.norm_rope_store)

@@ -9,6 +9,7 @@ from lucebox.kernels.backend import Kernels
 from lucebox.models.tree_mask import TreeMask
 
 from lucebox.caches import SequenceCache, Step
+from lucebox.caches.base import RowTable
 from lucebox.caches.recurrent import StateSlots, StepState
 from lucebox.errors import InvalidArgumentError
 
@@ -29,6 +30,9 @@ class CacheContext:
         self.step, self.cache, self.kernels, self.scale, self.tree = step, cache, kernels, scale, tree
         self.positions = step.positions if tree is None else step.start + tree.depths
         self.state_slots: StateSlots | None = None  # computed by the first recurrent layer, shared by the others
+
+    def row_table(self, layer: int) -> None:
+        return None  # `write` reserves and stores: the host's bookkeeping comes first
 
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor:
@@ -60,15 +64,26 @@ class StaticCacheContext:
         self.positions = positions if tree is None else positions[0] + tree.depths
         self.state_slots: StateSlots | None = None  # computed by the first recurrent layer, shared by the others
 
+    def row_table(self, layer: int) -> RowTable | None:
+        return self.cache.layers[layer].row_table()
+
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor:
+        self.cache.layers[layer].store(self.slots, key, value)
+        return self.attend_stored(layer, q, window)
+
+    def attend_stored(self, layer: int, q: torch.Tensor, window: int | None,
+                      gate: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of q over layer `layer`'s static block, its rows already stored; with `gate`
+        (softplus gate logits), gated inside attention's merge step rather than by a launch of its own."""
         layer_cache = self.cache.layers[layer]
-        layer_cache.store(self.slots, key, value)
         block = layer_cache.static_block(q)
+        # Kernels without a gate or ring hint keep their signature.
+        hints = ({} if gate is None else {"gate": gate}) | ({"ring": True} if block.ring else {})
         return self.kernels.attention_partial(q, block.k, block.v, self.positions, block.positions, self.scale,
                                               window, block.pinned, block.recent,
                                               k_scale=block.k_scale, v_scale=block.v_scale,
-                                              **_tree_args(self.tree, window))[0]
+                                              **_tree_args(self.tree, window), **hints)[0]
 
     def recurrent_state(self, layer: int) -> StepState:
         """After the runner's `reserve`: ring slots computed on the device from the static positions."""

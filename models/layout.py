@@ -210,7 +210,7 @@ def parameter_counts(cfg: ModelConfig) -> tuple[int, int]:
 
 # Linear layers whose weights `quantization=` turns into int8/int4 codes. Embeddings, the output
 # head, routers and norms stay in floats: they are small or decide which experts run.
-_QUANTIZABLE = ("wq", "wk", "wv", "wo", "wg", "w_gate_up", "w_down", "shared_gate_up", "shared_down",
+_QUANTIZABLE = ("wq", "wk", "wv", "wo", "wg", "wqkv", "w_gate_up", "w_down", "shared_gate_up", "shared_down",
                 "experts_gate_up", "experts_down")
 
 

@@ -19,10 +19,12 @@ from typing import Protocol
 import torch
 from lucebox.kernels.backend import Kernels
 from lucebox.kernels.rope import RotaryTables
+from lucebox.models.fused_projections import FUSED_BIAS, FUSED_WEIGHT
 from lucebox.models.gated_deltanet import GatedDeltaNetMixer
 from lucebox.models.kimi_delta_attention import KimiDeltaAttentionMixer
 from lucebox.models.latent_attention import LatentAttentionMixer
 
+from lucebox.caches.base import RowTable
 from lucebox.config import ModelConfig
 from lucebox.errors import ConfigError
 
@@ -41,6 +43,13 @@ class ForwardContext(Protocol):
 
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor: ...
+
+    def row_table(self, layer: int) -> RowTable | None:
+        """Where layer `layer`'s cache keeps this forward's rows when the mixer may store them
+        itself: norm, RoPE and the store in one operator (`kernels.rope_store`), k and v at the
+        positions `slots` (N,), then `attend_stored(layer, q, window, gate)` in place of `attend`
+        (with `gate`, softplus gate logits applied to the attention output). None: `attend` stores them."""
+        ...
 
     def recurrent_state(self, layer: int):
         """Recurrent layer `layer`'s state (`lucebox.caches.recurrent.RecurrentState`: `current()`,
@@ -61,8 +70,10 @@ class TokenMixer(Protocol):
 
 
 class AttentionMixer:
-    """Full or sliding attention of layer i: q/k/v projections, QK norm, RoPE, attention through
-    the forward's context, the optional softplus output gate and the output projection."""
+    """Full or sliding attention of layer i: q/k/v projections (one linear when the loader fused
+    them, `models/fused_projections.py`), QK norm, RoPE, attention through the forward's context,
+    the optional output gate and the output projection. Where the context names the rows its
+    cache stores (`row_table`: a graphed step), norm, RoPE and the store are one operator."""
 
     def __init__(self, cfg: ModelConfig, i: int, weights: dict, kernels: Kernels, rope: RotaryTables):
         layer, p = cfg.layers[i], f"layers.{i}."
@@ -74,36 +85,64 @@ class AttentionMixer:
         bias = cfg.attention_bias
         self.wq, self.wk, self.wv, self.wo, self.wg = (p + n for n in ("wq", "wk", "wv", "wo", "wg"))
         self.bq, self.bk, self.bv, self.bo = ((p + n) if bias else None for n in ("bq", "bk", "bv", "bo"))
+        self.fused = (p + FUSED_WEIGHT) if p + FUSED_WEIGHT in weights else None
+        self.fused_bias = (p + FUSED_BIAS) if p + FUSED_BIAS in weights else None
         self.q_norm, self.k_norm = p + "q_norm", p + "k_norm"
         self.inv_freq, self.rope_scaling = rope.frequencies(layer.rope)
 
     def mix(self, h: torch.Tensor, context: ForwardContext) -> torch.Tensor:
         w, k, T, D = self.w, self.kernels, h.shape[0], self.head_dim
-        q, key, value, sigmoid_gate = self.qkv(h, context.positions)
-        out = context.attend(self.layer, q, key, value, self.window)  # (T, Hq, D)
+        q, key, value, sigmoid_gate, gate_logits = self.project(h)
+        rows = context.row_table(self.layer)
+        if rows is not None:
+            norms = (w[self.q_norm], w[self.k_norm]) if self.qk_norm else None
+            q = k.norm_rope_store(q, key, value, context.positions, self.inv_freq, self.rope_scaling, norms,
+                                  self.eps, rows, context.slots)
+            out = context.attend_stored(self.layer, q, self.window, gate_logits)  # gated there
+            gate_logits = None
+        else:
+            q, key = self.norm_rope(q, key, context.positions)
+            out = context.attend(self.layer, q, key, value, self.window)  # (T, Hq, D)
         if sigmoid_gate is not None:
             out = out * torch.sigmoid(sigmoid_gate)
-        elif self.gate:
-            out = k.softplus_gate(out, k.linear(h, w[self.wg]))
+        elif gate_logits is not None:
+            out = k.softplus_gate(out, gate_logits)
         bias = w[self.bo] if self.bo else None
         return k.linear(out.reshape(T, self.heads * D), w[self.wo], bias)
 
     def qkv(self, h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q (T, Hq, D), k and v (T, KV, D), QK-normed and rotated, and the sigmoid gate (T, Hq, D)
         whose rows wq holds beside each head's query (attention_gate "sigmoid"), else None."""
+        q, key, value, gate, _ = self.project(h)
+        return (*self.norm_rope(q, key, positions), value, gate)
+
+    def project(self, h: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """q (T, Hq, D), k and v (T, KV, D) as projected (views of one output when fused), the
+        sigmoid gate (T, Hq, D) or None, and the softplus gate's logits (T, Hq or Hq*D) or None."""
         w, k, T, D = self.w, self.kernels, h.shape[0], self.head_dim
-        q = k.linear(h, w[self.wq], w[self.bq] if self.bq else None)
-        gate = None
+        q_rows, kv_rows = self.heads * D * (2 if self.gate == "sigmoid" else 1), self.kv_heads * D
+        softplus = self.gate in ("head", "element")
+        if self.fused is not None:
+            out = k.linear(h, w[self.fused], w[self.fused_bias] if self.fused_bias else None)
+            q, key, value = out[:, :q_rows], out[:, q_rows : q_rows + kv_rows], out[:, q_rows + kv_rows :]
+            value, gate_logits = value[:, :kv_rows], value[:, kv_rows:] if softplus else None
+        else:
+            q = k.linear(h, w[self.wq], w[self.bq] if self.bq else None)
+            key = k.linear(h, w[self.wk], w[self.bk] if self.bk else None)
+            value = k.linear(h, w[self.wv], w[self.bv] if self.bv else None)
+            gate_logits = k.linear(h, w[self.wg]) if softplus else None
+        sigmoid_gate = None
         if self.gate == "sigmoid":
-            q, gate = q.view(T, self.heads, 2 * D).split([D, D], dim=-1)
-            q = q.contiguous()
-        q = q.reshape(T, self.heads, D)
-        key = k.linear(h, w[self.wk], w[self.bk] if self.bk else None).view(T, self.kv_heads, D)
-        value = k.linear(h, w[self.wv], w[self.bv] if self.bv else None).view(T, self.kv_heads, D)
+            q, sigmoid_gate = q.view(T, self.heads, 2 * D).split([D, D], dim=-1)
+        return (q.view(T, self.heads, D) if sigmoid_gate is None else q, key.view(T, self.kv_heads, D),
+                value.view(T, self.kv_heads, D), sigmoid_gate, gate_logits)
+
+    def norm_rope(self, q: torch.Tensor, key: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q and k QK-normed (with qk_norm) and rotated at `positions`."""
+        w, k = self.w, self.kernels
         if self.qk_norm:
-            q = k.rms_norm(q, w[self.q_norm], self.eps)
-            key = k.rms_norm(key, w[self.k_norm], self.eps)
-        return (*k.rotate((q, key), positions, self.inv_freq, self.rope_scaling), value, gate)
+            q, key = k.rms_norm(q, w[self.q_norm], self.eps), k.rms_norm(key, w[self.k_norm], self.eps)
+        return k.rotate((q, key), positions, self.inv_freq, self.rope_scaling)
 
 
 # The token mixer of each attention kind a `LayerSpec` names (a sliding layer is attention with a window).

@@ -69,9 +69,37 @@ def exercise_wrappers() -> None:
                 rope_triton.rotate((q,), positions[:M], torch.rand(D // 2), 1.0)
                 gate_triton.softplus_gate(q, torch.randn(M, heads, dtype=dtype))
                 gate_triton.softplus_gate(q, torch.randn(M, heads * D, dtype=dtype))
+                exercise_norm_rope_store(M, heads, KV, D, S, window, dtype)
+                for width in (heads, heads * D):  # the softplus gate in the merge, its logits a projection's view
+                    gate = torch.randn(M, width + KV * D, dtype=dtype)[:, KV * D :]
+                    attention_triton.attention_partial(q, k, v, positions[-M:], positions, D**-0.5, window, gate=gate)
+                if window is not None:  # a sliding ring's splits over its live window
+                    attention_triton.attention_partial(q, k, v, positions[-M:], positions, D**-0.5, window, ring=True)
             norm_triton.rms_norm(x, torch.randn(H, dtype=dtype), 1e-6)
             norm_triton.add_rms_norm(x, x, torch.randn(H, dtype=dtype), 1e-6)
             norm_triton.rms_norm(torch.randn(M, 48, D, dtype=dtype), torch.randn(D, dtype=dtype), 1e-6)
+
+
+def exercise_norm_rope_store(M: int, heads: int, KV: int, D: int, S: int, window: int | None,
+                             dtype: torch.dtype) -> None:
+    """The graphed step's norm + RoPE + K/V store, on q, k, v as views of one projection, into a
+    ring (sliding layers) or a paged pool (full layers, partial rotary), with and without qk_norm."""
+    from lucebox.kernels import rope_store_triton
+
+    from lucebox.caches.base import RowTable
+
+    projected = torch.randn(M, (heads + 2 * KV) * D, dtype=dtype)
+    q = projected[:, : heads * D].view(M, heads, D)
+    key = projected[:, heads * D : (heads + KV) * D].view(M, KV, D)
+    value = projected[:, (heads + KV) * D :].view(M, KV, D)
+    table, chunk, rotary = (torch.zeros(1, dtype=torch.int64), S, D // 2) if window else \
+        (torch.arange(S // 64), 64, D // 4)
+    rows = RowTable(torch.empty(KV, S, D, dtype=dtype), torch.empty(KV, S, D, dtype=dtype),
+                    torch.arange(S), table, chunk)
+    positions = torch.arange(M)
+    for norms in (None, (torch.randn(D, dtype=dtype), torch.randn(D, dtype=dtype))):
+        rope_store_triton.norm_rope_store(q, key, value, positions, torch.rand(rotary), 1.0, norms, 1e-6, rows,
+                                          positions)
 
 
 def exercise_delta_rule() -> None:

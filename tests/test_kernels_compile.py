@@ -12,7 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = {"_matmul_kernel", "_gemv_kernel", "_up_kernel", "_down_kernel", "_up_decode_kernel", "_down_decode_kernel",
            "_attention_kernel", "_merge_kernel", "_rope_kernel", "_gate_kernel", "_rms_norm_kernel", "_conv_kernel",
-           "_delta_rule_kernel"}
+           "_delta_rule_kernel", "_norm_rope_store_kernel", "_greedy_kernel", "_router_logits_kernel",
+           "_select_kernel"}
 
 
 def test_every_kernel_compiles_for_rtx3090_and_hopper():

@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 MEASURE = r"""
 import sys
 import lucebox
+from lucebox.speculative.proposer import tensor_bytes
 def status(field):
     for line in open("/proc/self/status"):
         if line.startswith(field + ":"):
@@ -18,7 +19,8 @@ with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # reset the peak-RSS mark (VmHWM) to the current RSS
 before = status("VmRSS")
 llm = lucebox.LLM(sys.argv[1], device="cpu", dtype="float32")
-weights = sum(t.numel() * t.element_size() for t in llm.decoder.w.values())
+# Views counted once: an attention layer's wq, wk, wv are views of its fused projection.
+weights = tensor_bytes(llm.decoder.w.values())
 print(before, status("VmHWM"), weights)
 """
 

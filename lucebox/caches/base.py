@@ -82,6 +82,21 @@ class KVBlock:
     all_visible: bool = False  # every key is older than every query and none is empty: no mask needed
     k_scale: torch.Tensor | None = None  # (KV, S) float32: k and v hold int8 rows (`kernels.kv_int8`)
     v_scale: torch.Tensor | None = None
+    ring: bool = False  # a ring's whole buffer: each position's slot is position % S
+
+
+@dataclass(frozen=True)
+class RowTable:
+    """Where a position's row lives in a cache's planes, in a form one kernel reads and writes
+    (`kernels.rope_store`): slot = table[(position // chunk) % len(table)] * chunk + position % chunk.
+    A ring is a one-entry table of 0 with chunk = capacity; a paged pool is its page table with its
+    chunk size. The same tensors for the cache's life (a CUDA graph holds their addresses)."""
+
+    k: torch.Tensor  # (KV, S, D)
+    v: torch.Tensor  # (KV, S, D)
+    positions: torch.Tensor  # (S,): each slot's position, -1 for none
+    table: torch.Tensor  # int64
+    chunk: int
 
 
 class LayerCache(ABC):
@@ -112,6 +127,11 @@ class LayerCache(ABC):
         """The device's half of a write, after `reserve`: rows (T, KV, D) go to slots computed on
         the device from `positions`, by the same launches at every position (a CUDA graph
         captures it once and replays it at any position)."""
+
+    def row_table(self) -> RowTable | None:
+        """After `reserve`: where `store` would put the step's rows, for a kernel that stores them
+        itself (same slots, the position written last), or None when only `store` can (int8 rows)."""
+        return None
 
     @abstractmethod
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:

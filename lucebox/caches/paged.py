@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 import torch
 
-from lucebox.caches.base import KVBlock, LayerCache, Step, move_slots, path_moves
+from lucebox.caches.base import KVBlock, LayerCache, RowTable, Step, move_slots, path_moves
 from lucebox.caches.chunk_selection import ChunkSelection
 from lucebox.caches.paged_blocks import PagedBlocks
 from lucebox.caches.planes import KVPlanes
@@ -82,6 +82,13 @@ class PagedKV(LayerCache):
         rows = self.residency.pool_rows(positions)
         self.storage.store(rows, k, v)  # (T, KV, D) each
         self.residency.stored(rows, positions)  # last: a row is visible once it holds its keys
+
+    def row_table(self) -> RowTable | None:
+        """The pool's rows through `page_table` (`residency.pool_rows`); int8 rows only by `store`."""
+        if self.storage.int8:
+            return None
+        return RowTable(self.storage.k, self.storage.v, self.residency.row_positions, self.residency.page_table,
+                        self.s.chunk)
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         self.residency.wait_for_loads()

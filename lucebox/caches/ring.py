@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 import torch
 
-from lucebox.caches.base import KVBlock, LayerCache, Step, move_slots, path_moves
+from lucebox.caches.base import KVBlock, LayerCache, RowTable, Step, move_slots, path_moves
 
 
 class SlidingRing(LayerCache):
@@ -42,6 +42,9 @@ class SlidingRing(LayerCache):
         self.v = torch.zeros_like(self.k)
         self.positions = torch.full((self.capacity,), -1, dtype=torch.int64, device=device)
         self.highest = 0  # one past the highest position ever written (rolled back or not)
+        # slot = position % capacity, as a one-chunk table
+        self.rows = RowTable(self.k, self.v, self.positions, torch.zeros(1, dtype=torch.int64, device=device),
+                             self.capacity)
 
     def reserve(self, step: Step) -> None:
         if step.count > self.max_step:
@@ -57,6 +60,9 @@ class SlidingRing(LayerCache):
         self.v.index_copy_(1, slots, v.transpose(0, 1))
         self.positions.index_copy_(0, slots, positions)  # last, so a slot never names a row it lacks
 
+    def row_table(self) -> RowTable:
+        return self.rows
+
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         # Until the ring wraps, slots past the highest position written hold nothing: leave them out
         # (a drafter ring of 4096 slots at a 200-token context would otherwise attend 20x the keys).
@@ -67,7 +73,7 @@ class SlidingRing(LayerCache):
         return True
 
     def static_block(self, q: torch.Tensor) -> KVBlock:
-        return KVBlock(self.k, self.v, self.positions)  # empty slots hold position -1: masked
+        return KVBlock(self.k, self.v, self.positions, ring=True)  # empty slots hold position -1: masked
 
     def can_rewind_to(self, position: int) -> bool:
         """Whether every row a query at `position` or later needs is still intact."""

@@ -20,6 +20,7 @@ from lucebox.kernels.quant import SCHEMES, quantize
 from lucebox.memory.expert_cache import ExpertTraffic, PinnedArena, cache_experts, is_routed_expert, moved
 from lucebox.models import adapter_for, build_model_config
 from lucebox.models.decoder import Decoder
+from lucebox.models.fused_projections import fuse_attention_projections
 from lucebox.models.layout import quantizable, stored_dtype, weight_shapes
 from lucebox.models.sources import Source, Unloaded
 from lucebox.text.tokenizer import Tokenizer
@@ -173,4 +174,5 @@ def load_model(
         tokenizer = gguf_tokenizer(desc.gguf.file)
     else:
         tokenizer = load_tokenizer(desc.folder, desc.hf_config, desc.generation_config, desc.cfg.vocab_size)
+    fuse_attention_projections(desc.cfg, weights)  # after quantizing: the fused rows keep their codes
     return LoadedModel(desc, Decoder(desc.cfg, weights, kernels), tokenizer)

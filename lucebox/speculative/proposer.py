@@ -67,8 +67,28 @@ class Proposer(ABC):
 
 
 def tensor_bytes(tensors) -> int:
-    """Device bytes of plain and quantized weights (and expert caches: their slots)."""
-    return sum(t.numel() * t.element_size() if isinstance(t, torch.Tensor) else t.nbytes() for t in tensors)
+    """Device bytes of plain and quantized weights (and expert caches: their slots), bytes shared
+    by views counted once: an attention layer's wq, wk, wv are views of its fused projection."""
+    spans: dict[int, list[tuple[int, int]]] = {}  # storage -> byte ranges of the tensors in it
+    others = 0
+    for t in tensors:
+        fields = ("codes", "scales", "zeros", "mins")
+        parts = [t] if isinstance(t, torch.Tensor) else [getattr(t, f, None) for f in fields]
+        if not isinstance(parts[0], torch.Tensor):  # an expert cache
+            others += t.nbytes()
+            continue
+        for part in (p for p in parts if p is not None):
+            start, size = part.storage_offset() * part.element_size(), part.numel() * part.element_size()
+            spans.setdefault(part.untyped_storage().data_ptr(), []).append((start, start + size))
+    return others + sum(_union_length(ranges) for ranges in spans.values())
+
+
+def _union_length(ranges: list[tuple[int, int]]) -> int:
+    total, reached = 0, 0
+    for start, end in sorted(ranges):
+        total += max(0, end - max(start, reached))
+        reached = max(reached, end)
+    return total
 
 
 def top_probabilities(logits: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:

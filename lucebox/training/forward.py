@@ -105,6 +105,9 @@ class BatchContext:
             self.states[layer] = SideBySideState(self.spec, self.B, self.dtype, self.device)
         return self.states[layer]
 
+    def row_table(self, layer: int) -> None:
+        return None  # `attend` keeps the rows
+
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor:
         B, T = self.B, self.T
