@@ -58,13 +58,37 @@ def _group_values(ptr, group_ptrs, g, K, GROUP: tl.constexpr, BLOCK_N: tl.conste
 
 
 @triton.jit
+def tile_accumulator(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr):
+    """Zeros for `fma_weight_tile`'s running products: (BLOCK_M, BLOCK_N, BLOCK_K // 2) for int4
+    (a product per byte: a pair of inputs), (BLOCK_M, BLOCK_N, BLOCK_K) otherwise. The sum over
+    the last axis waits until after the K loop (`tl.sum(acc, axis=2)`): summing each tile inside the
+    loop would cost cross-lane shuffles every iteration, more instructions than the products."""
+    PACK: tl.constexpr = 2 if BITS == 4 else 1
+    return tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K // PACK), dtype=tl.float32)
+
+
+# A float32 whose bits are 0x4B000000 | c is 2**23 + c for c < 2**23: an integer code becomes a float
+# by one OR and one subtraction (of 2**23 and the implicit zero at once, exactly), without the
+# slow int-to-float conversion.
+MAGIC_BITS = tl.constexpr(0x4B000000)
+MAGIC = tl.constexpr(8388608.0)
+
+
+@triton.jit
+def _nibble_value(nibbles, ZERO: tl.constexpr):
+    """int32 nibbles (0..15) as float32 codes less ZERO."""
+    return (nibbles | MAGIC_BITS).to(tl.float32, bitcast=True) - (MAGIC + ZERO)
+
+
+@triton.jit
 def fma_weight_tile(
-    acc, xs,  # acc (R, BLOCK_N) float32; xs (R, BLOCK_K) float32, from `load_inputs`
+    acc, xs,  # acc from `tile_accumulator`; xs (R, BLOCK_K) float32, from `load_inputs`
     w_ptr, scale_ptr, offset_ptr, outs, k0, K, stride_w, stride_scale,  # outs (BLOCK_N,), in range
     BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILE_GROUPS: tl.constexpr, EVEN_K: tl.constexpr,
 ):
-    """acc + xs @ dequantize(w)[outs, k0:k0 + BLOCK_K].T. BITS 0: plain weights; 8: int8 codes;
+    """acc + the products of xs @ dequantize(w)[outs, k0:k0 + BLOCK_K].T, not yet summed over the
+    tile (`tile_accumulator`). BITS 0: plain weights; 8: int8 codes;
     4: two codes per byte (even input in the low nibble). TILE_GROUPS: the scale groups one tile
     spans (1 when a group holds whole tiles)."""
     PACK: tl.constexpr = 2 if BITS == 4 else 1
@@ -92,11 +116,15 @@ def fma_weight_tile(
             # int4: implicit zero 8 unless the codes carry zero points or mins. The inputs split
             # into even and odd halves to meet the low and high nibbles (no per-element indexing).
             packed = stored.to(tl.int32)
-            low = _dequantize((packed & 0xF).to(tl.float32), scale, offset, OFFSET, 8)
-            high = _dequantize((packed >> 4).to(tl.float32), scale, offset, OFFSET, 8)
+            if OFFSET == 0:  # the implicit zero 8 leaves with the magic number
+                low = _nibble_value(packed & 0xF, 8) * scale
+                high = _nibble_value(packed >> 4, 8) * scale
+            else:
+                low = _dequantize(_nibble_value(packed & 0xF, 0), scale, offset, OFFSET, 8)
+                high = _dequantize(_nibble_value(packed >> 4, 0), scale, offset, OFFSET, 8)
             x_even, x_odd = tl.split(tl.reshape(xs, (xs.shape[0], WIDTH, 2)))
             products = x_even[:, None, :] * low[None, :, :] + x_odd[:, None, :] * high[None, :, :]
-    return acc + tl.sum(products, axis=2)
+    return acc + products
 
 
 @triton.jit
@@ -113,11 +141,12 @@ def _gemv_kernel(
     outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     loaded_rows = tl.minimum(rows, M - 1).to(tl.int64)
     loaded_outs = tl.minimum(outs, N - 1).to(tl.int64)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    products = tile_accumulator(BLOCK_M, BLOCK_N, BLOCK_K, BITS)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
         xs = load_inputs(x_ptr, loaded_rows, stride_x, k0, K, BLOCK_K, EVEN_K)
-        acc = fma_weight_tile(acc, xs, w_ptr, scale_ptr, offset_ptr, loaded_outs, k0, K, stride_w, stride_scale,
-                              BITS, GROUP, OFFSET, BLOCK_N, BLOCK_K, TILE_GROUPS, EVEN_K)
+        products = fma_weight_tile(products, xs, w_ptr, scale_ptr, offset_ptr, loaded_outs, k0, K, stride_w,
+                                   stride_scale, BITS, GROUP, OFFSET, BLOCK_N, BLOCK_K, TILE_GROUPS, EVEN_K)
+    acc = tl.sum(products, axis=2)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + loaded_outs).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * stride_y + outs[None, :], acc.to(y_ptr.dtype.element_ty),

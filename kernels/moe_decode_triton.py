@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from lucebox.kernels.gemv_triton import fma_weight_tile, load_inputs, tile_shape
+from lucebox.kernels.gemv_triton import fma_weight_tile, load_inputs, tile_accumulator, tile_shape
 
 # The most rows a step may have for this layout; wider steps take the sorted (prefill) layout.
 DEDUP_ROWS = 16
@@ -53,14 +53,16 @@ def _gate_up(x_ptr, inter_ptr, pair, valid, w_ptr, s_ptr, z_ptr, stride_w, strid
     rows = tl.minimum(tl.arange(0, BLOCK_M), M - 1).to(tl.int64)
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     loaded_i = tl.minimum(i, width - 1).to(tl.int64)
-    gate = tl.zeros((BLOCK_M, BLOCK_I), tl.float32)
-    up = tl.zeros((BLOCK_M, BLOCK_I), tl.float32)
+    gate = tile_accumulator(BLOCK_M, BLOCK_I, BLOCK_R, BITS)
+    up = tile_accumulator(BLOCK_M, BLOCK_I, BLOCK_R, BITS)
     for h0 in tl.range(0, H, BLOCK_R, num_stages=STAGES):
         xs = load_inputs(x_ptr, rows, H, h0, H, BLOCK_R, EVEN_R)
         gate = fma_weight_tile(gate, xs, w_ptr, s_ptr, z_ptr, loaded_i, h0, H, stride_w, stride_s,
                                BITS, GROUP, OFFSET, BLOCK_I, BLOCK_R, TILE_GROUPS, EVEN_R)
         up = fma_weight_tile(up, xs, w_ptr, s_ptr, z_ptr, width + loaded_i, h0, H, stride_w, stride_s,
                              BITS, GROUP, OFFSET, BLOCK_I, BLOCK_R, TILE_GROUPS, EVEN_R)
+    gate = tl.sum(gate, axis=2)
+    up = tl.sum(up, axis=2)
     act = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(inter_ptr + pair[:, None] * stride_inter + i[None, :], act.to(inter_ptr.dtype.element_ty),
              mask=valid[:, None] & (i < width)[None, :])
@@ -100,12 +102,12 @@ def _down(inter_ptr, pair, w_ptr, s_ptr, z_ptr, stride_w, stride_s, width, strid
           TILE_GROUPS: tl.constexpr, EVEN_R: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr):
     """inter[pair] @ w[loaded_h].T: (BLOCK_M, BLOCK_H) float32, one matrix's hidden tile."""
-    acc = tl.zeros((BLOCK_M, BLOCK_H), tl.float32)
+    acc = tile_accumulator(BLOCK_M, BLOCK_H, BLOCK_R, BITS)
     for i0 in tl.range(0, width, BLOCK_R, num_stages=STAGES):
         a = load_inputs(inter_ptr, pair, stride_inter, i0, width, BLOCK_R, EVEN_R)
         acc = fma_weight_tile(acc, a, w_ptr, s_ptr, z_ptr, loaded_h, i0, width, stride_w, stride_s,
                               BITS, GROUP, OFFSET, BLOCK_H, BLOCK_R, TILE_GROUPS, EVEN_R)
-    return acc
+    return tl.sum(acc, axis=2)
 
 
 @triton.jit
