@@ -110,11 +110,23 @@ def total_weight_bytes(cfg, fmt: str) -> int:
 
 
 def instructions_per_byte(specs: dict | None, kind: str, bits: int) -> float | None:
-    """The kernel_specs summary's worst figure for this kind and width with bf16 activations."""
+    """The worst figure for this kind and width with bf16 activations among the specializations a
+    one-token decode step launches (constexpr M or T specialized to 1) with the engine's default
+    symmetric int4 (OFFSET 0), when the specs list has such launches; else the kernel_specs
+    summary's worst over every decode specialization (verify blocks and zero points included)."""
     if specs is None:
         return None
+    one_row = [spec["instructions_per_byte"] for spec in specs.get("specs", [])
+               if spec.get("role") == kind and spec.get("bits") == bits and spec.get("activation") == "bf16"
+               and "instructions_per_byte" in spec and _one_token(spec["constexprs"])]
+    if one_row:
+        return max(one_row)
     entry = specs.get("summary", {}).get(kind, {}).get(str(bits), {}).get("bf16")
     return entry["instructions_per_byte"] if entry else None
+
+
+def _one_token(constexprs: dict) -> bool:
+    return 1 in (constexprs.get("M"), constexprs.get("T")) and constexprs.get("OFFSET", 0) == 0
 
 
 def predict(hw: Hardware, kinds: dict, specs: dict | None, kernels_per_token: int, launch_seconds: float) -> dict:
@@ -193,11 +205,13 @@ def main(argv: list[str] | None = None) -> int:
                      "specs_commit": specs.get("commit") if specs else None},
         "assumed": {"hardware": {k: asdict(v) for k, v in HARDWARE.items()},
                     "launch_seconds": args.launch_us * 1e-6, "launch_source": LAUNCH_SOURCE,
-                    "instructions_per_byte_choice": "per kind and width, the worst specialization with bf16 "
-                    "activations (kernel_specs summary): covers int4 zero points and the slower of MoE up/down, so "
-                    "conservative",
+                    "instructions_per_byte_choice": "per kind and width: the worst one-token (M or T = 1) "
+                    "symmetric-int4 specialization with bf16 activations when the specs list has one (the slower of "
+                    "MoE up/down); else the worst decode specialization (kernel_specs summary, zero points and "
+                    "verify blocks included)",
                     "kernels_per_token": args.kernels_per_token,
-                    "kernels_per_token_source": "given (today ~1,800 per the issue; feed it from a kernel-count bench)",
+                    "kernels_per_token_source": "given: bench/kernel_count.py's launches_per_token_xs2 (~1,800 before "
+                    "the fusions, per the issue)",
                     "issue_rate": "SMs x schedulers x clock warp instructions/s; sm_86 instructions per byte are "
                                   "used for the H200 too (its sm_90 SASS may differ)",
                     "kv": "bf16 K and V; full layers read " + (f"{args.kvflash_tokens} KVFlash tokens"

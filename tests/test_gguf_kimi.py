@@ -16,6 +16,7 @@ from lucebox.kernels.quant import QuantizedTensor, dequantize
 import lucebox
 from lucebox.checkpoints.loading import describe_model
 from lucebox.errors import ConfigError, MissingTensorError
+from lucebox.speculative.proposer import tensor_bytes
 
 PROMPT = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(2)).tolist()
 FLOAT64 = 1e-6  # transformers runs parts of the KDA rule in float32, even for float64 weights
@@ -48,7 +49,7 @@ def test_a_gguf_gets_the_config_and_weights_of_its_hugging_face_original(tmp_pat
     assert dataclasses.replace(from_gguf, rms_norm_eps=from_hf.rms_norm_eps, checkpoint_dtype="float64") == from_hf
     llm = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype=torch.float64)
     gguf_w = llm.decoder.w
-    held = sum(w.nbytes() if isinstance(w, QuantizedTensor) else w.numel() * w.element_size() for w in gguf_w.values())
+    held = tensor_bytes(gguf_w.values())  # views of a fused projection share its bytes
     assert llm.setup.memory["weights"] == held  # the memory plan counts the blocks kept
     hf_w = lucebox.LLM(tmp_path / "hf", device="cpu", dtype=torch.float64).decoder.w
     assert gguf_w.keys() == hf_w.keys()

@@ -104,12 +104,13 @@ def test_routers_are_kept_in_float32_at_load_and_counted_so(tmp_path, reference_
 def test_a_gguf_router_is_read_in_float32_whatever_the_model_dtype(tmp_path):
     """llama.cpp stores routers in F32: a float16 model reads them unrounded, and plans their bytes so."""
     from gguf_models import write_tiny_gguf
-    from lucebox.kernels.quant import QuantizedTensor
+
+    from lucebox.speculative.proposer import tensor_bytes
 
     write_tiny_gguf("qwen3moe", "Q4_K", tmp_path / "model.gguf")
     half = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float16")
     full = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32")
     assert half.decoder.w["embed"].dtype == torch.float16
     assert torch.equal(half.decoder.w["layers.1.router"], full.decoder.w["layers.1.router"])
-    held = sum(w.nbytes() if isinstance(w, QuantizedTensor) else w.nbytes for w in half.decoder.w.values())
+    held = tensor_bytes(half.decoder.w.values())  # views of a fused projection share its bytes
     assert half.setup.memory["weights"] == held
