@@ -56,7 +56,7 @@ def _gate_up(x_ptr, inter_ptr, pair, valid, w_ptr, s_ptr, z_ptr, stride_w, strid
     gate = tile_accumulator(BLOCK_M, BLOCK_I, BLOCK_R, BITS)
     up = tile_accumulator(BLOCK_M, BLOCK_I, BLOCK_R, BITS)
     for h0 in tl.range(0, H, BLOCK_R, num_stages=STAGES):
-        xs = load_inputs(x_ptr, rows, H, h0, H, BLOCK_R, EVEN_R)
+        xs = load_inputs(x_ptr, rows, H, h0, H, BLOCK_R, EVEN_R, BITS)
         gate = fma_weight_tile(gate, xs, w_ptr, s_ptr, z_ptr, loaded_i, h0, H, stride_w, stride_s,
                                BITS, GROUP, OFFSET, BLOCK_I, BLOCK_R, TILE_GROUPS, EVEN_R)
         up = fma_weight_tile(up, xs, w_ptr, s_ptr, z_ptr, width + loaded_i, h0, H, stride_w, stride_s,
@@ -104,7 +104,7 @@ def _down(inter_ptr, pair, w_ptr, s_ptr, z_ptr, stride_w, stride_s, width, strid
     """inter[pair] @ w[loaded_h].T: (BLOCK_M, BLOCK_H) float32, one matrix's hidden tile."""
     acc = tile_accumulator(BLOCK_M, BLOCK_H, BLOCK_R, BITS)
     for i0 in tl.range(0, width, BLOCK_R, num_stages=STAGES):
-        a = load_inputs(inter_ptr, pair, stride_inter, i0, width, BLOCK_R, EVEN_R)
+        a = load_inputs(inter_ptr, pair, stride_inter, i0, width, BLOCK_R, EVEN_R, BITS)
         acc = fma_weight_tile(acc, a, w_ptr, s_ptr, z_ptr, loaded_h, i0, width, stride_w, stride_s,
                               BITS, GROUP, OFFSET, BLOCK_H, BLOCK_R, TILE_GROUPS, EVEN_R)
     return tl.sum(acc, axis=2)
@@ -173,17 +173,19 @@ def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tup
     _, F, f_shared = sizes
     shared = shared_gate_up is not None
     P = M * K
-    up_i, down_h = 8, 8  # outputs a program: 512 / 8 * 9 up and 2048 / 8 down programs at Laguna XS.2
+    # Outputs a program: 512 / 16 * 9 up and 2048 / 16 down programs at Laguna XS.2; 16 rows share each
+    # input load (fewer SASS instructions per weight byte than 8: bench/kernel_specs.py).
+    up_i, down_h = 16, 16
     inter = torch.empty((P + M * shared, max(F, f_shared)), dtype=x.dtype, device=x.device)
     out = torch.empty((M, H), dtype=x.dtype, device=x.device)
     sizes = (M, K, H, F, f_shared, inter.stride(0))
     shape = dict(BLOCK_M=block_m, BLOCK_P=triton.next_power_of_2(P), BLOCK_C=triton.next_power_of_2(K), STAGES=3)
     # Multiplies a program's registers hold per row: gate and up share the up kernel's budget, the
     # down kernel's also holds each choice's results. Sized so no specialization spills (sm_86).
-    pointers, formats = _matrix_args(gate_up, shared_gate_up, H, H, block_m, 2048 // up_i)
+    pointers, formats = _matrix_args(gate_up, shared_gate_up, H, H, block_m, 4096 // up_i)
     _up_decode_kernel[(P + shared, triton.cdiv(max(F, f_shared), up_i))](
         x, inter, ids, *pointers, *sizes, *formats, BLOCK_I=up_i, **shape)
-    pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1), block_m, 4096 // down_h)
+    pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1), block_m, 8192 // down_h)
     _down_decode_kernel[(triton.cdiv(H, down_h),)](
         inter, out, weights, ids, *pointers, *sizes, scaling, *formats, BLOCK_H=down_h, SHARED=shared, **shape)
     return out
