@@ -23,5 +23,7 @@ def test_graphs_are_captured_at_start_up_and_the_first_request_reuses_them(refer
     assert set(graphs) == {(width, (), False) for width in range(1, DECODE_ROWS + 1)}
     cache = llm.session.cache
     assert cache.length == 0 and not cache.dirty and llm.runner._bound is cache
+    llm.session.warm()  # what opening does next with a drafter: it replays the graphs, keeping them
+    assert llm.runner.widths == graphs and llm.session.cache is cache
     assert llm.generate(PROMPT, max_tokens=12, ignore_eos=True).token_ids == expected
     assert llm.session.cache is cache and llm.runner.widths[(1, (), False)] is graphs[(1, (), False)]

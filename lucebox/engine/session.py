@@ -17,6 +17,7 @@ import torch
 
 from lucebox.caches import SequenceCache, Step
 from lucebox.engine.build import Engine
+from lucebox.engine.config import DECODE_ROWS
 from lucebox.speculative.proposer import Proposer
 
 
@@ -33,15 +34,17 @@ class Session:
         self.last_stats: dict | None = None
 
     def warm(self) -> None:
-        """Measure the adaptive width's start-up cost table on the session's cache (capturing its
-        graphs), which the first request then reuses."""
+        """Measure the adaptive width's start-up cost table on the session's cache, with the feature
+        layers requests capture (replaying the graphs `capture_graphs` left, or capturing them), and
+        leave that cache clean for the first request."""
         from lucebox.speculative.drafters import measure_verify_seconds
         from lucebox.speculative.learned import Learned, read_calibration
         from lucebox.speculative.width import RoundCosts
 
         engine = self.engine
-        cache = self._fresh()
-        costs = RoundCosts(measure_verify_seconds(engine.runner, cache, engine.clock))
+        cache = self._clean()
+        layers = engine.proposer.feature_layers if engine.proposer is not None else ()
+        costs = RoundCosts(measure_verify_seconds(engine.runner, cache, engine.clock, layers))
         drafter = engine.setup.drafter
         engine.learned = Learned(costs, read_calibration(None if drafter is None else drafter.folder))
         self.cache, self.tokens = cache, []
@@ -51,20 +54,23 @@ class Session:
         DECODE_ROWS with the drafter's feature layers (none without a DFlash drafter), and plain
         decoding without them; so no request waits for a capture or a Triton compile. `progress(done,
         total)` after each. Draft-tree graphs are still captured by their first tree round."""
-        from lucebox.engine.config import DECODE_ROWS
-
         engine = self.engine
         proposer = engine.proposer
         layers = proposer.feature_layers if proposer is not None else ()
-        keys = [(width, layers) for width in range(1, DECODE_ROWS + 1)] + ([(1, ())] if layers else [])
-        cache = self._fresh()
+        room = engine.setup.cache.max_context
+        prefix = min(8, max(room - DECODE_ROWS, 1))  # a real prefix before each step, and room for the widest
+        widest = min(DECODE_ROWS, room - prefix)  # a request never steps wider than its context
+        keys = [(width, layers) for width in range(widest, 0, -1)] + ([(1, ())] if layers and widest else [])
+        # Widest first: the shared pool grows once, and the narrower graphs reuse its blocks.
+        cache = self._clean()
         device, vocab = engine.decoder.device, engine.decoder.cfg.vocab_size
-        rows = [(i * 7919) % vocab for i in range(DECODE_ROWS + 8)]  # distinct: MoE rows spread as real ones do
-        engine.decoder.forward(torch.tensor(rows[:8], device=device), Step.span(0, 8, device, prefill=True), cache)
-        cache.commit(8)
+        rows = [(i * 7919) % vocab for i in range(prefix + widest)]  # distinct: MoE rows spread as real ones do
+        engine.decoder.forward(torch.tensor(rows[:prefix], device=device), Step.span(0, prefix, device, prefill=True),
+                               cache)
+        cache.commit(prefix)
         for done, (width, captured) in enumerate(keys, 1):
-            engine.runner.step(rows[8 : 8 + width], Step.span(8, width, device), cache, captured)
-            cache.rollback(8)
+            engine.runner.step(rows[prefix : prefix + width], Step.span(prefix, width, device), cache, captured)
+            cache.rollback(prefix)
             if progress is not None:
                 progress(done, len(keys))
         cache.rollback(0)
@@ -112,9 +118,15 @@ class Session:
             if keep > 0:
                 cache.rollback(keep)
                 return cache
-            if not cache.dirty:  # nothing shared: its buffers (and the graphs captured over them) serve again
-                cache.rollback(0)
-                return cache
+        return self._clean()  # nothing shared: a clean cache's buffers (and the graphs over them) serve again
+
+    def _clean(self) -> SequenceCache:
+        """The session's cache emptied when it is clean (keeping the graphs captured over it), else a
+        fresh one."""
+        cache = self.cache
+        if cache is not None and not cache.dirty:
+            cache.rollback(0)
+            return cache
         return self._fresh()
 
     def _fresh(self) -> SequenceCache:

@@ -127,10 +127,10 @@ def make_proposer(spec: DrafterSpec | None, target: Decoder, max_context: int, p
     return DraftModelProposer(decoder, max_context, prefill_chunk, draft_ctx, max_width)
 
 
-def measure_verify_seconds(runner, cache: SequenceCache, clock: DeviceClock,
+def measure_verify_seconds(runner, cache: SequenceCache, clock: DeviceClock, feature_layers: tuple = (),
                            widths=(1, 2, 4, 8, DECODE_ROWS)) -> dict[int, float]:
     """Seconds of one target step of each width through `runner`, on an empty `cache` (the
-    start-up cost model)."""
+    start-up cost model), keeping `feature_layers` as the requests' steps do (their graphs)."""
     decoder = runner.decoder
     device = decoder.device
     # Distinct tokens, so MoE rows spread over experts as real ones do (identical rows share two).
@@ -143,7 +143,7 @@ def measure_verify_seconds(runner, cache: SequenceCache, clock: DeviceClock,
         best = float("inf")
         for _ in range(2):  # the first run of a width also captures its graph: the second is the one
             start = clock()
-            runner.step(rows[:w], Step.span(8, w, device), cache)
+            runner.step(rows[:w], Step.span(8, w, device), cache, feature_layers)
             best = min(best, clock() - start)
             cache.rollback(8)
         seconds[w] = best
