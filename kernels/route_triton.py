@@ -73,6 +73,11 @@ def _select_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, E, softcap,
         best = tl.max(selection, 0)
         pick = tl.min(tl.where(selection == best, experts, BLOCK_E), 0)  # the lowest id among equals
         weight = tl.sum(tl.where(experts == pick, scores, 0.0), 0)
+        # A NaN row equals nothing: a real expert id (the MoE kernels index weights with it) and a NaN
+        # weight, so the row stays non-finite and ends as the engine's typed error.
+        found = pick < E
+        pick = tl.where(found, pick, 0)
+        weight = tl.where(found, weight, float("nan"))
         chosen_ids = tl.where(slots == j, pick.to(tl.int64), chosen_ids)
         chosen_weights = tl.where(slots == j, weight, chosen_weights)
         selection = tl.where(experts == pick, -float("inf"), selection)

@@ -40,6 +40,17 @@ def test_triton_routing_matches_the_reference(rows, router, softcap, with_bias, 
     assert_same_routing(route_triton.moe_route(h, w, s, bias), moe.moe_route(h, w, s, bias))
 
 
+def test_a_nan_row_routes_to_real_experts_with_a_nan_weight():
+    """The MoE kernels index expert weights with the ids: a NaN row must not yield an id past the last
+    expert, and must stay non-finite (the engine then raises its typed error)."""
+    h, w = random(3, 40, seed=4), random(37, 40, scale=0.2, seed=2)
+    h[1, 5] = float("nan")
+    weights, ids = route_triton.moe_route(h, w, spec())
+    assert bool(((ids >= 0) & (ids < 37)).all()), ids
+    assert not torch.isfinite(weights[1]).all() and torch.isfinite(weights[[0, 2]]).all()
+    assert_same_routing((weights[[0, 2]], ids[[0, 2]]), tuple(t[[0, 2]] for t in moe.moe_route(h, w, spec())))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_triton_routing_reads_half_inputs_and_gives_the_model_or_float32_weights(dtype):
     """Half-precision rows and router are read as float32; weights come out in the model dtype, or float32."""
