@@ -165,8 +165,8 @@ class LLM:
         sharing only that prefix prefills from there (the prompt's second-to-last position is always
         kept; attention layers return to any prefix without help).
         Constrained output (at most one; `lucebox.constrained`): `json_schema` (a JSON Schema, as a
-        dict or JSON text), `json_object=True` (any JSON object) or `grammar` (llguidance's Lark
-        syntax). Every token is chosen from the tokens the grammar allows (with or without
+        dict or JSON text), `json_object=True` (any JSON object) or `grammar` (Lark, llguidance's
+        syntax, or llama.cpp's GBNF). Every token is chosen from the tokens the grammar allows (with or without
         speculation), and the output ends with EOS once the grammar is complete; `max_tokens` can
         still cut it short (finish_reason "length"). What the engine cannot compile: GrammarError.
         """

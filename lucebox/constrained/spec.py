@@ -54,11 +54,19 @@ class Constraint:
 
     @classmethod
     def lark(cls, value, field: str = "grammar") -> Constraint:
-        """A grammar in llguidance's Lark syntax (`start: ...`)."""
+        """A grammar in llguidance's Lark syntax (`start: ...`), or in llama.cpp's GBNF (`root ::= ...`),
+        which llguidance translates to Lark."""
         if not isinstance(value, str) or not value.strip():
-            raise GrammarError(field, "must be a non-empty Lark grammar string (llguidance's syntax, e.g. "
-                                      "'start: \"yes\" | \"no\"')")
-        return cls._checked(llguidance().LLMatcher.grammar_from_lark(value), field)
+            raise GrammarError(field, "must be a non-empty grammar string: Lark (llguidance's syntax, e.g. "
+                                      "'start: \"yes\" | \"no\"') or GBNF ('root ::= \"yes\" | \"no\"')")
+        llguidance()
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        try:
+            lark = any_to_lark(value)
+        except Exception as e:  # its parser's own errors (ValueError, AssertionError, ...), named in the message
+            raise GrammarError(field, f"is neither Lark nor GBNF the engine reads: {type(e).__name__}: {e}") from None
+        return cls._checked(llguidance().LLMatcher.grammar_from_lark(lark), field)
 
     @classmethod
     def _checked(cls, text: str, field: str) -> Constraint:
