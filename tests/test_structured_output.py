@@ -100,3 +100,39 @@ def test_drafts_end_at_the_first_token_the_grammar_forbids_and_sampled_drafts_ke
     assert (draft.q[~allowed[: len(yes)]] == 0).all()
     assert allowed[-1].nonzero().flatten().tolist() == [2]  # "yes" complete: only EOS
     assert state.cut(Draft(yes)).tokens == yes  # constrain rolled its drafts back
+
+
+def test_a_sampled_draft_cut_or_verified_under_the_grammar_leaves_the_masked_target_distribution(builtin_llm):
+    """Speculative sampling (tokenwise) of one draft d ~ q, enumerated: a forbidden d is cut (the
+    token then comes from the masked target), an allowed one is verified against the masked target
+    with q restricted and renormalized; the token's distribution is the masked target's, exactly."""
+    from lucebox.sampling import SamplingParams, distribution
+    from lucebox.speculative.verify import tokenwise_outcomes
+
+    tokenizer, vocab = builtin_llm.tokenizer, builtin_llm.config.vocab_size
+    state = GrammarState(Constraint.lark('start: "yes" | "no" | "maybe"'), tokenizer, vocab, (2,),
+                         torch.device("cpu"))
+    allowed = [t[0] for t in map(tokenizer.encode_continuation, ("yes", "no", "maybe"))]
+    support = [*allowed, *tokenizer.encode_continuation("def x")]  # q's mass: some allowed, some forbidden
+    torch.manual_seed(0)
+    logits = torch.randn(2, vocab) * 3
+    q = torch.zeros(1, vocab, dtype=torch.float64)
+    q[0, support] = torch.rand(len(support), dtype=torch.float64)
+    q /= q.sum()
+    params, nothing = SamplingParams(temperature=0.7), torch.zeros(vocab, dtype=torch.bool)
+    masked, _ = state.constrain(logits[:1], Draft([]))
+    target = distribution(masked, params, nothing).double()[0]
+    produced = torch.zeros(vocab, dtype=torch.float64)
+    cut = 0
+    for d in support:
+        draft = state.cut(Draft([d], q))
+        if not draft.tokens:
+            produced += q[0, d] * target
+            cut += 1
+            continue
+        masked, verified = state.constrain(logits, draft)
+        outcomes = tokenwise_outcomes(distribution(masked, params, nothing).double(), verified.q, [d])
+        produced += q[0, d] * outcomes.accept[0] * outcomes.next_dists[0]
+        produced[d] += q[0, d] * outcomes.accept[1]
+    assert 0 < cut < len(support) and (target[allowed] > 0).all() and (target > 0).sum() < vocab
+    torch.testing.assert_close(produced, target, rtol=0, atol=1e-6)  # p is float32 softmax
