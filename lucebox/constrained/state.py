@@ -2,7 +2,8 @@
 
 Contract: the matcher has consumed exactly the request's committed tokens (the first one, then
 each round's accepted drafts and next token: `commit`). Before a round's step, `cut` keeps the
-drafts up to the first one the grammar forbids (drafts the grammar refuses can never be kept).
+drafts up to the first one the grammar forbids, and `forced` offers the tokens the grammar forces
+as drafts of their own (drafts the grammar refuses can never be kept).
 After the step, `constrain` computes on the host one token mask per row of the step (row 0 after
 the committed tokens, row i after drafts d1..di, consumed and then rolled back), uploads them as
 one bitmask and masks the logits with it: the decision (greedy argmax, the race, or the
@@ -49,6 +50,12 @@ class GrammarState:
         if n == len(draft.tokens):
             return draft
         return Draft(draft.tokens[:n], None if draft.q is None else draft.q[:n], draft.confidence[:n], draft.copied)
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that write the bytes the grammar forces next (a JSON key after its
+        quote, the punctuation between fields): drafts the masked target keeps, unless it writes the
+        same bytes with other tokens. Verified like any draft, so they never change the output."""
+        return self.matcher.compute_ff_tokens()[:limit] if limit > 0 else []
 
     def constrain(self, logits: torch.Tensor, draft: Draft) -> tuple[torch.Tensor, Draft]:
         """logits (k+1, V) of a step over [last, d1..dk] masked row by row, and the draft with its

@@ -14,7 +14,8 @@ So nothing past a stop is ever committed. Host reads of device values per round:
 
 Under a grammar (`constrained.GrammarState`) a round verifies only the drafts up to the first one
 the grammar forbids, decides on the logits masked row by row, and the grammar commits with the
-cache; rounds are chains (a tree's rows would each need their own mask).
+cache; rounds are chains (a tree's rows would each need their own mask). A speculating round
+whose next bytes the grammar forces drafts the tokens that write them (`GrammarState.forced`).
 """
 
 from __future__ import annotations
@@ -112,7 +113,12 @@ class Speculation:
         timed = width.has_drafter and width.timed and width.adaptive
         t0 = ctx.clock(timed)
         context = self.tokens + [self.last] if self.proposer is not None else []  # once a round: it is long
-        draft = self._draft(limit, context) if self._drafting(limit, context) else None
+        forced = self.grammar.forced(limit) if self.grammar is not None and self.proposer is not None else []
+        if forced:  # what the grammar forces (a JSON key, punctuation) is drafted instead of the drafter's guess
+            self.judge.drafted([], [])
+            draft = Draft(forced, copied=True)
+        else:
+            draft = self._draft(limit, context) if self._drafting(limit, context) else None
         t1 = ctx.clock(timed)
         verified = Draft([]) if draft is None else draft
         if self.grammar is not None:
