@@ -4,15 +4,20 @@ drafter, the n-gram drafter) changes no greedy token; what the grammar engine ca
 GrammarError naming the argument, raised before the engine runs."""
 
 import json
+import shutil
+from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
+from conftest import CORPUS
 from structured_schemas import SCHEMAS
+from tiny_models import VOCAB
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import lucebox
 from lucebox.constrained import Constraint, GrammarState
-from lucebox.errors import GrammarError
+from lucebox.errors import GrammarError, TokenizerError
 from lucebox.speculative.proposer import Draft
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -136,3 +141,30 @@ def test_a_sampled_draft_cut_or_verified_under_the_grammar_leaves_the_masked_tar
         produced[d] += q[0, d] * outcomes.accept[1]
     assert 0 < cut < len(support) and (target[allowed] > 0).all() and (target > 0).sum() < vocab
     torch.testing.assert_close(produced, target, rtol=0, atol=1e-6)  # p is float32 softmax
+
+
+def _byte_level_copy(folder: Path, dest: Path) -> Path:
+    """The model in `folder` with a byte-level BPE tokenizer.json (GPT-2's kind) that can write JSON."""
+    shutil.copytree(folder, dest)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [*CORPUS, '{"ok": true, "n": 1}', '{"ok": false, "n": [2, 3]}'] * 5
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"]))
+    tok.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>"}))
+    return dest
+
+
+def test_a_tokenizer_json_vocabulary_is_constrained_too(reference_models, text_model, tmp_path):
+    """tokenizer.json (the `tokenizers` backend) reaches llguidance as it is; here a tiny random
+    Mistral, which writes nothing sensible unconstrained. A decoder llguidance does not read is a
+    TokenizerError before anything runs."""
+    llm = lucebox.LLM(_byte_level_copy(reference_models("mistral")[0], tmp_path / "m"), device="cpu",
+                      dtype="float32")
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    for seed in range(3):
+        _valid(llm.generate("hello", max_tokens=32, json_schema=schema, temperature=1.0, seed=seed), schema)
+    with pytest.raises(TokenizerError, match="llguidance"):  # a bare Metaspace decoder
+        text_model.stream("hello", max_tokens=4, json_object=True)

@@ -1,5 +1,8 @@
 """The model's vocabulary as llguidance reads it (an `LLTokenizer`): built once per tokenizer and
-model, since it indexes every token's bytes (about a second for a 150K-token vocabulary)."""
+model, since it indexes every token's bytes. tokenizer.json goes to llguidance as it is (it reads
+the byte-level and Llama-style decoders, and tokenizes with the same rules); a sentencepiece model
+as its pieces' bytes (`Tokenizer.token_bytes`) and its own tokenization of continued text. A
+tokenizer.json whose decoder llguidance does not read (a bare Metaspace one) is a TokenizerError."""
 
 from __future__ import annotations
 
@@ -42,7 +45,11 @@ def grammar_tokenizer(tokenizer, vocab_size: int, eos_ids: tuple[int, ...]):
     if key not in built:
         engine = llguidance()
         source = tokenizer.backend_json()
-        if source is None:
+        if source is None:  # sentencepiece: its pieces' bytes, and its own tokenization of text
             source = engine.TokenizerWrapper(_SentencePieceVocabulary(tokenizer, tuple(eos_ids)))
-        built[key] = engine.LLTokenizer(source, n_vocab=vocab_size, eos_token=list(eos_ids))
+        try:
+            built[key] = engine.LLTokenizer(source, n_vocab=vocab_size, eos_token=list(eos_ids))
+        except ValueError as e:
+            raise TokenizerError(f"constrained output needs llguidance to read this model's tokenizer, and it "
+                                 f"cannot: {e}") from None
     return built[key]

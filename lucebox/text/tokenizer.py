@@ -138,7 +138,7 @@ class Tokenizer:
 
     def token_bytes(self) -> tuple[list[bytes], set[int]]:
         """A sentencepiece vocabulary as a grammar engine needs it: each id's bytes in decoded text
-        ("\u2581" is a space, <0x0A> the byte it names) and the ids of special tokens (their names)."""
+        (U+2581 is a space, <0x0A> the byte it names) and the ids of special tokens (kept as names)."""
         sp, tokens, special = self._sp, [], set(self._special_ids)
         for i in range(self.vocab_size):
             piece = self.id_to_token(i) or ""
