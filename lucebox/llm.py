@@ -118,7 +118,7 @@ class LLM:
     def chat(self, system: str | None = None, **sampling):
         """A multi-turn conversation (`lucebox.chat.ChatSession`) in the model's chat template; each
         turn reuses the cache of the ones before, so only the new turn is prefilled. `sampling`: the
-        defaults of every turn (`max_tokens`, `temperature`, `top_p`, `stop`, ...)."""
+        defaults of every turn (`max_tokens`, `temperature`, `top_p`, `stop`, `json_schema`, ...)."""
         from lucebox.chat import ChatSession
 
         return ChatSession(self, system, **sampling)
@@ -169,6 +169,7 @@ class LLM:
         syntax, or llama.cpp's GBNF). Every token is chosen from the tokens the grammar allows (with or without
         speculation), and the output ends with EOS once the grammar is complete; `max_tokens` can
         still cut it short (finish_reason "length"). What the engine cannot compile: GrammarError.
+        Stats then add `grammar_masks` (rows masked) and `grammar_mask_time_s` (host time computing them).
         """
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
         constraint = constraint_from(json_schema, grammar, json_object)
