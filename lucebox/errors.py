@@ -88,6 +88,15 @@ class SpeculationUnsupportedError(InvalidArgumentError):
     message names what to pass instead."""
 
 
+class GrammarError(InvalidArgumentError):
+    """A `json_schema`, `grammar` or JSON mode that the grammar engine cannot compile, or a value that is
+    not a JSON Schema; `field` names the argument (the server's 400 names it as its `param`)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 class BackendError(LuceboxError):
     """The kernel backend asked for cannot run here (no Triton, no interpreter, unsupported dtype)."""
 

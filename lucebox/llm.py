@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from lucebox.arguments import callback, flag, integer, stops, token_id_list
+from lucebox.constrained import GrammarState, constraint_from
 from lucebox.engine.build import Engine, build_engine
 from lucebox.engine.config import DRAFT_WIDTH, EngineConfig
 from lucebox.engine.request import Request, run_request
 from lucebox.engine.session import Session
 from lucebox.engine.setup import EngineSetup, plan_engine
-from lucebox.errors import ContextLengthError, InvalidArgumentError
+from lucebox.errors import ContextLengthError, GrammarError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.sampling import SamplingParams
 from lucebox.speculative.proposer import tensor_bytes
@@ -117,7 +118,7 @@ class LLM:
     def chat(self, system: str | None = None, **sampling):
         """A multi-turn conversation (`lucebox.chat.ChatSession`) in the model's chat template; each
         turn reuses the cache of the ones before, so only the new turn is prefilled. `sampling`: the
-        defaults of every turn (`max_tokens`, `temperature`, `top_p`, `stop`, ...)."""
+        defaults of every turn (`max_tokens`, `temperature`, `top_p`, `stop`, `json_schema`, ...)."""
         from lucebox.chat import ChatSession
 
         return ChatSession(self, system, **sampling)
@@ -151,7 +152,8 @@ class LLM:
     def stream(self, prompt: Prompt, *, max_tokens: int, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
                stop: str | Sequence[str | int] | None = None, ignore_eos: bool = False,
-               speculate: bool = True, snapshot_at: Sequence[int] = ()) -> Iterator[Chunk]:
+               speculate: bool = True, snapshot_at: Sequence[int] = (), json_schema: dict | str | None = None,
+               grammar: str | None = None, json_object: bool = False) -> Iterator[Chunk]:
         """Yield chunks of new tokens as they are produced; the last one carries finish_reason and stats.
 
         `stop` holds stop strings (never emitted) and/or stop token ids (emitted, like EOS).
@@ -162,8 +164,15 @@ class LLM:
         prompt starts) whose states a hybrid model's recurrent layers keep, so that a later prompt
         sharing only that prefix prefills from there (the prompt's second-to-last position is always
         kept; attention layers return to any prefix without help).
+        Constrained output (at most one; `lucebox.constrained`): `json_schema` (a JSON Schema, as a
+        dict or JSON text), `json_object=True` (any JSON object) or `grammar` (Lark, llguidance's
+        syntax, or llama.cpp's GBNF). Every token is chosen from the tokens the grammar allows (with or without
+        speculation), and the output ends with EOS once the grammar is complete; `max_tokens` can
+        still cut it short (finish_reason "length"). What the engine cannot compile: GrammarError.
+        Stats then add `grammar_masks` (rows masked) and `grammar_mask_time_s` (host time computing them).
         """
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
+        constraint = constraint_from(json_schema, grammar, json_object)
         prompt_ids = self._prompt_ids(prompt)
         max_tokens = integer("max_tokens", max_tokens, 1)
         ignore_eos, speculate = flag("ignore_eos", ignore_eos), flag("speculate", speculate)
@@ -173,7 +182,12 @@ class LLM:
         if isinstance(snapshot_at, str) or not isinstance(snapshot_at, Sequence):
             raise InvalidArgumentError(f"snapshot_at is a list of prompt positions, got {type(snapshot_at).__name__}")
         snapshots = tuple(integer("snapshot_at", p, 1, len(prompt_ids)) for p in snapshot_at)
-        request = Request(prompt_ids, params, max_tokens, stop_strings, stop_ids, speculate, self.draft_k, snapshots)
+        if constraint is not None and ignore_eos:
+            raise GrammarError(constraint.field, "a constrained output ends with EOS; it cannot take ignore_eos=True")
+        state = None if constraint is None else GrammarState(constraint, self.engine.tokenizer, self.config.vocab_size,
+                                                               tuple(self.eos_token_ids), self.device)
+        request = Request(prompt_ids, params, max_tokens, stop_strings, stop_ids, speculate, self.draft_k, snapshots,
+                          state)
         return run_request(self.engine, self.session, request)
 
     @torch.inference_mode()

@@ -228,3 +228,9 @@ def text_model(reference_models, tmp_path_factory):
     folder, _ = reference_models("mistral")
     return lucebox.LLM(with_tokenizer(folder, tmp_path_factory.mktemp("with_tokenizer")), device="cpu",
                        dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def builtin_llm():
+    """The built-in model (`lucebox.builtin`) with its DFlash drafter, opened once per session."""
+    return lucebox.LLM()

@@ -10,7 +10,9 @@ import urllib.error
 import urllib.request
 import warnings
 
+import jsonschema
 import pytest
+from structured_schemas import SCHEMAS
 
 import lucebox
 import lucebox.cli
@@ -103,6 +105,55 @@ def test_stop_strings_and_seeds(server, llm):
     assert len({sampled(7), sampled(8), sampled(9)}) > 1
 
 
+def test_structured_output_through_the_official_client_validates_and_bad_constraints_get_400s(server, llm):
+    client = server.client()
+    for i, schema in enumerate(SCHEMAS[::2]):  # 11 of them, each greedy (chat) and sampled (completions)
+        fmt = {"type": "json_schema", "json_schema": {"name": f"schema_{i}", "schema": schema, "strict": True}}
+        greedy = client.chat.completions.create(model="laguna-code-6m", messages=MESSAGES, max_tokens=48,
+                                                temperature=0, response_format=fmt).choices[0]
+        jsonschema.validate(json.loads(greedy.message.content), schema)
+        sampled = client.completions.create(model="laguna-code-6m", prompt="x = ", max_tokens=48, temperature=1.0,
+                                            seed=i, extra_body={"response_format": fmt}).choices[0]
+        jsonschema.validate(json.loads(sampled.text), schema)
+        assert greedy.finish_reason == sampled.finish_reason == "stop"
+    schema = SCHEMAS[12]
+    fmt = {"type": "json_schema", "json_schema": {"name": "point", "schema": schema}}
+    expected = _generate(llm, _chat_ids(llm, MESSAGES), max_tokens=48, temperature=0.0, stop=["\n\n\n"],
+                         json_schema=schema)
+    events = client.chat.completions.create(model="laguna-code-6m", messages=MESSAGES, max_tokens=48, temperature=0,
+                                            response_format=fmt, stream=True)
+    assert "".join(e.choices[0].delta.content or "" for e in events if e.choices) == expected.text
+    json_mode = client.chat.completions.create(model="laguna-code-6m", messages=MESSAGES, max_tokens=48,
+                                               temperature=0, response_format={"type": "json_object"})
+    assert isinstance(json.loads(json_mode.choices[0].message.content), dict)
+    for grammar in ('root ::= ("yes" | "no") [0-9]', 'start: ("yes" | "no") /[0-9]/'):  # GBNF and Lark
+        text = client.completions.create(model="laguna-code-6m", prompt="x = ", max_tokens=8,
+                                         extra_body={"grammar": grammar}).choices[0].text
+        assert text[:-1] in ("yes", "no") and text[-1].isdigit()
+
+    def refused(body):
+        code, reply, _ = server.post("/v1/completions", json.dumps({"prompt": "x", **body}).encode())
+        assert code == 400, reply
+        return reply["error"]["param"]
+
+    def schema_format(**fields):
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "n", **fields}}}
+
+    assert refused({"grammar": "start: undefined_rule"}) == "grammar"
+    assert refused({"grammar": 'root ::= "a'}) == "grammar"
+    assert refused(schema_format(schema={"type": "strnig"})) == "response_format.json_schema.schema"
+    assert refused(schema_format(schema={"not": {"type": "null"}})) == "response_format.json_schema.schema"
+    assert refused(schema_format(schema=["not", "a", "schema"])) == "response_format.json_schema.schema"
+    assert refused(schema_format()) == "response_format.json_schema.schema"
+    assert refused(schema_format(schema={}, strict="yes")) == "response_format.json_schema.strict"
+    assert refused(schema_format(schema={}, schemas={})) == "response_format.json_schema.schemas"
+    assert refused({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}) == (
+        "response_format.json_schema.name")
+    assert refused({"response_format": {"type": "xml"}}) == "response_format"
+    assert refused({"response_format": {"type": "json_object", "schema": {}}}) == "response_format.schema"
+    assert refused({"response_format": {"type": "json_object"}, "grammar": 'start: "a"'}) == "grammar"
+
+
 def test_the_second_turn_of_a_conversation_reuses_the_cache(server):
     client = server.client()
     first = client.chat.completions.create(model="laguna-code-6m", messages=MESSAGES, max_tokens=16, temperature=0)
@@ -124,11 +175,7 @@ def test_faults_get_their_status_codes_and_the_server_goes_on(server):
         (json.dumps({"prompt": "x", "max_tokens": -1}).encode(), KEY, 422, "max_tokens"),
         (json.dumps({"prompt": "x", "temperature": True}).encode(), KEY, 422, "temperature"),
         (json.dumps({"prompt": "x", "n": 2}).encode(), KEY, 422, "n"),
-        # output constraints lucebox does not implement are refused, never ignored with a 200
-        (json.dumps({"prompt": "x", "response_format": {"type": "json_object"}}).encode(), KEY, 422, "response_format"),
-        (json.dumps({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
-            "name": "n", "schema": {"type": "object"}}}}).encode(), KEY, 422, "response_format"),
-        (json.dumps({"prompt": "x", "grammar": "root ::= \"a\""}).encode(), KEY, 422, "grammar"),
+        # other servers' ways to constrain the output are refused, never ignored with a 200
         (json.dumps({"prompt": "x", "guided_json": {"type": "object"}}).encode(), KEY, 422, "guided_json"),
         (json.dumps({"prompt": "x", "tool_choice": "required"}).encode(), KEY, 422, "tool_choice"),
         (json.dumps({"prompt": [1, 99999]}).encode(), KEY, 422, "prompt"),

@@ -13,6 +13,7 @@ from pathlib import Path
 from lucebox.arguments import integer
 from lucebox.chat.conversation import GrowingContext, encode_all, render, turn_boundary
 from lucebox.chat.saved_chat import chat_record, read_chat
+from lucebox.constrained import constraint_from
 from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.output import write_new_file
@@ -21,7 +22,8 @@ from lucebox.sampling import SamplingParams
 PLAIN_STOP = ["\n\n\n"]
 # Per-turn settings a session keeps, with their defaults (`LLM.stream`'s keywords).
 DEFAULTS = {"max_tokens": 256, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
-            "repetition_penalty": 1.0, "seed": None, "stop": None}
+            "repetition_penalty": 1.0, "seed": None, "stop": None,
+            "json_schema": None, "grammar": None, "json_object": False}  # constrained answers (`LLM.stream`)
 
 
 class ChatSession:
@@ -194,6 +196,7 @@ def _check(settings: dict) -> None:
         raise InvalidArgumentError(f"unknown chat setting {unknown[0]!r}; settings are {', '.join(DEFAULTS)}")
     SamplingParams(*(settings[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")))
     integer("max_tokens", settings["max_tokens"], 1)
+    constraint_from(settings["json_schema"], settings["grammar"], settings["json_object"])
     stop = settings["stop"]
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
         raise InvalidArgumentError(f"stop must be a list of non-empty strings or None, got {stop!r}")

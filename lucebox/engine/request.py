@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from lucebox.constrained import GrammarState
 from lucebox.engine.build import Engine
 from lucebox.engine.session import Session
 from lucebox.engine.text_stage import TextStage, timing_stats
@@ -36,6 +37,7 @@ class Request:
     # Prompt positions (a chat's turn boundary) whose recurrent states a hybrid model keeps for a
     # later prompt that shares only that prefix; its second-to-last position is always kept.
     snapshots: tuple[int, ...] = ()
+    grammar: GrammarState | None = None  # constrained output: this request's matcher
 
 
 @torch.inference_mode()
@@ -56,10 +58,13 @@ def _decode(engine: Engine, session: Session, request: Request, private: bool) -
     cache, proposer = session.open(prompt_ids, private, request.speculate)
     reused = cache.length
     setup = engine.setup
+    # Under a grammar a draft can end early (at a token the grammar forbids), which block verification
+    # does not allow for: tokenwise verification stays exact with it (`constrained.state`).
+    rule = "tokenwise" if request.grammar is not None and setup.config.verify == "block" else setup.config.verify
     context = DecodeContext(engine.runner, cache, engine.clock, engine.learned, request.draft_k,
-                            setup.config.verify, setup.config.adaptive, setup.model.vocab_size, setup.device,
+                            rule, setup.config.adaptive, setup.model.vocab_size, setup.device,
                             setup.tree_budget)
-    rounds = Speculation(context, request.params, proposer, prompt_ids)
+    rounds = Speculation(context, request.params, proposer, prompt_ids, request.grammar)
     text = TextStage(engine.tokenizer, prompt_ids, request.stop_strings, request.stop_ids, request.max_tokens)
     traffic = dataclasses.replace(engine.expert_traffic)  # this request's expert cache traffic is counted from here
     start, prefill_done = engine.clock(), None

@@ -134,7 +134,7 @@ class _State:
         max_tokens = min(req.max_tokens or room, room)
         stop = req.stop or (list(PLAIN_STOP) if kind == "chat" and not self.llm.tokenizer.has_chat_template else [])
         options = {"max_tokens": max_tokens, **{"temperature": 1.0, **self.defaults, **req.sampling},
-                   "stop": stop or None, "snapshot_at": snapshots}
+                   "stop": stop or None, "snapshot_at": snapshots, **req.constraint}
         job = Job(prompt_ids, options, asyncio.get_running_loop())
         self.worker.submit(job)
         rid = api.new_id(kind)

@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass, field
 
 from lucebox import arguments
-from lucebox.errors import InvalidArgumentError
+from lucebox.errors import GrammarError, InvalidArgumentError
+from lucebox.server.structured import constraint_options
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOPS = 4  # as OpenAI's API
@@ -49,6 +50,7 @@ class GenerationRequest:
     echo: bool = False
     sampling: dict = field(default_factory=dict)  # temperature, top_p, top_k, min_p, repetition_penalty, seed
     stop: list[str] = field(default_factory=list)
+    constraint: dict = field(default_factory=dict)  # json_schema | json_object | grammar (`server.structured`)
 
 
 def _number(body: dict, name: str, low: float, high: float, integer: bool = False, low_open: bool = False):
@@ -105,8 +107,9 @@ def _messages(value) -> list[dict]:
     return messages
 
 
-# llama.cpp's server (grammar, json_schema) and vLLM's (guided_*) constraint fields.
-_CONSTRAINT_EXTENSIONS = ("grammar", "json_schema", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+# llama.cpp's server (json_schema) and vLLM's (guided_*) constraint fields; lucebox's are
+# response_format and grammar (`server.structured`).
+_CONSTRAINT_EXTENSIONS = ("json_schema", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
                           "structured_outputs")
 
 
@@ -124,14 +127,10 @@ def _unsupported(body: dict) -> None:
         raise invalid("tools", "tools are not supported by lucebox yet")
     if body.get("tool_choice") not in (None, "none"):
         raise invalid("tool_choice", "tools are not supported by lucebox yet")
-    response_format = body.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise invalid("response_format", "structured output (json_object, json_schema) is not supported by lucebox "
-                                         "yet; only {\"type\": \"text\"} is accepted")
     for name in _CONSTRAINT_EXTENSIONS:  # other servers' ways to constrain the output
         if body.get(name) is not None:
-            raise invalid(name, "constrained output (grammars, JSON schemas, guided decoding) is not supported by "
-                                "lucebox yet")
+            raise invalid(name, "is not lucebox's way to constrain the output: use response_format (json_object, "
+                                "json_schema) or grammar (GBNF or Lark)")
     if body.get("best_of") not in (None, 1):
         raise invalid("best_of", "only best_of=1 is supported")
 
@@ -216,6 +215,10 @@ def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
     if "seed" in request.sampling:
         request.sampling["seed"] %= 2**63  # the engine's generators take non-negative seeds
     request.stop = _stops(body.get("stop"))
+    try:
+        request.constraint = constraint_options(body)
+    except GrammarError as e:
+        raise APIError(400, str(e), e.field, "invalid_constraint") from None
     return request
 
 

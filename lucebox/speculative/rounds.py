@@ -11,6 +11,11 @@ the accepted tokens are committed, to the cache and the drafter; every other row
 So nothing past a stop is ever committed. Host reads of device values per round: the verdict
 (one list), plus the drafts when the drafter makes them on the device (DFlash, a draft model).
 `stats()` sums the rounds for `Generation.stats`.
+
+Under a grammar (`constrained.GrammarState`) a round verifies only the drafts up to the first one
+the grammar forbids, decides on the logits masked row by row, and the grammar commits with the
+cache; rounds are chains (a tree's rows would each need their own mask). A speculating round
+whose next bytes the grammar forces drafts the tokens that write them (`GrammarState.forced`).
 """
 
 from __future__ import annotations
@@ -52,8 +57,9 @@ class DecodeContext:
 
 class Speculation:
     def __init__(self, context: DecodeContext, params: SamplingParams, proposer: Proposer | None,
-                 prompt_ids: list[int]):
+                 prompt_ids: list[int], grammar=None):
         self.context, self.params, self.proposer = context, params, proposer
+        self.grammar = grammar  # a `constrained.GrammarState`, or None
         self.tokens = list(prompt_ids)  # the ids whose rows the cache holds, in order
         device = context.device
         self.verify_gen = self.draft_gen = None
@@ -77,7 +83,7 @@ class Speculation:
         # unless the width is fixed: a tree keeps only exact matches of the target's sample, a chain
         # keeps min(1, p/q) of each draft, which under those rules keeps more. Coupled trees hold the
         # likeliest winners of the very race the target runs.
-        self.trees = (context.tree_budget > 0 and hasattr(proposer, "propose_tree")
+        self.trees = (context.tree_budget > 0 and hasattr(proposer, "propose_tree") and grammar is None
                       and (params.greedy or context.verify_rule == "coupled" or not context.adaptive))
         # Adaptive timed rounds choose chain or tree by the rates each delivered; else always the tree.
         timed = self.width.adaptive and self.width.timed and context.learned is not None
@@ -85,9 +91,13 @@ class Speculation:
         self.shapes = context.learned.shapes[mode] if self.trees and timed else None
 
     def first(self, logits: torch.Tensor) -> int:
+        if self.grammar is not None:
+            logits, _ = self.grammar.constrain(logits, Draft([]))
         verdict = decide(logits, Draft([]), self.params, self.seen, self.context.verify_rule, self.verify_gen,
                          position=len(self.tokens))
         self.last = verdict.next_token
+        if self.grammar is not None:
+            self.grammar.commit([self.last])
         self._mark_seen([self.last])
         return self.last
 
@@ -103,20 +113,31 @@ class Speculation:
         timed = width.has_drafter and width.timed and width.adaptive
         t0 = ctx.clock(timed)
         context = self.tokens + [self.last] if self.proposer is not None else []  # once a round: it is long
-        draft = self._draft(limit, context) if self._drafting(limit, context) else None
+        forced = self.grammar.forced(limit) if self.grammar is not None and self.proposer is not None else []
+        if forced:  # what the grammar forces (a JSON key, punctuation) is drafted instead of the drafter's guess
+            self.judge.drafted([], [])
+            draft = Draft(forced, copied=True)
+        else:
+            draft = self._draft(limit, context) if self._drafting(limit, context) else None
         t1 = ctx.clock(timed)
         verified = Draft([]) if draft is None else draft
+        if self.grammar is not None:
+            verified = self.grammar.cut(verified)
         rows = [self.last, *verified.tokens]
         layers = self.proposer.feature_layers if self.proposer is not None else ()
         out = ctx.runner.step(rows, Step.span(c, len(rows), ctx.device), cache, layers)
         # The step's own argmax (computed with it, in its graph) serves greedy decoding unless a
         # repetition penalty changes the logits first.
-        choices = None if self.penalized else out.choices
-        verdict = decide(out.logits, verified, self.params, self.seen, ctx.verify_rule, self.verify_gen, choices,
+        choices, logits = None if self.penalized else out.choices, out.logits
+        if self.grammar is not None:  # the step's own argmax is the unmasked one
+            (logits, verified), choices = self.grammar.constrain(logits, verified), None
+        verdict = decide(logits, verified, self.params, self.seen, ctx.verify_rule, self.verify_gen, choices,
                          position=c + 1)
         n = verdict.accepted
         chunk = take([*verified.tokens[:n], verdict.next_token])
         kept = len(chunk.token_ids)  # n + 1, or fewer when a stop ends the request inside the round
+        if self.grammar is not None:
+            self.grammar.commit(chunk.token_ids)
         self._commit(rows[:kept], len(rows), None if out.features is None else out.features[:kept])
         t2 = ctx.clock(timed)
         self.judge.committed(chunk.token_ids)
@@ -169,7 +190,7 @@ class Speculation:
             self.seen[torch.tensor(ids, device=self.seen.device)] = True
 
     def stats(self) -> dict:
-        return self.totals.as_stats()
+        return {**self.totals.as_stats(), **({} if self.grammar is None else self.grammar.stats())}
 
 
 def _policy(context: DecodeContext, params: SamplingParams, has_drafter: bool) -> WidthPolicy:

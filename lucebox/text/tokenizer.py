@@ -131,6 +131,27 @@ class Tokenizer:
             return self._added_by_id[i]
         return self._sp.id_to_piece(i) if 0 <= i < self._sp.get_piece_size() else None
 
+    def backend_json(self) -> str | None:
+        """tokenizer.json's text as the `tokenizers` backend holds it (added tokens included), or None
+        for a sentencepiece model (then `token_bytes` describes the vocabulary)."""
+        return self._tk.to_str() if self._tk is not None else None
+
+    def token_bytes(self) -> tuple[list[bytes], set[int]]:
+        """A sentencepiece vocabulary as a grammar engine needs it: each id's bytes in decoded text
+        (U+2581 is a space, <0x0A> the byte it names) and the ids of special tokens (kept as names)."""
+        sp, tokens, special = self._sp, [], set(self._special_ids)
+        for i in range(self.vocab_size):
+            piece = self.id_to_token(i) or ""
+            if i >= sp.get_piece_size() or i in self._added_by_id:
+                tokens.append(piece.encode())
+            elif sp.is_byte(i):
+                tokens.append(bytes([int(piece[3:-1], 16)]))
+            else:
+                tokens.append(piece.replace("\u2581", " ").encode())
+                if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
+                    special.add(i)
+        return tokens, special
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         _check_text(text)
         if self._tk is not None:

@@ -1,0 +1,108 @@
+"""One request's grammar state, in step with the tokens the cache commits.
+
+Contract: the matcher has consumed exactly the request's committed tokens (the first one, then
+each round's accepted drafts and next token: `commit`). Before a round's step, `cut` keeps the
+drafts up to the first one the grammar forbids, and `forced` offers the tokens the grammar forces
+as drafts of their own (drafts the grammar refuses can never be kept).
+After the step, `constrain` computes on the host one token mask per row of the step (row 0 after
+the committed tokens, row i after drafts d1..di, consumed and then rolled back), uploads them as
+one bitmask and masks the logits with it: the decision (greedy argmax, the race, or the
+acceptance rule) then runs on the masked target distribution, so a constrained round decides
+exactly as constrained plain decoding would. On a GPU the masks are computed while the step runs.
+
+Masked logits are MASKED, not -inf: finite, so a non-finite logit still means broken weights
+(`speculative.decide.check_finite`), yet so far below any real logit that softmax gives them
+exactly 0, also after a repetition penalty (at most x1000) or a temperature (at least 1e-5).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from lucebox.constrained.spec import Constraint, llguidance
+from lucebox.constrained.vocabulary import grammar_tokenizer
+from lucebox.errors import GrammarError, LuceboxError
+from lucebox.speculative.proposer import Draft
+
+MASKED = -1e30
+BITS = 32  # llguidance's masks: token t is bit t % 32 of int32 word t // 32
+
+
+class GrammarState:
+    def __init__(self, constraint: Constraint, tokenizer, vocab_size: int, eos_ids: tuple[int, ...],
+                 device: torch.device):
+        """`tokenizer`: the model's (`text.tokenizer.Tokenizer`); `eos_ids`: the tokens that end the output."""
+        vocabulary = grammar_tokenizer(tokenizer, vocab_size, eos_ids)
+        self.matcher = llguidance().LLMatcher(vocabulary, constraint.grammar, log_level=0)
+        if self.matcher.is_error():
+            raise GrammarError(constraint.field, f"the grammar engine cannot compile it: {self.matcher.get_error()}")
+        self.vocab_size, self.device, self.eos_ids = vocab_size, device, frozenset(eos_ids)
+        words = (vocab_size + BITS - 1) // BITS
+        self._host = torch.zeros((1, words), dtype=torch.int32, pin_memory=device.type == "cuda")
+        self._shifts = torch.arange(BITS, dtype=torch.int32, device=device)
+        self.mask_seconds, self.masks = 0.0, 0  # host time spent computing masks, and how many
+
+    def cut(self, draft: Draft) -> Draft:
+        """The draft up to (not including) its first token the grammar forbids."""
+        n = self.matcher.validate_tokens(draft.tokens) if draft.tokens else 0
+        if n == len(draft.tokens):
+            return draft
+        return Draft(draft.tokens[:n], None if draft.q is None else draft.q[:n], draft.confidence[:n], draft.copied)
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that write the bytes the grammar forces next (a JSON key after its
+        quote, the punctuation between fields): drafts the masked target keeps, unless it writes the
+        same bytes with other tokens. Verified like any draft, so they never change the output."""
+        return self.matcher.compute_ff_tokens()[:limit] if limit > 0 else []
+
+    def constrain(self, logits: torch.Tensor, draft: Draft) -> tuple[torch.Tensor, Draft]:
+        """logits (k+1, V) of a step over [last, d1..dk] masked row by row, and the draft with its
+        distributions q (k, V) restricted to the tokens the grammar allows there and renormalized
+        (what a sampled draft of a constrained drafter is drawn from: the acceptance rule is then exact)."""
+        allowed = self.allowed(draft.tokens)  # (k+1, V) bool, on the device
+        masked = logits.float().masked_fill(~allowed, MASKED)
+        if draft.q is None or not draft.tokens:
+            return masked, draft
+        q = draft.q * allowed[: len(draft.tokens)]
+        return masked, Draft(draft.tokens, q / q.sum(-1, keepdim=True), draft.confidence, draft.copied)
+
+    def allowed(self, drafts: list[int]) -> torch.Tensor:
+        """(k+1, V) bool on the device: which tokens the grammar allows after the committed tokens
+        and each draft prefix d1..di (the drafts are allowed ones: `cut`)."""
+        start = time.perf_counter()
+        rows = len(drafts) + 1
+        if self._host.shape[0] < rows:
+            self._host = torch.zeros((rows, self._host.shape[1]), dtype=torch.int32,
+                                     pin_memory=self._host.is_pinned())
+        m, row_bytes = self.matcher, self._host.shape[1] * 4
+        for i in range(rows):
+            if i > 0 and not m.consume_token(drafts[i - 1]):
+                raise self._broken(f"a draft it had allowed ({drafts[i - 1]})")
+            m.unsafe_compute_mask_ptr(self._host[i].data_ptr(), row_bytes)  # row i, written in place
+        if rows > 1:
+            m.rollback(rows - 1)
+        if m.is_error() or not self._host[:rows].any(dim=1).all():
+            raise self._broken("no token at all")
+        self.mask_seconds += time.perf_counter() - start
+        self.masks += rows
+        words = self._host[:rows].to(self.device, non_blocking=True)  # (rows, W): one upload
+        bits = (words.unsqueeze(-1) >> self._shifts) & 1  # (rows, W, 32)
+        return bits.view(rows, -1)[:, : self.vocab_size].bool()
+
+    def commit(self, tokens: list[int]) -> None:
+        """The round's committed tokens (chosen under the mask, so each is allowed). An EOS the
+        complete grammar allowed ends the request: the matcher, stopped, takes nothing more."""
+        for token in tokens:
+            if token in self.eos_ids and self.matcher.is_accepting():
+                return
+            if not self.matcher.consume_token(token):
+                raise self._broken(f"a committed token ({token})")
+
+    def stats(self) -> dict:
+        return {"grammar_masks": self.masks, "grammar_mask_time_s": self.mask_seconds}
+
+    def _broken(self, what: str) -> LuceboxError:
+        error = self.matcher.get_error() or "no error reported"
+        return LuceboxError(f"the grammar engine refused {what}: {error}; this is a bug in lucebox, please report it")
