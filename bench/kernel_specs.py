@@ -51,6 +51,7 @@ class Streamed:
     cols: str
     bits: str | int
     tiles: int = 1
+    repeat: str | None = None  # a constexpr naming how many tiles an iteration streams one after another
 
 
 # Extend for new kernels: their name -> what one loop iteration streams. Kernels not listed report
@@ -62,13 +63,14 @@ STREAMED = {
     "_attention_kernel": Streamed("kv", "k_ptr", "BLOCK_N", "BLOCK_D", 0, tiles=2),  # K and V tiles
     # The streaming decode kernels (kernels/gemv_triton.py, kernels/moe_decode_triton.py): the hot loop
     # is the routed experts' (the shared expert's loop streams its own tiles alike).
-    "_gemv_kernel": Streamed("linear", "w_ptr", "BLOCK_N", "BLOCK_K", "BITS"),
-    "_up_decode_kernel": Streamed("experts", "w_ptr", "BLOCK_I", "BLOCK_R", "BITS", tiles=2),  # gate and up
-    "_down_decode_kernel": Streamed("experts", "w_ptr", "BLOCK_H", "BLOCK_R", "BITS"),
+    "_gemv_kernel": Streamed("linear", "w_ptr", "BLOCK_N", "BLOCK_K", "BITS", repeat="SUB"),
+    "_up_decode_kernel": Streamed("experts", "w_ptr", "BLOCK_I", "BLOCK_R", "BITS", tiles=2, repeat="SUB_R"),
+    "_down_decode_kernel": Streamed("experts", "w_ptr", "BLOCK_H", "BLOCK_R", "BITS", repeat="SUB_R"),
 }
 ELEMENT_BITS = {"i8": 8, "u8": 8, "fp8e4nv": 8, "fp8e5": 8, "bf16": 16, "fp16": 16, "fp32": 32, "i32": 32}
 METHOD = ("instructions_per_byte = hot_loop.path_instructions / bytes_per_warp_iteration; "
-          "bytes_per_warp_iteration = tiles * constexpr[rows] * constexpr[cols] * bits / 8 / num_warps (rule per "
+          "bytes_per_warp_iteration = tiles * constexpr[repeat] * constexpr[rows] * constexpr[cols] * bits / 8 / "
+          "num_warps (rule per "
           "kernel in bench/kernel_specs.py STREAMED; bits = constexpr BITS, or the streamed pointer's element width "
           "when it is 0); hot_loop = the innermost SASS loop with the most instructions on its longest path from "
           "header to back edge (an if's arms counted once, BRA.DIV slow paths not counted; bench/sass.py)")
@@ -87,7 +89,8 @@ def streamed_bytes(launch: Launch, num_warps: int) -> dict | None:
     bits = c[rule.bits] if isinstance(rule.bits, str) else rule.bits
     if bits == 0:
         bits = ELEMENT_BITS[launch.signature[rule.pointer].lstrip("*")]
-    per_iteration = rule.tiles * c[rule.rows] * c[rule.cols] * bits / 8
+    tiles = rule.tiles * (c[rule.repeat] if rule.repeat else 1)
+    per_iteration = tiles * c[rule.rows] * c[rule.cols] * bits / 8
     return {"role": rule.role, "bits": bits, "bytes_per_iteration": per_iteration,
             "bytes_per_warp_iteration": per_iteration / num_warps}
 

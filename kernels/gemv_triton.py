@@ -75,7 +75,7 @@ def _group_values(ptr, group_ptrs, g, K, GROUP: tl.constexpr, BLOCK_N: tl.conste
 def tile_accumulator(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BITS: tl.constexpr):
     """Zeros for `fma_weight_tile`'s running products: (BLOCK_M, BLOCK_N, BLOCK_K // 2) for int4
     (a product per byte: a pair of inputs), (BLOCK_M, BLOCK_N, BLOCK_K) otherwise. The sum over
-    the last axis waits until after the K loop (`tl.sum(acc, axis=2)`): summing each tile inside the
+    the last axis waits until after the K loop (`fixed_order_sum`): summing each tile inside the
     loop would cost cross-lane shuffles every iteration, more instructions than the products."""
     PACK: tl.constexpr = 2 if BITS == 4 else 1
     return tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K // PACK), dtype=tl.float32)
@@ -150,8 +150,8 @@ def _gemv_kernel(
     x_ptr, y_ptr, bias_ptr, w_ptr, scale_ptr, offset_ptr,
     M, N, K, stride_x, stride_y, stride_w, stride_scale,
     BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILE_GROUPS: tl.constexpr,
-    EVEN_K: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
+    TILE_GROUPS: tl.constexpr, EVEN_K: tl.constexpr, STAGES: tl.constexpr,
 ):
     """y[:, BLOCK_N outputs] for all M rows; rows and outputs past the ends are clamped for the
     loads (no masks in the loop) and masked only at the store."""
@@ -160,27 +160,51 @@ def _gemv_kernel(
     loaded_rows = tl.minimum(rows, M - 1).to(tl.int64)
     loaded_outs = tl.minimum(outs, N - 1).to(tl.int64)
     products = tile_accumulator(BLOCK_M, BLOCK_N, BLOCK_K, BITS)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        xs = load_inputs(x_ptr, loaded_rows, stride_x, k0, K, BLOCK_K, EVEN_K, BITS)
-        products = fma_weight_tile(products, xs, w_ptr, scale_ptr, offset_ptr, loaded_outs, k0, K, stride_w,
-                                   stride_scale, BITS, GROUP, OFFSET, BLOCK_N, BLOCK_K, TILE_GROUPS, EVEN_K)
-    acc = tl.sum(products, axis=2)
+    for k0 in tl.range(0, K, BLOCK_K * SUB, num_stages=STAGES):
+        for sub in tl.static_range(SUB):
+            k = k0 + sub * BLOCK_K
+            xs = load_inputs(x_ptr, loaded_rows, stride_x, k, K, BLOCK_K, EVEN_K, BITS)
+            products = fma_weight_tile(products, xs, w_ptr, scale_ptr, offset_ptr, loaded_outs, k, K, stride_w,
+                                       stride_scale, BITS, GROUP, OFFSET, BLOCK_N, BLOCK_K, TILE_GROUPS, EVEN_K)
+    acc = fixed_order_sum(products, BLOCK_K // (2 if BITS == 4 else 1))
     if HAS_BIAS:
         acc += tl.load(bias_ptr + loaded_outs).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * stride_y + outs[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=(rows[:, None] < M) & (outs[None, :] < N))
 
 
-def tile_shape(rows: int, K: int, group: int, bits: int, products: int) -> tuple[int, int, bool]:
-    """(BLOCK_K, TILE_GROUPS, EVEN_K) for `rows` rows of x. BLOCK_K: as wide as a budget of
-    `products` multiplies per output row allows (a program's registers), from 32 to 512 inputs and
-    no wider than K, aligned to the groups: a tile holds whole groups, or lies inside one."""
-    block_k = max(32, min(512, products // triton.next_power_of_2(rows), triton.next_power_of_2(K)))
-    if not bits or group >= K:  # plain, or one group per row (int8's default)
-        return block_k, 1, K % block_k == 0
-    if group % block_k and block_k % group:
+def tile_shape(rows: int, K: int, group: int, bits: int, products: int) -> tuple[int, int, int, bool]:
+    """(BLOCK_K, SUB, TILE_GROUPS, EVEN_K) for `rows` rows of x. A loop iteration streams SUB
+    tiles of BLOCK_K inputs, as many as a budget of `products` multiplies per output row allows (a
+    program's registers), up to 512 inputs and no wider than K. BLOCK_K, the running products'
+    width, is what the budget allows at GEMV_ROWS rows whatever `rows` is: each output's sum then
+    takes the same order in a one-row step and in a verify step, so the verified rows carry the
+    bits plain decoding computes. Tiles are aligned to the groups: a tile holds whole groups, or
+    lies inside one."""
+    widest = triton.next_power_of_2(K)
+    block_k = max(32, min(512, products // GEMV_ROWS, widest))
+    if bits and group < K and group % block_k and block_k % group:
         block_k = group & -group  # an odd group (never in real models): tiles inside one group
-    return block_k, max(1, block_k // group), K % block_k == 0
+    sub = max(1, min(512, products // triton.next_power_of_2(rows), widest) // block_k)
+    tile_groups = 1 if not bits or group >= K else max(1, block_k // group)
+    return block_k, sub, tile_groups, K % (block_k * sub) == 0
+
+
+@triton.jit
+def _halve(t):
+    """(R, C, L) -> (R, C, L // 2): each adjacent pair of the last axis added."""
+    first, second = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], t.shape[2] // 2, 2)))
+    return first + second
+
+
+@triton.jit
+def fixed_order_sum(products, LANES: tl.constexpr):
+    """The sum over the last axis (LANES wide, a power of two) as a fixed pairwise tree: the same
+    additions in the same order whatever layout the compiler gives the tensor (`tl.sum`'s order
+    follows the layout, which follows the number of rows)."""
+    for _ in tl.static_range(LANES.bit_length() - 1):
+        products = _halve(products)
+    return tl.reshape(products, (products.shape[0], products.shape[1]))
 
 
 def gemv(x: torch.Tensor, w_args: tuple, N: int, bias: torch.Tensor | None) -> torch.Tensor:
@@ -191,10 +215,10 @@ def gemv(x: torch.Tensor, w_args: tuple, N: int, bias: torch.Tensor | None) -> t
     # 16 outputs a program: 128 programs at N = 2048, about 1.6 per SM on an 82-SM RTX 3090; each input
     # loaded serves 16 rows (8 rows cost 0.52 SASS instructions per int4 byte on sm_86, 16 rows 0.47).
     block_n = 16
-    block_k, tile_groups, even_k = tile_shape(block_m, K, group, bits, products=16384 // block_n)
+    block_k, sub, tile_groups, even_k = tile_shape(block_m, K, group, bits, products=16384 // block_n)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, y, bias if bias is not None else y, w_ptr, s_ptr, z_ptr, M, N, K, x.stride(0), y.stride(0),
         stride_w, stride_s, bits, group, offset, bias is not None, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, TILE_GROUPS=tile_groups, EVEN_K=even_k, STAGES=3)
+        BLOCK_K=block_k, SUB=sub, TILE_GROUPS=tile_groups, EVEN_K=even_k, STAGES=3)
     return y

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from lucebox.kernels.gemv_triton import fma_weight_tile, load_inputs, tile_accumulator, tile_shape
+from lucebox.kernels.gemv_triton import fixed_order_sum, fma_weight_tile, load_inputs, tile_accumulator, tile_shape
 
 # The most rows a step may have for this layout; wider steps take the sorted (prefill) layout.
 DEDUP_ROWS = 16
@@ -47,7 +47,7 @@ def _expert_rows(b, ids_ptr, M, K, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
 @triton.jit
 def _gate_up(x_ptr, inter_ptr, pair, valid, w_ptr, s_ptr, z_ptr, stride_w, stride_s, M, H, width, stride_inter,
              BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr, BLOCK_R: tl.constexpr,
-             TILE_GROUPS: tl.constexpr, EVEN_R: tl.constexpr,
+             SUB_R: tl.constexpr, TILE_GROUPS: tl.constexpr, EVEN_R: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_I: tl.constexpr, STAGES: tl.constexpr):
     """inter[pair, tile] = silu(gate) * up for one matrix's tile of BLOCK_I intermediate features."""
     rows = tl.minimum(tl.arange(0, BLOCK_M), M - 1).to(tl.int64)
@@ -55,14 +55,17 @@ def _gate_up(x_ptr, inter_ptr, pair, valid, w_ptr, s_ptr, z_ptr, stride_w, strid
     loaded_i = tl.minimum(i, width - 1).to(tl.int64)
     gate = tile_accumulator(BLOCK_M, BLOCK_I, BLOCK_R, BITS)
     up = tile_accumulator(BLOCK_M, BLOCK_I, BLOCK_R, BITS)
-    for h0 in tl.range(0, H, BLOCK_R, num_stages=STAGES):
-        xs = load_inputs(x_ptr, rows, H, h0, H, BLOCK_R, EVEN_R, BITS)
-        gate = fma_weight_tile(gate, xs, w_ptr, s_ptr, z_ptr, loaded_i, h0, H, stride_w, stride_s,
-                               BITS, GROUP, OFFSET, BLOCK_I, BLOCK_R, TILE_GROUPS, EVEN_R)
-        up = fma_weight_tile(up, xs, w_ptr, s_ptr, z_ptr, width + loaded_i, h0, H, stride_w, stride_s,
-                             BITS, GROUP, OFFSET, BLOCK_I, BLOCK_R, TILE_GROUPS, EVEN_R)
-    gate = tl.sum(gate, axis=2)
-    up = tl.sum(up, axis=2)
+    for h0 in tl.range(0, H, BLOCK_R * SUB_R, num_stages=STAGES):
+        for sub in tl.static_range(SUB_R):
+            h = h0 + sub * BLOCK_R
+            xs = load_inputs(x_ptr, rows, H, h, H, BLOCK_R, EVEN_R, BITS)
+            gate = fma_weight_tile(gate, xs, w_ptr, s_ptr, z_ptr, loaded_i, h, H, stride_w, stride_s,
+                                   BITS, GROUP, OFFSET, BLOCK_I, BLOCK_R, TILE_GROUPS, EVEN_R)
+            up = fma_weight_tile(up, xs, w_ptr, s_ptr, z_ptr, width + loaded_i, h, H, stride_w, stride_s,
+                                 BITS, GROUP, OFFSET, BLOCK_I, BLOCK_R, TILE_GROUPS, EVEN_R)
+    LANES: tl.constexpr = BLOCK_R // (2 if BITS == 4 else 1)
+    gate = fixed_order_sum(gate, LANES)
+    up = fixed_order_sum(up, LANES)
     act = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(inter_ptr + pair[:, None] * stride_inter + i[None, :], act.to(inter_ptr.dtype.element_ty),
              mask=valid[:, None] & (i < width)[None, :])
@@ -72,10 +75,10 @@ def _gate_up(x_ptr, inter_ptr, pair, valid, w_ptr, s_ptr, z_ptr, stride_w, strid
 def _up_decode_kernel(
     x_ptr, inter_ptr, ids_ptr, w_ptr, s_ptr, z_ptr, stride_we, stride_se, stride_w, stride_s,
     sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss, M, K, H, F, F_SHARED, stride_inter,
-    BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr, BLOCK_R: tl.constexpr,
+    BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr, BLOCK_R: tl.constexpr, SUB_R: tl.constexpr,
     TILE_GROUPS: tl.constexpr, EVEN_R: tl.constexpr,
     S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_OFFSET: tl.constexpr, S_BLOCK_R: tl.constexpr,
-    S_TILE_GROUPS: tl.constexpr, S_EVEN_R: tl.constexpr,
+    S_SUB_R: tl.constexpr, S_TILE_GROUPS: tl.constexpr, S_EVEN_R: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_I: tl.constexpr,
     STAGES: tl.constexpr,
 ):
@@ -88,36 +91,39 @@ def _up_decode_kernel(
         if first & (tile_start < F):
             _gate_up(x_ptr, inter_ptr, pair, valid, w_ptr + expert * stride_we, s_ptr + expert * stride_se,
                      z_ptr + expert * stride_se, stride_w, stride_s, M, H, F, stride_inter,
-                     BITS, GROUP, OFFSET, BLOCK_R, TILE_GROUPS, EVEN_R, BLOCK_M, BLOCK_I, STAGES)
+                     BITS, GROUP, OFFSET, BLOCK_R, SUB_R, TILE_GROUPS, EVEN_R, BLOCK_M, BLOCK_I, STAGES)
     elif tile_start < F_SHARED:
         rows = tl.arange(0, BLOCK_M)
         _gate_up(x_ptr, inter_ptr, P + rows.to(tl.int64), rows < M, sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss,
-                 M, H, F_SHARED, stride_inter, S_BITS, S_GROUP, S_OFFSET, S_BLOCK_R, S_TILE_GROUPS, S_EVEN_R,
+                 M, H, F_SHARED, stride_inter, S_BITS, S_GROUP, S_OFFSET, S_BLOCK_R, S_SUB_R, S_TILE_GROUPS,
+                 S_EVEN_R,
                  BLOCK_M, BLOCK_I, STAGES)
 
 
 @triton.jit
 def _down(inter_ptr, pair, w_ptr, s_ptr, z_ptr, stride_w, stride_s, width, stride_inter, loaded_h,
           BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr, BLOCK_R: tl.constexpr,
-          TILE_GROUPS: tl.constexpr, EVEN_R: tl.constexpr,
+          SUB_R: tl.constexpr, TILE_GROUPS: tl.constexpr, EVEN_R: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr):
     """inter[pair] @ w[loaded_h].T: (BLOCK_M, BLOCK_H) float32, one matrix's hidden tile."""
     acc = tile_accumulator(BLOCK_M, BLOCK_H, BLOCK_R, BITS)
-    for i0 in tl.range(0, width, BLOCK_R, num_stages=STAGES):
-        a = load_inputs(inter_ptr, pair, stride_inter, i0, width, BLOCK_R, EVEN_R, BITS)
-        acc = fma_weight_tile(acc, a, w_ptr, s_ptr, z_ptr, loaded_h, i0, width, stride_w, stride_s,
-                              BITS, GROUP, OFFSET, BLOCK_H, BLOCK_R, TILE_GROUPS, EVEN_R)
-    return tl.sum(acc, axis=2)
+    for i0 in tl.range(0, width, BLOCK_R * SUB_R, num_stages=STAGES):
+        for sub in tl.static_range(SUB_R):
+            i = i0 + sub * BLOCK_R
+            a = load_inputs(inter_ptr, pair, stride_inter, i, width, BLOCK_R, EVEN_R, BITS)
+            acc = fma_weight_tile(acc, a, w_ptr, s_ptr, z_ptr, loaded_h, i, width, stride_w, stride_s,
+                                  BITS, GROUP, OFFSET, BLOCK_H, BLOCK_R, TILE_GROUPS, EVEN_R)
+    return fixed_order_sum(acc, BLOCK_R // (2 if BITS == 4 else 1))
 
 
 @triton.jit
 def _down_decode_kernel(
     inter_ptr, out_ptr, weights_ptr, ids_ptr, w_ptr, s_ptr, z_ptr, stride_we, stride_se, stride_w, stride_s,
     sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss, M, K, H, F, F_SHARED, stride_inter, scaling,
-    BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr, BLOCK_R: tl.constexpr,
+    BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr, BLOCK_R: tl.constexpr, SUB_R: tl.constexpr,
     TILE_GROUPS: tl.constexpr, EVEN_R: tl.constexpr,
     S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_OFFSET: tl.constexpr, S_BLOCK_R: tl.constexpr,
-    S_TILE_GROUPS: tl.constexpr, S_EVEN_R: tl.constexpr,
+    S_SUB_R: tl.constexpr, S_TILE_GROUPS: tl.constexpr, S_EVEN_R: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_H: tl.constexpr,
     SHARED: tl.constexpr, STAGES: tl.constexpr,
 ):
@@ -136,14 +142,15 @@ def _down_decode_kernel(
         if first:
             y = _down(inter_ptr, pair, w_ptr + expert * stride_we, s_ptr + expert * stride_se,
                       z_ptr + expert * stride_se, stride_w, stride_s, F, stride_inter, loaded_h,
-                      BITS, GROUP, OFFSET, BLOCK_R, TILE_GROUPS, EVEN_R, BLOCK_M, BLOCK_H, STAGES)
+                      BITS, GROUP, OFFSET, BLOCK_R, SUB_R, TILE_GROUPS, EVEN_R, BLOCK_M, BLOCK_H, STAGES)
             # A select, not a product: rows that did not choose the expert read another row's values.
             by_choice += tl.where((chosen == expert)[:, :, None], weight[:, :, None] * y[:, None, :], 0.0)
-    out = tl.sum(by_choice, axis=1)
+    out = fixed_order_sum(tl.permute(by_choice, (0, 2, 1)), BLOCK_C)  # in choice order, whatever the layout
     if SHARED:
         shared_rows = (M * K + tl.minimum(rows, M - 1)).to(tl.int64)
         out += _down(inter_ptr, shared_rows, sw_ptr, ss_ptr, sz_ptr, stride_sw, stride_ss, F_SHARED, stride_inter,
-                     loaded_h, S_BITS, S_GROUP, S_OFFSET, S_BLOCK_R, S_TILE_GROUPS, S_EVEN_R, BLOCK_M, BLOCK_H, STAGES)
+                     loaded_h, S_BITS, S_GROUP, S_OFFSET, S_BLOCK_R, S_SUB_R, S_TILE_GROUPS, S_EVEN_R, BLOCK_M,
+                     BLOCK_H, STAGES)
     tl.store(out_ptr + rows[:, None] * H + h[None, :], out.to(out_ptr.dtype.element_ty),
              mask=(rows[:, None] < M) & (h < H)[None, :])
 
@@ -151,7 +158,7 @@ def _down_decode_kernel(
 def _matrix_args(routed: tuple, alone: tuple | None, width: int, s_width: int, rows: int, products: int):
     """(pointers and strides, formats) of an expert stack and of the shared expert's matrix, for
     reductions over `width` (routed) and `s_width` (shared) inputs. Formats: (BITS, GROUP, OFFSET,
-    BLOCK_R, TILE_GROUPS, EVEN_R) each. Without a shared expert its slots take the stack's own
+    BLOCK_R, SUB_R, TILE_GROUPS, EVEN_R) each. Without a shared expert its slots take the stack's own
     arguments: placeholders never read."""
     w_args, expert_strides = routed
     s_args = alone if alone is not None else w_args

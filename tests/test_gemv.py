@@ -74,6 +74,22 @@ def test_gemv_handles_groups_that_do_not_divide_its_tiles(poisoned):
         assert_close(quant_triton.quantized_linear(x, w), x.double() @ quant.dequantize(w).double().T, torch.float32)
 
 
+def test_a_row_gets_the_same_bits_alone_and_in_a_verify_block(poisoned):
+    """Greedy speculation keeps plain decoding's tokens only if a verified row's logits carry the bits a
+    one-row step computes: the kernels sum each output in an order that does not depend on the rows."""
+    x = random(16, 320, seed=5)
+    for form in ("int4-g32", "int8"):
+        w = make_weight(form, 21, 320, dtype=torch.float32)
+        block = quant_triton.quantized_linear(x, w)
+        for r in (0, 11):
+            assert torch.equal(quant_triton.quantized_linear(x[r : r + 1], w), block[r : r + 1]), form
+    x, (gate_up, down), weights, ids, alone = _moe_case("int4-g32", 8, True, torch.float32)
+    whole = moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5, *alone)
+    for r in (0, 5):
+        alone_row = moe_triton.moe_experts(x[r : r + 1], gate_up, down, weights[r : r + 1], ids[r : r + 1], 2.5, *alone)
+        assert torch.equal(alone_row, whole[r : r + 1])
+
+
 IGNORED_OPS = {"empty", "empty_strided", "view", "_unsafe_view", "reshape", "expand", "t", "transpose",
                "as_strided", "slice", "select", "unsqueeze", "squeeze", "detach", "alias", "permute"}
 
