@@ -15,9 +15,10 @@ without ever widening a whole weight:
     K-quants 256    `k_quants`: Q2_K, Q3_K (int4, group 16), Q4_K (int4), Q5_K, Q6_K (int8)
     others          `i_quants`: IQ4_NL, IQ4_XS, MXFP4 and the IQ2/IQ3 lattices (int8 table values)
 
-Types whose codes need 5 or more bits spend a byte per code (their bits do not split into
-nibbles), so they take more memory than the file (Q5_K about 1.6x, IQ2_XXS about 4.6x), still
-less than a 16-bit weight. Every scale is the file's float16 or a float16 times a small integer
+Types whose codes need 5 or more bits, or stand for table values, spend a byte per code (their
+bits do not split into nibbles), so they take more memory than the file (Q5_K about 1.8x, Q2_K
+with float32 scales and mins for every 16 codes 3x, IQ2_XXS 4.4x), still at most 1.25 bytes a
+weight (`repacked_bytes`). Every scale is the file's float16 or a float16 times a small integer
 (exact in float32); Q4_1's and Q5_1's m is stored negated, which changes no rounding.
 """
 
