@@ -239,6 +239,9 @@ def test_lucebox_info_reads_a_gguf(tmp_path, capsys):
     assert main(["info", str(tmp_path / "model.gguf"), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["architecture"] == "LagunaForCausalLM" and info["layers"] == 4
+    assert set(info["gguf_tensor_types"]) == {"F32", "Q4_0"} and sum(info["gguf_tensor_types"].values()) > 20
+    assert main(["info", str(tmp_path / "model.gguf")]) == 0
+    assert "GGUF tensors: " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
