@@ -10,12 +10,14 @@ consecutive input features of an output row:
   symmetric, or an integer zero point 0..15 per group (stored as float16) when asymmetric.
 
 Weights read from GGUF files (`lucebox.checkpoints.gguf.blocks`) keep llama.cpp's arithmetic exactly instead:
-their scales are float32 (a super-block scale times a 6- or 8-bit sub-scale, a product float16
-cannot hold), and K-quants subtract a float32 per-group minimum rather than a zero point:
+their scales are float16 or float32 (a super-block scale times a small sub-scale, a product
+float16 cannot hold), and types with a minimum (K-quants, Q4_1, Q5_1) subtract a float32
+per-group minimum rather than a zero point:
 
     w[n, k] = code[n, k] * scale[n, k // group] - min[n, k // group]
 
-with codes 0..15 (int4, no implicit zero), or any int8 value (Q5_K's 0..31, Q6_K's -32..31).
+with codes 0..15 (int4, no implicit zero), or any int8 value (Q5_K's 0..31, Q6_K's -32..31, the
+IQ types' table values).
 
 Activations stay in the model dtype; kernels dequantize a tile at a time, so a matmul reads
 1 (int8) or 0.5 (int4) bytes per weight plus the scales.

@@ -2,9 +2,10 @@
 very weights the file decodes to (by the `gguf` package's own `dequantize`), for parity tests.
 
 The writer follows llama.cpp's converter independently of lucebox's reader: its names, its
-metadata keys, and, for architecture `llama`, its interleaving of q/k rows. Float and Q8_0/Q4_0
-weights are quantized from the model's random weights by `gguf.quants.quantize`; K-quant blocks
-(which gguf-py cannot quantize to) are random bytes with sane float16 super-block scales.
+metadata keys, and, for architecture `llama`, its interleaving of q/k rows. Float weights and
+the block types gguf-py can quantize to (`QUANTIZABLE`) are quantized from the model's random
+weights by `gguf.quants.quantize`; the others' blocks are random bytes with sane scales
+(`random_blocks`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,16 @@ VOCAB = 128
 _BASE = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, max_position_embeddings=512, rms_norm_eps=1e-5,
              bos_token_id=None, eos_token_id=None, pad_token_id=None)
-# Super-block scale d (and dmin) per K-quant, so weights land within a few hundredths of zero.
-_K_SCALES = {"Q4_K": (5e-5, 5e-4), "Q5_K": (2.5e-5, 5e-4), "Q6_K": (1e-5, None)}
+QUANTIZABLE = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4")  # what gguf.quants.quantize writes
+# (byte offset, typical value) of each float16 scale in a block, so that random codes give weights
+# within a few hundredths of zero; MXFP4's one scale is a power-of-two exponent byte instead.
+_SCALE_FIELDS = {"Q8_0": ((0, 2e-4),), "Q4_0": ((0, 3e-3),), "Q4_1": ((0, 3e-3), (2, -0.02)),
+                 "Q5_0": ((0, 1.5e-3),), "Q5_1": ((0, 1.5e-3), (2, -0.02)), "Q2_K": ((80, 5e-4), (82, 1e-3)),
+                 "Q3_K": ((108, 2e-4),), "Q4_K": ((0, 5e-5), (2, 5e-4)), "Q5_K": ((0, 2.5e-5), (2, 5e-4)),
+                 "Q6_K": ((208, 1e-5),), "IQ4_NL": ((0, 2e-4),), "IQ4_XS": ((0, 5e-6),), "IQ2_XXS": ((0, 1e-4),),
+                 "IQ2_XS": ((0, 1e-4),), "IQ2_S": ((0, 1e-4),), "IQ3_XXS": ((0, 5e-5),), "IQ3_S": ((0, 5e-5),),
+                 "MXFP4": ()}
+_MXFP4_EXPONENTS = (118, 121)  # scales 2^-10 .. 2^-8 (FP4 values are doubled, up to 12)
 
 
 def _transformers_model(arch: str):
@@ -148,24 +157,25 @@ def _encode(w: np.ndarray, qtype: str, rng: np.random.Generator) -> tuple[np.nda
         stored = w.astype(np.float32)
     elif qtype == "F16":
         stored = w.astype(np.float16)
-    elif qtype in _K_SCALES:
-        block_bytes = gguf.GGML_QUANT_SIZES[kind][1]
-        blocks = rng.integers(0, 256, (*w.shape[:-1], w.shape[-1] // 256, block_bytes), dtype=np.uint8)
-        d, dmin = _K_SCALES[qtype]
-        at = slice(block_bytes - 2, None) if qtype == "Q6_K" else slice(0, 2)
-        blocks[..., at] = _half_bytes(d, blocks.shape[:-1], rng)
-        if dmin is not None:
-            blocks[..., 2:4] = _half_bytes(dmin, blocks.shape[:-1], rng)
-        stored = blocks.reshape(*w.shape[:-1], -1)
+    elif qtype in _SCALE_FIELDS and qtype not in QUANTIZABLE:
+        stored = random_blocks(qtype, w.shape[:-1], w.shape[-1], rng)
     else:
         stored = gguf.quants.quantize(w.astype(np.float32), kind)
     decoded = stored.astype(np.float32) if qtype in ("F32", "F16") else gguf.quants.dequantize(stored, kind)
     return stored, decoded
 
 
-def _half_bytes(scale: float, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    values = (scale * rng.uniform(0.5, 1.5, shape)).astype(np.float16)
-    return values.view(np.uint8).reshape(*shape, 2)
+def random_blocks(block_type: str, rows: tuple[int, ...], K: int, rng: np.random.Generator) -> np.ndarray:
+    """Random blocks of one GGUF type for weights (*rows, K), as uint8 (*rows, bytes per row): every
+    code and sub-block scale bit random, the float16 scales in a sane range (`_SCALE_FIELDS`)."""
+    block_size, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[block_type]]
+    blocks = rng.integers(0, 256, (*rows, K // block_size, block_bytes), dtype=np.uint8)
+    for at, scale in _SCALE_FIELDS[block_type]:
+        values = (scale * rng.uniform(0.5, 1.5, blocks.shape[:-1])).astype(np.float16)
+        blocks[..., at : at + 2] = values.view(np.uint8).reshape(*blocks.shape[:-1], 2)
+    if block_type == "MXFP4":
+        blocks[..., 0] = rng.integers(*_MXFP4_EXPONENTS, blocks.shape[:-1])
+    return blocks.reshape(*rows, -1)
 
 
 def _gguf_tensors(model, arch: str, qtype: str):

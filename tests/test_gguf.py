@@ -9,39 +9,54 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf_models import QUANT_TYPES, VOCAB, reference_logits, relative_error, write_tiny_gguf
+from gguf_models import (
+    QUANT_TYPES,
+    QUANTIZABLE,
+    VOCAB,
+    random_blocks,
+    reference_logits,
+    relative_error,
+    write_tiny_gguf,
+)
 from lucebox.kernels import moe, quant
 from lucebox.kernels.quant import QuantizedTensor
 
 import lucebox
 from lucebox.checkpoints.gguf import model as gguf_loading
-from lucebox.checkpoints.gguf.blocks import BLOCK_SHAPES, unpack
+from lucebox.checkpoints.gguf.blocks import BLOCK_SHAPES, repacked_bytes, unpack
 from lucebox.cli import main
 from lucebox.errors import ConfigError, ModelNotFoundError, TensorDtypeError, UnsupportedArchitectureError
 
 PROMPT = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(1)).tolist()
 
 
-def random_blocks(block_type: str, rows: tuple[int, ...], K: int, seed: int = 0) -> np.ndarray:
-    """Random blocks of one GGUF type, with float16 super-block scales in a sane range."""
+def _layout(block_type: str) -> tuple:
+    """What the kernels' code paths depend on in a repacked block type: bits, group, low values or not
+    (scales are loaded as float32 whichever their dtype)."""
     block_bytes, block_size = BLOCK_SHAPES[block_type]
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, (*rows, K // block_size, block_bytes), dtype=np.uint8)
-    scales = rng.uniform(2e-5, 2e-4, (*blocks.shape[:-1], 2)).astype(np.float16).view(np.uint8)  # d, dmin
-    if block_type == "Q6_K":  # d comes last
-        blocks[..., -2:] = scales[..., :2]
-    else:
-        blocks[..., 0:4] = scales
-    return blocks.reshape(*rows, -1)
+    q = unpack(torch.zeros(1, block_bytes, dtype=torch.uint8), block_type, (1, block_size), torch.float32)
+    return q.bits, q.group, q.mins is None
+
+
+# One block type per layout (the first by name: float16 and float32 scales are both among them).
+KERNEL_LAYOUTS = sorted({_layout(t): t for t in sorted(BLOCK_SHAPES, reverse=True)}.values())
 
 
 @pytest.mark.parametrize("block_type", sorted(BLOCK_SHAPES))
 def test_every_block_type_decodes_exactly_to_what_gguf_dequantizes(block_type):
-    raw = random_blocks(block_type, (3, 5), 512)
+    """Random bytes (every code and sub-scale bit pattern, sane float16 scales), and where gguf-py
+    can quantize to the type, its own blocks too."""
+    rng = np.random.default_rng(0)
+    raw = random_blocks(block_type, (3, 5), 512, rng)
+    if block_type in QUANTIZABLE:
+        floats = rng.normal(0, 0.02, (2, 5, 512)).astype(np.float32)
+        raw = np.concatenate((raw, gguf.quants.quantize(floats, gguf.GGMLQuantizationType[block_type])))
     want = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[block_type])
-    q = unpack(torch.from_numpy(raw), block_type, (3, 5, 512), torch.float32)
-    assert np.array_equal(quant.dequantize(q).numpy(), want)
-    assert q.nbytes() < 512 * 15 * 2  # stays smaller than a 16-bit weight
+    assert np.isfinite(want).all() and np.abs(want).max() > 0
+    shape = (raw.shape[0], 5, 512)
+    q = unpack(torch.from_numpy(raw), block_type, shape, torch.float64)
+    assert torch.equal(quant.dequantize(q), torch.from_numpy(want).double())  # exact, not just within 1e-6
+    assert q.nbytes() == repacked_bytes(block_type) * want.size < want.size * 2  # below a 16-bit weight
 
 
 @pytest.mark.parametrize("qtype", QUANT_TYPES)
@@ -93,27 +108,41 @@ def test_linear_weights_stay_quantized_and_the_rest_is_in_the_model_dtype(tmp_pa
         assert isinstance(w[name], torch.Tensor) and w[name].dtype == torch.float32, name
 
 
-def test_gate_and_up_of_different_types_fuse_without_changing_a_value(tmp_path):
-    """llama.cpp's mixes can give the fused halves different types: they are widened to one layout."""
-    mixed = {"blk.0.ffn_up.weight": "Q6_K", "blk.1.ffn_up_exps.weight": "Q4_0", "blk.2.ffn_gate_exps.weight": "Q5_K"}
-    ref = write_tiny_gguf("qwen3moe", "Q4_K", tmp_path / "model.gguf", types=mixed)
+# Every block type but two in one Qwen3-MoE file (16 weights; Q4_0 and Q5_K have whole files in
+# QUANT_TYPES above).
+EVERY_TYPE = {"token_embd.weight": "Q8_0", "output.weight": "Q6_K", "blk.0.attn_q.weight": "Q5_0",
+              "blk.0.attn_k.weight": "Q5_1", "blk.0.attn_v.weight": "IQ2_XXS", "blk.0.attn_output.weight": "IQ3_XXS",
+              "blk.0.ffn_gate.weight": "Q4_1", "blk.0.ffn_up.weight": "Q3_K", "blk.0.ffn_down.weight": "Q2_K",
+              "blk.1.attn_q.weight": "IQ4_XS", "blk.1.attn_k.weight": "IQ2_XS", "blk.1.attn_v.weight": "IQ2_S",
+              "blk.1.attn_output.weight": "IQ3_S", "blk.1.ffn_gate_exps.weight": "MXFP4",
+              "blk.1.ffn_up_exps.weight": "IQ4_NL", "blk.1.ffn_down_exps.weight": "Q4_K"}
+
+
+def test_a_file_mixing_every_block_type_matches_its_dequantized_twin(tmp_path):
+    """llama.cpp's mixes can give the fused halves different types: gate and up of the dense layer
+    (Q4_1 with a low value, Q3_K with the implicit zero 8) and of the experts (MXFP4's float32
+    scales, IQ4_NL's float16 ones) are widened to one layout without changing a value."""
+    assert set(BLOCK_SHAPES) - set(EVERY_TYPE.values()) == {"Q4_0", "Q5_K"}
+    ref = write_tiny_gguf("qwen3moe", "Q4_K", tmp_path / "model.gguf", types=EVERY_TYPE)
     llm = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype=torch.float64)
     assert relative_error(llm.logits(PROMPT), reference_logits(ref, PROMPT)) <= 1e-6
+    assert isinstance(llm.decoder.w["layers.1.wq"], QuantizedTensor)  # IQ4_XS stays in codes
 
 
-@pytest.mark.parametrize("block_type", sorted(BLOCK_SHAPES))
+@pytest.mark.parametrize("block_type", KERNEL_LAYOUTS)
 def test_triton_kernels_read_every_gguf_layout(block_type):
     from lucebox.kernels import moe_triton, quant_triton
 
-    w = unpack(torch.from_numpy(random_blocks(block_type, (8,), 512)), block_type, (8, 512), torch.float32)
+    rng = np.random.default_rng(0)
+    w = unpack(torch.from_numpy(random_blocks(block_type, (8,), 512, rng)), block_type, (8, 512), torch.float32)
     x = torch.randn(2, 512, generator=torch.Generator().manual_seed(0))
     want = torch.nn.functional.linear(x.double(), quant.dequantize(w).double())
     assert relative_error(quant_triton.quantized_linear(x, w), want) <= 1e-5
     x = x[:, :256]
     E, F, H = 3, 256, 256
-    gate_up = unpack(torch.from_numpy(random_blocks(block_type, (E, 2 * F), H, 1)), block_type, (E, 2 * F, H),
+    gate_up = unpack(torch.from_numpy(random_blocks(block_type, (E, 2 * F), H, rng)), block_type, (E, 2 * F, H),
                      torch.float32)
-    down = unpack(torch.from_numpy(random_blocks(block_type, (E, H), F, 2)), block_type, (E, H, F), torch.float32)
+    down = unpack(torch.from_numpy(random_blocks(block_type, (E, H), F, rng)), block_type, (E, H, F), torch.float32)
     ids = torch.tensor([[0, 2], [1, 2]])
     weights = torch.rand(2, 2, generator=torch.Generator().manual_seed(1))
     want = moe.moe_experts(x.double(), quant.dequantize(gate_up).double(), quant.dequantize(down).double(),
@@ -176,12 +205,12 @@ def test_unsupported_architecture_is_refused_naming_the_key(tmp_path, capsys):
 
 def test_unsupported_tensor_type_is_refused_naming_the_tensor(tmp_path, capsys):
     write_tiny_gguf("qwen3", "Q8_0", tmp_path / "model.gguf")
-    _rewrite(tmp_path / "model.gguf", tmp_path / "q4_1.gguf",
-             tensor_types={"blk.1.attn_v.weight": gguf.GGMLQuantizationType.Q4_1})
-    with pytest.raises(TensorDtypeError, match="tensor blk.1.attn_v.weight is Q4_1"):
-        lucebox.LLM(tmp_path / "q4_1.gguf", device="cpu")
-    err = _one_line_error(["generate", str(tmp_path / "q4_1.gguf"), "--device", "cpu", "--prompt", "hi"], capsys)
-    assert "blk.1.attn_v.weight is Q4_1" in err
+    _rewrite(tmp_path / "model.gguf", tmp_path / "tq2_0.gguf",
+             tensor_types={"blk.1.attn_v.weight": gguf.GGMLQuantizationType.TQ2_0})
+    with pytest.raises(TensorDtypeError, match="tensor blk.1.attn_v.weight is TQ2_0"):
+        lucebox.LLM(tmp_path / "tq2_0.gguf", device="cpu")
+    err = _one_line_error(["generate", str(tmp_path / "tq2_0.gguf"), "--device", "cpu", "--prompt", "hi"], capsys)
+    assert "blk.1.attn_v.weight is TQ2_0" in err and "IQ3_S" in err  # the types that are read, named
 
 
 def test_missing_metadata_is_refused_naming_the_key(tmp_path):
@@ -210,6 +239,9 @@ def test_lucebox_info_reads_a_gguf(tmp_path, capsys):
     assert main(["info", str(tmp_path / "model.gguf"), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["architecture"] == "LagunaForCausalLM" and info["layers"] == 4
+    assert set(info["gguf_tensor_types"]) == {"F32", "Q4_0"} and sum(info["gguf_tensor_types"].values()) > 20
+    assert main(["info", str(tmp_path / "model.gguf")]) == 0
+    assert "GGUF tensors: " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])

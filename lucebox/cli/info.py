@@ -86,6 +86,9 @@ def command(args) -> int:
     ring_dtype = args.dtype if int8 else args.kv_dtype
     summary = {"folder": str(desc.folder), **model_summary(cfg, resolve_dtype(ring_dtype, torch.device("cpu")).itemsize,
                                                                 int8)}
+    if desc.gguf is not None:  # every block type lucebox reads is repacked exactly (`checkpoints.gguf.blocks`)
+        types = Counter(entry.type_name for entry in desc.gguf.file.tensors.values())
+        summary["gguf_tensor_types"] = dict(sorted(types.items()))
     plan = vram_plan(args, desc) if args.vram is not None else None
     if plan is not None:
         summary.update(fits=plan.fits, vram_plan=plan.as_json())
@@ -120,6 +123,9 @@ def command(args) -> int:
         shared = f" + shared {m['shared_expert_size']}" if m["shared_expert_size"] else ""
         line += f" ({m['experts']} experts of width {m['expert_size']}, top-{m['top_k']} {m['router']} router{shared})"
     out.print(line)
+    if "gguf_tensor_types" in summary:
+        counts = ", ".join(f"{n} {kind}" for kind, n in summary["gguf_tensor_types"].items())
+        out.print(f"GGUF tensors: {counts} (block types decoded exactly as llama.cpp does)", markup=False)
     return 0
 
 

@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from lucebox.checkpoints.gguf.blocks import BLOCK_SHAPES, repacked_bytes
 from lucebox.checkpoints.gguf.file import GGUFFile
 from lucebox.checkpoints.gguf.hybrid_weights import HYBRID_ARCHITECTURES, hybrid_sources
 from lucebox.checkpoints.gguf.kimi_weights import KIMI_ARCHITECTURES, kimi_sources
@@ -129,11 +130,6 @@ def concat_rows(parts: list[Weight]) -> Weight:
                            first.dtype, mins)
 
 
-# Bytes per weight of each block type once repacked (codes + scales + mins; see gguf_blocks).
-_REPACKED_BYTES = {"Q8_0": 1 + 2 / 32, "Q4_0": 0.5 + 2 / 32, "Q4_K": 0.5 + 8 / 32, "Q5_K": 1 + 8 / 32,
-                   "Q6_K": 1 + 4 / 16}
-
-
 def device_bytes(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.dtype) -> StoredWeights:
     """The bytes `load_gguf_weights` will hold (all, and the routed experts'), read from the file's
     index before loading: linear weights in their repacked block types (fused halves of different
@@ -143,7 +139,8 @@ def device_bytes(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.dtype
         for n in source.names:
             entry = file.tensors.get(n)
             if entry is not None:
-                per_weight = _REPACKED_BYTES.get(entry.type_name) if keeps_blocks(name) else None
+                repacked = keeps_blocks(name) and entry.type_name in BLOCK_SHAPES
+                per_weight = repacked_bytes(entry.type_name) if repacked else None
                 size = math.prod(entry.shape) * (per_weight or stored_dtype(name, dtype).itemsize)
                 total += size
                 experts += size if is_routed_expert(name) else 0
