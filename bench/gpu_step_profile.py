@@ -71,8 +71,9 @@ def step_profile(check) -> dict:
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     counted = count(parse_args(["--widths", "xs2", "--device", "cuda"] if cuda else ["--widths", "tiny"]))
-    check.record("step_profile", launches_per_layer=counted["launches_per_layer"],
-                 launches_per_token_xs2=counted["launches_per_token_xs2"])
+    kept = ("launches_per_layer", "xs2_layers_per_kind", "most_per_layer", "launches_per_token_xs2", "head",
+            "ops_per_kind")
+    check.record("step_profile", **{key: counted[key] for key in kept})
     folder = pattern_model(XS2_WIDTHS if cuda else TINY)
     llm = lucebox.LLM(str(folder), load_format="dummy", device=device.type, dtype=str(dtype).split(".")[-1],
                       quantization="int4", max_context=4096)

@@ -34,10 +34,10 @@ sys.path.insert(0, str(ROOT))
 
 XS2 = dict(hidden=2048, experts=256, top_k=8, expert_width=512, kv_heads=8, head_dim=128, full_heads=48,
            sliding_heads=64, window=512, contexts=[4096, 16384, 65536, 131072], copy_bytes=2 << 30,
-           l2_bytes=256 << 20, routings=16)
+           l2_bytes=256 << 20, routings=16, rows=(1, 4, 8, 16))
 TINY = dict(hidden=64, experts=8, top_k=2, expert_width=32, kv_heads=2, head_dim=32, full_heads=4,
-            sliding_heads=4, window=16, contexts=[256], copy_bytes=8 << 20, l2_bytes=1 << 20, routings=1)
-ROWS = (1, 4, 8, 16)
+            sliding_heads=4, window=16, contexts=[256], copy_bytes=8 << 20, l2_bytes=1 << 20, routings=1,
+            rows=(1, 8))  # the dry run checks the code at one row and at the targets' 8
 
 
 def parse_args():
@@ -126,7 +126,7 @@ def bench_moe(shapes, dtype, scheme, device, timer, peak) -> list[dict]:
     per_expert = tensor_bytes([gate_up, down]) // E
     rows = []
     g = torch.Generator().manual_seed(0)
-    for M in ROWS:
+    for M in shapes["rows"]:
         for routing in ("independent", "shared"):
             if routing == "shared" and M == 1:
                 continue
@@ -163,7 +163,7 @@ def bench_attention(shapes, dtype, device, timer, peak) -> list[dict]:
         caches = [(torch.randn(KV, S, D, dtype=dtype, device=device), torch.randn(KV, S, D, dtype=dtype, device=device))
                   for _ in range(n)]
         k_positions = torch.arange(S, device=device)
-        for M in ROWS:
+        for M in shapes["rows"]:
             q = torch.randn(M, Hq, D, dtype=dtype, device=device)
             q_positions = torch.arange(S - M, S, device=device)  # the last M rows: causal inside the block
             calls = [partial(attention_partial, q, k, v, q_positions, k_positions, D**-0.5, window)
@@ -191,7 +191,7 @@ def bench_linear(shapes, dtype, device, timer, peak) -> list[dict]:
         plain = torch.empty(N, K, dtype=dtype, device=device).normal_(0, 0.02)
         w_bytes = tensor_bytes([quantize(plain, scheme) if scheme else plain])
         weights = [quantize(plain, scheme) if scheme else plain.clone() for _ in range(copies_for(w_bytes, shapes))]
-        for M in ROWS:
+        for M in shapes["rows"]:
             x = torch.randn(M, K, dtype=dtype, device=device)
             seconds = timer([partial(linear, x, w) for w in weights])
             moved = w_bytes + (M * K + M * N) * x.element_size()
@@ -210,7 +210,7 @@ def bench_small(shapes, dtype, device, timer, peak) -> list[dict]:
     H, Hq, D = shapes["hidden"], shapes["full_heads"], shapes["head_dim"]
     inv_freq = torch.rand(D // 4, device=device)  # partial rotary, as on Laguna's full layers
     rows = []
-    for M in ROWS:
+    for M in shapes["rows"]:
         x, delta, w = (torch.randn(M, H, dtype=dtype, device=device) for _ in range(3))
         q = torch.randn(M, Hq, D, dtype=dtype, device=device)
         logits = torch.randn(M, Hq, dtype=dtype, device=device)

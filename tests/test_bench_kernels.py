@@ -19,7 +19,7 @@ def test_kernel_benchmark_dry_run_writes_every_measurement(tmp_path):
     result = json.loads((tmp_path / "kernels-cpu.json").read_text())
     assert result["dry_run"] and result["peak_gb_per_s"] > 0 and result["commit"] and result["command"]
     for section in ("moe", "attention", "linear", "small"):
-        assert {row["M"] for row in result[section]} == {1, 4, 8, 16}, section
+        assert {row["M"] for row in result[section]} == {1, 8}, section
         assert all(row["us"] > 0 and row["gb_per_s"] > 0 for row in result[section]), section
     assert {row["weights"] for row in result["moe"]} == {"float32", "int4"}
     assert {row["layer"] for row in result["attention"]} == {"full", "sliding"}

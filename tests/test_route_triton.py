@@ -112,6 +112,15 @@ def test_routers_are_kept_in_float32_at_load_and_counted_so(tmp_path, reference_
     assert llm.memory()["weights"] == lucebox.memory.plan.weight_bytes(llm.config, torch.bfloat16)
 
 
+def test_a_float32_router_keeps_its_bits_in_a_bfloat16_model(reference_models):
+    """A router stored in float32 is read in float32, not rounded through the model's bfloat16 first."""
+    folder, _ = reference_models("laguna")
+    wide = lucebox.LLM(folder, device="cpu", dtype="float32", backend="torch")
+    narrow = lucebox.LLM(folder, device="cpu", dtype="bfloat16", backend="torch")
+    routers = [name for name in wide.decoder.w if name.endswith(".router")]
+    assert routers and all(torch.equal(narrow.decoder.w[name], wide.decoder.w[name]) for name in routers)
+
+
 def test_a_gguf_router_is_read_in_float32_whatever_the_model_dtype(tmp_path):
     """llama.cpp stores routers in F32: a float16 model reads them unrounded, and plans their bytes so."""
     from gguf_models import write_tiny_gguf

@@ -25,6 +25,7 @@ from lucebox.errors import (
     TensorDtypeError,
     TensorShapeError,
 )
+from lucebox.models.layout import stored_dtype
 from lucebox.models.sources import Cat, Source, Stack, Unloaded, leaf_names
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -219,8 +220,11 @@ def iter_weights(
     first part), so a caller that streams them on (`lucebox quantize`) holds one tensor at a time.
     Every name is checked before the first is read."""
     chosen = resolve_sources(sources, shapes, index, unloaded)
-    total = sum(math.prod(shapes[name]) * (dtype or index.dtypes[next(leaf_names(src))]).itemsize
-                for name, src in chosen.items())
+    def read_dtype(name: str, source: Source) -> torch.dtype:
+        # Routers are held wider than the model dtype: read them so, not rounded through it first.
+        return stored_dtype(name, dtype) if dtype is not None else index.dtypes[next(leaf_names(source))]
+
+    total = sum(math.prod(shapes[name]) * read_dtype(name, src).itemsize for name, src in chosen.items())
     done = 0
     with index:
 
@@ -243,7 +247,7 @@ def iter_weights(
             index.copy_into(ckpt_name, dest, check)
 
         for name, source in chosen.items():
-            dest = torch.empty(shapes[name], dtype=dtype or index.dtypes[next(leaf_names(source))],
+            dest = torch.empty(shapes[name], dtype=read_dtype(name, source),
                                device=device(name) if callable(device) else device)
             _fill(dest, source, read, name)
             done += dest.numel() * dest.element_size()
