@@ -39,14 +39,18 @@ def fuse_attention_projections(cfg: ModelConfig, weights: dict) -> None:
             rows += n
         biases = [p + n for n in BIASES if p + n in weights]
         if biases:
-            bias = torch.cat([weights[n] for n in biases])
-            if p + "wg" in names:  # the gate has no bias: zeros keep the rows aligned
-                bias = torch.cat([bias, bias.new_zeros(weights[p + "wg"].shape[-2])])
+            # One bias slice per fused part, in row order; a part without a bias (the gate; or k
+            # where only q and v carry one) adds zeros, so every bias stays beside its own rows.
+            slices = [weights.get(p + "b" + name[len(p) + 1 :]) for name in names]
+            bias = torch.cat([b if b is not None else weights[biases[0]].new_zeros(weights[n].shape[-2])
+                              for b, n in zip(slices, names, strict=True)])
             weights[p + FUSED_BIAS] = bias
             rows = 0
-            for name in biases:
-                n = weights[name].shape[0]
-                weights[name] = bias[rows : rows + n]
+            for name in names:
+                n = weights[name].shape[-2]
+                bias_name = p + "b" + name[len(p) + 1 :]
+                if bias_name in weights:
+                    weights[bias_name] = bias[rows : rows + n]
                 rows += n
 
 

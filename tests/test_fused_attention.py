@@ -116,6 +116,20 @@ def test_attention_projections_load_as_one_weight_whose_rows_are_the_originals(r
     assert all(codes(p).untyped_storage().data_ptr() == codes(fused).untyped_storage().data_ptr() for p in parts)
 
 
+def test_a_fused_bias_stays_beside_its_rows_when_a_part_has_none():
+    """q and v with biases, k without (as some checkpoints have): k's rows get zeros, v's bias its own rows."""
+    from types import SimpleNamespace
+
+    from lucebox.models.fused_projections import fuse_attention_projections
+
+    w = {f"layers.0.{n}": random(rows, 3, seed=rows) for n, rows in (("wq", 4), ("wk", 2), ("wv", 2))}
+    bq, bv = random(4, seed=7), random(2, seed=8)
+    w.update({"layers.0.bq": bq.clone(), "layers.0.bv": bv.clone()})
+    fuse_attention_projections(SimpleNamespace(layers=[SimpleNamespace(attention="full")], latent_attention=None), w)
+    assert torch.equal(w["layers.0.bqkv"], torch.cat([bq, torch.zeros(2, device=bq.device), bv]))
+    assert torch.equal(w["layers.0.bv"], bv) and torch.equal(w["layers.0.bq"], bq)
+
+
 @pytest.mark.parametrize("per", ["head", "element"])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
