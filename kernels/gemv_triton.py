@@ -210,6 +210,8 @@ def fixed_order_sum(products, LANES: tl.constexpr):
 def gemv(x: torch.Tensor, w_args: tuple, N: int, bias: torch.Tensor | None) -> torch.Tensor:
     """x (M <= GEMV_ROWS, K) contiguous @ a weight given as `quant_triton.weight_args` -> (M, N)."""
     M, K = x.shape
+    if M == 0:  # no rows: nothing to launch (the kernel would clamp row indices to -1)
+        return torch.empty((0, N), dtype=x.dtype, device=x.device)
     w_ptr, s_ptr, z_ptr, stride_w, stride_s, bits, group, offset = w_args
     block_m = triton.next_power_of_2(M)
     # 16 outputs a program: 128 programs at N = 2048, about 1.6 per SM on an 82-SM RTX 3090; each input

@@ -176,6 +176,8 @@ def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tup
     strides) for the stacks and `weight_args` for the shared expert's matrices (None without one);
     sizes: (E, F, Fs); block_m: the row tile (the whole step's rows, for row groups)."""
     M, H = x.shape
+    if M == 0:  # no rows: nothing to launch (the shared expert's program would read row -1)
+        return torch.empty((0, H), dtype=x.dtype, device=x.device)
     K = ids.shape[1]
     _, F, f_shared = sizes
     shared = shared_gate_up is not None

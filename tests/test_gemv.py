@@ -90,6 +90,15 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_verify_block(poisoned):
         assert torch.equal(alone_row, whole[r : r + 1])
 
 
+def test_a_step_with_no_rows_launches_nothing(poisoned):
+    w = make_weight("int4-g32", 21, 64, dtype=torch.float32)
+    with counted_launches() as (launches, _):
+        y = quant_triton.quantized_linear(random(0, 64), w)
+    assert y.shape == (0, 21) and launches == []
+    x, (gate_up, down), weights, ids, alone = _moe_case("int4-g32", 1, True, torch.float32)
+    assert moe_triton.moe_experts(x[:0], gate_up, down, weights[:0], ids[:0], 2.5, *alone).shape == (0, 64)
+
+
 IGNORED_OPS = {"empty", "empty_strided", "view", "_unsafe_view", "reshape", "expand", "t", "transpose",
                "as_strided", "slice", "select", "unsqueeze", "squeeze", "detach", "alias", "permute"}
 
