@@ -10,12 +10,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from lucebox.kernels.quant import Weight, linear
+from lucebox.kernels.step_rows import DECODE_STEP_ROWS
 
 from lucebox.config import MoESpec
 
 # Steps of at most this many rows (a decode or verify step) route without reading the device: see
 # `_routed_experts`. The engine's widest step (`DECODE_ROWS`) fits under it, which a test checks.
-SMALL_STEP_ROWS = 16
+SMALL_STEP_ROWS = DECODE_STEP_ROWS
 
 
 def routing_dtype(dtype: torch.dtype) -> torch.dtype:

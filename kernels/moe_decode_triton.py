@@ -21,9 +21,10 @@ import torch
 import triton
 import triton.language as tl
 from lucebox.kernels.gemv_triton import fixed_order_sum, fma_weight_tile, load_inputs, tile_accumulator, tile_shape
+from lucebox.kernels.step_rows import DECODE_STEP_ROWS
 
 # The most rows a step may have for this layout; wider steps take the sorted (prefill) layout.
-DEDUP_ROWS = 16
+DEDUP_ROWS = DECODE_STEP_ROWS
 
 
 @triton.jit

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from lucebox.arguments import choice, flag, integer, path, size
+from lucebox.kernels.step_rows import DECODE_STEP_ROWS
 
 # The most rows one decode or verify step forwards: the last token plus up to DRAFT_WIDTH drafts.
 # Rings, the paged pool, CUDA graphs (one per width) and the speculation stage's statistics are
 # sized by it. Kernels choose their own tile sizes (`kernels.moe.SMALL_STEP_ROWS`,
 # `kernels.moe_triton.DEDUP_ROWS`), which a test holds at or above it.
-DECODE_ROWS = 16
+DECODE_ROWS = DECODE_STEP_ROWS
 # Drafters are built for the widest round a verify step holds; `draft_k` caps each round, and can
 # change between requests.
 DRAFT_WIDTH = DECODE_ROWS - 1
