@@ -1,0 +1,111 @@
+"""Tool calls read from each model family's own syntax (`lucebox.text.tool_calls`), malformed ones
+given back as text, the syntax chosen from the chat template, and a streamed answer split into
+content and calls as the whole answer is."""
+
+import json
+
+import pytest
+
+from lucebox.server.tool_stream import ToolCallStream
+from lucebox.server.tools import ToolRequest
+from lucebox.text.tool_calls import detect_format, parse_tool_calls
+
+WEATHER = {"city": "Paris", "days": 3}
+
+
+def _calls(text, fmt):
+    parsed = parse_tool_calls(text, fmt)
+    return parsed.content, [(c.name, json.loads(c.arguments)) for c in parsed.calls]
+
+
+@pytest.mark.parametrize("fmt, text, content", [
+    # Qwen 2.5 / Hermes: a <tool_call> block per call, text before them is content
+    ("hermes", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
+               '</tool_call>\n<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>', "Let me check."),
+    # Llama 3.1+: bare JSON with "parameters", calls separated by ";", or after <|python_tag|>
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}; '
+               '{"name": "ping", "parameters": {}}', ""),
+    ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}};'
+               '{"name": "ping", "parameters": {}}', ""),
+    # Mistral: a JSON list after [TOOL_CALLS], or the newer name[ARGS]{...} form
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}, '
+                '{"name": "ping", "arguments": {}}]', ""),
+    ("mistral", 'ok [TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3}[TOOL_CALLS]ping[ARGS]{}', "ok"),
+])
+def test_each_format_s_parallel_calls_are_read_with_their_arguments(fmt, text, content):
+    found, calls = _calls(text, fmt)
+    assert found.strip() == content
+    assert calls == [("get_weather", WEATHER), ("ping", {})]
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": }\n</tool_call>'),  # broken JSON
+    ("hermes", '<tool_call>\n{"arguments": {}}\n</tool_call>'),  # no name
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>'),  # arguments not an object
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'),  # cut by max_tokens
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}} and then some'),
+    ("llama3", "{not json at all}"),
+    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}'),
+    ("mistral", "[TOOL_CALLS]get_weather{}"),  # no [ARGS]
+])
+def test_a_malformed_call_comes_back_whole_as_text(fmt, text):
+    assert _calls(text, fmt) == (text, [])
+
+
+def test_plain_answers_have_no_calls_and_arguments_given_as_json_text_are_read():
+    assert _calls("The weather is fine.", "hermes") == ("The weather is fine.", [])
+    assert _calls("I'd say {maybe}", "llama3") == ("I'd say {maybe}", [])  # JSON only counts as the whole answer
+    text = '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\", \\"days\\": 3}"}\n</tool_call>'
+    assert _calls(text, "hermes")[1] == [("get_weather", WEATHER)]
+    assert len(parse_tool_calls('[TOOL_CALLS][{"name": "f", "arguments": {}}]', "mistral").calls[0].id) == 9
+
+
+def test_the_format_is_chosen_from_what_the_template_writes():
+    assert detect_format("{{ '<tool_call>\\n' }}{{ tool_call | tojson }}") == "hermes"
+    assert detect_format("{{- '[TOOL_CALLS][' }}") == "mistral"
+    assert detect_format("{{- '<|python_tag|>' }}{%- if message.role == 'ipython' %}") == "llama3"
+    assert detect_format("{% for m in messages %}{{ m.content }}{% endfor %}") is None
+    assert detect_format(None) is None
+
+
+class _CharTokenizer:
+    """Token i is character i of TEXT: a tokenizer for splitting answers anywhere."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.text[i] for i in ids if i >= 0)
+
+
+def _stream(text, fmt, cuts, stops=(), names=("get_weather", "ping"), parallel=True):
+    tools = [{"type": "function", "function": {"name": n}} for n in names]
+    calls = ToolCallStream(_CharTokenizer(text), ToolRequest(tools, "auto", parallel, fmt, {}), [-1], list(stops))
+    pieces, at = [], 0
+    for cut in [*cuts, len(text)]:
+        pieces.append(calls.push(list(range(at, cut))))
+        at = cut
+    rest, parsed = calls.finish()
+    return pieces, rest, parsed
+
+
+@pytest.mark.parametrize("cuts", [[], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [9, 10, 30]])
+def test_a_streamed_answer_sends_the_text_before_a_call_and_never_a_piece_of_its_marker(cuts):
+    text = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+    pieces, rest, parsed = _stream(text, "hermes", cuts)
+    assert all("<" not in p for p in pieces)
+    assert "".join(pieces) + rest == parsed.content == "Checking.\n"
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == [("get_weather", WEATHER)]
+
+
+def test_a_streamed_malformed_call_a_call_to_an_unknown_tool_and_a_stop_string_end_as_text():
+    broken = 'Hi <tool_call>\n{"name": "get_weather", "arguments": {"city": }</tool_call>'
+    pieces, rest, parsed = _stream(broken, "hermes", [2, 5, 9])
+    assert "".join(pieces) + rest == broken and parsed.calls == ()
+    unknown = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
+    assert _stream(unknown, "hermes", [4])[2].calls == ()
+    pieces, rest, parsed = _stream("one two END three", "hermes", [5, 9, 10, 13], stops=["END"])
+    assert "".join(pieces) + rest == "one two " and parsed.content == "one two "
+    _, _, parsed = _stream('{"name": "ping", "parameters": {}}; {"name": "ping", "parameters": {}}', "llama3", [3],
+                           parallel=False)
+    assert len(parsed.calls) == 1  # parallel_tool_calls=false: the first call
