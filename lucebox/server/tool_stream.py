@@ -41,7 +41,8 @@ class ToolCallStream:
             parsed = ParsedOutput(text, ())  # a call to a tool it was not given is the model's text
         if not self._parallel and len(parsed.calls) > 1:
             parsed = replace(parsed, calls=parsed.calls[:1])
-        return parsed.content[self._sent:], parsed
+        rest = parsed.content[self._sent:]
+        return ("" if parsed.calls and not rest.strip() else rest), parsed  # no whitespace between calls
 
     def _cut(self, text: str) -> str:
         at = min((text.find(s) for s in self._stops if s in text), default=-1)
