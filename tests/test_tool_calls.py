@@ -63,7 +63,8 @@ def test_plain_answers_have_no_calls_and_arguments_given_as_json_text_are_read()
 def test_the_format_is_chosen_from_what_the_template_writes():
     assert detect_format("{{ '<tool_call>\\n' }}{{ tool_call | tojson }}") == "hermes"
     assert detect_format("{{- '[TOOL_CALLS][' }}") == "mistral"
-    assert detect_format("{{- '<|python_tag|>' }}{%- if message.role == 'ipython' %}") == "llama3"
+    assert detect_format("{{- '<|python_tag|>' + tool_call.name }}") == "llama3"  # Llama 3.1
+    assert detect_format("{%- if message.role == 'ipython' or message.role == 'tool' %}") == "llama3"  # 3.2
     assert detect_format("{% for m in messages %}{{ m.content }}{% endfor %}") is None
     assert detect_format(None) is None
 

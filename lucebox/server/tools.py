@@ -29,7 +29,6 @@ from lucebox.text.tool_calls import FORMATS, ToolCall, detect_format
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
-_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 @dataclass(frozen=True)
@@ -50,10 +49,10 @@ def tool_request(body: dict, kind: str, fmt: str | None, token_id, mistral_args:
     for name in ("functions", "function_call"):
         if body.get(name) is not None:
             raise invalid(name, "is OpenAI's deprecated form; give tools and tool_choice")
-    if kind != "chat":
-        given = [name for name in _FIELDS if body.get(name) is not None]
-        if given:
-            raise invalid(given[0], "tool calling is only on /v1/chat/completions")
+    if kind != "chat":  # tool_choice "none" and parallel_tool_calls without tools ask for nothing
+        if body.get("tools") or body.get("tool_choice") not in (None, "none"):
+            raise invalid("tools" if body.get("tools") else "tool_choice",
+                          "tool calling is only on /v1/chat/completions")
         return None
     tools, choice = _tools(body.get("tools")), body.get("tool_choice")
     parallel = body.get("parallel_tool_calls")
