@@ -4,8 +4,10 @@ content and calls as the whole answer is."""
 
 import json
 
+import jsonschema
 import pytest
 
+from lucebox.constrained.tool_grammar import tool_call_grammar
 from lucebox.server.tool_stream import ToolCallStream
 from lucebox.server.tools import ToolRequest
 from lucebox.text.tool_calls import detect_format, parse_tool_calls
@@ -110,3 +112,24 @@ def test_a_streamed_malformed_call_a_call_to_an_unknown_tool_and_a_stop_string_e
     _, _, parsed = _stream('{"name": "ping", "parameters": {}}; {"name": "ping", "parameters": {}}', "llama3", [3],
                            parallel=False)
     assert len(parsed.calls) == 1  # parallel_tool_calls=false: the first call
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer",
+          "minimum": 1, "maximum": 9}}, "required": ["city", "days"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("fmt, mistral_args", [("hermes", False), ("llama3", False), ("mistral", False),
+                                               ("mistral", True)])
+def test_a_forced_call_in_each_syntax_follows_its_schema_and_parses_back(builtin_llm, fmt, mistral_args):
+    functions = [{"name": "get_weather", "parameters": SCHEMA},
+                 {"name": "ping", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}]
+    grammar = tool_call_grammar(functions, fmt, False, lambda text: None, mistral_args)
+    answer = builtin_llm.generate("x = ", max_tokens=64, temperature=1.0, seed=4, grammar=grammar)
+    [call] = parse_tool_calls(answer.text, fmt).calls
+    arguments = json.loads(call.arguments)
+    assert answer.finish_reason == "stop" and call.name in ("get_weather", "ping")
+    if call.name == "get_weather":
+        jsonschema.validate(arguments, SCHEMA)
+    marker = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}.get(fmt)
+    if marker:  # a marker the vocabulary holds as one token is written as that token
+        assert "<[7]>" in tool_call_grammar(functions, fmt, False, {marker: 7}.get, mistral_args)
