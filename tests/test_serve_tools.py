@@ -85,7 +85,7 @@ AUTO_CALL = ('start: "Checking.\\n<tool_call>\\n{\\"name\\": \\"get_weather\\", 
 MALFORMED = 'start: "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": }\\n</tool_call>"'
 
 
-def test_auto_parses_the_model_s_calls_and_gives_a_malformed_call_back_as_text(server):
+def test_auto_parses_the_model_s_calls_and_gives_a_malformed_or_off_schema_strict_call_back_as_text(server):
     client = _client(server)
     expected = [("get_weather", {"city": "Oslo", "days": 2}), ("ping", {"host": "a.b"})]
     reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, max_tokens=96,
@@ -104,6 +104,12 @@ def test_auto_parses_the_model_s_calls_and_gives_a_malformed_call_back_as_text(s
         content, calls, finish = _streamed(reply) if stream else (
             reply.choices[0].message.content, reply.choices[0].message.tool_calls or [], reply.choices[0].finish_reason)
         assert (content, calls, finish) == (text, [], "stop")
+    strict = [{"type": "function", "function": {**t["function"], "strict": True}} for t in TOOLS]
+    off_schema = AUTO_CALL.replace("Oslo", "Lima")  # not one of the cities get_weather takes
+    for tools, grammar, called in ((strict, AUTO_CALL, True), (strict, off_schema, False), (TOOLS, off_schema, True)):
+        reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=tools, max_tokens=96,
+                                               extra_body={"grammar": grammar}).choices[0]
+        assert (reply.message.tool_calls is not None, reply.finish_reason == "tool_calls") == (called, called)
     none = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, tool_choice="none",
                                           max_tokens=96, extra_body={"grammar": AUTO_CALL}).choices[0]
     assert none.message.tool_calls is None and none.message.content.startswith("Checking.\n<tool_call>")
@@ -146,7 +152,7 @@ def test_bad_tool_requests_are_refused_naming_the_field_and_nothing_reaches_the_
         ({"tools": [tool(parametrs={})]}, 422, "tools[0].function.parametrs"),
         ({"tools": [{"type": "retrieval"}]}, 422, "tools[0]"),
         ({"tools": "f"}, 422, "tools"),
-        ({"tools": [tool(strict=True)]}, 422, "tools[0].function.strict"),
+        ({"tools": [tool(strict="yes")]}, 422, "tools[0].function.strict"),
         ({"tools": [tool()], "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
         ({"tools": [tool()], "tool_choice": "sometimes"}, 422, "tool_choice"),
         ({"tool_choice": "required"}, 400, "tool_choice"),

@@ -23,8 +23,7 @@ class ToolCallStream:
         """`request`: the tools asked for; `end_ids`: the tokens that end an answer; `stops`: stop strings."""
         self._decoder = IncrementalDecoder(tokenizer, skip_special_tokens=False)
         self._fmt, self._end_ids, self._stops = request.fmt, frozenset(end_ids), list(stops)
-        self._names = {t["function"]["name"] for t in request.tools}
-        self._parallel = request.parallel
+        self._request = request
         self._text, self._sent, self._in_call = "", 0, False
 
     def push(self, ids) -> str:
@@ -37,9 +36,9 @@ class ToolCallStream:
         self._text += self._decoder.flush()
         text = self._cut(self._text)
         parsed = parse_tool_calls(text, self._fmt)
-        if any(c.name not in self._names for c in parsed.calls):
-            parsed = ParsedOutput(text, ())  # a call to a tool it was not given is the model's text
-        if not self._parallel and len(parsed.calls) > 1:
+        if not all(self._request.allows(c) for c in parsed.calls):
+            parsed = ParsedOutput(text, ())  # a call to a tool it was not given (or off a strict schema) is text
+        if not self._request.parallel and len(parsed.calls) > 1:
             parsed = replace(parsed, calls=parsed.calls[:1])
         rest = parsed.content[self._sent:]
         return ("" if parsed.calls and not rest.strip() else rest), parsed  # no whitespace between calls

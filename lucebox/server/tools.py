@@ -12,7 +12,8 @@ checked into what the prompt and the engine need, and the messages of a tool-cal
 - A named function is called exactly once. `required` calls one or more of the tools, exactly one
   with `parallel_tool_calls=false`, under which `auto` keeps the first call the model wrote.
 - `strict`: a constrained call always follows its schema; under `auto` nothing constrains the
-  arguments, so `strict: true` there is refused rather than promised.
+  arguments, so a call to a `strict` function whose arguments its schema refuses is not returned as a
+  call: the answer comes back as text (`tool_stream`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from lucebox.constrained.schema_check import follows_schema
 from lucebox.constrained.spec import Constraint
 from lucebox.constrained.tool_grammar import tool_call_grammar
 from lucebox.errors import GrammarError, LuceboxError
@@ -42,6 +44,11 @@ class ToolRequest:
     @property
     def parses(self) -> bool:
         return self.choice != "none"
+
+    def allows(self, call: ToolCall) -> bool:
+        """Is `call` one to a tool given, with arguments that follow its schema where it is `strict`?"""
+        f = next((t["function"] for t in self.tools if t["function"]["name"] == call.name), None)
+        return f is not None and (not f.get("strict") or follows_schema(call.arguments, f.get("parameters") or {}))
 
 
 def tool_request(body: dict, kind: str, fmt: str | None, token_id, mistral_args: bool) -> ToolRequest | None:
@@ -79,11 +86,6 @@ def tool_request(body: dict, kind: str, fmt: str | None, token_id, mistral_args:
     if choice != "none" and fmt is None:
         raise APIError(400, "tools: this model's chat template writes no tool-call syntax lucebox knows; start "
                             f"the server with --tool-parser ({', '.join(FORMATS)}) to choose one", "tools")
-    if choice == "auto":
-        strict = [i for i, t in enumerate(tools) if t["function"].get("strict")]
-        if strict:
-            raise invalid(f"tools[{strict[0]}].function.strict", 'true needs tool_choice "required" or a named '
-                          'function (constrained calls); under "auto" calls are parsed, not constrained')
     constraint = {}
     if forced is not None:
         if body.get("response_format") not in (None, {"type": "text"}) or body.get("grammar") is not None:
