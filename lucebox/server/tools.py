@@ -139,7 +139,8 @@ def tool_message(message: dict, i: int, content: str) -> dict:
         call_id = message.get("tool_call_id")
         if not isinstance(call_id, str):
             raise invalid(f"messages[{i}].tool_call_id", "is required: the id of the call this answers")
-        return {"role": "tool", "content": content, "tool_call_id": call_id}
+        name = {"name": message["name"]} if isinstance(message.get("name"), str) else {}  # some templates print it
+        return {"role": "tool", "content": content, "tool_call_id": call_id, **name}
     calls = []
     for j, call in enumerate(message["tool_calls"] if isinstance(message["tool_calls"], list) else [None]):
         at = f"messages[{i}].tool_calls[{j}]"
