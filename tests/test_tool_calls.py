@@ -3,13 +3,17 @@ given back as text, the syntax chosen from the chat template, and a streamed ans
 content and calls as the whole answer is."""
 
 import json
+import shutil
 
 import jsonschema
 import pytest
+from tiny_models import VOCAB
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+import lucebox
 from lucebox.constrained.tool_grammar import tool_call_grammar
 from lucebox.server.tool_stream import ToolCallStream
-from lucebox.server.tools import ToolRequest
+from lucebox.server.tools import ToolRequest, model_tool_format
 from lucebox.text.tool_calls import detect_format, parse_tool_calls
 
 WEATHER = {"city": "Paris", "days": 3}
@@ -133,3 +137,34 @@ def test_a_forced_call_in_each_syntax_follows_its_schema_and_parses_back(builtin
     marker = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]"}.get(fmt)
     if marker:  # a marker the vocabulary holds as one token is written as that token
         assert "<[7]>" in tool_call_grammar(functions, fmt, False, {marker: 7}.get, mistral_args)
+
+
+MISTRAL_TEMPLATE = ("{% for m in messages %}[INST]{{ m['content'] }}[/INST]{% endfor %}"
+                    "{% if tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}"
+                    "{# calls are written [TOOL_CALLS]name[ARGS]{...} #}")
+
+
+def test_a_special_token_marker_is_forced_as_its_token_and_read_back_from_it(reference_models, tmp_path):
+    """Mistral's [TOOL_CALLS] and [ARGS] are special tokens: the grammar writes them as tokens, plain
+    decoding drops them, and the calls are read from the text with them kept."""
+    folder, _ = reference_models("mistral")
+    dest = shutil.copytree(folder, tmp_path / "model")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.train_from_iterator(['{"host": "abc", "port": 12} ping [] 0123456789'] * 5, trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=["</s>", "[TOOL_CALLS]", "[ARGS]"]))
+    tok.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "chat_template": MISTRAL_TEMPLATE}))
+    llm = lucebox.LLM(dest, device="cpu", dtype="float32")
+    assert model_tool_format(llm, None) == ("mistral", True)
+    ping = {"name": "ping", "parameters": {"type": "object", "properties": {"port": {"type": "integer", "minimum": 1,
+            "maximum": 99}}, "required": ["port"], "additionalProperties": False}}
+    grammar = tool_call_grammar([ping], "mistral", False, llm.tokenizer.token_to_id, True)
+    answer = llm.generate(llm.tokenizer.encode("ping"), max_tokens=24, temperature=1.0, seed=0, grammar=grammar)
+    assert answer.token_ids[0] == llm.tokenizer.token_to_id("[TOOL_CALLS]") and "[TOOL_CALLS]" not in answer.text
+    request = ToolRequest([{"type": "function", "function": ping}], "required", False, "mistral", {})
+    calls = ToolCallStream(llm.tokenizer, request, llm.eos_token_ids, [])
+    assert calls.push(answer.token_ids) == ""
+    _, parsed = calls.finish()
+    [call] = parsed.calls
+    assert call.name == "ping" and 1 <= json.loads(call.arguments)["port"] <= 99
