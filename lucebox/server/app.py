@@ -173,7 +173,8 @@ class _State:
 
     def _token_id(self, text: str) -> int | None:
         """The id of the one token spelled `text` (a tool-call marker), or None."""
-        return self.llm.tokenizer.token_to_id(text)
+        tokenizer = self.llm.engine.tokenizer  # None without tokenizer files: the prompt is refused later
+        return None if tokenizer is None else tokenizer.token_to_id(text)
 
     async def _first_event(self, job: Job, request: Request):
         """The first chunk, so that an error the engine meets before any output (a prompt it refuses)

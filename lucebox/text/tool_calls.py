@@ -76,7 +76,7 @@ def parse_tool_calls(text: str, fmt: str) -> ParsedOutput:
     one: all of `text` as content."""
     try:
         found = {"hermes": _hermes, "llama3": _llama3, "mistral": _mistral}[fmt](text)
-    except (ValueError, TypeError, KeyError):  # json's errors are ValueErrors
+    except (ValueError, TypeError, KeyError, RecursionError):  # json's errors are ValueErrors; deep nesting
         found = None
     if not found:
         return ParsedOutput(text, ())
