@@ -5,7 +5,7 @@ import json
 
 import jsonschema
 import pytest
-from tool_models import qwen_tools_model
+from tool_models import QWEN_TOOLS_TEMPLATE, qwen_tools_model
 
 from lucebox.chat.conversation import render
 from lucebox.server.openai_api import APIError, parse_request
@@ -128,6 +128,14 @@ def test_a_tool_calling_chat_goes_back_through_the_template(server, model):
     prompt = render(tokenizer, *prompt_parts(tokenizer, request.messages, request.tools)[:1], True,
                     request.tools.tools)
     assert json.dumps(TOOLS[1]) in prompt  # the tools, as the template writes them
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    reference = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()))
+    as_transformers_takes = [*messages[:1], {**messages[1], "tool_calls": [{**call, "function": {
+        "name": "get_weather", "arguments": {"city": "Paris", "days": 3}}}]}, messages[2]]
+    assert prompt == reference.apply_chat_template(as_transformers_takes, tools=TOOLS, tokenize=False,
+                                                   add_generation_prompt=True, chat_template=QWEN_TOOLS_TEMPLATE)
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>' in prompt
     assert prompt.endswith('<tool_response>\n{"temp": 21}\n</tool_response><|im_end|>\n<|im_start|>assistant\n')
     builtin = load_tokenizer(__import__("lucebox.builtin").builtin.builtin_model(), {}, None)  # no chat template
