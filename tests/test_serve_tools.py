@@ -8,6 +8,8 @@ import pytest
 from tool_models import QWEN_TOOLS_TEMPLATE, qwen_tools_model
 
 from lucebox.chat.conversation import render
+from lucebox.cli import build_parser
+from lucebox.server.command import settings_from
 from lucebox.server.openai_api import APIError, parse_request
 from lucebox.server.process import ServerProcess
 from lucebox.server.tools import model_tool_format, prompt_parts, tool_request
@@ -185,7 +187,10 @@ def test_the_call_syntax_comes_from_the_template_or_the_flag_and_a_model_with_no
         tokenizer = load_tokenizer(model, {}, None)
 
     assert model_tool_format(Model, None) == ("hermes", False)
-    assert model_tool_format(Model, "mistral") == ("mistral", False)
+    flag = settings_from(build_parser().parse_args(["serve", "--tool-parser", "mistral"])).tool_parser
+    assert model_tool_format(Model, flag) == ("mistral", False)
+    with pytest.raises(SystemExit):  # argparse names the choices
+        build_parser().parse_args(["serve", "--tool-parser", "qwen"])
     with pytest.raises(APIError) as refused:
         tool_request({"tools": TOOLS}, "chat", None, lambda text: None, False)
     assert (refused.value.status, refused.value.param) == (400, "tools")
