@@ -112,6 +112,11 @@ def test_auto_parses_the_model_s_calls_and_gives_a_malformed_or_off_schema_stric
         reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=tools, max_tokens=96,
                                                extra_body={"grammar": grammar}).choices[0]
         assert (reply.message.tool_calls is not None, reply.finish_reason == "tool_calls") == (called, called)
+    plain = 'start: " Sure, no call needed."'  # a leading space: sentencepiece writes it only after context
+    answers = [client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, tool_choice=choice,
+                                              max_tokens=32, extra_body={"grammar": plain}).choices[0].message.content
+               for choice in ("auto", "none")]  # parsed from our own decoding, and the engine's text
+    assert answers == [" Sure, no call needed."] * 2
     none = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, tool_choice="none",
                                           max_tokens=96, extra_body={"grammar": AUTO_CALL}).choices[0]
     assert none.message.tool_calls is None and none.message.content.startswith("Checking.\n<tool_call>")

@@ -149,7 +149,7 @@ class _State:
             job.cancelled.set()
             raise
         calls = None if req.tools is None or not req.tools.parses else ToolCallStream(
-            self.llm.tokenizer, req.tools, self.llm.eos_token_ids, stop)
+            self.llm.tokenizer, req.tools, self.llm.eos_token_ids, stop, prompt_ids)
         if req.stream:
             return _JobStream(job, self._events(req, job, rid, first, calls), media_type="text/event-stream",
                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -19,9 +19,10 @@ from lucebox.text.tool_calls import ParsedOutput, call_markers, parse_tool_calls
 
 
 class ToolCallStream:
-    def __init__(self, tokenizer, request: ToolRequest, end_ids, stops: list[str]):
-        """`request`: the tools asked for; `end_ids`: the tokens that end an answer; `stops`: stop strings."""
-        self._decoder = IncrementalDecoder(tokenizer, skip_special_tokens=False)
+    def __init__(self, tokenizer, request: ToolRequest, end_ids, stops: list[str], prompt_ids=()):
+        """`request`: the tools asked for; `end_ids`: the tokens that end an answer; `stops`: stop strings;
+        `prompt_ids`: the prompt, whose last tokens are context for the first (as the engine decodes)."""
+        self._decoder = IncrementalDecoder(tokenizer, prompt_ids, skip_special_tokens=False)
         self._fmt, self._end_ids, self._stops = request.fmt, frozenset(end_ids), list(stops)
         self._request = request
         self._text, self._sent, self._in_call = "", 0, False
