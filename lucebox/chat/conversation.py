@@ -21,11 +21,16 @@ from collections.abc import Callable
 _MARKER = "\x00lucebox-answer\x00"  # stands in for an answer to find where the template puts it
 
 
-def render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
-    """The prompt text of `messages` ({"role", "content"} dicts)."""
-    messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+_MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")  # what templates read
+
+
+def render(tokenizer, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
+    """The prompt text of `messages` ({"role", "content"} dicts, and a tool-calling chat's
+    `tool_calls`, `tool_call_id`, `name`); `tools` go to the template as transformers passes them."""
+    messages = [{k: m[k] for k in _MESSAGE_KEYS if k in m} for m in messages]
     if tokenizer.has_chat_template:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        extra = {} if tools is None else {"tools": tools}
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
     text = ""
     for m in messages:  # a user's message starts on a line of its own; an answer continues the text
         newline = m["role"] != "assistant" and text and not text.endswith("\n")

@@ -20,6 +20,8 @@ from lucebox.errors import LuceboxError
 from lucebox.server import openai_api as api
 from lucebox.server.guard import ClientLeft, HostGuard, check_key, read_json
 from lucebox.server.settings import ServerSettings
+from lucebox.server.tool_stream import ToolCallStream, tool_events, tool_fields
+from lucebox.server.tools import model_tool_format, prompt_parts, tool_request
 from lucebox.server.worker import EngineWorker, Job
 
 POLL_SECONDS = 0.25  # how often a waiting request checks that its client is still there
@@ -73,6 +75,7 @@ class _State:
         self.model_name = settings.model_name or llm.description.folder.name
         self.worker: EngineWorker | None = None
         self.defaults = model_defaults(llm.description.generation_config)
+        self.tool_format, self.mistral_args = model_tool_format(llm, settings.tool_parser)
 
     # -- plain endpoints -------------------------------------------------------------------------------
 
@@ -122,6 +125,7 @@ class _State:
         check_key(request, self.settings.api_key)
         body = await read_json(request, self.settings)
         req = api.parse_request(body, kind, self.llm.config.vocab_size)
+        req.tools = tool_request(body, kind, self.tool_format, self._token_id, self.mistral_args)
         if req.model is not None and req.model != self.model_name:
             raise api.APIError(404, f"model '{req.model}' is not served here; this server has "
                                     f"'{self.model_name}' (GET /v1/models)", "model", "model_not_found")
@@ -134,7 +138,8 @@ class _State:
         max_tokens = min(req.max_tokens or room, room)
         stop = req.stop or (list(PLAIN_STOP) if kind == "chat" and not self.llm.tokenizer.has_chat_template else [])
         options = {"max_tokens": max_tokens, **{"temperature": 1.0, **self.defaults, **req.sampling},
-                   "stop": stop or None, "snapshot_at": snapshots, **req.constraint}
+                   "stop": stop or None, "snapshot_at": snapshots, **req.constraint,
+                   **(req.tools.constraint if req.tools else {})}
         job = Job(prompt_ids, options, asyncio.get_running_loop())
         self.worker.submit(job)
         rid = api.new_id(kind)
@@ -143,24 +148,33 @@ class _State:
         except BaseException:
             job.cancelled.set()
             raise
+        calls = None if req.tools is None or not req.tools.parses else ToolCallStream(
+            self.llm.tokenizer, req.tools, self.llm.eos_token_ids, stop, prompt_ids)
         if req.stream:
-            return _JobStream(job, self._events(req, job, rid, first), media_type="text/event-stream",
+            return _JobStream(job, self._events(req, job, rid, first, calls), media_type="text/event-stream",
                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await self._whole(req, job, rid, first, request)
+        return await self._whole(req, job, rid, first, request, calls)
 
     def _prompt_ids(self, req: api.GenerationRequest) -> tuple[list[int], tuple[int, ...]]:
         """The prompt's ids, and for a chat its turn boundary (`LLM.stream`'s `snapshot_at`)."""
         try:
             if req.kind == "chat":
-                tokenizer = self.llm.tokenizer
-                ids = encode_all(tokenizer, render(tokenizer, req.messages, add_generation_prompt=True))
-                history = encode_all(tokenizer, render(tokenizer, req.messages, add_generation_prompt=False))
+                tokenizer, messages, tools = self.llm.tokenizer, req.messages, None
+                if req.tools is not None:
+                    messages, tools = prompt_parts(tokenizer, messages, req.tools)
+                ids = encode_all(tokenizer, render(tokenizer, messages, True, tools))
+                history = encode_all(tokenizer, render(tokenizer, messages, False, tools))
                 return ids, turn_boundary(history, ids)
             if isinstance(req.prompt, str):
                 return self.llm.tokenizer.encode(req.prompt), ()
             return list(req.prompt), ()
         except LuceboxError as e:  # no tokenizer, a template that fails on these messages
             raise api.APIError(400, str(e)) from None
+
+    def _token_id(self, text: str) -> int | None:
+        """The id of the one token spelled `text` (a tool-call marker), or None."""
+        tokenizer = self.llm.engine.tokenizer  # None without tokenizer files: the prompt is refused later
+        return None if tokenizer is None else tokenizer.token_to_id(text)
 
     async def _first_event(self, job: Job, request: Request):
         """The first chunk, so that an error the engine meets before any output (a prompt it refuses)
@@ -187,10 +201,10 @@ class _State:
             if done:
                 return getter.result()
 
-    async def _whole(self, req, job: Job, rid: str, first, request: Request) -> JSONResponse:
+    async def _whole(self, req, job: Job, rid: str, first, request: Request, calls) -> JSONResponse:
         texts, chunk = [], first
         while chunk is not None:
-            texts.append(chunk.text or "")
+            texts.append(chunk.text or "" if calls is None else calls.push(chunk.token_ids))
             last = chunk
             try:
                 chunk = await self._wait(job, request)
@@ -199,10 +213,14 @@ class _State:
         text = "".join(texts)
         if req.kind == "completion" and req.echo and isinstance(req.prompt, str):
             text = req.prompt + text
-        return JSONResponse(api.completion(req, rid, self.model_name, text, last.finish_reason,
-                                           last.stats))
+        reply = api.completion(req, rid, self.model_name, text, last.finish_reason, last.stats)
+        if calls is not None:
+            rest, parsed = calls.finish()
+            message, reply["choices"][0]["finish_reason"] = tool_fields(text + rest, parsed, last.finish_reason)
+            reply["choices"][0]["message"].update(message)
+        return JSONResponse(reply)
 
-    async def _events(self, req, job: Job, rid: str, first):
+    async def _events(self, req, job: Job, rid: str, first, calls):
         model = self.model_name
         try:
             if req.kind == "completion" and req.echo and isinstance(req.prompt, str):
@@ -211,11 +229,18 @@ class _State:
                 yield _sse(api.chunk(req, rid, model, "", None, first=True))
             chunk = first
             while chunk is not None:
-                if chunk.text:
-                    yield _sse(api.chunk(req, rid, model, chunk.text, None))
+                text = chunk.text if calls is None else calls.push(chunk.token_ids)
+                if text:
+                    yield _sse(api.chunk(req, rid, model, text, None))
                 last = chunk
                 chunk = await job.next()
-            yield _sse(api.chunk(req, rid, model, None, last.finish_reason))
+            finish = last.finish_reason
+            if calls is not None:
+                rest, parsed = calls.finish()
+                for event in tool_events(req, rid, model, rest, parsed):
+                    yield _sse(event)
+                finish = tool_fields("", parsed, finish)[1]
+            yield _sse(api.chunk(req, rid, model, None, finish))
             if req.include_usage:
                 yield _sse(api.usage_chunk(req, rid, model, last.stats))
             yield b"data: [DONE]\n\n"

@@ -10,6 +10,7 @@ import warnings
 from lucebox.cli.engine_flags import add_engine_flags, open_engine
 from lucebox.errors import LuceboxWarning
 from lucebox.server.settings import ServerSettings
+from lucebox.text.tool_calls import FORMATS
 
 
 def add_parser(sub) -> None:
@@ -41,6 +42,9 @@ def add_parser(sub) -> None:
     p.add_argument("--read-timeout", type=float, default=30.0,
                    help="seconds a client has to send a request's headers, then again its body; past them the "
                         "connection is closed, or the answer is 408 (default 30)")
+    p.add_argument("--tool-parser", default=None, choices=FORMATS,
+                   help="the syntax of the model's tool calls (default: the one its chat template writes: "
+                        "<tool_call> is hermes, [TOOL_CALLS] mistral, <|python_tag|> llama3)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds Ctrl-C / SIGTERM lets running requests finish before cancelling them")
 
@@ -50,7 +54,7 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
     anyone on the network could use the model."""
     settings = ServerSettings(args.served_model_name, args.host, args.port, args.api_key, tuple(args.allowed_host),
                               args.max_queue, args.max_body_bytes, args.max_connections, args.read_timeout,
-                              args.shutdown_timeout)
+                              args.shutdown_timeout, args.tool_parser)
     if settings.public and settings.api_key is None:
         names = "; clients must reach it by IP address or an --allowed-host name" if settings.every_interface else ""
         warnings.warn(f"listening on {settings.host} without --api-key: anyone who can reach this machine can "

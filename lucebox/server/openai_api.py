@@ -11,7 +11,7 @@ from lucebox import arguments
 from lucebox.errors import GrammarError, InvalidArgumentError
 from lucebox.server.structured import constraint_options
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 4  # as OpenAI's API
 SEED_RANGE = (-(2**63), 2**63 - 1)
 
@@ -51,6 +51,7 @@ class GenerationRequest:
     sampling: dict = field(default_factory=dict)  # temperature, top_p, top_k, min_p, repetition_penalty, seed
     stop: list[str] = field(default_factory=list)
     constraint: dict = field(default_factory=dict)  # json_schema | json_object | grammar (`server.structured`)
+    tools: object = None  # a `server.tools.ToolRequest`, or None
 
 
 def _number(body: dict, name: str, low: float, high: float, integer: bool = False, low_open: bool = False):
@@ -94,16 +95,19 @@ def _content(message: dict, i: int) -> str:
 
 
 def _messages(value) -> list[dict]:
+    from lucebox.server.tools import tool_message  # it imports this module's errors
+
     if not isinstance(value, list) or not value:
         raise invalid("messages", "must be a non-empty list of {role, content} objects")
     messages = []
     for i, m in enumerate(value):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise invalid(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}")
-        if m.get("tool_calls"):
-            raise invalid(f"messages[{i}]", "tool calls are not supported")
         role = "system" if m["role"] == "developer" else m["role"]
-        messages.append({"role": role, "content": _content(m, i)})
+        if role == "tool" or (role == "assistant" and m.get("tool_calls")):
+            messages.append(tool_message(m, i, _content(m, i)))
+        else:
+            messages.append({"role": role, "content": _content(m, i)})
     return messages
 
 
@@ -123,10 +127,6 @@ def _unsupported(body: dict) -> None:
             raise invalid(name, "is not supported; use repetition_penalty")
     if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
         raise invalid("logprobs", "log-probabilities are not supported by lucebox yet")
-    if body.get("tools") or body.get("functions"):
-        raise invalid("tools", "tools are not supported by lucebox yet")
-    if body.get("tool_choice") not in (None, "none"):
-        raise invalid("tool_choice", "tools are not supported by lucebox yet")
     for name in _CONSTRAINT_EXTENSIONS:  # other servers' ways to constrain the output
         if body.get(name) is not None:
             raise invalid(name, "is not lucebox's way to constrain the output: use response_format (json_object, "

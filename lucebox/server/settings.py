@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from lucebox.errors import InvalidArgumentError
+from lucebox.text.tool_calls import FORMATS
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 EVERY_INTERFACE = ("0.0.0.0", "::")
@@ -56,6 +57,7 @@ class ServerSettings:
     max_connections: int = 128
     read_timeout: float = 30.0  # for a request's headers, then again for its body
     shutdown_timeout: float = 10.0
+    tool_parser: str | None = None  # a tool-call syntax (text.tool_calls.FORMATS); None: the chat template's
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -79,6 +81,8 @@ class ServerSettings:
                 raise InvalidArgumentError(f"{flag} must be at least {low}, got {value}")
             if high is not None and value > high:
                 raise InvalidArgumentError(f"{flag} must be at most {high}, got {value}")
+        if self.tool_parser is not None and self.tool_parser not in FORMATS:
+            raise InvalidArgumentError(f"--tool-parser must be one of {', '.join(FORMATS)}, got {self.tool_parser!r}")
         for flag, seconds in (("--read-timeout", self.read_timeout), ("--shutdown-timeout", self.shutdown_timeout)):
             if not seconds > 0:
                 raise InvalidArgumentError(f"{flag} must be a positive number of seconds, got {seconds}")

@@ -56,6 +56,10 @@ class ChatTemplates:
     def __contains__(self, name: str) -> bool:
         return name in self._templates
 
+    def text(self, name: str) -> str | None:
+        """The source of template `name`, or None."""
+        return self._templates.get(name)
+
     def render(self, name: str, messages: list[dict], variables: dict) -> str:
         """The template `name` (one this holds) rendered with `variables` and the `messages` of a chat."""
         try:

@@ -218,6 +218,10 @@ class Tokenizer:
         close_run()
         return "".join(out)
 
+    def chat_template(self, tools: bool = False) -> str | None:
+        """The source of the chat template `apply_chat_template` renders (with `tools` given, or not)."""
+        return self._templates.text("tool_use" if tools and "tool_use" in self._templates else "default")
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             **kwargs: Any) -> str:
         name = "tool_use" if kwargs.get("tools") is not None and "tool_use" in self._templates else "default"

@@ -1,0 +1,52 @@
+"""A grammar (llguidance's Lark) whose every sentence is tool calls in the model's own syntax
+(`text.tool_calls`), each call's arguments following its function's JSON Schema: what
+`tool_choice="required"` or a named function constrain the output to.
+
+A marker the tokenizer holds as one token (`<tool_call>` in Qwen's vocabulary, `[TOOL_CALLS]` in
+Mistral's) is written as that token (`<[id]>`): a special token is never matched by text, and the
+model writes the single token, not its spelling."""
+
+from __future__ import annotations
+
+import json
+
+from lucebox.constrained.spec import JSON_DEFAULTS, Constraint
+
+
+def tool_call_grammar(functions: list[dict], fmt: str, parallel: bool, token_id, mistral_args: bool = False,
+                      field: str = "tools") -> str:
+    """The grammar (Lark text, checked by the grammar engine) for calls to any of `functions`
+    ({"name", "parameters"} dicts) in syntax `fmt`; one call, or (`parallel`) one or more.
+    `token_id(text)`: the id of a token spelled `text`, or None.
+    `mistral_args`: Mistral's newer `[TOOL_CALLS]name[ARGS]{...}` syntax."""
+    def literal(text: str) -> str:
+        i = token_id(text)
+        return f"<[{i}]>" if i is not None else json.dumps(text)
+
+    def arguments(f: dict) -> str:
+        schema = f.get("parameters") or {"type": "object"}
+        schema = {**schema, "x-guidance": {**JSON_DEFAULTS, **schema.get("x-guidance", {})}}
+        return "%json " + json.dumps(schema)
+
+    def json_call(f: dict, key: str) -> str:  # {"name": "f", "<key>": {...}}
+        head = json.dumps({"name": f["name"]})[:-1] + ", " + json.dumps(key) + ": "
+        return f'{json.dumps(head)} {arguments(f)} "}}"'
+
+    if fmt == "hermes":
+        call = " | ".join(f'{literal("<tool_call>")} "\\n" {json_call(f, "arguments")} "\\n" {literal("</tool_call>")}'
+                          for f in functions)
+        start = 'call ("\\n" call)*' if parallel else "call"
+    elif fmt == "llama3":
+        call = " | ".join(json_call(f, "parameters") for f in functions)
+        start = 'call ("; " call)*' if parallel else "call"
+    elif mistral_args:
+        call = " | ".join(f'{literal("[TOOL_CALLS]")} {json.dumps(f["name"])} {literal("[ARGS]")} {arguments(f)}'
+                          for f in functions)
+        start = "call+" if parallel else "call"
+    else:
+        call = " | ".join(json_call(f, "arguments") for f in functions)
+        start = f'{literal("[TOOL_CALLS]")} "[" call (", " call)* "]"' if parallel else \
+            f'{literal("[TOOL_CALLS]")} "[" call "]"'
+    lark = f"start: {start}\ncall: {call}\n"
+    Constraint.lark(lark, field)  # a GrammarError naming `field` if the engine cannot compile it
+    return lark

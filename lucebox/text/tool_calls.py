@@ -1,0 +1,151 @@
+"""Tool calls in the model's own syntax: which syntax a chat template teaches, and the calls read
+back out of what the model wrote.
+
+Three syntaxes, named as `lucebox serve --tool-parser` takes them:
+- "hermes" (Hermes, Qwen 2.5/3, many fine-tunes): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
+  one block per call;
+- "llama3" (Llama 3.1-3.3 JSON tool calling): `{"name": ..., "parameters": {...}}`, the whole answer,
+  optionally after `<|python_tag|>`, several calls separated by `;`;
+- "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or the newer
+  `[TOOL_CALLS]name[ARGS]{...}` (repeated for parallel calls).
+
+Output that does not parse as calls in the chosen syntax (broken JSON, a missing name, arguments
+that are not an object, a call cut short by max_tokens) comes back whole as text: a malformed call is
+the model's text, never a server error. The text given here is decoded with special tokens kept
+(`[TOOL_CALLS]` and `<|python_tag|>` are special tokens that plain decoding drops).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import string
+from dataclasses import dataclass
+
+FORMATS = ("hermes", "llama3", "mistral")
+_DECODER = json.JSONDecoder()
+_HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object's text, as OpenAI's API carries it
+    id: str
+
+
+@dataclass(frozen=True)
+class ParsedOutput:
+    content: str  # the text beside the calls (text before the first call first), or all of it when none parsed
+    calls: tuple[ToolCall, ...]
+
+
+def detect_format(template: str | None) -> str | None:
+    """The tool-call syntax a chat template writes (from the markers it renders), or None."""
+    if not template:
+        return None
+    if "<tool_call>" in template:
+        return "hermes"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<|python_tag|>" in template or "ipython" in template:
+        return "llama3"
+    return None
+
+
+def call_markers(fmt: str) -> tuple[str, ...]:
+    """Text that starts a call in `fmt`: streamed content stops where one may begin. Llama 3's bare
+    JSON call starts with "{", which only counts at the start of the answer (`starts_at_beginning`)."""
+    return {"hermes": ("<tool_call>",), "llama3": ("<|python_tag|>", "{"), "mistral": ("[TOOL_CALLS]",)}[fmt]
+
+
+def starts_at_beginning(fmt: str, marker: str) -> bool:
+    return fmt == "llama3" and marker == "{"
+
+
+def new_call_id(fmt: str) -> str:
+    """A call id; Mistral's templates refuse any id that is not 9 letters or digits."""
+    if fmt == "mistral":
+        return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
+    return "call_" + secrets.token_hex(12)
+
+
+def parse_tool_calls(text: str, fmt: str) -> ParsedOutput:
+    """The calls in `text` (written in syntax `fmt`) and the text beside them; no call, or a malformed
+    one: all of `text` as content."""
+    try:
+        found = {"hermes": _hermes, "llama3": _llama3, "mistral": _mistral}[fmt](text)
+    except (ValueError, TypeError, KeyError, RecursionError):  # json's errors are ValueErrors; deep nesting
+        found = None
+    if not found:
+        return ParsedOutput(text, ())
+    content, pairs = found
+    calls = tuple(ToolCall(name, json.dumps(args, ensure_ascii=False), new_call_id(fmt)) for name, args in pairs)
+    return ParsedOutput(content, calls)
+
+
+def _call(obj, arguments_key: str) -> tuple[str, dict]:
+    """(name, arguments) of one decoded call; a ValueError when it is not one."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        raise ValueError("a call needs a name")
+    args = obj.get(arguments_key, obj.get("arguments", {}))
+    if isinstance(args, str):  # some models write the arguments as JSON text, as OpenAI's API carries them
+        args = json.loads(args)
+    if not isinstance(args, dict):
+        raise ValueError("a call's arguments must be an object")
+    return obj["name"], args
+
+
+def _whole_json(text: str):
+    """`text` as one JSON value, nothing after it but whitespace."""
+    value, end = _DECODER.raw_decode(text)
+    if text[end:].strip():
+        raise ValueError("text after the call")
+    return value
+
+
+def _hermes(text: str):
+    blocks = list(_HERMES_BLOCK.finditer(text))
+    if not blocks:
+        return None
+    pairs = [_call(_whole_json(b.group(1).strip()), "arguments") for b in blocks]
+    return _HERMES_BLOCK.sub("", text), pairs
+
+
+def _llama3(text: str):
+    content, tag, body = text.partition("<|python_tag|>")
+    if not tag:
+        content, body = "", text
+    body = body.strip()
+    if not body.startswith("{"):
+        return None
+    pairs, at = [], 0
+    while True:
+        obj, end = _DECODER.raw_decode(body, at)
+        pairs.append(_call(obj, "parameters"))
+        rest = body[end:].lstrip()
+        if not rest:
+            return content, pairs
+        if not rest.startswith(";"):
+            raise ValueError("calls are separated by ';'")
+        at = len(body) - len(rest[1:].lstrip())
+
+
+def _mistral(text: str):
+    content, tag, body = text.partition("[TOOL_CALLS]")
+    if not tag:
+        return None
+    body = body.strip()
+    if body.startswith("["):  # [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+        calls = _whole_json(body)
+        if not isinstance(calls, list) or not calls:
+            raise ValueError("[TOOL_CALLS] takes a list of calls")
+        return content, [_call(c, "arguments") for c in calls]
+    pairs = []  # [TOOL_CALLS]name[ARGS]{...}[TOOL_CALLS]name[ARGS]{...}
+    for part in body.split("[TOOL_CALLS]"):
+        name, args_tag, args = part.partition("[ARGS]")
+        if not args_tag:
+            raise ValueError("a call needs [ARGS]")
+        pairs.append(_call({"name": name.strip(), "arguments": _whole_json(args.strip())}, "arguments"))
+    return content, pairs

@@ -1,0 +1,61 @@
+"""A model folder whose chat template teaches tool calls in Qwen 2.5's syntax (Hermes'
+`<tool_call>` JSON blocks): the built-in model's weights and tokenizer (which spells any JSON)
+under a template that renders `tools`, assistant `tool_calls` and `tool` results as Qwen's does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from lucebox.builtin import builtin_model
+
+QWEN_TOOLS_TEMPLATE = """{%- if tools %}<|im_start|>system
+{{ messages[0]['content'] if messages[0]['role'] == 'system' else 'You are a helpful assistant.' }}
+
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+
+For each function call, return a json object with function name and arguments within \
+<tool_call></tool_call> XML tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% elif messages[0]['role'] == 'system' %}<|im_start|>system
+{{ messages[0]['content'] }}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% elif message.role == 'assistant' %}<|im_start|>assistant
+{%- if message.content %}
+{{ message.content }}{% endif %}
+{%- for call in message.tool_calls %}
+<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def qwen_tools_model(dest: Path) -> Path:
+    """The built-in model (no drafter) at `dest` with QWEN_TOOLS_TEMPLATE as its chat template."""
+    shutil.copytree(builtin_model(), dest, ignore=shutil.ignore_patterns("dflash"), dirs_exist_ok=True)
+    config = json.loads((dest / "tokenizer_config.json").read_text())
+    (dest / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": QWEN_TOOLS_TEMPLATE}))
+    return dest
