@@ -18,7 +18,10 @@ from lucebox.chat.conversation import encode_all, render, turn_boundary
 from lucebox.chat.session import PLAIN_STOP, model_defaults
 from lucebox.errors import LuceboxError
 from lucebox.server import openai_api as api
+from lucebox.server.choice_events import ChoiceEvents
+from lucebox.server.choices import Answer, numbered, total_stats
 from lucebox.server.guard import ClientLeft, HostGuard, check_key, read_json
+from lucebox.server.logprobs_format import TokenText, logprobs_json
 from lucebox.server.settings import ServerSettings
 from lucebox.server.worker import EngineWorker, Job
 
@@ -73,6 +76,7 @@ class _State:
         self.model_name = settings.model_name or llm.description.folder.name
         self.worker: EngineWorker | None = None
         self.defaults = model_defaults(llm.description.generation_config)
+        self.token_text = TokenText(llm.engine.tokenizer)  # logprobs' token texts, decoded once each
 
     # -- plain endpoints -------------------------------------------------------------------------------
 
@@ -135,7 +139,9 @@ class _State:
         stop = req.stop or (list(PLAIN_STOP) if kind == "chat" and not self.llm.tokenizer.has_chat_template else [])
         options = {"max_tokens": max_tokens, **{"temperature": 1.0, **self.defaults, **req.sampling},
                    "stop": stop or None, "snapshot_at": snapshots, **req.constraint}
-        job = Job(prompt_ids, options, asyncio.get_running_loop())
+        if req.logprobs is not None:
+            options["logprobs"] = req.logprobs
+        job = Job(prompt_ids, options, asyncio.get_running_loop(), req.n)
         self.worker.submit(job)
         rid = api.new_id(kind)
         try:
@@ -188,36 +194,43 @@ class _State:
                 return getter.result()
 
     async def _whole(self, req, job: Job, rid: str, first, request: Request) -> JSONResponse:
-        texts, chunk = [], first
+        answers, chunk = [Answer()], first
         while chunk is not None:
-            texts.append(chunk.text or "")
-            last = chunk
+            if answers[-1].finish_reason is not None:  # the choice before ended: this chunk starts the next
+                answers.append(Answer())
+            answers[-1].add(chunk)
             try:
                 chunk = await self._wait(job, request)
             except LuceboxError as e:
                 raise api.APIError(500, str(e)) from None
-        text = "".join(texts)
-        if req.kind == "completion" and req.echo and isinstance(req.prompt, str):
-            text = req.prompt + text
-        return JSONResponse(api.completion(req, rid, self.model_name, text, last.finish_reason,
-                                           last.stats))
+        echo = req.prompt if req.kind == "completion" and req.echo and isinstance(req.prompt, str) else ""
+        bodies = [api.completion(req, rid, self.model_name, echo + a.text, a.finish_reason, a.stats) for a in answers]
+        if req.logprobs is not None:
+            for body, answer in zip(bodies, answers, strict=True):
+                body["choices"][0]["logprobs"] = logprobs_json(req.kind, answer.logprobs, self.token_text)
+        return JSONResponse(numbered(bodies, api.usage(total_stats([a.stats for a in answers]))))
 
     async def _events(self, req, job: Job, rid: str, first):
         model = self.model_name
         try:
             if req.kind == "completion" and req.echo and isinstance(req.prompt, str):
                 yield _sse(api.chunk(req, rid, model, req.prompt, None))
-            if req.kind == "chat":
-                yield _sse(api.chunk(req, rid, model, "", None, first=True))
-            chunk = first
-            while chunk is not None:
-                if chunk.text:
-                    yield _sse(api.chunk(req, rid, model, chunk.text, None))
-                last = chunk
-                chunk = await job.next()
-            yield _sse(api.chunk(req, rid, model, None, last.finish_reason))
-            if req.include_usage:
-                yield _sse(api.usage_chunk(req, rid, model, last.stats))
+            chunk, stats = first, []
+            for index in range(req.n):
+                if chunk is None:  # the job ended early (the server stopping)
+                    break
+                choice = ChoiceEvents(req, rid, model, index, self.token_text)
+                if req.kind == "chat":
+                    yield _sse(choice.event("", None, first=True))
+                while chunk is not None and not stats[index:]:
+                    if chunk.text or (req.logprobs is not None and chunk.token_ids):
+                        yield _sse(choice.event(chunk.text, None, chunk.logprobs))
+                    if chunk.finish_reason is not None:
+                        yield _sse(choice.event(None, chunk.finish_reason))
+                        stats.append(chunk.stats)
+                    chunk = await job.next()
+            if req.include_usage and stats:
+                yield _sse(api.usage_chunk(req, rid, model, total_stats(stats)))
             yield b"data: [DONE]\n\n"
         except Exception as e:  # mid-stream: the status line is gone, so the error is an event
             yield _sse(api.APIError(500, f"the engine failed: {type(e).__name__}: {e}").body())
