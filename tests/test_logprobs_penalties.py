@@ -16,12 +16,13 @@ PROMPT = "def merge(left, right):\n"
 
 @pytest.fixture(scope="module")
 def llm():
-    return lucebox.LLM(dtype="float32")  # the built-in model and its DFlash drafter; float32 for 1e-5
+    # the built-in model and its DFlash drafter, drafting trees every round; float32 for 1e-5
+    return lucebox.LLM(dtype="float32", adaptive=False)
 
 
 @pytest.fixture(scope="module")
-def ngram():
-    return lucebox.LLM(dtype="float32", draft="ngram", adaptive=False)  # drafts whenever it can
+def chains():
+    return lucebox.LLM(dtype="float32", adaptive=False, tree_budget=0)  # the same drafter, chain rounds
 
 
 def _reference(llm, prompt_ids, generated):
@@ -30,10 +31,10 @@ def _reference(llm, prompt_ids, generated):
 
 
 @pytest.mark.parametrize("options", [{"temperature": 0.0}, {"temperature": 1.0, "seed": 3}])
-def test_logprobs_equal_log_softmax_of_llm_logits_with_and_without_speculation(llm, ngram, options):
+def test_logprobs_equal_log_softmax_of_llm_logits_with_and_without_speculation(llm, chains, options):
     ids = llm.tokenizer.encode(PROMPT)
     runs = {}
-    for name, engine, speculate in (("dflash", llm, True), ("ngram", ngram, True), ("plain", llm, False)):
+    for name, engine, speculate in (("dflash", llm, True), ("chains", chains, True), ("plain", llm, False)):
         out = engine.generate(PROMPT, max_tokens=16, logprobs=5, speculate=speculate, ignore_eos=True, **options)
         ref = _reference(llm, ids, out.token_ids)
         assert [lp.token_id for lp in out.logprobs] == out.token_ids
@@ -46,9 +47,9 @@ def test_logprobs_equal_log_softmax_of_llm_logits_with_and_without_speculation(l
             assert [i for i, _ in lp.top][0] == want_ids[0]
         runs[name] = out
     if options["temperature"] == 0.0:  # greedy: every run chose the same tokens, so the logprobs match too
-        assert runs["dflash"].stats["acceptance_length"] > 1.2 and runs["ngram"].stats["acceptance_length"] > 1.0
+        assert runs["dflash"].stats["acceptance_length"] > 1.2 and runs["chains"].stats["acceptance_length"] > 1.2
         plain = torch.tensor([lp.logprob for lp in runs["plain"].logprobs])
-        for name in ("dflash", "ngram"):
+        for name in ("dflash", "chains"):
             assert runs[name].token_ids == runs["plain"].token_ids
             assert (torch.tensor([lp.logprob for lp in runs[name].logprobs]) - plain).abs().max() < 1e-5
     assert llm.generate(PROMPT, max_tokens=4).logprobs is None  # only when asked
@@ -72,7 +73,7 @@ def test_presence_and_frequency_penalties_follow_openai_s_formula_by_hand():
             SamplingParams(**{name: 2.5})
 
 
-def test_penalties_count_generated_tokens_only_and_speculation_keeps_the_tokens(llm, ngram):
+def test_penalties_count_generated_tokens_only_and_speculation_keeps_the_tokens(llm, chains):
     ids = llm.tokenizer.encode(PROMPT)
     options = {"max_tokens": 20, "presence_penalty": 0.8, "frequency_penalty": 0.6, "ignore_eos": True}
     plain = llm.generate(PROMPT, speculate=False, **options).token_ids
@@ -82,7 +83,7 @@ def test_penalties_count_generated_tokens_only_and_speculation_keeps_the_tokens(
     for row, token in zip(raw, plain, strict=True):  # each token: the argmax after OpenAI's penalties
         assert token == int((row - counts * 0.6 - (counts > 0) * 0.8).argmax())
         counts[token] += 1
-    for engine in (llm, ngram):
+    for engine in (llm, chains):
         assert engine.generate(PROMPT, **options).token_ids == plain
     sampled = {**options, "temperature": 1.0, "seed": 11}
     assert llm.generate(PROMPT, **sampled).token_ids == llm.generate(PROMPT, speculate=False, **sampled).token_ids
