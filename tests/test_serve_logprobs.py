@@ -20,7 +20,7 @@ MESSAGES = [{"role": "system", "content": "# list helpers"}, {"role": "user", "c
 
 @pytest.fixture(scope="module")
 def server():
-    s = ServerProcess(api_key=KEY)
+    s = ServerProcess("--dtype", "float32", api_key=KEY)  # float32 on a GPU too: logprobs to 1e-5
     yield s
     assert s.stop() == 0
 
@@ -32,7 +32,7 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def llm():
-    return lucebox.LLM()  # as the server opens it: float32 on the CPU
+    return lucebox.LLM(dtype="float32")  # as the server opens it
 
 
 def _generate(llm, prompt, **options):
