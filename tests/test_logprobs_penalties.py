@@ -7,7 +7,7 @@ import torch
 
 import lucebox
 from lucebox.errors import InvalidArgumentError
-from lucebox.sampling import SamplingParams, penalize
+from lucebox.sampling import SamplingParams, distribution, penalize
 from lucebox.speculative.decide import decide
 from lucebox.speculative.proposer import Draft
 
@@ -65,6 +65,9 @@ def test_presence_and_frequency_penalties_follow_openai_s_formula_by_hand():
     params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.4)
     # logit - count * 0.4 - (count > 0) * 0.5: 2.0 - 0.8 - 0.5 = 0.7, 1.8 - 0.4 - 0.5 = 0.9, 0.5, 1.0
     assert torch.allclose(penalize(logits, params, seen, counts), torch.tensor([0.7, 0.9, 0.5, 1.0]))
+    sampled = SamplingParams(temperature=0.5, presence_penalty=0.5, frequency_penalty=0.4)  # before the temperature
+    want = (torch.tensor([0.7, 0.9, 0.5, 1.0]) / 0.5).softmax(-1)
+    assert torch.allclose(distribution(logits, sampled, seen, counts), want)
     assert decide(logits[None], Draft([]), SamplingParams(), seen, "coupled", None, counts=counts).next_token == 0
     assert decide(logits[None], Draft([]), params, seen, "coupled", None, counts=counts).next_token == 3
     # A verify row counts the drafts before it: after drafting 3, token 3's logit is 1.0 - 0.4 - 0.5 = 0.1.
