@@ -5,8 +5,8 @@ Chat: `logprobs: true` and `top_logprobs: 0..20` give `choices[i].logprobs.conte
 {"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]} per token. Legacy
 completions: `logprobs: 0..5` gives {"tokens", "token_logprobs", "top_logprobs" (one dict token ->
 logprob per token), "text_offset"}. Both stream too, each event carrying its own tokens'. A token's
-text is the tokenizer's decoding of that one id (a piece of a multi-byte character decodes to
-U+FFFD, and its "bytes" are those of that text); without a tokenizer it is "token_id:<id>".
+text is what that one id adds to a text (a piece of a multi-byte character decodes to U+FFFD, and
+its "bytes" are those of that text); without a tokenizer it is "token_id:<id>".
 """
 
 from __future__ import annotations
@@ -46,16 +46,27 @@ def logprobs_field(body: dict, kind: str) -> int | None:
 
 
 class TokenText:
-    """Each token id's text, decoded once (a response names the same tokens again and again)."""
+    """Each token id's text, decoded once (a response names the same tokens again and again). A
+    token is decoded behind an anchor token and the anchor's text cut off, since decoders drop a
+    leading space at the start of a text (sentencepiece, a tokenizer.json `Strip`) that a token in
+    the middle of one keeps."""
 
     def __init__(self, tokenizer):
         self.tokenizer, self.known = tokenizer, {}
+        if tokenizer is not None:
+            self.anchor = tokenizer.encode("a", add_special_tokens=False)[-1:]
+            self.anchor_text = tokenizer.decode(self.anchor, skip_special_tokens=False)
 
     def __call__(self, token_id: int) -> str:
         if token_id not in self.known:
-            self.known[token_id] = (f"token_id:{token_id}" if self.tokenizer is None
-                                    else self.tokenizer.decode([token_id], skip_special_tokens=False))
+            self.known[token_id] = f"token_id:{token_id}" if self.tokenizer is None else self._decode(token_id)
         return self.known[token_id]
+
+    def _decode(self, token_id: int) -> str:
+        both = self.tokenizer.decode([*self.anchor, token_id], skip_special_tokens=False)
+        if self.anchor and both.startswith(self.anchor_text):
+            return both[len(self.anchor_text):]
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
 def chat_logprobs(entries: list[TokenLogprob], text: TokenText) -> dict:
