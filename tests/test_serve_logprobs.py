@@ -10,6 +10,7 @@ import torch
 import lucebox
 from lucebox.chat.conversation import encode_all, render
 from lucebox.chat.session import model_defaults
+from lucebox.server.logprobs_format import TokenText
 from lucebox.server.process import ServerProcess
 
 openai = pytest.importorskip("openai")
@@ -124,3 +125,18 @@ def test_out_of_range_fields_get_422s_naming_them(server):
         body = {"messages": MESSAGES} if "chat" in path else {"prompt": "x"}
         code, reply, _ = server.post(path, json.dumps({**body, "max_tokens": 2, **fields}).encode())
         assert (code, reply["error"]["param"]) == (422, param), fields
+
+
+def test_a_token_s_text_keeps_the_leading_space_a_decoder_drops_at_the_start_of_a_text():
+    class StrippingTokenizer:  # as a tokenizer.json with a `Strip` decoder (Llama 2's)
+        pieces = {0: " a", 1: " b", 2: "\u2581"}
+
+        def encode(self, text, add_special_tokens=True):
+            return [0]
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(self.pieces[i] for i in ids).removeprefix(" ")
+
+    text = TokenText(StrippingTokenizer())
+    assert (text(1), text(2)) == (" b", "\u2581")
+    assert TokenText(None)(7) == "token_id:7"
