@@ -40,7 +40,7 @@ def logprobs_field(body: dict, kind: str) -> int | None:
     if top is not None:
         if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise _refused("top_logprobs", f"must be an integer in 0..{MAX_TOP_LOGPROBS}, got {top!r}")
-        if not logprobs:
+        if top and not logprobs:  # 0 asks for nothing: accepted without logprobs, as before
             raise _refused("top_logprobs", "needs logprobs: true")
     return (top or 0) if logprobs else None
 
