@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from lucebox.errors import TokenizerError
+from lucebox.logprobs import TokenLogprob
 
 
 @dataclass
@@ -16,6 +17,7 @@ class Chunk:
     text: str | None
     finish_reason: str | None = None  # set on the last chunk: "stop" | "length"
     stats: dict | None = None  # set on the last chunk
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
 
 @dataclass
@@ -24,6 +26,7 @@ class Generation:
     finish_reason: str  # "stop": EOS, stop token or stop string; "length": max_tokens
     stats: dict = field(default_factory=dict)
     _text: str | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
     @property
     def text(self) -> str:
@@ -36,10 +39,16 @@ def collect(chunks: Iterable[Chunk], has_text: bool) -> Generation:
     """The Generation a stream of chunks adds up to (the last chunk carries finish_reason and stats)."""
     token_ids: list[int] = []
     texts: list[str] = []
+    logprobs: list[TokenLogprob] = []
+    asked = False  # whether the chunks carry logprobs
     last = None
     for chunk in chunks:
         token_ids.extend(chunk.token_ids)
+        if chunk.logprobs is not None:
+            asked = True
+            logprobs.extend(chunk.logprobs)
         if chunk.text is not None:
             texts.append(chunk.text)
         last = chunk
-    return Generation(token_ids, last.finish_reason, last.stats, "".join(texts) if has_text else None)
+    return Generation(token_ids, last.finish_reason, last.stats, "".join(texts) if has_text else None,
+                      logprobs if asked else None)

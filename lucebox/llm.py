@@ -21,6 +21,7 @@ from lucebox.engine.session import Session
 from lucebox.engine.setup import EngineSetup, plan_engine
 from lucebox.errors import ContextLengthError, GrammarError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
+from lucebox.logprobs import MAX_TOP_LOGPROBS
 from lucebox.sampling import SamplingParams
 from lucebox.speculative.proposer import tensor_bytes
 from lucebox.text.tokenizer import require_tokenizer
@@ -153,7 +154,8 @@ class LLM:
                top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
                stop: str | Sequence[str | int] | None = None, ignore_eos: bool = False,
                speculate: bool = True, snapshot_at: Sequence[int] = (), json_schema: dict | str | None = None,
-               grammar: str | None = None, json_object: bool = False) -> Iterator[Chunk]:
+               grammar: str | None = None, json_object: bool = False, presence_penalty: float = 0.0,
+               frequency_penalty: float = 0.0, logprobs: int | None = None) -> Iterator[Chunk]:
         """Yield chunks of new tokens as they are produced; the last one carries finish_reason and stats.
 
         `stop` holds stop strings (never emitted) and/or stop token ids (emitted, like EOS).
@@ -170,8 +172,18 @@ class LLM:
         speculation), and the output ends with EOS once the grammar is complete; `max_tokens` can
         still cut it short (finish_reason "length"). What the engine cannot compile: GrammarError.
         Stats then add `grammar_masks` (rows masked) and `grammar_mask_time_s` (host time computing them).
+        `presence_penalty`, `frequency_penalty` (-2..2, OpenAI's): each token's logit is lowered by
+        count * frequency_penalty + (count > 0) * presence_penalty, count = the times this completion
+        has generated it so far (the prompt is not counted).
+        `logprobs=k` (0..20): every chunk carries `logprobs`, one `lucebox.logprobs.TokenLogprob` per
+        token: its log-probability and the k likeliest tokens' under the model's raw logits (before
+        penalties, temperature, truncation and grammar), equal to log_softmax(`logits`) at its position.
+        `seed` makes a sampled output reproducible: the same seed and request give the same tokens,
+        whatever the cache held before.
         """
-        params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed)
+        params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed, presence_penalty,
+                                frequency_penalty)
+        logprobs = integer("logprobs", logprobs, 0, MAX_TOP_LOGPROBS, optional=True)
         constraint = constraint_from(json_schema, grammar, json_object)
         prompt_ids = self._prompt_ids(prompt)
         max_tokens = integer("max_tokens", max_tokens, 1)
@@ -187,7 +199,7 @@ class LLM:
         state = None if constraint is None else GrammarState(constraint, self.engine.tokenizer, self.config.vocab_size,
                                                                tuple(self.eos_token_ids), self.device)
         request = Request(prompt_ids, params, max_tokens, stop_strings, stop_ids, speculate, self.draft_k, snapshots,
-                          state)
+                          state, logprobs)
         return run_request(self.engine, self.session, request)
 
     @torch.inference_mode()

@@ -1,5 +1,6 @@
-"""Turning target logits into the next token: repetition penalty, temperature, top-k, top-p,
-min-p (in that order, as transformers' generate applies them), then a seeded draw.
+"""Turning target logits into the next token: repetition penalty, presence and frequency penalties,
+temperature, top-k, top-p, min-p (in that order, as transformers' generate and vLLM apply them),
+then a seeded draw.
 
 `distribution` returns the final processed probabilities, which is also what speculative
 verification must compare drafts against.
@@ -26,6 +27,7 @@ from lucebox.errors import InvalidArgumentError
 # token could be chosen; refusing them names the setting instead of blaming the weights.
 MIN_TEMPERATURE = 1e-5
 PENALTY_RANGE = (1e-3, 1e3)
+COUNT_PENALTY_RANGE = (-2.0, 2.0)  # OpenAI's presence_penalty and frequency_penalty
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class SamplingParams:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
+    presence_penalty: float = 0.0  # subtracted once from the logit of every token generated so far
+    frequency_penalty: float = 0.0  # subtracted from it once per time the token was generated
 
     def __post_init__(self) -> None:
         # Checked and normalized (a numpy float becomes a float) once, here, for every caller.
@@ -46,6 +50,8 @@ class SamplingParams:
             "min_p": number("min_p", self.min_p, 0, 1),
             "repetition_penalty": number("repetition_penalty", self.repetition_penalty, *PENALTY_RANGE),
             "seed": integer("seed", self.seed, 0, SEED_MAX, optional=True),  # None: from the OS
+            "presence_penalty": number("presence_penalty", self.presence_penalty, *COUNT_PENALTY_RANGE),
+            "frequency_penalty": number("frequency_penalty", self.frequency_penalty, *COUNT_PENALTY_RANGE),
         }
         if 0 < checked["temperature"] < MIN_TEMPERATURE:
             raise InvalidArgumentError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got "
@@ -57,6 +63,28 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def counts_generated(self) -> bool:
+        """Whether the logits depend on how often each token was generated (presence/frequency)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty changes the logits (else a step's own argmax is the greedy choice)."""
+        return self.repetition_penalty != 1.0 or self.counts_generated
+
+
+def penalize(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor,
+             counts: torch.Tensor | None) -> torch.Tensor:
+    """Every penalty of `params` on logits (..., V) float32: the repetition penalty over `seen` (...,
+    V) bool (prompt and generated tokens), then OpenAI's presence and frequency penalties over
+    `counts` (..., V) float32, how often each token was generated in this completion (the prompt
+    not counted): logit[j] -= count[j] * frequency_penalty + (count[j] > 0) * presence_penalty."""
+    logits = penalize_repetition(logits, seen, params.repetition_penalty)
+    if counts is None or not params.counts_generated:
+        return logits
+    return logits - counts * params.frequency_penalty - (counts > 0) * params.presence_penalty
+
 
 def penalize_repetition(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
     """CTRL-style: divide positive, multiply negative logits of tokens already in the sequence."""
@@ -66,10 +94,12 @@ def penalize_repetition(logits: torch.Tensor, seen: torch.Tensor, penalty: float
     return torch.where(seen, penalized, logits)
 
 
-def distribution(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor) -> torch.Tensor:
+def distribution(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor,
+                 counts: torch.Tensor | None = None) -> torch.Tensor:
     """Probabilities (..., V) float32 the next token is drawn from, for logits (..., V) (each row on
-    its own); `seen` (V,) or (..., V) bool marks tokens so far."""
-    logits = penalize_repetition(logits.to(torch.float32), seen, params.repetition_penalty)
+    its own); `seen` (V,) or (..., V) bool marks tokens so far, `counts` (V,) or (..., V) float32
+    how often each was generated (`penalize`)."""
+    logits = penalize(logits.to(torch.float32), params, seen, counts)
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float32)
     logits = logits / params.temperature

@@ -38,6 +38,7 @@ class Request:
     # later prompt that shares only that prefix; its second-to-last position is always kept.
     snapshots: tuple[int, ...] = ()
     grammar: GrammarState | None = None  # constrained output: this request's matcher
+    logprobs: int | None = None  # None: none; k: each token's logprob and the k likeliest (`lucebox.logprobs`)
 
 
 @torch.inference_mode()
@@ -64,15 +65,16 @@ def _decode(engine: Engine, session: Session, request: Request, private: bool) -
     context = DecodeContext(engine.runner, cache, engine.clock, engine.learned, request.draft_k,
                             rule, setup.config.adaptive, setup.model.vocab_size, setup.device,
                             setup.tree_budget)
-    rounds = Speculation(context, request.params, proposer, prompt_ids, request.grammar)
+    rounds = Speculation(context, request.params, proposer, prompt_ids, request.grammar, request.logprobs)
     text = TextStage(engine.tokenizer, prompt_ids, request.stop_strings, request.stop_ids, request.max_tokens)
     traffic = dataclasses.replace(engine.expert_traffic)  # this request's expert cache traffic is counted from here
     start, prefill_done = engine.clock(), None
     try:
         *_, hidden = engine.prefill(prompt_ids, cache, proposer, {*request.snapshots, len(prompt_ids) - 1})
-        first = rounds.first(engine.decoder.logits(hidden[-1:]))
+        logits = engine.decoder.logits(hidden[-1:])
+        first = rounds.first(logits)
         prefill_done = engine.clock()
-        chunk = text.feed([first])
+        chunk = rounds.attach_logprobs(text.feed([first]), logits)
         while text.finish is None:
             yield chunk
             chunk = rounds.round(text.remaining, text.feed)

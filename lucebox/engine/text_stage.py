@@ -53,7 +53,7 @@ class TextStage:
         ids, text = self._held.token_ids, self._held.text
         if self.text is not None and not self._by_stop_string:
             text += self.stops.feed(self.text.flush())[0] + self.stops.flush()
-        return Chunk(ids, text, self.finish, stats)
+        return Chunk(ids, text, self.finish, stats, self._held.logprobs)
 
 
 def timing_stats(prompt_len: int, reused: int, n: int, start: float, prefill_done: float, end: float) -> dict:

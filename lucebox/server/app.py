@@ -18,9 +18,12 @@ from lucebox.chat.conversation import encode_all, render, turn_boundary
 from lucebox.chat.session import PLAIN_STOP, model_defaults
 from lucebox.errors import LuceboxError
 from lucebox.server import openai_api as api
+from lucebox.server.choice_events import ChoiceEvents
+from lucebox.server.choices import Answer, numbered, total_stats
 from lucebox.server.guard import ClientLeft, HostGuard, check_key, read_json
+from lucebox.server.logprobs_format import TokenText, logprobs_json
 from lucebox.server.settings import ServerSettings
-from lucebox.server.tool_stream import ToolCallStream, tool_events, tool_fields
+from lucebox.server.tool_stream import ToolCallStream, call_events, whole_call_reply
 from lucebox.server.tools import model_tool_format, prompt_parts, tool_request
 from lucebox.server.worker import EngineWorker, Job
 
@@ -76,6 +79,7 @@ class _State:
         self.worker: EngineWorker | None = None
         self.defaults = model_defaults(llm.description.generation_config)
         self.tool_format, self.mistral_args = model_tool_format(llm, settings.tool_parser)
+        self.token_text = TokenText(llm.engine.tokenizer)  # logprobs' token texts, decoded once each
 
     # -- plain endpoints -------------------------------------------------------------------------------
 
@@ -126,6 +130,9 @@ class _State:
         body = await read_json(request, self.settings)
         req = api.parse_request(body, kind, self.llm.config.vocab_size)
         req.tools = tool_request(body, kind, self.tool_format, self._token_id, self.mistral_args)
+        if req.tools is not None and req.tools.parses and (req.n > 1 or req.logprobs is not None):
+            name = "n" if req.n > 1 else "logprobs"
+            raise api.invalid(name, "is not supported together with tools yet; send it without tools")
         if req.model is not None and req.model != self.model_name:
             raise api.APIError(404, f"model '{req.model}' is not served here; this server has "
                                     f"'{self.model_name}' (GET /v1/models)", "model", "model_not_found")
@@ -140,7 +147,9 @@ class _State:
         options = {"max_tokens": max_tokens, **{"temperature": 1.0, **self.defaults, **req.sampling},
                    "stop": stop or None, "snapshot_at": snapshots, **req.constraint,
                    **(req.tools.constraint if req.tools else {})}
-        job = Job(prompt_ids, options, asyncio.get_running_loop())
+        if req.logprobs is not None:
+            options["logprobs"] = req.logprobs
+        job = Job(prompt_ids, options, asyncio.get_running_loop(), req.n)
         self.worker.submit(job)
         rid = api.new_id(kind)
         try:
@@ -202,47 +211,50 @@ class _State:
                 return getter.result()
 
     async def _whole(self, req, job: Job, rid: str, first, request: Request, calls) -> JSONResponse:
-        texts, chunk = [], first
+        if calls is not None:
+            return JSONResponse(await whole_call_reply(req, rid, self.model_name, first, lambda: self._wait(job, request),
+                                                       calls))
+        answers, chunk = [Answer()], first
         while chunk is not None:
-            texts.append(chunk.text or "" if calls is None else calls.push(chunk.token_ids))
-            last = chunk
+            if answers[-1].finish_reason is not None:  # the choice before ended: this chunk starts the next
+                answers.append(Answer())
+            answers[-1].add(chunk)
             try:
                 chunk = await self._wait(job, request)
             except LuceboxError as e:
                 raise api.APIError(500, str(e)) from None
-        text = "".join(texts)
-        if req.kind == "completion" and req.echo and isinstance(req.prompt, str):
-            text = req.prompt + text
-        reply = api.completion(req, rid, self.model_name, text, last.finish_reason, last.stats)
-        if calls is not None:
-            rest, parsed = calls.finish()
-            message, reply["choices"][0]["finish_reason"] = tool_fields(text + rest, parsed, last.finish_reason)
-            reply["choices"][0]["message"].update(message)
-        return JSONResponse(reply)
+        echo = req.prompt if req.kind == "completion" and req.echo and isinstance(req.prompt, str) else ""
+        bodies = [api.completion(req, rid, self.model_name, echo + a.text, a.finish_reason, a.stats) for a in answers]
+        if req.logprobs is not None:
+            for body, answer in zip(bodies, answers, strict=True):
+                body["choices"][0]["logprobs"] = logprobs_json(req.kind, answer.logprobs, self.token_text)
+        return JSONResponse(numbered(bodies, api.usage(total_stats([a.stats for a in answers]))))
 
     async def _events(self, req, job: Job, rid: str, first, calls):
         model = self.model_name
         try:
             if req.kind == "completion" and req.echo and isinstance(req.prompt, str):
                 yield _sse(api.chunk(req, rid, model, req.prompt, None))
-            if req.kind == "chat":
-                yield _sse(api.chunk(req, rid, model, "", None, first=True))
-            chunk = first
-            while chunk is not None:
-                text = chunk.text if calls is None else calls.push(chunk.token_ids)
-                if text:
-                    yield _sse(api.chunk(req, rid, model, text, None))
-                last = chunk
-                chunk = await job.next()
-            finish = last.finish_reason
             if calls is not None:
-                rest, parsed = calls.finish()
-                for event in tool_events(req, rid, model, rest, parsed):
+                async for event in call_events(req, rid, model, first, job.next, calls):
                     yield _sse(event)
-                finish = tool_fields("", parsed, finish)[1]
-            yield _sse(api.chunk(req, rid, model, None, finish))
-            if req.include_usage:
-                yield _sse(api.usage_chunk(req, rid, model, last.stats))
+            else:
+                chunk, stats = first, []
+                for index in range(req.n):
+                    if chunk is None:  # the job ended early (the server stopping)
+                        break
+                    choice = ChoiceEvents(req, rid, model, index, self.token_text)
+                    if req.kind == "chat":
+                        yield _sse(choice.event("", None, first=True))
+                    while chunk is not None and not stats[index:]:
+                        if chunk.text or (req.logprobs is not None and chunk.token_ids):
+                            yield _sse(choice.event(chunk.text, None, chunk.logprobs))
+                        if chunk.finish_reason is not None:
+                            yield _sse(choice.event(None, chunk.finish_reason))
+                            stats.append(chunk.stats)
+                        chunk = await job.next()
+                if req.include_usage and stats:
+                    yield _sse(api.usage_chunk(req, rid, model, total_stats(stats)))
             yield b"data: [DONE]\n\n"
         except Exception as e:  # mid-stream: the status line is gone, so the error is an event
             yield _sse(api.APIError(500, f"the engine failed: {type(e).__name__}: {e}").body())

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from lucebox import arguments
 from lucebox.errors import GrammarError, InvalidArgumentError
+from lucebox.server.choices import choices_field
+from lucebox.server.logprobs_format import logprobs_field
 from lucebox.server.structured import constraint_options
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -48,7 +50,10 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     echo: bool = False
-    sampling: dict = field(default_factory=dict)  # temperature, top_p, top_k, min_p, repetition_penalty, seed
+    # temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty, seed
+    sampling: dict = field(default_factory=dict)
+    n: int = 1  # choices (`server.choices`)
+    logprobs: int | None = None  # None: none; k: each token's logprob and the k likeliest (`server.logprobs_format`)
     stop: list[str] = field(default_factory=list)
     constraint: dict = field(default_factory=dict)  # json_schema | json_object | grammar (`server.structured`)
     tools: object = None  # a `server.tools.ToolRequest`, or None
@@ -119,14 +124,6 @@ _CONSTRAINT_EXTENSIONS = ("json_schema", "guided_json", "guided_regex", "guided_
 
 def _unsupported(body: dict) -> None:
     """Fields that would change the output in ways lucebox does not implement are refused, not ignored."""
-    n = body.get("n")
-    if n not in (None, 1) or isinstance(n, bool):
-        raise invalid("n", "only n=1 is supported (one engine, one stream)")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise invalid(name, "is not supported; use repetition_penalty")
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
-        raise invalid("logprobs", "log-probabilities are not supported by lucebox yet")
     for name in _CONSTRAINT_EXTENSIONS:  # other servers' ways to constrain the output
         if body.get(name) is not None:
             raise invalid(name, "is not lucebox's way to constrain the output: use response_format (json_object, "
@@ -205,6 +202,7 @@ def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
     # (low, high, integer, low bound excluded)
     limits = {"temperature": (0, 2, False, False), "top_p": (0, 1, False, True), "top_k": (-1, 2**31, True, False),
               "min_p": (0, 1, False, False), "repetition_penalty": (0, 10, False, True),
+              "presence_penalty": (-2, 2, False, False), "frequency_penalty": (-2, 2, False, False),
               "seed": (*SEED_RANGE, True, False)}
     for name, (low, high, integer, low_open) in limits.items():
         value = _number(body, name, low, high, integer, low_open)
@@ -215,6 +213,7 @@ def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
     if "seed" in request.sampling:
         request.sampling["seed"] %= 2**63  # the engine's generators take non-negative seeds
     request.stop = _stops(body.get("stop"))
+    request.n, request.logprobs = choices_field(body), logprobs_field(body, kind)
     try:
         request.constraint = constraint_options(body)
     except GrammarError as e:

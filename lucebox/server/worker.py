@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lucebox.server.choices import choice_options
 from lucebox.server.openai_api import APIError
 
 _END = object()
@@ -27,6 +28,7 @@ class Job:
     prompt_ids: list[int]
     options: dict  # LLM.stream keywords
     loop: asyncio.AbstractEventLoop
+    n: int = 1  # choices, run one after another (`server.choices`)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
@@ -151,14 +153,15 @@ class EngineWorker:
                 job.send(_END)
 
     def _generate(self, job: Job) -> None:
-        with closing(self.llm.stream(job.prompt_ids, **job.options)) as chunks:
-            for chunk in chunks:
-                job.send(chunk)
-                if chunk.stats is not None:
-                    self._record(chunk.stats)
-                if job.cancelled.is_set():  # the client left: stop between chunks, the engine stays consistent
-                    self.metrics.cancelled += 1
-                    return
+        for index in range(job.n):  # each choice reuses the prompt's rows the one before left cached
+            with closing(self.llm.stream(job.prompt_ids, **choice_options(job.options, index))) as chunks:
+                for chunk in chunks:
+                    job.send(chunk)
+                    if chunk.stats is not None:
+                        self._record(chunk.stats)
+                    if job.cancelled.is_set():  # the client left: stop between chunks, the engine stays consistent
+                        self.metrics.cancelled += 1
+                        return
 
     def _record(self, stats: dict) -> None:
         m = self.metrics

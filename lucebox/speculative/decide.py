@@ -11,21 +11,10 @@ from __future__ import annotations
 import torch
 
 from lucebox.errors import NonFiniteLogitsError
-from lucebox.sampling import RaceNoise, SamplingParams, distribution, greedy_choices, penalize_repetition
+from lucebox.sampling import RaceNoise, SamplingParams, distribution, greedy_choices, penalize
+from lucebox.speculative.histories import chain_paths, row_histories
 from lucebox.speculative.proposer import Draft
 from lucebox.speculative.verify import Verdict, block_outcomes, sample, tokenwise_outcomes, verify_greedy
-
-
-def _seen_per_row(seen: torch.Tensor, drafts: list[int], penalty: float) -> list[torch.Tensor]:
-    """Row i's token history includes the drafts before it (repetition penalty counts them)."""
-    if penalty == 1.0:
-        return [seen] * (len(drafts) + 1)  # nothing reads them
-    rows = [seen]
-    for d in drafts:
-        nxt = rows[-1].clone()
-        nxt[d] = True
-        rows.append(nxt)
-    return rows
 
 
 def decide(
@@ -37,8 +26,9 @@ def decide(
     generator: torch.Generator | RaceNoise | None,  # RaceNoise for the "coupled" rule
     choices: torch.Tensor | None = None,  # greedy_choices(logits), when the step computed them already
     position: int = 0,  # index in the sequence of the token row 0 chooses (the "coupled" rule's key)
+    counts: torch.Tensor | None = None,  # (V,) float32: generated tokens' counts (presence/frequency penalties)
 ) -> Verdict:
-    verdict = _decide(logits, draft, params, seen, rule, generator, choices, position)
+    verdict = _decide(logits, draft, params, seen, counts, rule, generator, choices, position)
     check_finite(verdict.next_token)
     return verdict
 
@@ -52,17 +42,18 @@ def check_finite(next_token: int) -> None:
             "factors), or the dtype overflows (try dtype='float32'); check the checkpoint")
 
 
-def _decide(logits, draft, params, seen, rule, generator, choices, position) -> Verdict:
+def _decide(logits, draft, params, seen, counts, rule, generator, choices, position) -> Verdict:
     drafts = draft.tokens
-    histories = _seen_per_row(seen, drafts, params.repetition_penalty)
+    # Row i's history includes the drafts before it, as plain decoding's would.
+    if params.penalized:
+        seen, counts = row_histories(seen, counts, chain_paths(drafts), params)
     if params.greedy:
         if choices is None:
-            choices = greedy_choices(penalize_repetition(logits.float(), torch.stack(histories),
-                                                         params.repetition_penalty))
+            choices = greedy_choices(penalize(logits.float(), params, seen, counts))
         return verify_greedy(choices.tolist(), drafts)
     # Logits that are not finite in any row make every probability nan: the verdict's token is -1 (`check_finite`).
     finite = torch.isfinite(logits).all()
-    p = distribution(logits, params, torch.stack(histories) if params.repetition_penalty != 1.0 else seen).double()
+    p = distribution(logits, params, seen, counts).double()
     p = torch.where(finite, p, torch.nan)
     if rule == "coupled":
         positions = torch.arange(position, position + len(drafts) + 1, device=p.device)

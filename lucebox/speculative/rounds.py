@@ -30,6 +30,7 @@ from lucebox.caches import SequenceCache, Step
 from lucebox.device import DeviceClock
 from lucebox.engine.config import DECODE_ROWS
 from lucebox.generation import Chunk
+from lucebox.logprobs import token_logprobs
 from lucebox.sampling import RaceNoise, SamplingParams
 from lucebox.speculative.decide import decide
 from lucebox.speculative.keep_model import DraftJudge, KeepModel
@@ -57,9 +58,10 @@ class DecodeContext:
 
 class Speculation:
     def __init__(self, context: DecodeContext, params: SamplingParams, proposer: Proposer | None,
-                 prompt_ids: list[int], grammar=None):
+                 prompt_ids: list[int], grammar=None, logprobs: int | None = None):
         self.context, self.params, self.proposer = context, params, proposer
         self.grammar = grammar  # a `constrained.GrammarState`, or None
+        self.top_logprobs = logprobs  # None: no logprobs; k: each token's and the k likeliest
         self.tokens = list(prompt_ids)  # the ids whose rows the cache holds, in order
         device = context.device
         self.verify_gen = self.draft_gen = None
@@ -71,10 +73,13 @@ class Speculation:
             else:
                 self.verify_gen = torch.Generator(device=device).manual_seed(seed)
                 self.draft_gen = torch.Generator(device=device).manual_seed(seed ^ 0x5DEECE66D)  # its own stream
-        # Tokens so far, for the repetition penalty (kept up to date only when there is one).
+        # Tokens so far, for the repetition penalty, and how often each was generated, for the presence
+        # and frequency penalties (each kept up to date only when its penalty is on).
         self.seen = torch.zeros(context.vocab_size, dtype=torch.bool, device=device)
-        self.penalized = params.repetition_penalty != 1.0
-        self._mark_seen(prompt_ids)
+        self.counts = (torch.zeros(context.vocab_size, dtype=torch.float32, device=device)
+                       if params.counts_generated else None)
+        self.penalized = params.penalized
+        self._mark_seen(prompt_ids, generated=False)
         self.width = _policy(context, params, proposer is not None)
         self.judge = DraftJudge(self.width.keep)
         self.last: int | None = None  # the newest token: chosen, not yet forwarded
@@ -94,7 +99,7 @@ class Speculation:
         if self.grammar is not None:
             logits, _ = self.grammar.constrain(logits, Draft([]))
         verdict = decide(logits, Draft([]), self.params, self.seen, self.context.verify_rule, self.verify_gen,
-                         position=len(self.tokens))
+                         position=len(self.tokens), counts=self.counts)
         self.last = verdict.next_token
         if self.grammar is not None:
             self.grammar.commit([self.last])
@@ -132,9 +137,9 @@ class Speculation:
         if self.grammar is not None:  # the step's own argmax is the unmasked one
             (logits, verified), choices = self.grammar.constrain(logits, verified), None
         verdict = decide(logits, verified, self.params, self.seen, ctx.verify_rule, self.verify_gen, choices,
-                         position=c + 1)
+                         position=c + 1, counts=self.counts)
         n = verdict.accepted
-        chunk = take([*verified.tokens[:n], verdict.next_token])
+        chunk = self.attach_logprobs(take([*verified.tokens[:n], verdict.next_token]), out.logits)
         kept = len(chunk.token_ids)  # n + 1, or fewer when a stop ends the request inside the round
         if self.grammar is not None:
             self.grammar.commit(chunk.token_ids)
@@ -185,9 +190,21 @@ class Speculation:
         if self.proposer is not None:
             self.proposer.commit(self.tokens, len(kept_rows), features)
 
-    def _mark_seen(self, ids: list[int]) -> None:
-        if self.penalized:  # without a penalty nothing reads it
-            self.seen[torch.tensor(ids, device=self.seen.device)] = True
+    def attach_logprobs(self, chunk: Chunk, logits: torch.Tensor, rows: list[int] | None = None) -> Chunk:
+        """`chunk` with its tokens' logprobs when the request asked for them: token i was chosen by
+        row i of `logits` (T, V) (or by row rows[i]), the target's raw logits (`lucebox.logprobs`)."""
+        if self.top_logprobs is not None and chunk.token_ids:
+            chunk.logprobs = token_logprobs(logits if rows is None else logits[rows], chunk.token_ids,
+                                            self.top_logprobs)
+        return chunk
+
+    def _mark_seen(self, ids: list[int], generated: bool = True) -> None:
+        if not self.penalized:  # without a penalty nothing reads them
+            return
+        index = torch.tensor(ids, dtype=torch.long, device=self.seen.device)
+        self.seen[index] = True
+        if generated and self.counts is not None:
+            self.counts.index_put_((index,), torch.ones(len(ids), device=self.counts.device), accumulate=True)
 
     def stats(self) -> dict:
         return {**self.totals.as_stats(), **({} if self.grammar is None else self.grammar.stats())}

@@ -38,9 +38,10 @@ def tree_round(spec, remaining: int, take: Callable[[list[int]], Chunk]) -> Chun
     out = ctx.runner.step(tree.tokens, Step.span(c, len(tree), ctx.device), cache, layers,
                           None if is_chain(tree) else tree)
     verdict = decide_tree(out.logits, tree, spec.params, spec.seen, spec.verify_gen,
-                          None if spec.penalized else out.choices, position=c + 1)
+                          None if spec.penalized else out.choices, position=c + 1, counts=spec.counts)
     chunk = take([*(tree.tokens[r] for r in verdict.path), verdict.next_token])
     rows = [0, *verdict.path][: len(chunk.token_ids)]  # fewer when a stop ends the request inside the round
+    spec.attach_logprobs(chunk, out.logits, rows)  # row rows[i] chose the chunk's token i
     cache.accept_path(c, rows[1:])
     features = None if out.features is None else out.features[rows]
     # This is Speculation's own round, in a file of its own: it shares the class's commit and history.

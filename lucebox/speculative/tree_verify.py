@@ -14,8 +14,8 @@ probability that the walk reaches row i and picks x there, which no child of i c
 is the product of p along the path), and one draw over all (i, x) decides the round: one read.
 `tests/test_tree_verify.py` enumerates it against the target's own sequence probabilities.
 
-Repetition penalty: each row's history is the committed tokens plus its own path (`path_histories`),
-as a chain's row sees the drafts before it.
+Penalties: each row's history is the committed tokens plus its own path (`path_histories`,
+`speculative.histories`), as a chain's row sees the drafts before it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lucebox.sampling import RaceNoise, SamplingParams, distribution, draw, greedy_choices, penalize_repetition
+from lucebox.sampling import RaceNoise, SamplingParams, distribution, draw, greedy_choices, penalize
 from lucebox.speculative.decide import check_finite
+from lucebox.speculative.histories import mark_paths, row_histories
 from lucebox.speculative.tree import DraftTree
 
 
@@ -48,18 +49,15 @@ def walk(tree: DraftTree, picks: list[int]) -> TreeVerdict:
     return TreeVerdict(path, picks[row])
 
 
+def tree_paths(tree: DraftTree) -> list[list[int]]:
+    """Each row's path: the draft tokens from the root's child down to the row itself."""
+    return [[tree.tokens[j] for j in tree.path(i)] for i in range(len(tree))]
+
+
 def path_histories(seen: torch.Tensor, tree: DraftTree) -> torch.Tensor:
     """(T, V) bool: row i's token history, `seen` (committed tokens, `last` included) plus the
     drafts on its path."""
-    histories = seen.expand(len(tree), -1).clone()
-    rows, tokens = [], []
-    for i in range(len(tree)):
-        for j in tree.path(i):
-            rows.append(i)
-            tokens.append(tree.tokens[j])
-    if rows:
-        histories[torch.tensor(rows, device=seen.device), torch.tensor(tokens, device=seen.device)] = True
-    return histories
+    return mark_paths(seen, tree_paths(tree))
 
 
 def tree_outcomes(p: torch.Tensor, tree: DraftTree) -> torch.Tensor:
@@ -86,16 +84,16 @@ def decide_tree(
     generator: torch.Generator | RaceNoise | None,  # RaceNoise: the "coupled" rule
     choices: torch.Tensor | None = None,  # greedy_choices(logits), when the step computed them already
     position: int = 0,  # index in the sequence of the token the root row chooses
+    counts: torch.Tensor | None = None,  # (V,) float32: generated tokens' counts (presence/frequency penalties)
 ) -> TreeVerdict:
-    penalized = params.repetition_penalty != 1.0
-    histories = path_histories(seen, tree) if penalized else None
+    if params.penalized:
+        seen, counts = row_histories(seen, counts, tree_paths(tree), params)
     if params.greedy:
-        if choices is None or penalized:
-            choices = greedy_choices(penalize_repetition(logits.float(), histories, params.repetition_penalty)
-                                     if penalized else logits.float())
+        if choices is None or params.penalized:
+            choices = greedy_choices(penalize(logits.float(), params, seen, counts))
         verdict = walk(tree, choices.tolist())
     else:
-        p = distribution(logits, params, seen if histories is None else histories).double()
+        p = distribution(logits, params, seen, counts).double()
         if isinstance(generator, RaceNoise):  # a row at depth d chooses the token at position + d
             verdict = walk(tree, generator.choose(p, torch.tensor(tree.depths, device=p.device) + position).tolist())
         else:
