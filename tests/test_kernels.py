@@ -232,7 +232,7 @@ def test_moe_reference_decode_steps_read_no_device_value_and_equal_the_expert_lo
     x = random(M, H, dtype=torch.float64, seed=M)
     loop = moe._expert_loop(x, gate_up, down, weights, ids)
     with no_host_sync():
-        paths = [moe._all_experts(x, gate_up, down, weights, ids), moe._gathered_experts(x, gate_up, down, weights, ids)]
+        paths = [path(x, gate_up, down, weights, ids) for path in (moe._all_experts, moe._gathered_experts)]
     for got in [*paths, moe._chosen_experts_in_place(x, gate_up, down, weights, ids)]:
         torch.testing.assert_close(got, loop, rtol=1e-12, atol=1e-12)
     with no_host_sync() if M <= 16 and x.device.type != "cpu" else nullcontext():
