@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from lucebox.kernels.quant import Weight, linear
+from lucebox.kernels.quant import QuantizedTensor, Weight, kept_dense, linear
 from lucebox.kernels.step_rows import DECODE_STEP_ROWS
 
 from lucebox.config import MoESpec
@@ -82,6 +82,8 @@ def moe_experts(
     `layout_of` = (rows, experts) of the whole step when this call is one group of its rows (an
     expert cache's, `lucebox.memory.expert_cache`): the path is the whole step's, so each row's result
     is the one the whole step would give."""
+    if x.device.type == "cpu" and layout_of is None:  # (an expert cache's slots change: never kept)
+        gate_up, down = _kept_dense(gate_up), _kept_dense(down)  # quantized experts kept dequantized on the CPU
     out = _routed_experts(x, gate_up, down, weights, ids, layout_of or (ids.shape[0], gate_up.shape[0]))
     if scaling != 1.0:
         out = out * scaling
@@ -120,18 +122,24 @@ def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: tor
     and a few small batched ops cost less than a loop of ~10 ops per expert. A step that chooses
     at least one (row, expert) pair per expert touches most experts anyway and runs every expert
     densely; a sparser one gathers its chosen experts' weights. Prefill chunks loop over the
-    experts they use: there each expert's GEMM has many rows. On the CPU a decode step reads its ids
-    and runs each chosen expert where its weights lie: the host is the device, so the read waits for
-    nothing, while gathering the weights for a batched GEMV costs about 3x the plain GEMVs."""
+    experts they use: there each expert's GEMM has many rows. On the CPU, where a read waits for
+    nothing, every step loops so (the same arithmetic at any width), and a one-row step runs each
+    chosen expert where its weights lie: gathering them for a batched GEMV costs about 3x that."""
     rows, experts = layout_of
     small = rows <= SMALL_STEP_ROWS and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)
     if not small:
         return _expert_loop(x, gate_up, down, weights, ids)
     if x.device.type == "cpu":  # reading the ids costs nothing here, and no weights are copied
-        return _chosen_experts_in_place(x, gate_up, down, weights, ids)
+        one_row = rows == 1 and ids.shape[0] == 1
+        return (_chosen_experts_in_place if one_row else _expert_loop)(x, gate_up, down, weights, ids)
     if rows * ids.shape[1] >= experts:
         return _all_experts(x, gate_up, down, weights, ids)
     return _gathered_experts(x, gate_up, down, weights, ids)
+
+
+def _kept_dense(w: Weight) -> Weight:
+    kept = kept_dense(w) if isinstance(w, QuantizedTensor) else None
+    return w if kept is None else kept
 
 
 def _all_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
