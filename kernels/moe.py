@@ -115,6 +115,13 @@ def _expert_loop(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.
     return pairs.view(T, k, -1).sum(1).to(x.dtype)
 
 
+def reads_wait_for_nothing(device: torch.device) -> bool:
+    """Whether the host reads a value on `device` without waiting for queued work (the CPU, where
+    the host is the device): then a step may read its expert ids. A CUDA graph's body must not,
+    so the CPU tests of the graphed step hold the CPU to the GPU's paths through this."""
+    return device.type == "cpu"
+
+
 def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
                     ids: torch.Tensor, layout_of: tuple[int, int]) -> torch.Tensor:
     """The weighted sum of the chosen experts' outputs, (T, H). Decode and verify steps (at most
@@ -129,7 +136,7 @@ def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: tor
     small = rows <= SMALL_STEP_ROWS and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)
     if not small:
         return _expert_loop(x, gate_up, down, weights, ids)
-    if x.device.type == "cpu":  # reading the ids costs nothing here, and no weights are copied
+    if reads_wait_for_nothing(x.device):  # no weights copied: each chosen expert where it lies
         one_row = rows == 1 and ids.shape[0] == 1
         return (_chosen_experts_in_place if one_row else _expert_loop)(x, gate_up, down, weights, ids)
     if rows * ids.shape[1] >= experts:
