@@ -96,6 +96,8 @@ def write_files(which: str, qtypes: list[str], folder: Path) -> dict[str, tuple[
         if llama_cpp.llama_model_quantize(str(files["F32"][0]).encode(), str(path).encode(), params) != 0:
             raise RuntimeError(f"llama.cpp could not quantize {files['F32'][0]} to Q4_K_M")
         files["Q4_K_M"] = (path, None)
+    elif "Q4_K_M" in qtypes:
+        print(f"{which} Q4_K_M: skipped (made by llama.cpp's quantizer: pip install -e '.[bench]')", flush=True)
     return {q: files[q] for q in qtypes if q in files}
 
 
@@ -200,7 +202,7 @@ def main() -> None:
                "versions": versions(), "results": rows}
     if not llama_cpp_installed():
         payload["llama_cpp_column"] = ("llama-cpp-python is not installed here; fill the column with: pip install "
-                                       "-e '.[bench]' && python bench/peers.py --out bench/results")
+                                       "-e '.[test,bench]' && python bench/peers.py --out bench/results")
     print(f"wrote {write_result(args.name, payload, args.out)}")
 
 
