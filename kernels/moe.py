@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from lucebox.kernels.quant import Weight, linear
+from lucebox.kernels.quant import QuantizedTensor, Weight, kept_dense, linear
 from lucebox.kernels.step_rows import DECODE_STEP_ROWS
 
 from lucebox.config import MoESpec
@@ -82,6 +82,8 @@ def moe_experts(
     `layout_of` = (rows, experts) of the whole step when this call is one group of its rows (an
     expert cache's, `lucebox.memory.expert_cache`): the path is the whole step's, so each row's result
     is the one the whole step would give."""
+    if x.device.type == "cpu" and layout_of is None:  # (an expert cache's slots change: never kept)
+        gate_up, down = _kept_dense(gate_up), _kept_dense(down)  # quantized experts kept dequantized on the CPU
     out = _routed_experts(x, gate_up, down, weights, ids, layout_of or (ids.shape[0], gate_up.shape[0]))
     if scaling != 1.0:
         out = out * scaling
@@ -113,6 +115,13 @@ def _expert_loop(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.
     return pairs.view(T, k, -1).sum(1).to(x.dtype)
 
 
+def reads_wait_for_nothing(device: torch.device) -> bool:
+    """Whether the host reads a value on `device` without waiting for queued work (the CPU, where
+    the host is the device): then a step may read its expert ids. A CUDA graph's body must not,
+    so the CPU tests of the graphed step hold the CPU to the GPU's paths through this."""
+    return device.type == "cpu"
+
+
 def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: torch.Tensor,
                     ids: torch.Tensor, layout_of: tuple[int, int]) -> torch.Tensor:
     """The weighted sum of the chosen experts' outputs, (T, H). Decode and verify steps (at most
@@ -120,14 +129,24 @@ def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: tor
     and a few small batched ops cost less than a loop of ~10 ops per expert. A step that chooses
     at least one (row, expert) pair per expert touches most experts anyway and runs every expert
     densely; a sparser one gathers its chosen experts' weights. Prefill chunks loop over the
-    experts they use: there each expert's GEMM has many rows."""
+    experts they use: there each expert's GEMM has many rows. On the CPU, where a read waits for
+    nothing, every step loops so (the same arithmetic at any width), and a one-row step runs each
+    chosen expert where its weights lie: gathering them for a batched GEMV costs about 3x that."""
     rows, experts = layout_of
     small = rows <= SMALL_STEP_ROWS and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)
     if not small:
         return _expert_loop(x, gate_up, down, weights, ids)
+    if reads_wait_for_nothing(x.device):  # no weights copied: each chosen expert where it lies
+        one_row = rows == 1 and ids.shape[0] == 1
+        return (_chosen_experts_in_place if one_row else _expert_loop)(x, gate_up, down, weights, ids)
     if rows * ids.shape[1] >= experts:
         return _all_experts(x, gate_up, down, weights, ids)
     return _gathered_experts(x, gate_up, down, weights, ids)
+
+
+def _kept_dense(w: Weight) -> Weight:
+    kept = kept_dense(w) if isinstance(w, QuantizedTensor) else None
+    return w if kept is None else kept
 
 
 def _all_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
@@ -148,3 +167,13 @@ def _gathered_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
     gate, up = (gate_up.index_select(0, chosen) @ rows).chunk(2, dim=1)  # (T*k, I, 1) each
     y = (down.index_select(0, chosen) @ (F.silu(gate) * up))[..., 0]  # (T*k, H)
     return (y * weights.reshape(-1, 1)).view(T, k, -1).sum(1).to(x.dtype)  # weighed in the wider dtype
+
+
+def _chosen_experts_in_place(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+                             ids: torch.Tensor) -> torch.Tensor:
+    """Each (row, choice) pair through its expert's own weights (views, no copy), weighed in the
+    wider dtype and summed in choice order: per row, the very ops the expert loop runs."""
+    T, k = ids.shape
+    pairs = [swiglu(x[t : t + 1], gate_up[e], down[e]) * weights[t, j : j + 1]  # (1, H) each
+             for t, chosen in enumerate(ids.tolist()) for j, e in enumerate(chosen)]
+    return torch.cat(pairs).view(T, k, -1).sum(1).to(x.dtype)

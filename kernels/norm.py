@@ -9,9 +9,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim. Statistics in float32 (like the reference implementations),
     the weight applied in the input dtype."""
     dtype = x.dtype
-    x32 = x.to(torch.float32)
+    wide = dtype == torch.float32  # no casts to dispatch (each a few microseconds on the CPU)
+    x32 = x if wide else x.to(torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(dtype)
+    return weight * (x32 if wide else x32.to(dtype))
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):

@@ -25,7 +25,9 @@ Activations stay in the model dtype; kernels dequantize a tile at a time, so a m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import os
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +47,8 @@ class QuantizedTensor:
     shape: tuple[int, ...]
     dtype: torch.dtype  # the activations' dtype, what dequantize returns
     mins: torch.Tensor | None = None  # float32 (..., N, K/group), GGUF K-quants; never with zeros
+    # On the CPU: `dequantize(self)`, made once by `dense_on_cpu` (host memory the plan does not count)
+    dense: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     def __getitem__(self, index: int) -> QuantizedTensor:
         """One expert of an (E, N, K) stack."""
@@ -146,4 +150,29 @@ Weight = torch.Tensor | QuantizedTensor
 
 def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ w.T (+ bias) for a plain or quantized weight."""
-    return F.linear(x, dequantize(w) if isinstance(w, QuantizedTensor) else w, bias)
+    return F.linear(x, dense_on_cpu(w) if isinstance(w, QuantizedTensor) else w, bias)
+
+
+def dense_on_cpu(w: QuantizedTensor) -> torch.Tensor:
+    """`dequantize(w)`, made once and kept where `kept_dense` keeps it."""
+    kept = kept_dense(w)
+    return dequantize(w) if kept is None else kept
+
+
+def kept_dense(w: QuantizedTensor) -> torch.Tensor | None:
+    """`dequantize(w)`, made once and kept in `w.dense`, for a weight on the CPU (else None). On a
+    GPU the Triton kernels read the codes; on the CPU this reference rebuilt every weight at every
+    step, most of a quantized model's decode time (a Q4_K_M file decoded at a sixth of its F32
+    twin's speed). The values are the same, so the logits are too; the cost is host memory (4 bytes
+    a weight in float32), so a weight is kept only while it fits in half of the free host memory."""
+    if w.dense is None and w.device.type == "cpu":
+        if math.prod(w.shape) * w.dtype.itemsize <= _free_host_bytes() // 2:
+            w.dense = dequantize(w)
+    return w.dense
+
+
+def _free_host_bytes() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not Linux: keep nothing
+        return 0

@@ -108,7 +108,13 @@ def rotate(xs: tuple[torch.Tensor, ...], positions: torch.Tensor, inv_freq: torc
     """Each x (T, heads, D) of xs (a layer's q and k) with its first 2 * len(inv_freq) features
     rotated by position; the angles are computed once for all of them."""
     cos, sin = cos_sin(positions, inv_freq, scaling, xs[0].dtype)
-    return tuple(apply_rope(x, cos, sin) for x in xs)
+    if len(xs) == 1:
+        return (apply_rope(xs[0], cos, sin),)
+    # All heads side by side, rotated at once: the same arithmetic per element in a third of the
+    # ops, which is most of a small model's decode step on the CPU.
+    heads = [x.shape[1] for x in xs]
+    rotated = apply_rope(torch.cat(xs, dim=1), cos, sin).split(heads, dim=1)
+    return tuple(x.contiguous() for x in rotated)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """How often decoding reads a device value on the host. On a GPU each read (`item`, `tolist`,
 `int()` of a tensor) waits for every queued kernel, so host and device time add up instead of
-overlapping. Counted here on the CPU, where the same torch code runs: a plain greedy step reads
-once (its chosen token), a speculative round twice (the drafts, then the verdict), whether a
-DFlash block drafter or a draft model (fed its own drafts on the device) drafts.
+overlapping. Counted here on the CPU, where the same torch code runs (on the GPU's paths: the
+CPU's own MoE decode path reads its expert ids, `kernels.moe.reads_wait_for_nothing`): a plain
+greedy step reads once (its chosen token), a speculative round twice (the drafts, then the
+verdict), whether a DFlash block drafter or a draft model (fed its own drafts on the device) drafts.
 
 KVFlash `select` re-selection (every `kv_reselect_every` committed tokens) runs as a step of its
 own between decode steps and reads back the chunks it ranked (the host copies the chosen ones
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from lucebox.kernels import moe
 
 import lucebox
 from lucebox.builtin import builtin_model
@@ -51,6 +53,7 @@ def counted_reads(monkeypatch) -> Iterator[Counter]:
         for name in READS:
             m.setattr(torch.Tensor, name, counting(getattr(torch.Tensor, name)))
         m.setattr(SequenceCache, "_read_back", reselect(SequenceCache._read_back))
+        m.setattr(moe, "reads_wait_for_nothing", lambda device: False)
         yield counts
 
 

@@ -222,17 +222,17 @@ def test_shared_expert_and_routed_scaling_ride_in_the_same_launches(poisoned, dt
 
 @pytest.mark.parametrize("M", [1, 3, 4, 9, 16, 17])
 def test_moe_reference_decode_steps_read_no_device_value_and_equal_the_expert_loop(M):
-    """Steps of at most 16 rows run without a host read: every expert densely once the step
-    chooses a pair per expert, else the chosen experts' gathered weights; each row's result is the
-    expert loop's (what prefill chunks run), and does not depend on the other rows of its step."""
+    """Steps of at most 16 rows run without a host read off the CPU: every expert densely once the
+    step chooses a pair per expert, else the chosen experts' gathered weights (on the CPU each chosen
+    expert in place); each row's result is the expert loop's, whatever its step's other rows."""
     H, E, F, K = 48, 8, 24, 2
     gate_up, down = _experts(E, F, H, torch.float64)
     weights, ids = _routing(M, E, K, seed=M)
     x = random(M, H, dtype=torch.float64, seed=M)
     loop = moe._expert_loop(x, gate_up, down, weights, ids)
-    for path in (moe._all_experts, moe._gathered_experts):
+    for path in (moe._all_experts, moe._gathered_experts, moe._chosen_experts_in_place):
         torch.testing.assert_close(path(x, gate_up, down, weights, ids), loop, rtol=1e-12, atol=1e-12)
-    with no_host_sync() if M <= 16 else nullcontext():
+    with no_host_sync() if M <= 16 and x.device.type != "cpu" else nullcontext():
         got = moe.moe_experts(x, gate_up, down, weights, ids)
     one_by_one = torch.cat([moe.moe_experts(x[i : i + 1], gate_up, down, weights[i : i + 1], ids[i : i + 1])
                             for i in range(M)])
