@@ -212,8 +212,8 @@ class _State:
 
     async def _whole(self, req, job: Job, rid: str, first, request: Request, calls) -> JSONResponse:
         if calls is not None:
-            return JSONResponse(await whole_call_reply(req, rid, self.model_name, first, lambda: self._wait(job, request),
-                                                       calls))
+            reply = await whole_call_reply(req, rid, self.model_name, first, lambda: self._wait(job, request), calls)
+            return JSONResponse(reply)
         answers, chunk = [Answer()], first
         while chunk is not None:
             if answers[-1].finish_reason is not None:  # the choice before ended: this chunk starts the next
