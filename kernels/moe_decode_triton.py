@@ -192,7 +192,7 @@ def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tup
     shape = dict(BLOCK_M=block_m, BLOCK_P=triton.next_power_of_2(P), BLOCK_C=triton.next_power_of_2(K), STAGES=3)
     # Multiplies a program's registers hold per row: gate and up share the up kernel's budget, the
     # down kernel's also holds each choice's results. Sized so no specialization spills (sm_86).
-    pointers, formats = _matrix_args(gate_up, shared_gate_up, H, H, block_m, 4096 // up_i)
+    pointers, formats = _matrix_args(gate_up, shared_gate_up, H, H, block_m, 8192 // up_i)
     _up_decode_kernel[(P + shared, triton.cdiv(max(F, f_shared), up_i))](
         x, inter, ids, *pointers, *sizes, *formats, BLOCK_I=up_i, **shape)
     pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1), block_m, 8192 // down_h)
