@@ -21,11 +21,10 @@ def attend(cache, q, step, window=None):
     return attention_over_blocks(q, step.positions, cache.blocks(q, step), D**-0.5, window)
 
 
-def run_script(cache, reference, script, window=None, seed=0):
-    """Apply (write n rows | roll back r rows) to both caches; after each write, attention of the
-    written rows must agree (1e-12, float64)."""
+def run_script(cache, reference, script, window=None, seed=0, length=0):
+    """Apply (write n rows | roll back r rows) to both caches, from `length` rows on; after each
+    write, attention of the written rows must agree (1e-12, float64)."""
     gen = torch.Generator().manual_seed(seed)
-    length = 0
     for op, n in script:
         if op == "rollback":
             length -= n
@@ -224,3 +223,26 @@ def test_rejecting_drafts_launches_nothing_on_the_targets_rings():
     with LaunchCounter() as counter:
         ring.rollback(2)
     assert counter.launches == []
+
+
+def test_rejecting_drafts_launches_nothing_on_a_paged_pool_and_later_steps_stay_exact():
+    """A round's rollback on a full-attention layer's pool is host bookkeeping only, also when the
+    drafts opened a chunk; after it, steps that rewrite those positions, and steps that move
+    chunks between the pool and the host, attend as the reference does."""
+    from lucebox.benchmark.launches import LaunchCounter
+
+    cache = paged(pool_tokens=40, max_context=512)  # 5 chunks of 8 on the device
+    reference = ContiguousCache(KV, D, 512, **F64)
+    run_script(cache, reference, [("write", 16), ("write", 6)])  # committed 19, rows up to 22
+    for c in (cache, reference):  # drafts 19..23 (into chunk 2), all rejected
+        c.rollback(19)
+    gen = torch.Generator().manual_seed(1)
+    step, k, v = Step(torch.arange(19, 24)), rows(5, gen), rows(5, gen)
+    for c in (cache, reference):
+        c.write(step, k, v)
+    with LaunchCounter() as counter:
+        cache.rollback(20)
+    assert counter.launches == []
+    reference.rollback(20)
+    # On past the pool: chunks 2.. leave and return, and their slots change hands.
+    run_script(cache, reference, [("write", 16)] * 8, seed=2, length=20)

@@ -141,7 +141,7 @@ class PagedKV(LayerCache):
             self.residency.make_resident(chunk, keep, self.committed, self.selected)
 
     def rollback(self, to_position: int) -> None:
-        self.residency.forget_from(to_position)
+        self.residency.forget_from(to_position, drafts_only=to_position >= self.committed)
         if to_position < self.committed:  # a rewind of committed tokens (prefix reuse): choose again later
             # `committed` moves last, so an interrupted rewind is done again by the next rollback.
             self.attention.mark_pinned_stale()

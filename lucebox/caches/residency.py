@@ -168,8 +168,17 @@ class ChunkResidency:
         comes after the planes' store)."""
         self.row_positions.index_copy_(0, rows, positions)
 
-    def forget_from(self, to_position: int) -> None:
-        """Rows at positions >= to_position are gone; chunks left with none free their slots."""
+    def forget_from(self, to_position: int, drafts_only: bool = False) -> None:
+        """Rows at positions >= to_position are gone; chunks left with none free their slots.
+
+        `drafts_only` (no committed row is forgotten: a speculation round's rejected rows) is host
+        bookkeeping alone, no launch: the forgotten rows keep their pool rows and positions, every
+        chunk keeps its slot, so the next write of each forgotten position lands on the very row
+        that holds it, and attention (causal on `row_positions`) shows no query a row past its own
+        position before that write. A slot changing hands clears its rows (`make_resident`)."""
+        if drafts_only:
+            self.length = min(self.length, to_position)
+            return
         # Every time, not only below `length`: a write cut short may have placed rows past it.
         self.row_positions.masked_fill_(self.row_positions >= to_position, -1)
         self.length = min(self.length, to_position)
