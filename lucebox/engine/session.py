@@ -19,6 +19,7 @@ from lucebox.caches import SequenceCache, Step
 from lucebox.engine.build import Engine
 from lucebox.engine.config import DECODE_ROWS
 from lucebox.speculative.proposer import Proposer
+from lucebox.speculative.tree import chain
 
 
 class Session:
@@ -51,16 +52,20 @@ class Session:
 
     def capture_graphs(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Capture, on the session's cache, every step graph requests will replay: each width up to
-        DECODE_ROWS with the drafter's feature layers (none without a DFlash drafter), and plain
-        decoding without them; so no request waits for a capture or a Triton compile. `progress(done,
-        total)` after each. Draft-tree graphs are still captured by their first tree round."""
+        DECODE_ROWS with the drafter's feature layers (none without a DFlash drafter), plain
+        decoding without them, and each draft tree's width up to the tree budget (a tree graph
+        serves every tree of its width: the shape comes in with the step's inputs); so no request
+        waits for a capture or a Triton compile. `progress(done, total)` after each."""
         engine = self.engine
         proposer = engine.proposer
         layers = proposer.feature_layers if proposer is not None else ()
         room = engine.setup.cache.max_context
         prefix = min(8, max(room - DECODE_ROWS, 1))  # a real prefix before each step, and room for the widest
         widest = min(DECODE_ROWS, room - prefix)  # a request never steps wider than its context
-        keys = [(width, layers) for width in range(widest, 0, -1)] + ([(1, ())] if layers and widest else [])
+        trees = engine.setup.tree_budget if hasattr(proposer, "propose_tree") else 0
+        keys = ([(width, layers, False) for width in range(widest, 0, -1)]
+                + ([(1, (), False)] if layers and widest else [])
+                + [(width, layers, True) for width in range(min(trees + 1, widest), 1, -1)])
         # Widest first: the shared pool grows once, and the narrower graphs reuse its blocks.
         cache = self._clean()
         device, vocab = engine.decoder.device, engine.decoder.cfg.vocab_size
@@ -68,8 +73,9 @@ class Session:
         engine.decoder.forward(torch.tensor(rows[:prefix], device=device), Step.span(0, prefix, device, prefill=True),
                                cache)
         cache.commit(prefix)
-        for done, (width, captured) in enumerate(keys, 1):
-            engine.runner.step(rows[prefix : prefix + width], Step.span(prefix, width, device), cache, captured)
+        for done, (width, captured, tree) in enumerate(keys, 1):
+            engine.runner.step(rows[prefix : prefix + width], Step.span(prefix, width, device), cache, captured,
+                               chain(rows[prefix], rows[prefix + 1 : prefix + width]) if tree else None)
             cache.rollback(prefix)
             if progress is not None:
                 progress(done, len(keys))
