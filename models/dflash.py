@@ -258,15 +258,18 @@ class DFlashDrafter:
             _, k, v = self.split_qkv(layer, src)
             ring.write(step, self.kernels.rotate((k,), step.positions, inv_freq, scaling)[0], v)
 
-    def draft(self, block_embeddings: torch.Tensor, step: Step, rings: list[SlidingRing]) -> torch.Tensor:
-        """Hidden states (B, H) of the block at `step`'s positions, after the final norm."""
+    def draft(self, block_embeddings: torch.Tensor, positions: torch.Tensor, rings: list[SlidingRing],
+              step: Step | None = None) -> torch.Tensor:
+        """Hidden states (B, H) of the block at `positions` (B,), after the final norm. `step`: the
+        block's step, eagerly (each ring read up to its highest row); None in a graph's body (each
+        ring read whole, its empty slots masked: no host value read)."""
         cfg, kern = self.cfg, self.kernels
         x = block_embeddings.to(self.dtype)
         inv_freq, scaling = self.rope.frequencies(cfg.rope)
-        B, positions = x.shape[0], step.positions
+        B = x.shape[0]
         # Inside a non-causal block every row sees every row: present the block keys as if all
         # queries sat at the block's last position.
-        block_end = torch.full_like(positions, step.end - 1)
+        block_end = positions[-1:].expand_as(positions)
         for layer, ring in enumerate(rings):
             p = f"layers.{layer}."
             h = self.norm(x, p + "attn_norm")
@@ -275,7 +278,7 @@ class DFlashDrafter:
             window = cfg.windows[layer]
             causal = cfg.causal or window is not None
             block_q_positions = positions if causal else block_end
-            ring_block = next(iter(ring.blocks(q, step)))
+            ring_block = ring.static_block(q) if step is None else next(iter(ring.blocks(q, step)))
             out = merge_partials([
                 kern.attention_partial(q, ring_block.k, ring_block.v, positions, ring_block.positions, self.scale,
                                        window),

@@ -7,11 +7,13 @@ GPU the same checks run with real graph capture and replay."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 import torch
 from conftest import EXAMPLES
+from drafters import save_dflash
 from kernel_cases import no_host_sync
 from tiny_models import VOCAB
 
@@ -129,6 +131,28 @@ def test_every_width_replays_the_uncaptured_steps_logits_on_cuda(tmp_path):
             position += 1
     assert {w for w, *_ in engines[0].runner.widths} == set(range(1, DECODE_ROWS + 1))
     assert len({graph.pool for graph in engines[0].runner.widths.values()}) == 1  # one memory pool for all
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_the_drafters_replayed_block_pass_equals_its_eager_pass_on_cuda(tmp_path):
+    """The DFlash drafter's pass, captured at start-up with the steps (one memory pool), replays what
+    the same pass computes eagerly over the same rings, and speculation stays plain decoding."""
+    target_cfg = json.loads((EXAMPLES / "laguna-tiny" / "config.json").read_text())
+    drafter = save_dflash(tmp_path / "drafter", target_cfg, "laguna")
+    plain = laguna_tiny(tmp_path, "float32").generate(PROMPT, max_tokens=40, ignore_eos=True).token_ids
+    llm = laguna_tiny(tmp_path, "float32", draft=str(drafter), adaptive=False, tree_budget=0)
+    proposer = llm.proposer
+    proposer.lookup = None
+    assert proposer.graph.graph is not None and proposer.graph.pool is llm.runner.pool  # captured when opened
+    out = llm.generate(PROMPT, max_tokens=40, ignore_eos=True)
+    assert out.token_ids == plain
+    context = PROMPT + out.token_ids[:-1]
+    replayed = [t.clone() for t in proposer.block_pass(context, 5)]
+    graph, proposer.graph = proposer.graph, None
+    eager = proposer.block_pass(context, 5)
+    proposer.graph = graph
+    for a, b in zip(replayed, eager, strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["laguna", "qwen3_next"])

@@ -37,6 +37,7 @@ import torch
 
 from lucebox.caches import SequenceCache, Step
 from lucebox.engine.config import DECODE_ROWS
+from lucebox.engine.graph_capture import Graphed
 from lucebox.models.cache_contexts import CacheContext, StaticCacheContext
 from lucebox.models.tree_mask import TreeMask
 
@@ -48,18 +49,16 @@ class StepOutput:
     features: torch.Tensor | None  # (T, len(layers) * H): the outputs of the layers asked for
 
 
-class StepGraph:
+class StepGraph(Graphed[StepOutput]):
     """A decode/verify step of exactly `width` rows over one cache, capturing decoder `layers`."""
 
     def __init__(self, decoder, cache: SequenceCache, width: int, layers: tuple[int, ...], capture: bool,
                  tree: bool = False, pool=None):
-        self.decoder, self.cache, self.layers, self.pool = decoder, cache, layers, pool
+        super().__init__(decoder.device, capture, pool)
+        self.decoder, self.cache, self.layers = decoder, cache, layers
         # token ids, positions (+ a tree's depths and ancestor bits)
         self.inputs = torch.zeros((4 if tree else 2, width), dtype=torch.long, device=decoder.device)
         self.tree = tree
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.out: StepOutput | None = None
-        self.capture = capture
 
     def body(self) -> StepOutput:
         """The step's device work, reading only `inputs` and the cache's tables."""
@@ -69,41 +68,6 @@ class StepGraph:
         hidden, features = d.run(ids, context, self.layers)
         logits = d.logits(hidden)
         return StepOutput(logits, d.kernels.greedy_choices(logits), features)
-
-    def run(self) -> StepOutput:
-        if self.graph is not None:
-            self.graph.replay()
-        elif self.capture:
-            self._capture()
-        else:
-            self.out = self.body()
-        return self.out
-
-    def _capture(self) -> None:
-        # Capture cannot run on the default stream: a side stream runs one eager warm-up (Triton
-        # compiles, cuBLAS sets up its workspace for that stream, both outside the capture), then
-        # the capture, then the replay that does this step's work (a capture runs nothing; its
-        # outputs are the graph's static tensors). Running the step twice is harmless: a store
-        # rewrites the same rows at the same slots. Every graph of a runner allocates from one
-        # memory pool (`pool`): they replay one at a time on one stream, so one set of
-        # intermediates serves them all, and each graph's outputs stay allocated. The capture
-        # watches only this thread for forbidden calls ("thread_local"), so the server's worker
-        # thread capturing does not fail on what another thread does meanwhile.
-        device = self.decoder.device
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            self.body()
-            side.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
-            try:
-                self.out = self.body()
-            finally:
-                graph.capture_end()
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = graph
-        graph.replay()
 
 
 class StepRunner:

@@ -55,7 +55,12 @@ class DFlashProposer(Proposer):
         self.max_width = DRAFT_WIDTH  # a lookup draft may be longer
         self.lookup: NgramProposer | None = NgramProposer(min_n=LOOKUP_MIN_MATCH)  # None: the drafter alone
         self.draft_ctx, self.max_step = draft_ctx, ring_step(drafter.cfg, prefill_chunk)
-        self.rings: list[SlidingRing] = []
+        cfg = drafter.cfg
+        # Made once, emptied by each request: a graphed block pass reads them by address.
+        self.rings = [SlidingRing(draft_ctx, self.max_step, cfg.num_kv_heads, cfg.head_dim, drafter.dtype,
+                                  drafter.device, reads_ahead=True) for _ in range(cfg.num_layers)]
+        self.started = False
+        self.graph = None  # `draft_graph.DraftGraph` once `graph_with` is called
         self.length = 0  # committed tokens: their context rows are in the rings, or waiting
         self.waiting: list[torch.Tensor] = []  # features (T, n*H) of the last committed tokens, oldest first
         self.waiting_rows = 0
@@ -65,10 +70,9 @@ class DFlashProposer(Proposer):
         return tensor_bytes(self.drafter.w.values()) + sum(ring.device_bytes() for ring in self.rings)
 
     def start(self, prompt: list[int], features: torch.Tensor | None) -> None:
-        cfg = self.drafter.cfg
-        self.rings = [SlidingRing(self.draft_ctx, self.max_step, cfg.num_kv_heads, cfg.head_dim,
-                                  self.drafter.dtype, self.drafter.device, reads_ahead=True)
-                      for _ in range(cfg.num_layers)]
+        for ring in self.rings:
+            ring.rollback(0)
+        self.started = True
         self.length = 0
         self.waiting, self.waiting_rows = [], 0
         if self.lookup is not None:
@@ -77,7 +81,7 @@ class DFlashProposer(Proposer):
     def resume(self, position: int) -> bool:
         # The rings hold context rows of the committed tokens; a chat's next turn keeps them all.
         self.catch_up()
-        if not self.rings or not 0 < position <= self.length:
+        if not self.started or not 0 < position <= self.length:
             return False
         if self.lookup is not None and not self.lookup.resume(position):
             return False
@@ -140,15 +144,31 @@ class DFlashProposer(Proposer):
 
     def block_pass(self, context: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The drafter's logits (k, V) and final hidden states (k, H) for the k positions after
-        `last` (context[-1]), in one pass."""
+        `last` (context[-1]), in one pass (the graph's, when `graph_with` gave one)."""
         self.catch_up()
-        cfg, device = self.drafter.cfg, self.drafter.device
         start = len(context) - 1  # position of `last`
+        if self.graph is not None:
+            logits, hidden = self.graph.pass_at(context[-1], start)
+            return logits[:k], hidden[:k]
+        cfg, device = self.drafter.cfg, self.drafter.device
         block = torch.full((cfg.block_size,), cfg.mask_token_id, device=device)
         block[0] = context[-1]
-        embeddings = F.embedding(block, self.target.w["embed"]) * cfg.embedding_scale
-        hidden = self.drafter.draft(embeddings, Step.span(start, cfg.block_size, device), self.rings)[1 : k + 1]
+        step = Step.span(start, cfg.block_size, device)
+        return self.block_forward(block, step.positions, k, step)
+
+    def block_forward(self, block: torch.Tensor, positions: torch.Tensor, k: int,
+                      step: Step | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and hidden states of the block's k rows after its first, from its token ids and
+        positions (`DFlashDrafter.draft`; `step` None: a graph's body)."""
+        embeddings = F.embedding(block, self.target.w["embed"]) * self.drafter.cfg.embedding_scale
+        hidden = self.drafter.draft(embeddings, positions, self.rings, step)[1 : k + 1]
         return self.drafter.logits(self.target, hidden), hidden
+
+    def graph_with(self, capture: bool, pool=None) -> None:
+        """Run block passes as one graph from now on (captured on its first pass when `capture`)."""
+        from lucebox.speculative.draft_graph import DraftGraph
+
+        self.graph = DraftGraph(self, capture, pool)
 
     def propose_tree(self, context: list[int], budget: int, params: SamplingParams | None = None,
                      noise: RaceNoise | None = None) -> DraftTree:

@@ -1,0 +1,60 @@
+"""Device work run as one CUDA graph: the target's decode/verify steps (`runner.StepGraph`) and the
+drafter's block pass (`speculative.draft_graph`). `Graphed.body` reads only static inputs and
+buffers with fixed addresses; `run` captures it on its first call (on CUDA) and replays it after,
+or runs it eagerly without CUDA (`capture=False`), which is how the CPU tests check the same body.
+The body's outputs are the graph's static tensors: each replay overwrites them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+import torch
+
+Out = TypeVar("Out")
+
+
+def capture(body: Callable[[], Out], device: torch.device, pool) -> tuple[torch.cuda.CUDAGraph, Out]:
+    """Capture `body` into a graph and replay it once (the capture itself runs nothing).
+
+    Capture cannot run on the default stream: a side stream runs one eager warm-up (Triton
+    compiles, cuBLAS sets up its workspace for that stream, both outside the capture), then the
+    capture, then the replay that does this call's work. Running the body twice must be harmless
+    (a store rewrites the same rows at the same slots). Every graph allocates from one memory pool
+    (`pool`): they replay one at a time on one stream, so one set of intermediates serves them
+    all, and each graph's outputs stay allocated. The capture watches only this thread for
+    forbidden calls ("thread_local"), so the server's worker thread capturing does not fail on
+    what another thread does meanwhile."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        body()
+        side.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            out = body()
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph.replay()
+    return graph, out
+
+
+class Graphed(Generic[Out]):
+    def __init__(self, device: torch.device, capture: bool, pool=None):
+        self.device, self.capture, self.pool = device, capture, pool
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: Out | None = None
+
+    def body(self) -> Out:
+        raise NotImplementedError
+
+    def run(self) -> Out:
+        if self.graph is not None:
+            self.graph.replay()
+        elif self.capture:
+            self.graph, self.out = capture(self.body, self.device, self.pool)
+        else:
+            self.out = self.body()
+        return self.out
