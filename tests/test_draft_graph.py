@@ -50,3 +50,20 @@ def test_the_graphed_block_pass_drafts_as_the_eager_one_and_decoding_stays_plain
     proposer.start(PROMPT[:4], None)  # the next request empties the same rings (the graph reads them by address)
     assert [(ring.k, ring.positions) for ring in proposer.rings] == rings
     assert all((ring.positions == -1).all() for ring in proposer.rings)
+
+
+@pytest.mark.parametrize("layout", ["zlab", "laguna"])
+def test_a_non_causal_block_lets_every_row_see_every_row(laguna, layout, tmp_path):
+    """z-lab blocks are non-causal: a row's hidden state follows the rows after it; Laguna's drafter
+    is causal: it does not."""
+    target_cfg = json.loads((laguna / "config.json").read_text())
+    llm = lucebox.LLM(laguna, draft=str(save_dflash(tmp_path / layout, target_cfg, layout)), adaptive=False, **COMMON)
+    proposer = llm.proposer
+    proposer.start(PROMPT, None)
+    block = torch.full((proposer.drafter.cfg.block_size,), proposer.drafter.cfg.mask_token_id)
+    positions = torch.arange(10, 10 + len(block))
+    before = proposer.block_forward(block, positions, 5)[1]
+    block[5] = 7  # the sixth row's token: its hidden state is row 4 of the k drafted rows after the first
+    after = proposer.block_forward(block, positions, 5)[1]
+    assert not torch.equal(after[4], before[4])
+    assert torch.equal(after[0], before[0]) == (layout == "laguna")
