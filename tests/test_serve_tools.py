@@ -12,8 +12,9 @@ from lucebox.cli import build_parser
 from lucebox.server.command import settings_from
 from lucebox.server.openai_api import APIError, parse_request
 from lucebox.server.process import ServerProcess
-from lucebox.server.tools import model_tool_format, prompt_parts, tool_request
+from lucebox.server.tools import tool_request
 from lucebox.text.tokenizer_files import load_tokenizer
+from lucebox.tools import model_tool_format, prompt_parts
 
 openai = pytest.importorskip("openai")
 WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},

@@ -23,9 +23,10 @@ from lucebox.server.choices import Answer, numbered, total_stats
 from lucebox.server.guard import ClientLeft, HostGuard, check_key, read_json
 from lucebox.server.logprobs_format import TokenText, logprobs_json
 from lucebox.server.settings import ServerSettings
-from lucebox.server.tool_stream import ToolCallStream, call_events, whole_call_reply
-from lucebox.server.tools import model_tool_format, prompt_parts, tool_request
+from lucebox.server.tool_stream import call_events, whole_call_reply
+from lucebox.server.tools import tool_request
 from lucebox.server.worker import EngineWorker, Job
+from lucebox.tools import ToolCallStream, model_tool_format, prompt_parts
 
 POLL_SECONDS = 0.25  # how often a waiting request checks that its client is still there
 

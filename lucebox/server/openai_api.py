@@ -56,7 +56,7 @@ class GenerationRequest:
     logprobs: int | None = None  # None: none; k: each token's logprob and the k likeliest (`server.logprobs_format`)
     stop: list[str] = field(default_factory=list)
     constraint: dict = field(default_factory=dict)  # json_schema | json_object | grammar (`server.structured`)
-    tools: object = None  # a `server.tools.ToolRequest`, or None
+    tools: object = None  # a `lucebox.tools.ToolRequest`, or None
 
 
 def _number(body: dict, name: str, low: float, high: float, integer: bool = False, low_open: bool = False):
