@@ -5,7 +5,7 @@ import json
 
 import jsonschema
 import pytest
-from tool_models import QWEN_TOOLS_TEMPLATE, qwen_tools_model
+from tool_models import AUTO_CALL, MALFORMED, QWEN_TOOLS_TEMPLATE, SCHEMAS, TOOLS, qwen_tools_model
 
 from lucebox.chat.conversation import render
 from lucebox.cli import build_parser
@@ -17,16 +17,6 @@ from lucebox.text.tokenizer_files import load_tokenizer
 from lucebox.tools import model_tool_format, prompt_parts
 
 openai = pytest.importorskip("openai")
-WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},
-                                            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-                                            "metric": {"type": "boolean"}},
-           "required": ["city", "days"], "additionalProperties": False}
-PING = {"type": "object", "properties": {"host": {"type": "string", "maxLength": 12}}, "required": ["host"],
-        "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the forecast",
-                                           "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "ping", "parameters": PING}}]
-SCHEMAS = {"get_weather": WEATHER, "ping": PING}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -80,12 +70,6 @@ def test_required_and_a_named_function_return_calls_whose_arguments_follow_the_s
         if ask.get("temperature") == 0 or "seed" in ask:  # the same draws: the same call as the whole answer
             assert calls == [(call.function.name, call.function.arguments)]
 
-
-# Lark grammars that make the model write an answer, as a model trained for tools would
-AUTO_CALL = ('start: "Checking.\\n<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": '
-             '{\\"city\\": \\"Oslo\\", \\"days\\": 2}}\\n</tool_call>\\n<tool_call>\\n{\\"name\\": \\"ping\\", '
-             '\\"arguments\\": {\\"host\\": \\"a.b\\"}}\\n</tool_call>"')
-MALFORMED = 'start: "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": }\\n</tool_call>"'
 
 
 def test_auto_parses_the_model_s_calls_and_gives_a_malformed_or_off_schema_strict_call_back_as_text(server):
