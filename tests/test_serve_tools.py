@@ -186,3 +186,25 @@ def test_the_call_syntax_comes_from_the_template_or_the_flag_and_a_model_with_no
     assert (refused.value.status, refused.value.param) == (400, "tools")
     unparsed = tool_request({"tools": TOOLS, "tool_choice": "none"}, "chat", None, lambda text: None, False)
     assert unparsed.choice == "none"  # the tools are rendered, nothing is parsed: no syntax needed
+
+
+def test_tools_with_n_choices_and_logprobs_parse_each_choice_and_cover_every_token(server):
+    client, named = _client(server), {"type": "function", "function": {"name": "get_weather"}}
+    reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, tool_choice=named, n=3,
+                                           temperature=1.0, seed=4, max_tokens=64, logprobs=True, top_logprobs=2)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    for choice in reply.choices:
+        [call] = choice.message.tool_calls
+        assert (choice.finish_reason, call.function.name) == ("tool_calls", "get_weather")
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_weather"])
+        assert all(len(t.top_logprobs) == 2 for t in choice.logprobs.content)
+    assert len({c.message.tool_calls[0].function.arguments for c in reply.choices}) > 1  # each its own draws
+    assert reply.usage.completion_tokens == sum(len(c.logprobs.content) for c in reply.choices)
+    events = list(client.chat.completions.create(
+        model="m", messages=MESSAGES, tools=TOOLS, max_tokens=96, n=2, stream=True, logprobs=True,
+        extra_body={"grammar": AUTO_CALL}, stream_options={"include_usage": True}))
+    for index in (0, 1):
+        content, calls, finish = _streamed(e for e in events if e.choices and e.choices[0].index == index)
+        assert (content, finish, [name for name, _ in calls]) == ("Checking.\n", "tool_calls", ["get_weather", "ping"])
+    tokens = sum(len(e.choices[0].logprobs.content) for e in events if e.choices and e.choices[0].logprobs)
+    assert tokens == events[-1].usage.completion_tokens

@@ -40,10 +40,11 @@ def total_stats(stats: list[dict]) -> dict:
 
 
 class Answer:
-    """One choice as its chunks add up: text, logprobs, and (from its last chunk) finish and stats."""
+    """One choice as its chunks add up: text, token ids, logprobs, and (from its last chunk) finish and stats."""
 
     def __init__(self):
         self.texts: list[str] = []
+        self.token_ids: list[int] = []
         self.logprobs: list = []  # `lucebox.logprobs.TokenLogprob`s, when the request asked
         self.finish_reason: str | None = None
         self.stats: dict | None = None
@@ -54,6 +55,7 @@ class Answer:
 
     def add(self, chunk) -> None:
         self.texts.append(chunk.text or "")
+        self.token_ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs or [])
         if chunk.finish_reason is not None:  # a choice's last chunk: the next one starts the next choice
             self.finish_reason, self.stats = chunk.finish_reason, chunk.stats

@@ -1,10 +1,11 @@
-"""A tool-calling answer on the OpenAI API: its calls read as it streams (`tools.ToolCallStream`), then
-its message fields, or its stream events (the text before a call as content, then each call whole)."""
+"""A tool-calling choice on the OpenAI API: its calls read as it streams (`tools.ToolCallStream`, one
+per choice), then its message fields, or the stream events that close it (the content held back,
+then each call whole)."""
 
 from __future__ import annotations
 
-from lucebox.errors import LuceboxError
-from lucebox.server import openai_api as api
+from lucebox.server.choice_events import ChoiceEvents
+from lucebox.server.choices import Answer
 from lucebox.server.tools import call_json
 from lucebox.text.tool_calls import ParsedOutput
 from lucebox.tools import ToolCallStream
@@ -19,48 +20,22 @@ def tool_fields(content: str, parsed: ParsedOutput, finish: str) -> tuple[dict, 
         "tool_calls" if finish == "stop" else finish)
 
 
-def tool_events(req, rid: str, model: str, rest: str, parsed: ParsedOutput) -> list[dict]:
-    """The stream events that close an answer: the content held back, then each call whole, as OpenAI's
-    deltas carry them ({"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]})."""
-    events = [api.chunk(req, rid, model, rest, None)] if rest else []
+def whole_choice(body_choice: dict, answer: Answer, calls: ToolCallStream) -> None:
+    """A whole choice's message and finish reason (`body_choice`, changed in place), from its tokens."""
+    content = calls.push(answer.token_ids)
+    rest, parsed = calls.finish()
+    message, body_choice["finish_reason"] = tool_fields(content + rest, parsed, answer.finish_reason)
+    body_choice["message"].update(message)
+
+
+def closing_events(choice: ChoiceEvents, calls: ToolCallStream, finish: str) -> list[dict]:
+    """The events that close a streamed choice: the content held back, then each call whole, as OpenAI's
+    deltas carry them ({"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]}),
+    then the finish."""
+    rest, parsed = calls.finish()
+    events = [choice.event(rest, None)] if rest else []
     for call in call_json(parsed.calls, with_index=True):
-        event = api.chunk(req, rid, model, None, None)
+        event = choice.event(None, None)
         event["choices"][0]["delta"] = {"tool_calls": [call]}
         events.append(event)
-    return events
-
-
-async def whole_call_reply(req, rid: str, model: str, first, next_chunk, calls: ToolCallStream) -> dict:
-    """A tool-calling answer, not streamed (one choice: tools refuse n > 1 and logprobs): its text,
-    then its calls. `next_chunk()`: the job's next chunk (None at the end); an engine error is a 500."""
-    texts, chunk = [], first
-    while chunk is not None:
-        texts.append(calls.push(chunk.token_ids))
-        last = chunk
-        try:
-            chunk = await next_chunk()
-        except LuceboxError as e:
-            raise api.APIError(500, str(e)) from None
-    text = "".join(texts)
-    reply = api.completion(req, rid, model, text, last.finish_reason, last.stats)
-    rest, parsed = calls.finish()
-    message, reply["choices"][0]["finish_reason"] = tool_fields(text + rest, parsed, last.finish_reason)
-    reply["choices"][0]["message"].update(message)
-    return reply
-
-
-async def call_events(req, rid: str, model: str, first, next_chunk, calls: ToolCallStream):
-    """A tool-calling answer's stream events: text as content, then each call whole, then the finish."""
-    yield api.chunk(req, rid, model, "", None, first=True)
-    chunk = first
-    while chunk is not None:
-        if text := calls.push(chunk.token_ids):
-            yield api.chunk(req, rid, model, text, None)
-        last = chunk
-        chunk = await next_chunk()
-    rest, parsed = calls.finish()
-    for event in tool_events(req, rid, model, rest, parsed):
-        yield event
-    yield api.chunk(req, rid, model, None, tool_fields("", parsed, last.finish_reason)[1])
-    if req.include_usage:
-        yield api.usage_chunk(req, rid, model, last.stats)
+    return [*events, choice.event(None, tool_fields("", parsed, finish)[1])]
