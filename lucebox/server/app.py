@@ -221,11 +221,10 @@ class _State:
                 raise api.APIError(500, str(e)) from None
         echo = req.prompt if req.kind == "completion" and req.echo and isinstance(req.prompt, str) else ""
         bodies = [api.completion(req, rid, self.model_name, echo + a.text, a.finish_reason, a.stats) for a in answers]
-        if req.logprobs is not None:
-            for body, answer in zip(bodies, answers, strict=True):
+        for body, answer in zip(bodies, answers, strict=True):
+            if req.logprobs is not None:
                 body["choices"][0]["logprobs"] = logprobs_json(req.kind, answer.logprobs, self.token_text)
-        if calls is not None:
-            for body, answer in zip(bodies, answers, strict=True):
+            if calls is not None:
                 whole_choice(body["choices"][0], answer, calls())
         return JSONResponse(numbered(bodies, api.usage(total_stats([a.stats for a in answers]))))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 
 from lucebox.arguments import SEED_MAX
+from lucebox.server.api_errors import invalid
 
 MAX_CHOICES = 16  # each choice is a whole generation: more would hold the one engine for long
 
@@ -19,8 +20,6 @@ def choices_field(body: dict) -> int:
     if n is None:
         return 1
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
-        from lucebox.server.openai_api import invalid  # imported late: that module imports this one
-
         raise invalid("n", f"must be an integer in 1..{MAX_CHOICES} (choices run one after another), got {n!r}")
     return n
 

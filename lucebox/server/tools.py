@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from lucebox.errors import ToolError
-from lucebox.server.openai_api import APIError, invalid
+from lucebox.server.api_errors import APIError, invalid
 from lucebox.text.tool_calls import ToolCall
 from lucebox.tools import ToolRequest, check_tools
 
