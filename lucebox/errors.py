@@ -104,3 +104,14 @@ class BackendError(LuceboxError):
 class LuceboxWarning(UserWarning):
     """Something runs, but not as the model was made to (a context past its trained length, ...);
     the CLI prints it as one `lucebox: warning:` line."""
+
+
+class ToolError(InvalidArgumentError):
+    """`tools`, `tool_choice` or `parallel_tool_calls` that cannot be used; `field` names the argument
+    (the server's `param`); `status` is the server's answer: 422 for a value of the wrong shape, 400 for
+    a well-formed one that cannot be served (a schema the grammar engine refuses, a tool not given, a
+    model with no call syntax); `code` the server's error code, if any."""
+
+    def __init__(self, field: str, message: str, status: int = 422, code: str | None = None):
+        super().__init__(message)
+        self.field, self.status, self.code = field, status, code

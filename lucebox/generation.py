@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from lucebox.errors import TokenizerError
 from lucebox.logprobs import TokenLogprob
+from lucebox.text.tool_calls import ToolCall
 
 
 @dataclass
@@ -27,6 +28,8 @@ class Generation:
     stats: dict = field(default_factory=dict)
     _text: str | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
+    # a chat answer's calls (`LLM.chat(tools=...)`); its text is then the content beside them
+    tool_calls: tuple[ToolCall, ...] = ()
 
     @property
     def text(self) -> str:

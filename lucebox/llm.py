@@ -116,13 +116,16 @@ class LLM:
         """Generate up to `max_tokens` tokens; options as in `stream`."""
         return collect(self.stream(prompt, max_tokens=max_tokens, **options), self.engine.tokenizer is not None)
 
-    def chat(self, system: str | None = None, **sampling):
+    def chat(self, system: str | None = None, tools: list[dict] | None = None, tool_choice=None,
+             parallel_tool_calls: bool | None = None, **sampling):
         """A multi-turn conversation (`lucebox.chat.ChatSession`) in the model's chat template; each
         turn reuses the cache of the ones before, so only the new turn is prefilled. `sampling`: the
-        defaults of every turn (`max_tokens`, `temperature`, `top_p`, `stop`, `json_schema`, ...)."""
+        defaults of every turn (`max_tokens`, `temperature`, `top_p`, `stop`, `json_schema`, ...).
+        `tools`, `tool_choice`, `parallel_tool_calls`: as OpenAI's API takes them (function schemas;
+        "auto", "none", "required" or {"type": "function", "function": {"name": ...}})."""
         from lucebox.chat import ChatSession
 
-        return ChatSession(self, system, **sampling)
+        return ChatSession(self, system, tools, tool_choice, parallel_tool_calls, **sampling)
 
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, on_progress: Callable[[int, int], None] | None = None) -> int:

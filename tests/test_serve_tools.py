@@ -5,27 +5,18 @@ import json
 
 import jsonschema
 import pytest
-from tool_models import QWEN_TOOLS_TEMPLATE, qwen_tools_model
+from tool_models import AUTO_CALL, MALFORMED, QWEN_TOOLS_TEMPLATE, SCHEMAS, TOOLS, qwen_tools_model
 
 from lucebox.chat.conversation import render
 from lucebox.cli import build_parser
 from lucebox.server.command import settings_from
 from lucebox.server.openai_api import APIError, parse_request
 from lucebox.server.process import ServerProcess
-from lucebox.server.tools import model_tool_format, prompt_parts, tool_request
+from lucebox.server.tools import tool_request
 from lucebox.text.tokenizer_files import load_tokenizer
+from lucebox.tools import model_tool_format, prompt_parts
 
 openai = pytest.importorskip("openai")
-WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},
-                                            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-                                            "metric": {"type": "boolean"}},
-           "required": ["city", "days"], "additionalProperties": False}
-PING = {"type": "object", "properties": {"host": {"type": "string", "maxLength": 12}}, "required": ["host"],
-        "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the forecast",
-                                           "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "ping", "parameters": PING}}]
-SCHEMAS = {"get_weather": WEATHER, "ping": PING}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -79,12 +70,6 @@ def test_required_and_a_named_function_return_calls_whose_arguments_follow_the_s
         if ask.get("temperature") == 0 or "seed" in ask:  # the same draws: the same call as the whole answer
             assert calls == [(call.function.name, call.function.arguments)]
 
-
-# Lark grammars that make the model write an answer, as a model trained for tools would
-AUTO_CALL = ('start: "Checking.\\n<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": '
-             '{\\"city\\": \\"Oslo\\", \\"days\\": 2}}\\n</tool_call>\\n<tool_call>\\n{\\"name\\": \\"ping\\", '
-             '\\"arguments\\": {\\"host\\": \\"a.b\\"}}\\n</tool_call>"')
-MALFORMED = 'start: "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": }\\n</tool_call>"'
 
 
 def test_auto_parses_the_model_s_calls_and_gives_a_malformed_or_off_schema_strict_call_back_as_text(server):
@@ -201,3 +186,25 @@ def test_the_call_syntax_comes_from_the_template_or_the_flag_and_a_model_with_no
     assert (refused.value.status, refused.value.param) == (400, "tools")
     unparsed = tool_request({"tools": TOOLS, "tool_choice": "none"}, "chat", None, lambda text: None, False)
     assert unparsed.choice == "none"  # the tools are rendered, nothing is parsed: no syntax needed
+
+
+def test_tools_with_n_choices_and_logprobs_parse_each_choice_and_cover_every_token(server):
+    client, named = _client(server), {"type": "function", "function": {"name": "get_weather"}}
+    reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, tool_choice=named, n=3,
+                                           temperature=1.0, seed=4, max_tokens=64, logprobs=True, top_logprobs=2)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    for choice in reply.choices:
+        [call] = choice.message.tool_calls
+        assert (choice.finish_reason, call.function.name) == ("tool_calls", "get_weather")
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_weather"])
+        assert all(len(t.top_logprobs) == 2 for t in choice.logprobs.content)
+    assert len({c.message.tool_calls[0].function.arguments for c in reply.choices}) > 1  # each its own draws
+    assert reply.usage.completion_tokens == sum(len(c.logprobs.content) for c in reply.choices)
+    events = list(client.chat.completions.create(
+        model="m", messages=MESSAGES, tools=TOOLS, max_tokens=96, n=2, stream=True, logprobs=True,
+        extra_body={"grammar": AUTO_CALL}, stream_options={"include_usage": True}))
+    for index in (0, 1):
+        content, calls, finish = _streamed(e for e in events if e.choices and e.choices[0].index == index)
+        assert (content, finish, [name for name, _ in calls]) == ("Checking.\n", "tool_calls", ["get_weather", "ping"])
+    tokens = sum(len(e.choices[0].logprobs.content) for e in events if e.choices and e.choices[0].logprobs)
+    assert tokens == events[-1].usage.completion_tokens

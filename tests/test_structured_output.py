@@ -143,14 +143,29 @@ def test_a_sampled_draft_cut_or_verified_under_the_grammar_leaves_the_masked_tar
     torch.testing.assert_close(produced, target, rtol=0, atol=1e-6)  # p is float32 softmax
 
 
+def test_a_special_token_s_name_in_a_grammar_literal_is_written_as_text(builtin_llm):
+    """A grammar's literal text that names a special token ("</s>", the EOS) is text, spelled with
+    ordinary tokens: the grammar engine never lets a special token write text, so tokenizing it to
+    the special token made the mask, the forced drafts and the commit disagree (an error mid-output)."""
+    grammar = 'start: "</s>" " x = " ("yes" | "no")'
+    spec = builtin_llm.generate(PROMPT, max_tokens=24, grammar=grammar)
+    assert spec.finish_reason == "stop" and spec.text in ("</s> x = yes", "</s> x = no"), spec.text
+    assert spec.token_ids.count(2) == 1  # the EOS that ends it, only
+    assert builtin_llm.generate(PROMPT, max_tokens=24, grammar=grammar, speculate=False).token_ids == spec.token_ids
+    tokenizer = builtin_llm.tokenizer
+    assert tokenizer.encode_continuation("</s>x") != tokenizer.encode_continuation("</s>x", parse_special=False)
+
+
 def _byte_level_copy(folder: Path, dest: Path) -> Path:
-    """The model in `folder` with a byte-level BPE tokenizer.json (GPT-2's kind) that can write JSON."""
+    """The model in `folder` with a byte-level BPE tokenizer.json (GPT-2's kind) that can write JSON,
+    and a special token [TOOL_CALLS] (Mistral's)."""
     shutil.copytree(folder, dest)
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    corpus = [*CORPUS, '{"ok": true, "n": 1}', '{"ok": false, "n": [2, 3]}'] * 5
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>"]))
+    corpus = [*CORPUS, '{"ok": true, "n": 1}', '{"ok": false, "n": [2, 3]}', "[TOOL_CALLS] [x]"] * 5
+    special = ["<unk>", "<s>", "</s>", "[TOOL_CALLS]"]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=special))
     tok.save(str(dest / "tokenizer.json"))
     (dest / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>"}))
     return dest
@@ -166,5 +181,8 @@ def test_a_tokenizer_json_vocabulary_is_constrained_too(reference_models, text_m
               "required": ["ok", "n"], "additionalProperties": False}
     for seed in range(3):
         _valid(llm.generate("hello", max_tokens=32, json_schema=schema, temperature=1.0, seed=seed), schema)
+    literal = llm.generate("hello", max_tokens=24, grammar='start: "[TOOL_CALLS]" " [" ("ok" | "n") "]"')
+    assert literal.text in ("[TOOL_CALLS] [ok]", "[TOOL_CALLS] [n]"), literal.text
+    assert llm.tokenizer.token_to_id("[TOOL_CALLS]") not in literal.token_ids  # spelled as text
     with pytest.raises(TokenizerError, match="llguidance"):  # a bare Metaspace decoder
         text_model.stream("hello", max_tokens=4, json_object=True)

@@ -12,9 +12,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import lucebox
 from lucebox.constrained.tool_grammar import tool_call_grammar
-from lucebox.server.tool_stream import ToolCallStream
-from lucebox.server.tools import ToolRequest, model_tool_format
 from lucebox.text.tool_calls import detect_format, parse_tool_calls
+from lucebox.tools import ToolCallStream, ToolRequest, model_tool_format
 
 WEATHER = {"city": "Paris", "days": 3}
 

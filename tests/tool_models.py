@@ -59,3 +59,21 @@ def qwen_tools_model(dest: Path) -> Path:
     config = json.loads((dest / "tokenizer_config.json").read_text())
     (dest / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": QWEN_TOOLS_TEMPLATE}))
     return dest
+
+
+WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome", "Oslo"]},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                                            "metric": {"type": "boolean"}},
+           "required": ["city", "days"], "additionalProperties": False}
+PING = {"type": "object", "properties": {"host": {"type": "string", "maxLength": 12}}, "required": ["host"],
+        "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "the forecast",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "ping", "parameters": PING}}]
+SCHEMAS = {"get_weather": WEATHER, "ping": PING}
+
+# Lark grammars that make the model write an answer, as a model trained for tools would
+AUTO_CALL = ('start: "Checking.\\n<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": '
+             '{\\"city\\": \\"Oslo\\", \\"days\\": 2}}\\n</tool_call>\\n<tool_call>\\n{\\"name\\": \\"ping\\", '
+             '\\"arguments\\": {\\"host\\": \\"a.b\\"}}\\n</tool_call>"')
+MALFORMED = 'start: "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": }\\n</tool_call>"'

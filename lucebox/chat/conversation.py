@@ -34,7 +34,7 @@ def render(tokenizer, messages: list[dict], add_generation_prompt: bool, tools: 
     text = ""
     for m in messages:  # a user's message starts on a line of its own; an answer continues the text
         newline = m["role"] != "assistant" and text and not text.endswith("\n")
-        text += "\n" * bool(newline) + m["content"]
+        text += "\n" * bool(newline) + (m["content"] or "")  # an answer that only called tools has none
     return text
 
 

@@ -2,12 +2,19 @@
 can be saved and loaded, and a token context that only grows (`conversation.GrowingContext`), so
 each turn prefills just its own tokens. With the plain template (models without a chat template,
 like the built-in code model), answers stop by default at two blank lines (the end of a top-level
-Python definition)."""
+Python definition).
+
+Tools (`LLM.chat(tools=[...], tool_choice=...)`, OpenAI's function schemas) work as on the server
+(`lucebox.tools`): rendered by the chat template, the model's calls parsed from its own syntax
+(`auto`), or the answer constrained to calls whose arguments follow the schemas (`required`, a named
+function). An answer's calls are `Generation.tool_calls`; `send_tool_results` answers them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 
 from lucebox.arguments import integer
@@ -18,6 +25,7 @@ from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.output import write_new_file
 from lucebox.sampling import SamplingParams
+from lucebox.tools import ToolCall, ToolCallStream, ToolRequest, check_tools, model_tool_format, prompt_parts
 
 PLAIN_STOP = ["\n\n\n"]
 # Per-turn settings a session keeps, with their defaults (`LLM.stream`'s keywords).
@@ -29,7 +37,8 @@ DEFAULTS = {"max_tokens": 256, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "mi
 class ChatSession:
     """A conversation with `llm`; build it with `LLM.chat(system=None, **sampling)`."""
 
-    def __init__(self, llm, system: str | None = None, **sampling) -> None:
+    def __init__(self, llm, system: str | None = None, tools: list[dict] | None = None, tool_choice=None,
+                 parallel_tool_calls: bool | None = None, **sampling) -> None:
         self.llm = llm
         self.tokenizer = llm.tokenizer  # a chat needs text: TokenizerError here when the model has none
         self.plain = not self.tokenizer.has_chat_template  # the plain template (see `conversation`)
@@ -42,6 +51,9 @@ class ChatSession:
         self.last_stats: dict | None = None
         self.last_prompt_ids: list[int] = []  # the token ids the last turn's answer continued
         self.context = GrowingContext(self.tokenizer)
+        self._tools = (tools, tool_choice, parallel_tool_calls)
+        self.tool_request: ToolRequest | None = self._tool_request(self.settings)  # checked now: errors come early
+        self.last_tool_calls: tuple[ToolCall, ...] = ()  # the calls of the last answer
 
     # -- what the conversation holds ----------------------------------------------------------------
 
@@ -65,24 +77,55 @@ class ChatSession:
 
     def reset(self) -> None:
         """Forget every message (the system prompt stays) and the cache that held them."""
-        self.messages, self.last_stats = [], None
+        self.messages, self.last_stats, self.last_tool_calls = [], None, ()
         self.context.reset()
         self.llm.drop_cache()
 
     # -- turns --------------------------------------------------------------------------------------
 
     def send(self, text: str, **overrides) -> Generation:
-        """One user turn; returns the whole answer (which joins the history)."""
-        return collect(self.stream(text, **overrides), has_text=True)
+        """One user turn; returns the whole answer (which joins the history). With tools, its
+        `tool_calls` are the calls the model made and its text the content beside them."""
+        return self._reply(self.stream(text, **overrides))
 
     def stream(self, text: str, **overrides) -> Iterator[Chunk]:
         """One user turn, its answer yielded as it is generated. Stopping early (closing the
-        iterator, or an exception such as Ctrl-C's) keeps what was said so far, marked as cut."""
+        iterator, or an exception such as Ctrl-C's) keeps what was said so far, marked as cut.
+        `overrides`: this turn's settings, and `tool_choice` / `parallel_tool_calls`."""
         if not isinstance(text, str):
             raise InvalidArgumentError(f"a chat message is text, got {type(text).__name__}")
+        return self._turn([{"role": "user", "content": text}], overrides)
+
+    def send_tool_results(self, results: dict[str, str], **overrides) -> Generation:
+        """The results of the last answer's calls ({call id: result text}) as `tool` messages, and the
+        model's next answer."""
+        return self._reply(self.stream_tool_results(results, **overrides))
+
+    def stream_tool_results(self, results: dict[str, str], **overrides) -> Iterator[Chunk]:
+        """`send_tool_results`, its answer yielded as it is generated."""
+        ids = {c.id: c.name for c in self.last_tool_calls}
+        if not ids or not self.messages or not self.messages[-1].get("tool_calls"):
+            raise InvalidArgumentError("tool results answer the calls of the last answer, and it made none")
+        if not isinstance(results, dict) or not results:
+            raise InvalidArgumentError("tool results are a dict {call id: result text}")
+        for call_id, content in results.items():
+            if call_id not in ids:
+                raise InvalidArgumentError(f"no call of the last answer has the id {call_id!r}; they are "
+                                           f"{', '.join(ids)}")
+            if not isinstance(content, str):
+                raise InvalidArgumentError(f"the result of call {call_id!r} must be text (a str), got "
+                                           f"{type(content).__name__}")
+        return self._turn([{"role": "tool", "tool_call_id": i, "name": ids[i], "content": c}
+                           for i, c in results.items()], overrides)
+
+    def _turn(self, new_messages: list[dict], overrides: dict) -> Iterator[Chunk]:
+        tool_keys = {k: overrides.pop(k) for k in ("tool_choice", "parallel_tool_calls") if k in overrides}
         settings = {**self.settings, **overrides}
         _check(settings)
-        self.messages.append({"role": "user", "content": text})
+        request = self._tool_request(settings, **tool_keys)
+        if request is not None:
+            _check(settings := {**settings, **request.constraint})
+        self.messages += new_messages
         try:
             prompt_text = self._render(add_generation_prompt=True)
             prompt_ids = self.context.prompt_ids(prompt_text)
@@ -94,14 +137,35 @@ class ChatSession:
                     f"{self.llm.max_context}; start over (reset(), /reset) or open the model with a larger "
                     "max_context (--ctx)")
         except BaseException:
-            self.messages.pop()
+            del self.messages[-len(new_messages):]
             raise
         settings["max_tokens"] = min(settings["max_tokens"], room)
         settings["snapshot_at"] = snapshots
         self.last_prompt_ids = prompt_ids
-        return self._answer(prompt_text, prompt_ids, settings)
+        calls = None if request is None or not request.parses else ToolCallStream(
+            self.tokenizer, request, self.llm.eos_token_ids, settings["stop"] or [], prompt_ids)
+        return self._answer(prompt_text, prompt_ids, settings, calls)
 
-    def _answer(self, prompt_text: str, prompt_ids: list[int], settings: dict) -> Iterator[Chunk]:
+    def _tool_request(self, settings: dict, **choice) -> ToolRequest | None:
+        """The tools as this turn asks for them (`choice`: its tool_choice / parallel_tool_calls)."""
+        tools, tool_choice, parallel = self._tools
+        if tools is None and tool_choice is None and not choice:
+            return None
+        fmt, mistral_args = model_tool_format(self.llm, None)
+        other = next((k for k in ("json_schema", "grammar", "json_object") if settings[k] not in (None, False)), None)
+        return check_tools(tools, choice.get("tool_choice", tool_choice), choice.get("parallel_tool_calls", parallel),
+                           fmt, self.tokenizer.token_to_id, mistral_args, other)
+
+    def _reply(self, chunks: Iterator[Chunk]) -> Generation:
+        """The whole answer; with calls, the content beside them as its text."""
+        answer = collect(chunks, has_text=True)
+        if not self.last_tool_calls:
+            return answer
+        return replace(answer, _text=self.messages[-1]["content"] or "", tool_calls=self.last_tool_calls)
+
+    def _answer(self, prompt_text: str, prompt_ids: list[int], settings: dict,
+                calls: ToolCallStream | None) -> Iterator[Chunk]:
+        self.last_tool_calls = ()
         generated: list[int] = []
         pieces: list[str] = []
         last: Chunk | None = None
@@ -110,6 +174,8 @@ class ChatSession:
             with closing(self.llm.stream(prompt_ids, **settings)) as chunks:
                 for chunk in chunks:
                     generated += chunk.token_ids
+                    if calls is not None:
+                        calls.push(chunk.token_ids)
                     pieces.append(chunk.text or "")
                     last = chunk
                     yield chunk
@@ -126,15 +192,23 @@ class ChatSession:
             else:  # cut: the engine's figures up to the cut, once the request had given a chunk (past its prefill)
                 cut = self.llm.session.last_stats if last is not None else None
                 self.last_stats = None if cut is None else {**cut, "cut": True}
-            self._record(prompt_text, prompt_ids, generated, "".join(pieces), last if finished else None)
+            parsed = calls.finish()[1] if calls is not None and finished else None
+            self._record(prompt_text, prompt_ids, generated, "".join(pieces), last if finished else None, parsed)
 
     def _record(self, prompt_text: str, prompt_ids: list[int], generated: list[int], answer: str,
-                last: Chunk | None) -> None:
+                last: Chunk | None, parsed=None) -> None:
         message = {"role": "assistant", "content": answer}
         if last is None:
             message["cut"] = True
         past = self.history
         self.messages.append(message)
+        if parsed is not None and parsed.calls:  # as templates read them: each call's arguments an object
+            self.last_tool_calls = parsed.calls
+            message["content"] = parsed.content.strip() or None
+            message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.name, "arguments": json.loads(c.arguments)}} for c in parsed.calls]
+            self.context.reset()  # the template writes the calls its own way: tokenized whole next turn
+            return
         if last is None or last.finish_reason == "length":
             ended = "length"
         else:  # a stop: EOS and stop ids are generated tokens; a stop string's text is cut from the answer
@@ -167,11 +241,15 @@ class ChatSession:
             self.llm.drop_cache()  # an interrupted prefill may have left the cache half-written
             raise
         self.context.reset(ids, rendered)
+        self.last_tool_calls = ()
 
     # -- the template -------------------------------------------------------------------------------
 
     def _render(self, add_generation_prompt: bool) -> str:
-        return render(self.tokenizer, self.history, add_generation_prompt)
+        messages, tools = self.history, None
+        if self.tool_request is not None:
+            messages, tools = prompt_parts(self.tokenizer, messages, self.tool_request)
+        return render(self.tokenizer, messages, add_generation_prompt, tools)
 
 
 def model_defaults(generation_config: dict) -> dict:

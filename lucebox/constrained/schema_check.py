@@ -1,6 +1,6 @@
 """Whether a JSON text follows a JSON Schema, checked by the grammar engine that constrains output
 (so "follows" means the same thing in both places). For output that was not constrained but comes
-with a promise: a `strict` tool called under tool_choice "auto" (`server.tools`)."""
+with a promise: a `strict` tool called under tool_choice "auto" (`lucebox.tools`)."""
 
 from __future__ import annotations
 

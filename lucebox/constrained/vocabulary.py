@@ -1,8 +1,11 @@
 """The model's vocabulary as llguidance reads it (an `LLTokenizer`): built once per tokenizer and
-model, since it indexes every token's bytes. tokenizer.json goes to llguidance as it is (it reads
-the byte-level and Llama-style decoders, and tokenizes with the same rules); a sentencepiece model
-as its pieces' bytes (`Tokenizer.token_bytes`) and its own tokenization of continued text. A
-tokenizer.json whose decoder llguidance does not read (a bare Metaspace one) is a TokenizerError."""
+model, since it indexes every token's bytes. Each token's bytes come from tokenizer.json read by
+llguidance (it reads the byte-level and Llama-style decoders), or from a sentencepiece model's pieces
+(`Tokenizer.token_bytes`). Text reaches llguidance's tokenization as text: a special token's name
+in a grammar's literal ("</s>", "[TOOL_CALLS]") is spelled with ordinary tokens, since the engine
+lets no special token write text (a special one there made the mask, the forced tokens and the
+commits disagree). A tokenizer.json whose decoder llguidance does not read (a bare Metaspace one)
+is a TokenizerError."""
 
 from __future__ import annotations
 
@@ -15,20 +18,35 @@ from lucebox.errors import TokenizerError
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-class _SentencePieceVocabulary:
+class _PlainTextVocabulary:
     """What llguidance's TokenizerWrapper reads from a tokenizer: token bytes, special ids, and
-    tokenization of text that continues other text (no BOS, no leading space)."""
+    tokenization of text that continues other text (no BOS, no leading space, no special token)."""
 
-    def __init__(self, tokenizer, eos: tuple[int, ...]):
-        self.tokens, special = tokenizer.token_bytes()
-        self.special_token_ids = sorted(special)
+    def __init__(self, tokenizer, tokens: list[bytes], special: set[int], vocab_size: int, eos: tuple[int, ...]):
+        # ids past the tokenizer's (the model's logits may be more): special, so never allowed
+        padding = range(len(tokens), vocab_size)
+        self.tokens, self.special_token_ids = tokens + [b""] * len(padding), sorted({*special, *padding})
         self.eos_token_id, self.bos_token_id = eos[0], tokenizer.bos_token_id
-        self._encode = tokenizer.encode_continuation
+        self._tokenizer = tokenizer
 
     def __call__(self, text):
         if not isinstance(text, str):
             raise TypeError("text only")  # llguidance then hands it str
-        return self._encode(text)
+        return self._tokenizer.encode_continuation(text, parse_special=False)
+
+
+def _token_bytes(engine, tokenizer, vocab_size: int, eos_ids: list[int]) -> tuple[list[bytes], set[int]]:
+    """Each token's bytes and the special tokens' ids."""
+    source = tokenizer.backend_json()
+    if source is None:
+        return tokenizer.token_bytes()
+    try:
+        read = engine.LLTokenizer(source, n_vocab=vocab_size, eos_token=eos_ids)
+    except ValueError as e:
+        raise TokenizerError(f"constrained output needs llguidance to read this model's tokenizer, and it "
+                             f"cannot: {e}") from None
+    ids = range(tokenizer.vocab_size)
+    return [read.decode_bytes([i]) for i in ids], {i for i in ids if read.is_special_token(i)}
 
 
 def grammar_tokenizer(tokenizer, vocab_size: int, eos_ids: tuple[int, ...]):
@@ -44,12 +62,8 @@ def grammar_tokenizer(tokenizer, vocab_size: int, eos_ids: tuple[int, ...]):
     key = (vocab_size, tuple(eos_ids))
     if key not in built:
         engine = llguidance()
-        source = tokenizer.backend_json()
-        if source is None:  # sentencepiece: its pieces' bytes, and its own tokenization of text
-            source = engine.TokenizerWrapper(_SentencePieceVocabulary(tokenizer, tuple(eos_ids)))
-        try:
-            built[key] = engine.LLTokenizer(source, n_vocab=vocab_size, eos_token=list(eos_ids))
-        except ValueError as e:
-            raise TokenizerError(f"constrained output needs llguidance to read this model's tokenizer, and it "
-                                 f"cannot: {e}") from None
+        tokens, special = _token_bytes(engine, tokenizer, vocab_size, list(eos_ids))
+        vocabulary = engine.TokenizerWrapper(_PlainTextVocabulary(tokenizer, tokens, special, vocab_size,
+                                                                         tuple(eos_ids)))
+        built[key] = engine.LLTokenizer(vocabulary, eos_token=list(eos_ids))
     return built[key]

@@ -23,9 +23,10 @@ from lucebox.server.choices import Answer, numbered, total_stats
 from lucebox.server.guard import ClientLeft, HostGuard, check_key, read_json
 from lucebox.server.logprobs_format import TokenText, logprobs_json
 from lucebox.server.settings import ServerSettings
-from lucebox.server.tool_stream import ToolCallStream, call_events, whole_call_reply
-from lucebox.server.tools import model_tool_format, prompt_parts, tool_request
+from lucebox.server.tool_stream import closing_events, whole_choice
+from lucebox.server.tools import tool_request
 from lucebox.server.worker import EngineWorker, Job
+from lucebox.tools import ToolCallStream, model_tool_format, prompt_parts
 
 POLL_SECONDS = 0.25  # how often a waiting request checks that its client is still there
 
@@ -130,9 +131,6 @@ class _State:
         body = await read_json(request, self.settings)
         req = api.parse_request(body, kind, self.llm.config.vocab_size)
         req.tools = tool_request(body, kind, self.tool_format, self._token_id, self.mistral_args)
-        if req.tools is not None and req.tools.parses and (req.n > 1 or req.logprobs is not None):
-            name = "n" if req.n > 1 else "logprobs"
-            raise api.invalid(name, "is not supported together with tools yet; send it without tools")
         if req.model is not None and req.model != self.model_name:
             raise api.APIError(404, f"model '{req.model}' is not served here; this server has "
                                     f"'{self.model_name}' (GET /v1/models)", "model", "model_not_found")
@@ -157,8 +155,8 @@ class _State:
         except BaseException:
             job.cancelled.set()
             raise
-        calls = None if req.tools is None or not req.tools.parses else ToolCallStream(
-            self.llm.tokenizer, req.tools, self.llm.eos_token_ids, stop, prompt_ids)
+        calls = None if req.tools is None or not req.tools.parses else (  # one for each choice
+            lambda: ToolCallStream(self.llm.tokenizer, req.tools, self.llm.eos_token_ids, stop, prompt_ids))
         if req.stream:
             return _JobStream(job, self._events(req, job, rid, first, calls), media_type="text/event-stream",
                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -211,9 +209,7 @@ class _State:
                 return getter.result()
 
     async def _whole(self, req, job: Job, rid: str, first, request: Request, calls) -> JSONResponse:
-        if calls is not None:
-            reply = await whole_call_reply(req, rid, self.model_name, first, lambda: self._wait(job, request), calls)
-            return JSONResponse(reply)
+        """`calls()`: a new ToolCallStream, or None when nothing is parsed."""
         answers, chunk = [Answer()], first
         while chunk is not None:
             if answers[-1].finish_reason is not None:  # the choice before ended: this chunk starts the next
@@ -225,9 +221,11 @@ class _State:
                 raise api.APIError(500, str(e)) from None
         echo = req.prompt if req.kind == "completion" and req.echo and isinstance(req.prompt, str) else ""
         bodies = [api.completion(req, rid, self.model_name, echo + a.text, a.finish_reason, a.stats) for a in answers]
-        if req.logprobs is not None:
-            for body, answer in zip(bodies, answers, strict=True):
+        for body, answer in zip(bodies, answers, strict=True):
+            if req.logprobs is not None:
                 body["choices"][0]["logprobs"] = logprobs_json(req.kind, answer.logprobs, self.token_text)
+            if calls is not None:
+                whole_choice(body["choices"][0], answer, calls())
         return JSONResponse(numbered(bodies, api.usage(total_stats([a.stats for a in answers]))))
 
     async def _events(self, req, job: Job, rid: str, first, calls):
@@ -235,26 +233,27 @@ class _State:
         try:
             if req.kind == "completion" and req.echo and isinstance(req.prompt, str):
                 yield _sse(api.chunk(req, rid, model, req.prompt, None))
-            if calls is not None:
-                async for event in call_events(req, rid, model, first, job.next, calls):
-                    yield _sse(event)
-            else:
-                chunk, stats = first, []
-                for index in range(req.n):
-                    if chunk is None:  # the job ended early (the server stopping)
-                        break
-                    choice = ChoiceEvents(req, rid, model, index, self.token_text)
-                    if req.kind == "chat":
-                        yield _sse(choice.event("", None, first=True))
-                    while chunk is not None and not stats[index:]:
-                        if chunk.text or (req.logprobs is not None and chunk.token_ids):
-                            yield _sse(choice.event(chunk.text, None, chunk.logprobs))
-                        if chunk.finish_reason is not None:
-                            yield _sse(choice.event(None, chunk.finish_reason))
-                            stats.append(chunk.stats)
-                        chunk = await job.next()
-                if req.include_usage and stats:
-                    yield _sse(api.usage_chunk(req, rid, model, total_stats(stats)))
+            chunk, stats = first, []
+            for index in range(req.n):
+                if chunk is None:  # the job ended early (the server stopping)
+                    break
+                choice = ChoiceEvents(req, rid, model, index, self.token_text)
+                parse = calls() if calls is not None else None  # the content goes out as the calls let it
+                if req.kind == "chat":
+                    yield _sse(choice.event("", None, first=True))
+                while chunk is not None and not stats[index:]:
+                    text = chunk.text if parse is None else parse.push(chunk.token_ids)
+                    if text or (req.logprobs is not None and chunk.token_ids):
+                        yield _sse(choice.event(text, None, chunk.logprobs))
+                    if chunk.finish_reason is not None:
+                        closing = [choice.event(None, chunk.finish_reason)] if parse is None else \
+                            closing_events(choice, parse, chunk.finish_reason)
+                        for event in closing:
+                            yield _sse(event)
+                        stats.append(chunk.stats)
+                    chunk = await job.next()
+            if req.include_usage and stats:
+                yield _sse(api.usage_chunk(req, rid, model, total_stats(stats)))
             yield b"data: [DONE]\n\n"
         except Exception as e:  # mid-stream: the status line is gone, so the error is an event
             yield _sse(api.APIError(500, f"the engine failed: {type(e).__name__}: {e}").body())

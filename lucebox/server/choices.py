@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 
 from lucebox.arguments import SEED_MAX
+from lucebox.server.api_errors import invalid
 
 MAX_CHOICES = 16  # each choice is a whole generation: more would hold the one engine for long
 
@@ -19,8 +20,6 @@ def choices_field(body: dict) -> int:
     if n is None:
         return 1
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
-        from lucebox.server.openai_api import invalid  # imported late: that module imports this one
-
         raise invalid("n", f"must be an integer in 1..{MAX_CHOICES} (choices run one after another), got {n!r}")
     return n
 
@@ -40,10 +39,11 @@ def total_stats(stats: list[dict]) -> dict:
 
 
 class Answer:
-    """One choice as its chunks add up: text, logprobs, and (from its last chunk) finish and stats."""
+    """One choice as its chunks add up: text, token ids, logprobs, and (from its last chunk) finish and stats."""
 
     def __init__(self):
         self.texts: list[str] = []
+        self.token_ids: list[int] = []
         self.logprobs: list = []  # `lucebox.logprobs.TokenLogprob`s, when the request asked
         self.finish_reason: str | None = None
         self.stats: dict | None = None
@@ -54,6 +54,7 @@ class Answer:
 
     def add(self, chunk) -> None:
         self.texts.append(chunk.text or "")
+        self.token_ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs or [])
         if chunk.finish_reason is not None:  # a choice's last chunk: the next one starts the next choice
             self.finish_reason, self.stats = chunk.finish_reason, chunk.stats

@@ -12,14 +12,9 @@ its "bytes" are those of that text); without a tokenizer it is "token_id:<id>".
 from __future__ import annotations
 
 from lucebox.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
+from lucebox.server.api_errors import invalid
 
 MAX_LEGACY_LOGPROBS = 5  # the completions API's limit
-
-
-def _refused(param: str, message: str):
-    from lucebox.server.openai_api import invalid  # the API's 422 (imported late: that module imports this one)
-
-    return invalid(param, message)
 
 
 def logprobs_field(body: dict, kind: str) -> int | None:
@@ -27,21 +22,21 @@ def logprobs_field(body: dict, kind: str) -> int | None:
     logprobs, top = body.get("logprobs"), body.get("top_logprobs")
     if kind == "completion":
         if top is not None:
-            raise _refused("top_logprobs", "is a chat completions field; completions take logprobs: 0..5")
+            raise invalid("top_logprobs", "is a chat completions field; completions take logprobs: 0..5")
         if logprobs is None:
             return None
         if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= MAX_LEGACY_LOGPROBS:
-            raise _refused("logprobs", f"must be an integer in 0..{MAX_LEGACY_LOGPROBS}, got {logprobs!r}")
+            raise invalid("logprobs", f"must be an integer in 0..{MAX_LEGACY_LOGPROBS}, got {logprobs!r}")
         if body.get("echo"):
-            raise _refused("logprobs", "the prompt's logprobs (echo with logprobs) are not supported")
+            raise invalid("logprobs", "the prompt's logprobs (echo with logprobs) are not supported")
         return logprobs
     if logprobs is not None and not isinstance(logprobs, bool):
-        raise _refused("logprobs", f"must be true or false, got {logprobs!r}")
+        raise invalid("logprobs", f"must be true or false, got {logprobs!r}")
     if top is not None:
         if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise _refused("top_logprobs", f"must be an integer in 0..{MAX_TOP_LOGPROBS}, got {top!r}")
+            raise invalid("top_logprobs", f"must be an integer in 0..{MAX_TOP_LOGPROBS}, got {top!r}")
         if top and not logprobs:  # 0 asks for nothing: accepted without logprobs, as before
-            raise _refused("top_logprobs", "needs logprobs: true")
+            raise invalid("top_logprobs", "needs logprobs: true")
     return (top or 0) if logprobs else None
 
 

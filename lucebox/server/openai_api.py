@@ -1,5 +1,5 @@
 """The OpenAI API's request and response shapes: requests checked field by field into what
-`LLM.stream` takes, errors in OpenAI's JSON, and the completion objects and stream chunks."""
+`LLM.stream` takes (errors in OpenAI's JSON: `api_errors`), and the completion objects and stream chunks."""
 
 from __future__ import annotations
 
@@ -9,33 +9,15 @@ from dataclasses import dataclass, field
 
 from lucebox import arguments
 from lucebox.errors import GrammarError, InvalidArgumentError
+from lucebox.server.api_errors import APIError, invalid
 from lucebox.server.choices import choices_field
 from lucebox.server.logprobs_format import logprobs_field
 from lucebox.server.structured import constraint_options
+from lucebox.server.tools import tool_message
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOPS = 4  # as OpenAI's API
 SEED_RANGE = (-(2**63), 2**63 - 1)
-
-
-class APIError(Exception):
-    """An error the client gets as OpenAI's error JSON with this HTTP status."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers or {}
-        self.kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                     404: "not_found_error", 408: "invalid_request_error", 413: "invalid_request_error",
-                     415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
-                     503: "service_unavailable"}.get(status, "server_error")
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-def invalid(param: str, message: str) -> APIError:
-    return APIError(422, f"{param}: {message}", param)
 
 
 @dataclass
@@ -56,7 +38,7 @@ class GenerationRequest:
     logprobs: int | None = None  # None: none; k: each token's logprob and the k likeliest (`server.logprobs_format`)
     stop: list[str] = field(default_factory=list)
     constraint: dict = field(default_factory=dict)  # json_schema | json_object | grammar (`server.structured`)
-    tools: object = None  # a `server.tools.ToolRequest`, or None
+    tools: object = None  # a `lucebox.tools.ToolRequest`, or None
 
 
 def _number(body: dict, name: str, low: float, high: float, integer: bool = False, low_open: bool = False):
@@ -100,8 +82,6 @@ def _content(message: dict, i: int) -> str:
 
 
 def _messages(value) -> list[dict]:
-    from lucebox.server.tools import tool_message  # it imports this module's errors
-
     if not isinstance(value, list) or not value:
         raise invalid("messages", "must be a non-empty list of {role, content} objects")
     messages = []

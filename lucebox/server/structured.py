@@ -11,7 +11,6 @@ from lucebox.constrained import Constraint
 from lucebox.errors import GrammarError
 
 _JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
-_refuse = GrammarError  # (field, message): the server answers 400 naming the field
 
 
 def constraint_options(body: dict) -> dict:
@@ -20,7 +19,7 @@ def constraint_options(body: dict) -> dict:
     options = _response_format(response_format)
     if grammar is not None:
         if options:
-            raise _refuse("grammar", "give either grammar or a JSON response_format, not both")
+            raise GrammarError("grammar", "give either grammar or a JSON response_format, not both")
         Constraint.lark(grammar, "grammar")
         options = {"grammar": grammar}
     return options
@@ -30,30 +29,30 @@ def _response_format(value) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
-        raise _refuse("response_format", 'must be {"type": "text"}, {"type": "json_object"} or '
-                                         '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}')
+        raise GrammarError("response_format", 'must be {"type": "text"}, {"type": "json_object"} or '
+                                              '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}')
     kind = value["type"]
     extra = sorted(set(value) - {"type", "json_schema"} if kind == "json_schema" else set(value) - {"type"})
     if extra:
-        raise _refuse(f"response_format.{extra[0]}", f"is not a field of a {kind} response_format")
+        raise GrammarError(f"response_format.{extra[0]}", f"is not a field of a {kind} response_format")
     if kind == "text":
         return {}
     if kind == "json_object":
         return {"json_object": True}
     spec = value.get("json_schema")
     if not isinstance(spec, dict):
-        raise _refuse("response_format.json_schema", "must be an object {name, schema, strict, description}")
+        raise GrammarError("response_format.json_schema", "must be an object {name, schema, strict, description}")
     unknown = sorted(set(spec) - _JSON_SCHEMA_KEYS)
     if unknown:
-        raise _refuse(f"response_format.json_schema.{unknown[0]}",
-                      f"is not one of {', '.join(sorted(_JSON_SCHEMA_KEYS))}")
+        raise GrammarError(f"response_format.json_schema.{unknown[0]}",
+                           f"is not one of {', '.join(sorted(_JSON_SCHEMA_KEYS))}")
     if not isinstance(spec.get("name"), str) or not spec["name"]:
-        raise _refuse("response_format.json_schema.name", "is required: a non-empty string")
+        raise GrammarError("response_format.json_schema.name", "is required: a non-empty string")
     for key, kind_ in (("strict", bool), ("description", str)):
         if spec.get(key) is not None and not isinstance(spec[key], kind_):
-            raise _refuse(f"response_format.json_schema.{key}", f"must be a {kind_.__name__}")
+            raise GrammarError(f"response_format.json_schema.{key}", f"must be a {kind_.__name__}")
     if "schema" not in spec:
-        raise _refuse("response_format.json_schema.schema", "is required: the JSON Schema the output follows")
+        raise GrammarError("response_format.json_schema.schema", "is required: the JSON Schema the output follows")
     schema = spec["schema"]
     Constraint.json_schema(schema, "response_format.json_schema.schema")
     return {"json_schema": schema}

@@ -1,85 +1,14 @@
-"""An answer that may hold tool calls, as it streams: the text before a call goes out as content
-while it comes; from where a call may begin, the rest waits for the end of the answer, where it is
-parsed (`text.tool_calls`). Whole answers go through the same steps, so both agree.
-
-The text is decoded with special tokens kept (Mistral's `[TOOL_CALLS]`, Llama's `<|python_tag|>` are
-special tokens), minus the tokens that ended the answer (EOS), and cut at a stop string as the
-engine cuts its own text. Content that could be the start of a call marker or of a stop string is
-held back until the next tokens tell.
-"""
+"""A tool-calling choice on the OpenAI API: its calls read as it streams (`tools.ToolCallStream`, one
+per choice), then its message fields, or the stream events that close it (the content held back,
+then each call whole)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from lucebox.errors import LuceboxError
-from lucebox.server import openai_api as api
-from lucebox.server.tools import ToolRequest, call_json
-from lucebox.text.incremental import IncrementalDecoder
-from lucebox.text.tool_calls import ParsedOutput, call_markers, parse_tool_calls, starts_at_beginning
-
-
-class ToolCallStream:
-    def __init__(self, tokenizer, request: ToolRequest, end_ids, stops: list[str], prompt_ids=()):
-        """`request`: the tools asked for; `end_ids`: the tokens that end an answer; `stops`: stop strings;
-        `prompt_ids`: the prompt, whose last tokens are context for the first (as the engine decodes)."""
-        self._decoder = IncrementalDecoder(tokenizer, prompt_ids, skip_special_tokens=False)
-        self._fmt, self._end_ids, self._stops = request.fmt, frozenset(end_ids), list(stops)
-        self._request = request
-        self._text, self._sent, self._in_call = "", 0, False
-
-    def push(self, ids) -> str:
-        """The content the new token ids let go out now (maybe "")."""
-        self._text += self._decoder.push([i for i in ids if i not in self._end_ids])
-        return self._release()
-
-    def finish(self) -> tuple[str, ParsedOutput]:
-        """(the content not sent yet, the whole answer parsed)."""
-        self._text += self._decoder.flush()
-        text = self._cut(self._text)
-        parsed = parse_tool_calls(text, self._fmt)
-        if not all(self._request.allows(c) for c in parsed.calls):
-            parsed = ParsedOutput(text, ())  # a call to a tool it was not given (or off a strict schema) is text
-        if not self._request.parallel and len(parsed.calls) > 1:
-            parsed = replace(parsed, calls=parsed.calls[:1])
-        rest = parsed.content[self._sent:]
-        return ("" if parsed.calls and not rest.strip() else rest), parsed  # no whitespace between calls
-
-    def _cut(self, text: str) -> str:
-        at = min((text.find(s) for s in self._stops if s in text), default=-1)
-        return text if at < 0 else text[:at]
-
-    def _release(self) -> str:
-        if self._in_call:
-            return ""
-        text = self._cut(self._text)
-        if not text.strip():
-            return ""  # leading whitespace waits: a Llama 3 call may follow it
-        starts = []
-        for marker in call_markers(self._fmt):
-            if starts_at_beginning(self._fmt, marker):
-                if text.lstrip().startswith(marker):
-                    starts.append(len(text) - len(text.lstrip()))
-            elif marker in text:
-                starts.append(text.index(marker))
-        if starts:
-            self._in_call = True
-            end = min(starts)
-        else:
-            end = len(text) - self._held(text)
-        out = text[self._sent:end] if end > self._sent else ""
-        self._sent = max(self._sent, end)
-        return out
-
-    def _held(self, text: str) -> int:
-        """How many of the last characters could begin a marker or a stop string."""
-        held = 0
-        for word in [*call_markers(self._fmt), *self._stops]:
-            for n in range(min(len(word) - 1, len(text)), held, -1):
-                if text.endswith(word[:n]):
-                    held = n
-                    break
-        return held
+from lucebox.server.choice_events import ChoiceEvents
+from lucebox.server.choices import Answer
+from lucebox.server.tools import call_json
+from lucebox.text.tool_calls import ParsedOutput
+from lucebox.tools import ToolCallStream
 
 
 def tool_fields(content: str, parsed: ParsedOutput, finish: str) -> tuple[dict, str]:
@@ -91,48 +20,22 @@ def tool_fields(content: str, parsed: ParsedOutput, finish: str) -> tuple[dict, 
         "tool_calls" if finish == "stop" else finish)
 
 
-def tool_events(req, rid: str, model: str, rest: str, parsed: ParsedOutput) -> list[dict]:
-    """The stream events that close an answer: the content held back, then each call whole, as OpenAI's
-    deltas carry them ({"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]})."""
-    events = [api.chunk(req, rid, model, rest, None)] if rest else []
+def whole_choice(body_choice: dict, answer: Answer, calls: ToolCallStream) -> None:
+    """A whole choice's message and finish reason (`body_choice`, changed in place), from its tokens."""
+    content = calls.push(answer.token_ids)
+    rest, parsed = calls.finish()
+    message, body_choice["finish_reason"] = tool_fields(content + rest, parsed, answer.finish_reason)
+    body_choice["message"].update(message)
+
+
+def closing_events(choice: ChoiceEvents, calls: ToolCallStream, finish: str) -> list[dict]:
+    """The events that close a streamed choice: the content held back, then each call whole, as OpenAI's
+    deltas carry them ({"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]}),
+    then the finish."""
+    rest, parsed = calls.finish()
+    events = [choice.event(rest, None)] if rest else []
     for call in call_json(parsed.calls, with_index=True):
-        event = api.chunk(req, rid, model, None, None)
+        event = choice.event(None, None)
         event["choices"][0]["delta"] = {"tool_calls": [call]}
         events.append(event)
-    return events
-
-
-async def whole_call_reply(req, rid: str, model: str, first, next_chunk, calls: ToolCallStream) -> dict:
-    """A tool-calling answer, not streamed (one choice: tools refuse n > 1 and logprobs): its text,
-    then its calls. `next_chunk()`: the job's next chunk (None at the end); an engine error is a 500."""
-    texts, chunk = [], first
-    while chunk is not None:
-        texts.append(calls.push(chunk.token_ids))
-        last = chunk
-        try:
-            chunk = await next_chunk()
-        except LuceboxError as e:
-            raise api.APIError(500, str(e)) from None
-    text = "".join(texts)
-    reply = api.completion(req, rid, model, text, last.finish_reason, last.stats)
-    rest, parsed = calls.finish()
-    message, reply["choices"][0]["finish_reason"] = tool_fields(text + rest, parsed, last.finish_reason)
-    reply["choices"][0]["message"].update(message)
-    return reply
-
-
-async def call_events(req, rid: str, model: str, first, next_chunk, calls: ToolCallStream):
-    """A tool-calling answer's stream events: text as content, then each call whole, then the finish."""
-    yield api.chunk(req, rid, model, "", None, first=True)
-    chunk = first
-    while chunk is not None:
-        if text := calls.push(chunk.token_ids):
-            yield api.chunk(req, rid, model, text, None)
-        last = chunk
-        chunk = await next_chunk()
-    rest, parsed = calls.finish()
-    for event in tool_events(req, rid, model, rest, parsed):
-        yield event
-    yield api.chunk(req, rid, model, None, tool_fields("", parsed, last.finish_reason)[1])
-    if req.include_usage:
-        yield api.usage_chunk(req, rid, model, last.stats)
+    return [*events, choice.event(None, tool_fields("", parsed, finish)[1])]

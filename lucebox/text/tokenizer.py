@@ -44,6 +44,7 @@ class Tokenizer:
                  templates: dict[str, str], template_source: str) -> None:
         self.folder = folder
         self._tk = backend if isinstance(backend, tokenizers.Tokenizer) else None
+        self._plain: tokenizers.Tokenizer | None = None  # `_plain_tk`, made when first needed
         self._sp = backend if self._tk is None else None
         self._templates = ChatTemplates(templates, template_source)
         self._special = {k: _content(tok_config.get(k)) for k in _SPECIAL_KEYS}
@@ -84,8 +85,8 @@ class Tokenizer:
                 self._added[content] = i
                 self._special_ids.add(i)
         self._added_by_id = {i: c for c, i in self._added.items()}
-        longest = "|".join(map(re.escape, sorted(self._added, key=len, reverse=True)))
-        self._split = re.compile(f"({longest})") if longest else None
+        self._split = _splitter(self._added)
+        self._split_plain = _splitter([c for c, i in self._added.items() if i not in self._special_ids])
         self._add_bos = tok_config.get("add_bos_token", True) is not False
         self._add_eos = bool(tok_config.get("add_eos_token", False))
         self._legacy = bool(tok_config.get("legacy", False))
@@ -178,21 +179,31 @@ class Tokenizer:
         full, n = self._sp.encode(self._unk_text + text), len(self._unk_ids)
         return full[n:] if full[:n] == self._unk_ids else self._sp.encode(text)
 
-    def encode_continuation(self, text: str) -> list[int]:
+    def encode_continuation(self, text: str, parse_special: bool = True) -> list[int]:
         """Ids of `text` as it continues a sequence already tokenized (a chat's next turn): no BOS or
-        EOS, no leading space added, added tokens (<|im_start|>, ...) recognized."""
+        EOS, no leading space added, added tokens (<|im_start|>, ...) recognized. parse_special=False
+        reads special tokens' names (</s>, [TOOL_CALLS]) as text, spelled with ordinary tokens: what
+        a grammar's literal text is, since the grammar engine never lets a special token write text."""
         _check_text(text)
         if not text:
             return []
         if self._tk is not None:
-            return self._tk.encode(text, add_special_tokens=False).ids
+            return (self._tk if parse_special else self._plain_tk()).encode(text, add_special_tokens=False).ids
         ids: list[int] = []
-        for k, part in enumerate(self._split.split(text) if self._split else [text]):
+        split = self._split if parse_special else self._split_plain
+        for k, part in enumerate(split.split(text) if split else [text]):
             if k % 2:
                 ids.append(self._added[part])
             elif part:
                 ids += self._sp_inner(part)
         return ids
+
+    def _plain_tk(self) -> tokenizers.Tokenizer:
+        """A copy of the `tokenizers` backend that encodes special tokens' names as text."""
+        if self._plain is None:
+            self._plain = tokenizers.Tokenizer.from_str(self._tk.to_str())
+            self._plain.encode_special_tokens = True
+        return self._plain
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         ids = [int(i) for i in ids]
@@ -232,6 +243,12 @@ class Tokenizer:
         variables = {**{k: v or "" for k, v in self._special.items()}, "tools": None, "documents": None}
         return self._templates.render(name, messages, {**variables, **kwargs,
                                                        "add_generation_prompt": add_generation_prompt})
+
+
+def _splitter(words) -> re.Pattern | None:
+    """A pattern whose split puts each of `words` (the longest first) at the odd positions."""
+    longest = "|".join(map(re.escape, sorted(words, key=len, reverse=True)))
+    return re.compile(f"({longest})") if longest else None
 
 
 def _check_text(text: str) -> None:
