@@ -96,11 +96,11 @@ def _fused_on_cpu(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: t
     kv_heads, T = qg.shape[0], qg.shape[1] // group
     mask = None
     if visible is not None:
-        mask = torch.zeros(visible.shape, dtype=qg.dtype).masked_fill_(~visible, float("-inf")).repeat(group, 1)
+        mask = torch.where(visible, 0.0, float("-inf")).repeat(group, 1)  # float32: the scalars' default
     out, lse = _CPU_FLASH(qg[None], k[None], v[None], attn_mask=mask, scale=scale)
     lse = lse.view(kv_heads, group, T)
     if visible is not None:
-        lse = lse.masked_fill(~visible.any(-1), float("-inf"))
+        lse = torch.where(visible.any(-1), lse, float("-inf"))
     return out[0], lse
 
 
