@@ -146,4 +146,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x_rot, x_pass = x[..., :rot], x[..., rot:]
     half = rot // 2
     rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
+    if rot == x.shape[-1]:  # every feature rotated: no pass-through part to append (one op less)
+        return x_rot * cos + rotated * sin
     return torch.cat((x_rot * cos + rotated * sin, x_pass), dim=-1)
