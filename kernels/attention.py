@@ -96,7 +96,8 @@ def _fused_on_cpu(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: t
     kv_heads, T = qg.shape[0], qg.shape[1] // group
     mask = None
     if visible is not None:
-        mask = torch.where(visible, 0.0, float("-inf")).repeat(group, 1)  # float32: the scalars' default
+        mask = torch.where(visible, 0.0, float("-inf"))  # float32: the scalars' default
+        mask = mask if T == 1 else mask.repeat(group, 1)  # one row broadcasts over the group's rows
     out, lse = _CPU_FLASH(qg[None], k[None], v[None], attn_mask=mask, scale=scale)
     lse = lse.view(kv_heads, group, T)
     if visible is not None:

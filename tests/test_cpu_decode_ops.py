@@ -66,6 +66,9 @@ def test_fused_cpu_attention_matches_the_reference():
         out, lse = attention._unfused(qg, k, v, visible, 0.25, group)
         torch.testing.assert_close(got[0], out.view(KV, group, 3, D).permute(2, 0, 1, 3).reshape(3, -1, D))
         torch.testing.assert_close(got[1], lse.permute(2, 0, 1).reshape(3, -1))
+        for t in range(3):  # a decode step's one row (its mask broadcast over the group's rows)
+            one = attention.attention_partial(q[t : t + 1], k, v, q_positions[t : t + 1], k_positions, 0.25, window)
+            torch.testing.assert_close(one[0], got[0][t : t + 1])
     # A block whose keys all lie ahead of the first query: that row sees nothing (lse -inf), as the
     # reference gives, so merging it with another block weighs it 0.
     ahead = attention.attention_partial(q, k, v, q_positions, k_positions + 10, 0.25)[1]
