@@ -59,18 +59,50 @@ def attention_partial(
             visible = _tree_visible(visible, tree_bits, q_positions, k_positions)
     # Query heads of one KV group side by side: (KV, group*T, D) against (KV, S, D).
     qg = q.view(T, kv_heads, group, D).permute(1, 2, 0, 3).reshape(kv_heads, group * T, D)
+    if q.device.type == "cpu" and q.dtype == torch.float32 and k.shape[1] and not q.requires_grad:
+        out, lse = _fused_on_cpu(qg, k, v, visible, scale, group)
+    else:
+        out, lse = _unfused(qg, k, v, visible, scale, group)
+    out = out.view(kv_heads, group, T, D).permute(2, 0, 1, 3).reshape(T, Hq, D)
+    if gate is not None:
+        out = softplus_gate(out, gate)
+    return out, lse.view(kv_heads, group, T).permute(2, 0, 1).reshape(T, Hq)
+
+
+def _unfused(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None, scale: float,
+             group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (KV, group*T, D), lse (KV, group, T)) in torch ops: the reference every backend matches."""
+    kv_heads, T = qg.shape[0], qg.shape[1] // group
     scores = torch.matmul(qg, k.transpose(1, 2)) * scale  # (KV, group*T, S)
-    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    compute = torch.float32 if qg.dtype in (torch.float16, torch.bfloat16) else qg.dtype
     scores = scores.view(kv_heads, group, T, -1).to(compute)
     if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # (KV, group, T)
     probs = torch.exp(scores - lse.clamp_min(torch.finfo(compute).min)[..., None])  # rows with no key: all 0
-    out = torch.matmul(probs.to(v.dtype).view(kv_heads, group * T, -1), v)  # (KV, group*T, D)
-    out = out.view(kv_heads, group, T, D).permute(2, 0, 1, 3).reshape(T, Hq, D)
-    if gate is not None:
-        out = softplus_gate(out, gate)
-    return out, lse.permute(2, 0, 1).reshape(T, Hq)
+    return torch.matmul(probs.to(v.dtype).view(kv_heads, group * T, -1), v), lse  # (KV, group*T, D)
+
+
+# torch's CPU flash attention, the one variant that returns the log-sum-exp a partial result needs.
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")  # noqa: B009 (private by name only)
+
+
+def _fused_on_cpu(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None, scale: float,
+                  group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_unfused` for float32 on the CPU in torch's fused attention op (one dispatch for the ~12 ops
+    a small model's decode spends there, each a few microseconds; the same softmax in another
+    summation order: within float32 rounding, `tests/test_cpu_decode_ops.py`). The op gives rows
+    with no visible key an lse of 0: set to -inf, as the reference gives, so merging ignores them."""
+    kv_heads, T = qg.shape[0], qg.shape[1] // group
+    mask = None
+    if visible is not None:
+        mask = torch.where(visible, 0.0, float("-inf"))  # float32: the scalars' default
+        mask = mask if T == 1 else mask.repeat(group, 1)  # one row broadcasts over the group's rows
+    out, lse = _CPU_FLASH(qg[None], k[None], v[None], attn_mask=mask, scale=scale)
+    lse = lse.view(kv_heads, group, T)
+    if visible is not None:
+        lse = torch.where(visible.any(-1), lse, float("-inf"))
+    return out[0], lse
 
 
 def _tree_visible(visible: torch.Tensor, bits: torch.Tensor, q_positions: torch.Tensor,

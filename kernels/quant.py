@@ -171,6 +171,13 @@ def kept_dense(w: QuantizedTensor) -> torch.Tensor | None:
     return w.dense
 
 
+def kept_dense_bytes(weights) -> int:
+    """Bytes of the dense copies `kept_dense` holds now among `weights` (what the memory plan counts
+    as `dense_copies_cpu_max`)."""
+    return sum(w.dense.numel() * w.dense.element_size() for w in weights
+               if isinstance(w, QuantizedTensor) and w.dense is not None)
+
+
 def _free_host_bytes() -> int:
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

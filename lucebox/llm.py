@@ -21,6 +21,7 @@ from lucebox.engine.session import Session
 from lucebox.engine.setup import EngineSetup, plan_engine
 from lucebox.errors import ContextLengthError, GrammarError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
+from lucebox.kernels.quant import kept_dense_bytes
 from lucebox.logprobs import MAX_TOP_LOGPROBS
 from lucebox.sampling import SamplingParams
 from lucebox.speculative.proposer import tensor_bytes
@@ -217,7 +218,8 @@ class LLM:
 
     def memory(self) -> dict[str, int]:
         """Bytes: weights, ring caches, device KV pool, KVFlash chunk summaries, host KV now and
-        at most, drafter (weights and caches). Before the first request the caches count as planned."""
+        at most, drafter (weights and caches), the dense copies of quantized weights the CPU keeps now
+        and at most. Before the first request the caches count as planned."""
         planned, cache = self.setup.memory, self.session.cache
         now = cache.memory() if cache is not None else {
             "ring_caches": planned["ring_caches"], "kv_pool_device": planned["kv_pool_device"],
@@ -226,7 +228,9 @@ class LLM:
         if self.session.drafter_follows:  # a request has started the drafter (allocating its rings)
             drafter = self.proposer.device_bytes()
         weights = tensor_bytes(self.decoder.w.values())
-        return {"weights": weights, **now, "kv_host_max": planned["kv_host_max"], "drafter": drafter}
+        return {"weights": weights, **now, "kv_host_max": planned["kv_host_max"], "drafter": drafter,
+                "dense_copies_cpu": kept_dense_bytes(self.decoder.w.values()),
+                "dense_copies_cpu_max": planned["dense_copies_cpu_max"]}
 
     # -- checks -----------------------------------------------------------------------------------
 

@@ -6,13 +6,14 @@ same bytes. The fused weight is `layers.{i}.wqkv` (its bias `bqkv`), rows in the
 wg; the original names stay in the dict as views of its rows, so whatever reads them by name
 (training, a saved checkpoint's comparison, memory accounting by storage) sees what it always
 did and the bytes are held once. Quantized weights fuse when their layouts agree (bits, group,
-zero points, mins); otherwise the layer keeps its separate linears.
+zero points, mins), or on the CPU as one dense weight of their kept dense copies; otherwise the
+layer keeps its separate linears.
 """
 
 from __future__ import annotations
 
 import torch
-from lucebox.kernels.quant import QuantizedTensor
+from lucebox.kernels.quant import QuantizedTensor, kept_dense
 
 from lucebox.config import ModelConfig
 
@@ -56,7 +57,7 @@ def fuse_attention_projections(cfg: ModelConfig, weights: dict) -> None:
 
 def _concat_rows(parts: list) -> torch.Tensor | QuantizedTensor | None:
     """The parts concatenated along their output rows, or None when they cannot be (mixed kinds,
-    dtypes or quantized layouts)."""
+    dtypes, or quantized layouts off the CPU)."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts, dim=-2) if len({p.dtype for p in parts}) == 1 else None
     if not all(isinstance(p, QuantizedTensor) for p in parts):
@@ -64,7 +65,11 @@ def _concat_rows(parts: list) -> torch.Tensor | QuantizedTensor | None:
     layouts = {(p.bits, p.group, p.codes.dtype, p.scales.dtype, p.zeros is None, p.mins is None, p.dtype)
                for p in parts}
     if len(layouts) > 1:
-        return None
+        # On the CPU every quantized weight is multiplied as its kept dense copy: parts of different
+        # layouts (a Q4_K_M file's Q6_K wv beside Q4_K wq) fuse as one dense weight of those very
+        # values (one linear a decode step instead of four). None off the CPU or without host room.
+        dense = [kept_dense(p) for p in parts]
+        return None if any(d is None for d in dense) else torch.cat(dense, dim=-2)
     first = parts[0]
 
     def cat(field: str) -> torch.Tensor | None:

@@ -1,12 +1,14 @@
 """The CPU decode step's shortcuts do the arithmetic of the paths they stand in for: q and k rotated
-in one pass as each alone, bit for bit; the GPU's MoE decode paths (which the CPU no longer takes)
-still read no device value."""
+in one pass as each alone, bit for bit; rotary tables reused across layers only at equal positions;
+torch's RMSNorm op bit for bit the reference's ops; torch's fused attention within float32 rounding of
+the reference, rows with nothing visible included; the GPU's MoE decode paths (which the CPU no
+longer takes) still read no device value."""
 
 from __future__ import annotations
 
 import torch
 from kernel_cases import no_host_sync
-from lucebox.kernels import moe, rope
+from lucebox.kernels import attention, moe, norm, rope
 
 from lucebox.config import RopeSpec
 
@@ -28,3 +30,46 @@ def test_gpu_moe_decode_paths_read_no_device_value():
     with no_host_sync():
         moe._all_experts(x, gate_up, down, weights, ids)
         moe._gathered_experts(x, gate_up, down, weights, ids)
+
+
+def test_rotary_tables_are_reused_only_at_equal_positions():
+    inv_freq, scaling = rope.inverse_frequencies(RopeSpec(kind="default", theta=10000.0, rotary_dim=16))
+    positions = torch.tensor([5, 6, 7])
+    first = rope.step_cos_sin(positions, inv_freq, scaling, torch.float32)
+    assert rope.step_cos_sin(positions.clone(), inv_freq, scaling, torch.float32) is first  # the next layer's
+    positions += 1  # the same tensor, the next step's positions
+    got = rope.step_cos_sin(positions, inv_freq, scaling, torch.float32)
+    want = rope.cos_sin(positions, inv_freq, scaling, torch.float32)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert not torch.equal(got[0], first[0])
+
+
+def test_cpu_rms_norm_is_the_reference_ops_bit_for_bit():
+    for shape in ((1, 256), (3, 6, 32)):
+        x, weight = torch.randn(shape), torch.randn(shape[-1])
+        want = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+        assert torch.equal(norm.rms_norm(x, weight, 1e-6), want)
+
+
+def test_fused_cpu_attention_matches_the_reference():
+    KV, group, D, S = 2, 3, 16, 24
+    q, k, v = torch.randn(3, KV * group, D), torch.randn(KV, S, D), torch.randn(KV, S, D)
+    k_positions = torch.arange(S)
+    k_positions[20:] = -1  # empty slots
+    q_positions = torch.tensor([4, 18, 19])
+    for window in (None, 8):
+        got = attention.attention_partial(q, k, v, q_positions, k_positions, 0.25, window)
+        visible = (k_positions[None] <= q_positions[:, None]) & (k_positions[None] >= 0)
+        if window is not None:
+            visible &= k_positions[None] > q_positions[:, None] - window
+        qg = q.view(3, KV, group, D).permute(1, 2, 0, 3).reshape(KV, group * 3, D)
+        out, lse = attention._unfused(qg, k, v, visible, 0.25, group)
+        torch.testing.assert_close(got[0], out.view(KV, group, 3, D).permute(2, 0, 1, 3).reshape(3, -1, D))
+        torch.testing.assert_close(got[1], lse.permute(2, 0, 1).reshape(3, -1))
+        for t in range(3):  # a decode step's one row (its mask broadcast over the group's rows)
+            one = attention.attention_partial(q[t : t + 1], k, v, q_positions[t : t + 1], k_positions, 0.25, window)
+            torch.testing.assert_close(one[0], got[0][t : t + 1])
+    # A block whose keys all lie ahead of the first query: that row sees nothing (lse -inf), as the
+    # reference gives, so merging it with another block weighs it 0.
+    ahead = attention.attention_partial(q, k, v, q_positions, k_positions + 10, 0.25)[1]
+    assert torch.isneginf(ahead[0]).all() and torch.isfinite(ahead[1:]).all()

@@ -36,10 +36,23 @@ class DrafterCost:
 
 
 class StoredWeights(NamedTuple):
-    """Bytes of all weights and of the routed experts among them, as the engine will hold them."""
+    """Bytes of all weights and of the routed experts among them, as the engine will hold them, and
+    of the quantized weights' dense copies the CPU keeps (`dense_copy_bytes`)."""
 
     total: int
     routed_experts: int
+    dense_copies: int = 0
+
+
+def dense_copy_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None = None) -> int:
+    """Host bytes of the dense copies the CPU keeps of quantized weights (`kernels.quant.kept_dense`:
+    each dequantized once, in `dtype`, instead of at every step); none without quantization. At most:
+    a copy that would not fit in half of the free host memory is not kept (that weight is then
+    dequantized at each step), so these bytes never make a model that fits quantized refuse to load."""
+    if not quantization:
+        return 0
+    return sum(math.prod(shape) * stored_dtype(name, dtype).itemsize
+               for name, shape in weight_shapes(cfg).items() if quantizable(name))
 
 
 def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, quantization: str | None = None) -> int:
@@ -94,7 +107,8 @@ def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
     chunks = -(-settings.max_context // kvf.chunk)
     summaries = full * chunks * 3 * cfg.num_kv_heads * cfg.head_dim * size if kvf.policy == "select" else 0
     stored = stored_weights or StoredWeights(weight_bytes(cfg, dtype, quantization),
-                                             routed_expert_bytes(cfg, dtype, quantization))
+                                             routed_expert_bytes(cfg, dtype, quantization),
+                                             dense_copy_bytes(cfg, dtype, quantization))
     weights, experts_host = stored.total, 0
     if expert_slots is not None and cfg.moe is not None:
         experts_host = stored.routed_experts
@@ -108,6 +122,7 @@ def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
         "drafter": drafter.total,
         "experts_host": experts_host,
         "recurrent_states": recurrent_state_bytes(cfg, dtype, settings.decode_rows),
+        "dense_copies_cpu_max": stored.dense_copies,  # held only when the weights are on the CPU
     }
 
 

@@ -131,10 +131,11 @@ def concat_rows(parts: list[Weight]) -> Weight:
 
 
 def device_bytes(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.dtype) -> StoredWeights:
-    """The bytes `load_gguf_weights` will hold (all, and the routed experts'), read from the file's
-    index before loading: linear weights in their repacked block types (fused halves of different
-    types are counted as if not widened), everything else in `dtype`."""
-    total = experts = 0.0
+    """The bytes `load_gguf_weights` will hold (all, the routed experts', and at most the dense
+    copies of the repacked ones a CPU keeps), read from the file's index before loading: linear
+    weights in their repacked block types (fused halves of different types are counted as if not
+    widened), everything else in `dtype`."""
+    total = experts = dense = 0.0
     for name, source in gguf_sources(cfg, arch, file.__contains__).items():
         for n in source.names:
             entry = file.tensors.get(n)
@@ -144,7 +145,8 @@ def device_bytes(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.dtype
                 size = math.prod(entry.shape) * (per_weight or stored_dtype(name, dtype).itemsize)
                 total += size
                 experts += size if is_routed_expert(name) else 0
-    return StoredWeights(int(total), int(experts))
+                dense += math.prod(entry.shape) * stored_dtype(name, dtype).itemsize if repacked else 0
+    return StoredWeights(int(total), int(experts), int(dense))
 
 
 # Beyond lucebox's own quantizable weights, a GGUF file's Gated DeltaNet, KDA and MLA projections stay
