@@ -147,7 +147,8 @@ class Speculation:
         t2 = ctx.clock(timed)
         self.judge.committed(chunk.token_ids)
         self.totals.add(verified, n, t1 - t0 if draft is not None else 0.0, t2 - t1)
-        width.record(len(rows), t2 - t1, None if draft is None else t1 - t0)
+        # A copy's lookup is not the drafter's pass: its time would price the drafter at next to nothing.
+        width.record(len(rows), t2 - t1, None if draft is None or draft.copied else t1 - t0)
         if self.shapes is not None and draft is not None and not draft.copied:  # copies: the same either shape
             self.shapes.record("chain", len(chunk.token_ids), t2 - t0)
         self.last = chunk.token_ids[-1]

@@ -50,7 +50,7 @@ def tree_round(spec, remaining: int, take: Callable[[list[int]], Chunk]) -> Chun
     spec.judge.committed(chunk.token_ids)
     spec.totals.add(Draft([0] * tree.depth), verdict.accepted, t1 - t0 if drafting else 0.0, t2 - t1,
                     width=len(tree) - 1)
-    width.record(len(tree), t2 - t1, t1 - t0 if drafting else None)
+    width.record(len(tree), t2 - t1, t1 - t0 if drafting and not tree.copied else None)  # a copy: not the drafter's
     if spec.shapes is not None and drafting and not tree.copied:  # a copy is a chain, whatever the shape
         spec.shapes.record("tree", len(chunk.token_ids), t2 - t0)
     spec.last = chunk.token_ids[-1]
