@@ -126,3 +126,17 @@ def test_only_the_drafter_s_own_passes_price_drafting(builtin_llm, monkeypatch):
     builtin_llm.generate("def f(x):\n    return x\n" * 4, max_tokens=48, ignore_eos=True)
     assert any(copies) and passes  # lookups copied, and the drafter ran too
     assert len([t for t in drafting_times if t is not None]) == len(passes)
+
+
+def test_copies_the_copy_keep_rates_do_not_pay_for_are_cut(builtin_llm, monkeypatch):
+    """Copies have keep rates of their own (under sampling few copies are kept): a copy they do not
+    pay for is cut, even to nothing (a plain round), and judged whole all the same."""
+    from lucebox.speculative.rounds import Speculation
+
+    cuts, cut_copy = [], Speculation.cut_copy
+    monkeypatch.setattr(Speculation, "cut_copy", lambda self, copied, limit: (
+        lambda kept: (cuts.append((len(copied), len(kept))), kept)[1])(cut_copy(self, copied, limit)))
+    monkeypatch.setitem(builtin_llm.engine.learned.copies, "greedy", KeepModel.from_calibration([0.02], [0.02]))
+    builtin_llm.generate("def f(x):\n    return x\n" * 4, max_tokens=24, ignore_eos=True)
+    assert cuts and cuts[0][0] > 2 and cuts[0][1] <= 1
+    assert builtin_llm.engine.learned.copies["greedy"].kept[0] > 0.02  # the copy was judged: it was kept
