@@ -16,7 +16,7 @@ commits exactly the tokens plain decoding with the same seed commits, whatever w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -127,6 +127,8 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
 
 _MASK32 = 0xFFFFFFFF
 TOKEN_BITS = 20  # token ids the coupled sampler's keys hold: vocabularies up to 2^20
+ROW_VALUES_KEPT = 1 << 21  # noise values (float64, 16 MiB) a request keeps on the CPU, reused by later races
+MIN_ROWS_KEPT = 32  # at least a drafted block's and its verification's positions
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -142,9 +144,15 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class RaceNoise:
     """Exponential noise E(seed, position, token), a pure function of its key (no generator
-    state), for `RaceNoise.choose`: a sample of each row's distribution at its position."""
+    state), for `RaceNoise.choose`: a sample of each row's distribution at its position.
+
+    On the CPU each position's row is hashed once and kept (the newest `_rows_kept` rows): a
+    speculative round's drafter races the very positions its verification then races again, and
+    hashing a vocabulary's keys costs a CPU nearly what a small model's decode step does. Values
+    are the same either way; GPUs hash every time (cheap there, and no position is read back)."""
 
     seed: int
+    _rows: dict = field(default_factory=dict, compare=False, repr=False)  # (position, vocab) -> (V,) float64
 
     def exponentials(self, positions: torch.Tensor, vocab: int) -> torch.Tensor:
         """(R, V) float64 Exp(1) variates for rows at `positions` (R,) int64 (R = 1 broadcasts
@@ -152,6 +160,20 @@ class RaceNoise:
         if vocab > 1 << TOKEN_BITS:
             raise InvalidArgumentError(f"a vocabulary of {vocab} ids is more than the coupled sampler keys "
                                        f"(2^{TOKEN_BITS}); use verify='tokenwise'")
+        if positions.device.type != "cpu":
+            return self._hashed(positions, vocab)
+        wanted = positions.tolist()
+        missing = sorted({p for p in wanted if (p, vocab) not in self._rows})
+        if missing:
+            for position, row in zip(missing, self._hashed(torch.tensor(missing), vocab), strict=True):
+                self._rows[(position, vocab)] = row
+        rows = torch.stack([self._rows[(p, vocab)] for p in wanted])
+        kept = max(MIN_ROWS_KEPT, ROW_VALUES_KEPT // vocab)
+        while len(self._rows) > kept:  # positions grow through a request: the oldest go first
+            del self._rows[next(iter(self._rows))]
+        return rows
+
+    def _hashed(self, positions: torch.Tensor, vocab: int) -> torch.Tensor:
         # Each (position, token) is one distinct 64-bit key, hashed with the seed in two 32-bit halves.
         key = (positions.long()[:, None] << TOKEN_BITS) | torch.arange(vocab, device=positions.device)[None, :]
         lo, hi = key & _MASK32, key >> 32
@@ -164,12 +186,17 @@ class RaceNoise:
     def scores(self, probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """log p - log E (R, V) float64: each row's argmax is its race's winner, and their softmax
         weighs each token by how close it came (a drafter's confidence; a tree's ranking)."""
-        return probs.double().log() - self.exponentials(positions, probs.shape[-1]).log()
+        return race_scores(probs, self.exponentials(positions, probs.shape[-1]).log())
 
     def choose(self, probs: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Each row's race winner (R,), on the device; -1 when any probability is not finite."""
         winners = (probs.double() / self.exponentials(positions, probs.shape[-1])).argmax(-1)
         return torch.where(torch.isfinite(probs).all(), winners, -1)
+
+
+def race_scores(probs: torch.Tensor, log_noise: torch.Tensor) -> torch.Tensor:
+    """log p - log E: `RaceNoise.scores` for noise whose log was taken already (one hash for a block)."""
+    return probs.double().log() - log_noise
 
 
 def greedy_choices(logits: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,8 @@ from transformers.generation.logits_process import (
 )
 
 import lucebox
-from lucebox.sampling import RaceNoise, SamplingParams, distribution, draw
+from lucebox import sampling
+from lucebox.sampling import MIN_ROWS_KEPT, RaceNoise, SamplingParams, distribution, draw
 
 V = 50
 CASES = [
@@ -80,6 +81,22 @@ def test_race_noise_picks_follow_the_distribution_independently_per_position():
     assert torch.equal(again[1], noise.exponentials(torch.tensor([9]), 6)[0])  # a row's noise is its own
     assert not torch.equal(again, RaceNoise(3).exponentials(torch.tensor([5, 9]), 6))  # the seed's high bits count
     assert not torch.equal(again[0], again[1])
+
+
+def test_race_noise_rows_kept_on_the_cpu_are_the_hashed_rows(monkeypatch):
+    """A request's noise keeps each position's row once hashed (the drafter and the verification race
+    the same positions): what comes back is the hash of exactly the positions asked for, in order,
+    repeats included, and the rows kept stay bounded."""
+    noise, vocab = RaceNoise(11), 50
+    monkeypatch.setattr(sampling, "ROW_VALUES_KEPT", 4 * vocab)  # a big vocabulary's bound: MIN_ROWS_KEPT rows
+    first = noise.exponentials(torch.tensor([3, 4, 5]), vocab)
+    again = noise.exponentials(torch.tensor([5, 4, 6, 5]), vocab)  # kept rows, and one new
+    assert torch.equal(first, RaceNoise(11)._hashed(torch.tensor([3, 4, 5]), vocab))
+    assert torch.equal(again, RaceNoise(11)._hashed(torch.tensor([5, 4, 6, 5]), vocab))
+    for start in range(0, 4 * MIN_ROWS_KEPT, 8):
+        noise.exponentials(torch.arange(start, start + 8), vocab)
+    assert len(noise._rows) == MIN_ROWS_KEPT
+    assert torch.equal(noise.exponentials(torch.tensor([3]), vocab), first[:1])  # hashed again once forgotten
 
 
 def test_draws_follow_the_distribution():

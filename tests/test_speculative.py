@@ -295,14 +295,15 @@ def test_prompt_lookup_before_the_drafter_stays_lossless(laguna, drafters, plain
         assert out.stats["acceptance_length"] > 2
 
 
-def test_copied_drafts_are_verified_whole_and_not_judged(laguna, drafters, plain, monkeypatch):
-    """Prompt-lookup drafts skip the width cut and the keep rates (which stay the drafter's own)."""
+def test_copied_drafts_are_judged_apart_from_the_drafter(laguna, drafters, plain, monkeypatch):
+    """Prompt-lookup drafts go to a judge of their own: the drafter's keep rates stay its own, and the
+    copies' (here repeating greedy text, kept) let whole copies be verified."""
     from lucebox.speculative.keep_model import DraftJudge
 
-    judged = []
+    judged = []  # (the judge's keep model, the block) of every block handed to a judge
     drafted = DraftJudge.drafted
-    monkeypatch.setattr(DraftJudge, "drafted", lambda self, tokens, confidence: (judged.append(list(tokens)),
-                                                                                  drafted(self, tokens, confidence)))
+    monkeypatch.setattr(DraftJudge, "drafted", lambda self, tokens, confidence: (
+        judged.append((self.model, list(tokens))), drafted(self, tokens, confidence)))
     llm = lucebox.LLM(laguna, draft=drafters["dflash_zlab"], kv_policy="exact", kv_pool_tokens=256, tree_budget=0,
                       **COMMON)
     copies, propose = [], llm.proposer.propose
@@ -316,6 +317,10 @@ def test_copied_drafts_are_verified_whole_and_not_judged(laguna, drafters, plain
     llm.proposer.propose = record
     out = llm.generate(PROMPT, max_tokens=N, ignore_eos=True)
     assert out.token_ids == plain["exact"] and len(copies) > 5
-    assert not any(tokens in judged for _, tokens in copies)
+    learned = llm.engine.learned
+    for _, tokens in copies:
+        judges = [model for model, block in judged if block == tokens]
+        assert any(m is learned.copies["greedy"] for m in judges)
+        assert not any(m is learned.keep["greedy"] for m in judges)
     verified = out.stats["width_histogram"]
     assert any(len(tokens) > 7 for _, tokens in copies) and max(verified) > 7  # whole copies verified

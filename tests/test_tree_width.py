@@ -5,7 +5,7 @@ import pytest
 from test_tree import random_top_k
 
 from lucebox.speculative.tree import build_tree, positional_children
-from lucebox.speculative.tree_width import EXPLORE_EARLY, EXPLORE_EVERY, FEW, ShapeRates, top_path
+from lucebox.speculative.tree_width import EXPLORE_EARLY, EXPLORE_EVERY, FEW, SWITCH_MARGIN, ShapeRates, top_path
 
 
 def test_top_path_is_the_drafter_first_choice_at_each_depth():
@@ -39,3 +39,19 @@ def test_few_measurements_explore_more_often():
     shapes.record("tree", 2, 0.02)
     choices = [shapes.choose() for _ in range(4 * EXPLORE_EARLY)]
     assert choices.count("tree") == 4 and EXPLORE_EARLY < EXPLORE_EVERY
+
+
+def test_the_shape_in_use_stays_until_the_other_is_faster_by_a_margin():
+    """Two shapes about as fast must not swap on each noisy round (runs of one command would then
+    differ in what they verify): the one in use stays until the other beats it by SWITCH_MARGIN."""
+    shapes = ShapeRates()
+    shapes.counts = {"chain": FEW, "tree": FEW}
+    shapes.rates = {"chain": 200.0, "tree": 190.0}
+    shapes.rounds = 1  # not a round that explores
+    assert shapes.choose() == "chain"  # the faster, once both are measured
+    shapes.rates["tree"] = 200.0 * (1 + (SWITCH_MARGIN - 1) / 2)
+    assert shapes.choose() == "chain"  # faster, but by less than the margin
+    shapes.rates["tree"] = 200.0 * SWITCH_MARGIN * 1.01
+    assert shapes.choose() == "tree"
+    shapes.rates["chain"] = shapes.rates["tree"] * (1 + (SWITCH_MARGIN - 1) / 2)
+    assert shapes.choose() == "tree"

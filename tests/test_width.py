@@ -106,3 +106,37 @@ def test_a_seeded_sampled_request_gives_the_same_tokens_whatever_ran_before():
         llm.generate("class Stack:\n", max_tokens=40, temperature=0.8, seed=seed, ignore_eos=True)
         llm.generate("import os\n", max_tokens=40, temperature=0.8, ignore_eos=True)
     assert llm.generate("def parse(line):\n", **request).token_ids == first
+
+
+def test_only_the_drafter_s_own_passes_price_drafting(builtin_llm, monkeypatch):
+    """A prompt-lookup copy costs next to nothing: timed as drafting, it would make the drafter look
+    free and the policy draft where it does not pay. Each drafting time recorded is a drafter pass."""
+    from lucebox.speculative.dflash import DFlashProposer
+
+    passes, copies, drafting_times = [], [], []
+
+    def counted(method, log):
+        return lambda self, *a: (lambda out: (log.append(getattr(out, "copied", True)), out)[1])(method(self, *a))
+    monkeypatch.setattr(DFlashProposer, "block_pass", counted(DFlashProposer.block_pass, passes))
+    monkeypatch.setattr(DFlashProposer, "propose", counted(DFlashProposer.propose, copies))
+    monkeypatch.setattr(DFlashProposer, "propose_tree", counted(DFlashProposer.propose_tree, copies))
+    record = WidthPolicy.record
+    monkeypatch.setattr(WidthPolicy, "record", lambda self, rows, step_s, draft_s: (
+        drafting_times.append(draft_s), record(self, rows, step_s, draft_s))[1])
+    builtin_llm.generate("def f(x):\n    return x\n" * 4, max_tokens=48, ignore_eos=True)
+    assert any(copies) and passes  # lookups copied, and the drafter ran too
+    assert len([t for t in drafting_times if t is not None]) == len(passes)
+
+
+def test_copies_the_copy_keep_rates_do_not_pay_for_are_cut(builtin_llm, monkeypatch):
+    """Copies have keep rates of their own (under sampling few copies are kept): a copy they do not
+    pay for is cut, even to nothing (a plain round), and judged whole all the same."""
+    from lucebox.speculative.rounds import Speculation
+
+    cuts, cut_copy = [], Speculation.cut_copy
+    monkeypatch.setattr(Speculation, "cut_copy", lambda self, copied, limit: (
+        lambda kept: (cuts.append((len(copied), len(kept))), kept)[1])(cut_copy(self, copied, limit)))
+    monkeypatch.setitem(builtin_llm.engine.learned.copies, "greedy", KeepModel.from_calibration([0.02], [0.02]))
+    builtin_llm.generate("def f(x):\n    return x\n" * 4, max_tokens=24, ignore_eos=True)
+    assert cuts and cuts[0][0] > 2 and cuts[0][1] <= 1
+    assert builtin_llm.engine.learned.copies["greedy"].kept[0] > 0.02  # the copy was judged: it was kept

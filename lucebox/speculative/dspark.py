@@ -10,8 +10,8 @@ import math
 import torch
 
 from lucebox.models.dspark import DSparkHeads
-from lucebox.sampling import RaceNoise, SamplingParams, draw
-from lucebox.speculative.proposer import Draft, Noise, draft_distribution, greedy_draft, raced_scores, top_probabilities
+from lucebox.sampling import RaceNoise, SamplingParams, draw, race_scores
+from lucebox.speculative.proposer import Draft, Noise, draft_distribution, greedy_draft, top_probabilities
 from lucebox.speculative.tree import DraftTree, build_tree
 
 
@@ -27,10 +27,13 @@ def markov_draft(heads: DSparkHeads, logits: torch.Tensor, hidden: torch.Tensor,
     prev = last
     rows, qs, tokens = [], [], []
     raced = isinstance(generator, RaceNoise)
+    if raced:  # the noise of every position at once: it does not depend on the drafts
+        positions = torch.arange(first, first + logits.shape[0], device=logits.device)
+        log_noise = generator.exponentials(positions, logits.shape[-1]).log()
     for j in range(logits.shape[0]):
         row = heads.position_logits(logits[j], prev)  # (V,)
         if raced:
-            row = raced_scores(row[None], params, generator, first + j)[0]
+            row = race_scores(draft_distribution(row[None], params), log_noise[j])[0]
         if params.greedy or raced:
             token = row.argmax()
         else:

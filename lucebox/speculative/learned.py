@@ -23,6 +23,7 @@ from lucebox.speculative.width import RoundCosts
 
 CALIBRATION_FILE = "lucebox_calibration.json"
 MODES = ("greedy", "sampled")
+COPY_KEEP_PRIOR = 0.8  # a copy's keep rate per position before any copy was judged
 
 
 def read_calibration(folder: Path | None) -> dict[str, KeepModel]:
@@ -59,6 +60,11 @@ def calibration_record(greedy: dict, sampled: dict | None = None) -> dict:
     return record
 
 
+def copy_keep_model() -> KeepModel:
+    """Prompt-lookup copies' keep rates before any copy was judged: text that repeated tends to go on."""
+    return KeepModel.from_calibration([COPY_KEEP_PRIOR], [COPY_KEEP_PRIOR])
+
+
 @dataclass
 class Learned:
     costs: RoundCosts
@@ -66,12 +72,16 @@ class Learned:
     keep: dict[str, KeepModel] = field(default_factory=dict)  # running, by mode
     # chain or tree, by mode: sampled rounds keep fewer drafts, so the shape that pays may differ
     shapes: dict[str, ShapeRates] = field(default_factory=lambda: {mode: ShapeRates() for mode in MODES})
+    copies: dict[str, KeepModel] = field(default_factory=lambda: {mode: copy_keep_model() for mode in MODES})
 
     def __post_init__(self):
         self.keep = self.keep or copy.deepcopy(self.start)
 
-    def keep_for(self, params: SamplingParams, reproducible: bool) -> KeepModel:
-        """The running model of this mode; a reproducible (seeded, sampled) request gets a fresh
-        copy of the calibration, so that what earlier requests did cannot change its tokens."""
+    def keep_for(self, params: SamplingParams, reproducible: bool, copies: bool = False) -> KeepModel:
+        """The running model of this mode, the drafter's or prompt-lookup copies'; a reproducible
+        (seeded, sampled) request gets a fresh one from the starting figures, so that what earlier
+        requests did cannot change its tokens."""
         mode = "greedy" if params.greedy else "sampled"
+        if copies:
+            return copy_keep_model() if reproducible else self.copies[mode]
         return copy.deepcopy(self.start[mode]) if reproducible else self.keep[mode]

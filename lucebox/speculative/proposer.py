@@ -19,8 +19,8 @@ class Draft:
     # The drafter's own probability of each draft (top-1 mass); feeds the adaptive width. Empty
     # when the drafter has no such notion (the engine then uses measured keep rates).
     confidence: list[float] = field(default_factory=list)
-    # Copied from the context (prompt lookup): verified whole, and not judged, so the keep rates
-    # stay the drafter's own (a copy of repeating text is kept far more often than a drafted block).
+    # Copied from the context (prompt lookup): judged into keep rates of its own, which cut it, so the
+    # drafter's stay its own (a copy of repeating text is kept far more often than a drafted block).
     copied: bool = False
 
 

@@ -82,6 +82,10 @@ class Speculation:
         self._mark_seen(prompt_ids, generated=False)
         self.width = _policy(context, params, proposer is not None)
         self.judge = DraftJudge(self.width.keep)
+        # Prompt-lookup copies have keep rates of their own (repeating text is kept far more often than a
+        # drafted block, and under sampling far less than when greedy), learned by their own judge.
+        self.copy_width = _policy(context, params, proposer is not None, copies=True)
+        self.copy_judge = DraftJudge(self.copy_width.keep)
         self.last: int | None = None  # the newest token: chosen, not yet forwarded
         self.totals = RoundTotals()
         # Trees from drafters that make them (DFlash). Sampled rounds of the other rules keep chains
@@ -120,7 +124,7 @@ class Speculation:
         context = self.tokens + [self.last] if self.proposer is not None else []  # once a round: it is long
         forced = self.grammar.forced(limit) if self.grammar is not None and self.proposer is not None else []
         if forced:  # what the grammar forces (a JSON key, punctuation) is drafted instead of the drafter's guess
-            self.judge.drafted([], [])
+            self.to_judge([], [], [])
             draft = Draft(forced, copied=True)
         else:
             draft = self._draft(limit, context) if self._drafting(limit, context) else None
@@ -145,9 +149,10 @@ class Speculation:
             self.grammar.commit(chunk.token_ids)
         self._commit(rows[:kept], len(rows), None if out.features is None else out.features[:kept])
         t2 = ctx.clock(timed)
-        self.judge.committed(chunk.token_ids)
+        self.judged(chunk.token_ids)
         self.totals.add(verified, n, t1 - t0 if draft is not None else 0.0, t2 - t1)
-        width.record(len(rows), t2 - t1, None if draft is None else t1 - t0)
+        # A copy's lookup is not the drafter's pass: its time would price the drafter at next to nothing.
+        width.record(len(rows), t2 - t1, None if draft is None or draft.copied else t1 - t0)
         if self.shapes is not None and draft is not None and not draft.copied:  # copies: the same either shape
             self.shapes.record("chain", len(chunk.token_ids), t2 - t0)
         self.last = chunk.token_ids[-1]
@@ -162,7 +167,8 @@ class Speculation:
 
     def _drafting(self, limit: int, context: list[int]) -> bool:
         """Whether this round drafts: always when the proposer has a copy of earlier text to offer
-        (it costs next to nothing), else as the width policy expects the drafter to pay."""
+        (it costs next to nothing; the copies' keep rates cut it), else as the width policy expects
+        the drafter to pay."""
         if limit > 0 and self.proposer is not None and self.proposer.copies(context):
             return True
         return self.width.should_draft(limit)
@@ -173,11 +179,26 @@ class Speculation:
         proposer = self.proposer
         draft = proposer.propose(context, min(limit, proposer.max_width), self.params, self.draft_gen)
         if draft.copied:
-            self.judge.drafted([], [])  # nothing of the drafter's to judge; an older block is done with
-            return draft
-        self.judge.drafted(draft.tokens, draft.confidence)
+            return Draft(self.cut_copy(draft.tokens, limit), copied=True)
+        self.to_judge(draft.tokens, draft.confidence, [])
         k = self.width.choose(draft.confidence, len(draft.tokens), limit)
         return Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k])
+
+    def cut_copy(self, copied: list[int], limit: int) -> list[int]:
+        """A copy's first tokens, as many as the copies' keep rates pay to verify (none: a plain round);
+        the whole copy is judged by what gets committed, so a cut copy still teaches."""
+        self.to_judge([], [], copied)
+        return copied[: self.copy_width.choose(None, len(copied), limit)]
+
+    def to_judge(self, drafted: list[int], confidence: list[float], copied: list[int]) -> None:
+        """The newest block, the drafter's or a copy, replaces whatever an older one still predicted."""
+        self.judge.drafted(drafted, confidence)
+        self.copy_judge.drafted(copied, [])
+
+    def judged(self, committed: list[int]) -> None:
+        """Tokens just committed judge the pending drafts, the drafter's and a copy's."""
+        self.judge.committed(committed)
+        self.copy_judge.committed(committed)
 
     def _commit(self, kept_rows: list[int], written: int, features: torch.Tensor | None) -> None:
         """The kept rows ([last, d1..]) into the cache and the drafter; the rest of the `written` rolled back."""
@@ -210,8 +231,9 @@ class Speculation:
         return {**self.totals.as_stats(), **({} if self.grammar is None else self.grammar.stats())}
 
 
-def _policy(context: DecodeContext, params: SamplingParams, has_drafter: bool) -> WidthPolicy:
-    """Adaptive with the engine's shared costs and keep rates; fixed without them. A seeded sampled
+def _policy(context: DecodeContext, params: SamplingParams, has_drafter: bool, copies: bool = False) -> WidthPolicy:
+    """Adaptive with the engine's shared costs and keep rates (of the drafter, or of prompt-lookup
+    `copies`); fixed without them (copies then verified whole). A seeded sampled
     request verified by drawn outcomes (tokenwise, block) decides without clocks from a fresh copy
     of the calibration, since its tokens depend on the widths it used; coupled rounds commit the
     same tokens whatever the widths, so their seeded requests use the clock too."""
@@ -219,8 +241,8 @@ def _policy(context: DecodeContext, params: SamplingParams, has_drafter: bool) -
     if learned is None or not context.adaptive:
         return WidthPolicy(fixed_costs(), KeepModel(), adaptive=False, has_drafter=has_drafter)
     reproducible = not params.greedy and params.seed is not None and context.verify_rule != "coupled"
-    return WidthPolicy(fixed_costs() if reproducible else learned.costs, learned.keep_for(params, reproducible),
-                       timed=not reproducible, has_drafter=has_drafter)
+    return WidthPolicy(fixed_costs() if reproducible else learned.costs,
+                       learned.keep_for(params, reproducible, copies), timed=not reproducible, has_drafter=has_drafter)
 
 
 class RoundTotals:

@@ -12,6 +12,7 @@ alone. A tree that is a chain runs the plain step (same graphs as chain rounds).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from lucebox.caches import Step
@@ -47,10 +48,10 @@ def tree_round(spec, remaining: int, take: Callable[[list[int]], Chunk]) -> Chun
     # This is Speculation's own round, in a file of its own: it shares the class's commit and history.
     spec._commit([tree.tokens[r] for r in rows], len(tree), features)  # noqa: SLF001
     t2 = ctx.clock(timed)
-    spec.judge.committed(chunk.token_ids)
+    spec.judged(chunk.token_ids)
     spec.totals.add(Draft([0] * tree.depth), verdict.accepted, t1 - t0 if drafting else 0.0, t2 - t1,
                     width=len(tree) - 1)
-    width.record(len(tree), t2 - t1, t1 - t0 if drafting else None)
+    width.record(len(tree), t2 - t1, t1 - t0 if drafting and not tree.copied else None)  # a copy: not the drafter's
     if spec.shapes is not None and drafting and not tree.copied:  # a copy is a chain, whatever the shape
         spec.shapes.record("tree", len(chunk.token_ids), t2 - t0)
     spec.last = chunk.token_ids[-1]
@@ -65,7 +66,9 @@ def _drafted_tree(spec, context: list[int], budget: int) -> DraftTree:
     confidence head's), and the per-position confidence means must stay the chain's."""
     noise = spec.draft_gen if isinstance(spec.draft_gen, RaceNoise) else None  # other rules: top-k trees
     tree = spec.proposer.propose_tree(context, budget, spec.params, noise)
-    spec.judge.drafted([] if tree.copied else top_path(tree)[0], [])  # a copy is not the drafter's to judge
+    if tree.copied:  # a chain: cut to what the copies' keep rates pay for
+        return dataclasses.replace(chain(context[-1], spec.cut_copy(tree.tokens[1:], budget)), copied=True)
+    spec.to_judge(top_path(tree)[0], [], [])
     return tree
 
 

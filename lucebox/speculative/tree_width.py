@@ -18,6 +18,7 @@ from lucebox.speculative.width import SMOOTHING
 EXPLORE_EVERY = 16  # drafting rounds between two tries of the shape the rates do not favour
 EXPLORE_EARLY = 4  # the same while either shape has fewer than FEW measured rounds
 FEW = 8
+SWITCH_MARGIN = 1.1  # the other shape's rate over the current one's that makes rounds switch
 
 
 def top_path(tree: DraftTree) -> tuple[list[int], list[float]]:
@@ -40,21 +41,36 @@ class ShapeRates:
     more drafting; which pays depends on the machine (on a GPU a row is nearly free until the step
     becomes compute-bound, on a CPU each costs a few percent of a step). So rounds of each shape
     are timed whole (drafting, verification, commit) and their rates kept as running means; a
-    round takes the faster shape, and every `EXPLORE_EVERY` drafting rounds (every fourth while
-    either has few measurements) the other, so the choice follows the machine and the text."""
+    round takes the faster shape (the one in use until the other is faster by a margin), and every
+    `EXPLORE_EVERY` drafting rounds (every fourth while either has few measurements) the other, so
+    the choice follows the machine and the text."""
 
     def __init__(self):
         self.rates: dict[str, float] = {}
         self.counts = {"chain": 0, "tree": 0}
         self.rounds = 0
+        self.current: str | None = None  # the shape rounds take (but for exploring), once both were tried
 
     def choose(self) -> str:
         self.rounds += 1
-        best = max(self.counts, key=lambda s: (self.counts[s] == 0, self.rates.get(s, 0.0)))  # untried first
+        best = self._best()
+        if all(self.counts.values()):
+            self.current = best
         explore = EXPLORE_EARLY if min(self.counts.values()) < FEW else EXPLORE_EVERY
         if self.rounds % explore == 0:
             return "tree" if best == "chain" else "chain"
         return best
+
+    def _best(self) -> str:
+        """Untried shapes first; then the shape in use until the other's rate beats it by `SWITCH_MARGIN`,
+        so two shapes about as fast do not swap on a noisy round (runs of one command then agree)."""
+        untried = [s for s in self.counts if self.counts[s] == 0]
+        if untried:
+            return untried[0]
+        if self.current is None:
+            return max(self.rates, key=self.rates.get)
+        other = "tree" if self.current == "chain" else "chain"
+        return other if self.rates[other] > SWITCH_MARGIN * self.rates[self.current] else self.current
 
     def record(self, shape: str, tokens: int, seconds: float) -> None:
         """A drafting round of `shape` committed `tokens` in `seconds`."""
