@@ -156,17 +156,38 @@ def _down_decode_kernel(
              mask=(rows[:, None] < M) & (h < H)[None, :])
 
 
-def _matrix_args(routed: tuple, alone: tuple | None, width: int, s_width: int, rows: int, products: int):
+# The most weight bytes a program streams per K-loop iteration: the pipeline keeps about four
+# iterations in shared memory, and sm_86 has 99 KiB (16-bit gate + up tiles of 512 inputs for 16
+# outputs need 132 KiB there).
+STREAM_BYTES = 16384
+
+
+def _streaming_tile(rows: int, width: int, weights: torch.Tensor, group: int, bits: int, products: int,
+                    weights_per_input: int) -> tuple:
+    """tile_shape's (BLOCK_R, SUB_R, TILE_GROUPS, EVEN_R), with fewer tiles per iteration where
+    one iteration would stream more than STREAM_BYTES. SUB_R only unrolls the loop: each output's
+    sum keeps its order, so the bits do not change."""
+    block_r, sub, tile_groups, _ = tile_shape(rows, width, group, bits, products)
+    per_input = weights_per_input * (bits / 8 if bits else weights.element_size())
+    while sub > 1 and block_r * sub * per_input > STREAM_BYTES:
+        sub //= 2
+    return block_r, sub, tile_groups, width % (block_r * sub) == 0
+
+
+def _matrix_args(routed: tuple, alone: tuple | None, width: int, s_width: int, rows: int, products: int,
+                 weights_per_input: int):
     """(pointers and strides, formats) of an expert stack and of the shared expert's matrix, for
-    reductions over `width` (routed) and `s_width` (shared) inputs. Formats: (BITS, GROUP, OFFSET,
+    reductions over `width` (routed) and `s_width` (shared) inputs; each loop iteration reads
+    `weights_per_input` weights per input (outputs x matrices). Formats: (BITS, GROUP, OFFSET,
     BLOCK_R, SUB_R, TILE_GROUPS, EVEN_R) each. Without a shared expert its slots take the stack's own
     arguments: placeholders never read."""
     w_args, expert_strides = routed
     s_args = alone if alone is not None else w_args
     bits, group, offset = w_args[5:]
     s_bits, s_group, s_offset = s_args[5:]
-    formats = (bits, group, offset, *tile_shape(rows, width, group, bits, products),
-               s_bits, s_group, s_offset, *tile_shape(rows, s_width, s_group, s_bits, products))
+    formats = (bits, group, offset, *_streaming_tile(rows, width, w_args[0], group, bits, products, weights_per_input),
+               s_bits, s_group, s_offset,
+               *_streaming_tile(rows, s_width, s_args[0], s_group, s_bits, products, weights_per_input))
     return (*w_args[:3], *expert_strides, *w_args[3:5], *s_args[:5]), formats
 
 
@@ -192,10 +213,10 @@ def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tup
     shape = dict(BLOCK_M=block_m, BLOCK_P=triton.next_power_of_2(P), BLOCK_C=triton.next_power_of_2(K), STAGES=3)
     # Multiplies a program's registers hold per row: gate and up share the up kernel's budget, the
     # down kernel's also holds each choice's results. Sized so no specialization spills (sm_86).
-    pointers, formats = _matrix_args(gate_up, shared_gate_up, H, H, block_m, 8192 // up_i)
+    pointers, formats = _matrix_args(gate_up, shared_gate_up, H, H, block_m, 8192 // up_i, 2 * up_i)
     _up_decode_kernel[(P + shared, triton.cdiv(max(F, f_shared), up_i))](
         x, inter, ids, *pointers, *sizes, *formats, BLOCK_I=up_i, **shape)
-    pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1), block_m, 8192 // down_h)
+    pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1), block_m, 8192 // down_h, down_h)
     _down_decode_kernel[(triton.cdiv(H, down_h),)](
         inter, out, weights, ids, *pointers, *sizes, scaling, *formats, BLOCK_H=down_h, SHARED=shared, **shape)
     return out
