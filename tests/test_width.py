@@ -79,6 +79,21 @@ def test_step_costs_pool_every_width_so_one_noisy_measurement_moves_them_little(
     assert abs(costs.step(1) - 2.0) < 0.05 and abs(costs.step(4) - 2.3) < 0.05
 
 
+def test_a_stalled_round_does_not_price_drafting_out():
+    p = policy(draft_seconds=0.2)
+    p.keep.kept = [0.9] * 7
+    for _ in range(50):
+        p.record(8, 1.2, 0.2)
+        p.record(1, 1.0, None)
+    p.record(8, 1.2, 60.0)  # the machine stalled during one drafting (300x its usual time)
+    p.record(1, 100.0, None)  # and during one plain step
+    assert p.costs.drafting() < 0.25 and p.costs.step(1) < 1.2
+    assert p.should_draft(7)  # drafting still pays: the next round drafts
+    for _ in range(200):  # a lasting slowdown is followed, clip after clip
+        p.record(1, 10.0, 6.0)
+    assert abs(p.costs.drafting() - 6.0) < 0.1 and abs(p.costs.step(1) - 10.0) < 0.5
+
+
 def test_a_calibration_turns_reach_into_keep_rates_and_the_builtin_drafter_ships_one(tmp_path):
     import pytest
 

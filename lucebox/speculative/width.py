@@ -35,6 +35,12 @@ MAX_PROBE_EVERY = 64  # the longest wait between two probes
 MIN_REACH = 0.25  # untimed runs verify drafts while the chance of reaching them stays above this
 SMOOTHING = 0.05  # how fast older step and drafting times fade (about the last 20 count)
 PRIOR_WEIGHT = 0.2  # weight of each start-up measurement in the step-time fit, never faded
+# A measured time counts as at most this many times its current estimate. A stall of the machine
+# (another process, a page fault) can make one round 50x slower; counted in full it would price
+# drafting out for hundreds of rounds, and plain rounds never teach drafting's cost back. A lasting
+# slowdown is still followed: each clipped measurement moves the estimate up, and the next clip
+# starts from there.
+STALL_CLIP = 3.0
 
 
 class RoundCosts:
@@ -64,11 +70,15 @@ class RoundCosts:
         return self.draft_seconds if self.draft_seconds is not None else 0.0
 
     def refine_step(self, rows: int, seconds: float) -> None:
+        seconds = min(seconds, STALL_CLIP * self.step(rows))
         self._seen = [(1 - SMOOTHING) * a + b for a, b in zip(self._seen, _moments(rows, seconds, 1.0), strict=True)]
 
     def refine_drafting(self, seconds: float) -> None:
         old = self.draft_seconds
-        self.draft_seconds = seconds if old is None else (1 - SMOOTHING) * old + SMOOTHING * seconds
+        if old is None:
+            self.draft_seconds = seconds
+        else:
+            self.draft_seconds = (1 - SMOOTHING) * old + SMOOTHING * min(seconds, STALL_CLIP * old)
 
 
 def _moments(x: float, y: float, weight: float) -> list[float]:
