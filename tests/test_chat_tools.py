@@ -72,3 +72,27 @@ def test_bad_tools_are_refused_naming_the_field_before_anything_runs(llm):
     assert chat.history == []
     with pytest.raises(InvalidArgumentError, match="made none"):
         chat.send_tool_results({"call_1": "21"})
+
+
+def test_a_chat_with_tools_saves_and_loads_back_mid_call(llm, tmp_path):
+    """A tool chat saved while its last answer awaits results loads into a plain chat with its tools,
+    renders the same prompt, and goes on with `send_tool_results`; a malformed saved call is refused."""
+    chat = llm.chat(tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=64, temperature=0)
+    [call] = chat.send(QUESTION).tool_calls
+    chat.save(tmp_path / "a.json")
+    other = llm.chat(max_tokens=64, temperature=0)
+    other.load(tmp_path / "a.json")
+    assert other.history == chat.history and other.last_tool_calls[0].id == call.id
+    assert json.loads(other.last_tool_calls[0].arguments) == json.loads(call.arguments)
+    assert other._render(True) == chat._render(True)  # the tools are back in the prompt
+    other.save(tmp_path / "b.json")
+    assert json.loads((tmp_path / "a.json").read_text()) == json.loads((tmp_path / "b.json").read_text())
+    reply = other.send_tool_results({call.id: '{"temp": 21}'})
+    assert reply.tool_calls and other.history[-2] == {"role": "tool", "tool_call_id": call.id, "name": call.name,
+                                                      "content": '{"temp": 21}'}
+    record = json.loads((tmp_path / "a.json").read_text())
+    record["messages"][-1]["tool_calls"][0]["function"]["arguments"] = "not an object"
+    (tmp_path / "c.json").write_text(json.dumps(record))
+    with pytest.raises(InvalidArgumentError, match="message 1 has \"tool_calls\""):
+        other.load(tmp_path / "c.json")
+    assert other.history[-1]["role"] == "assistant"  # the conversation before the refused load stays

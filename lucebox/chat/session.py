@@ -221,27 +221,34 @@ class ChatSession:
     def save(self, path: str | Path, overwrite: bool = False) -> None:
         """The conversation as JSON (system prompt, messages, settings) in a new file; an existing file
         is replaced only with `overwrite`, and only once the new one is complete."""
-        write_new_file(path, chat_record(str(self.llm.description.folder), self.system, self.settings, self.messages),
-                       overwrite=overwrite)
+        tools, tool_choice, parallel = self._tools
+        opened_with = None if self._tools == (None, None, None) else \
+            {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel}
+        write_new_file(path, chat_record(str(self.llm.description.folder), self.system, self.settings, self.messages,
+                                         opened_with), overwrite=overwrite)
 
     def load(self, path: str | Path, on_progress: Callable[[int, int], None] | None = None) -> None:
         """Replace the conversation with a saved one and prefill it (`on_progress(done, total)`)."""
         record = read_chat(path)
         settings = {**DEFAULTS, **record.get("settings", {})}
         _check(settings)
-        old = (self.system, self.messages, self.settings)
+        saved = record.get("tools") or {}
+        tools = tuple(saved.get(k) for k in ("tools", "tool_choice", "parallel_tool_calls"))
+        old = (self.system, self.messages, self.settings, self._tools, self.tool_request)
         self.system, self.messages, self.settings = record.get("system"), record["messages"], settings
+        self._tools = tools
         try:
+            self.tool_request = self._tool_request(settings)  # the saved tools, checked as when a chat opens
             rendered = self._render(add_generation_prompt=False)
             ids = encode_all(self.tokenizer, rendered)
             self.llm.prefill(ids, on_progress)
         except BaseException:
-            self.system, self.messages, self.settings = old
+            self.system, self.messages, self.settings, self._tools, self.tool_request = old
             self.context.reset()
             self.llm.drop_cache()  # an interrupted prefill may have left the cache half-written
             raise
         self.context.reset(ids, rendered)
-        self.last_tool_calls = ()
+        self.last_tool_calls = _calls_awaiting_results(self.messages)
 
     # -- the template -------------------------------------------------------------------------------
 
@@ -250,6 +257,14 @@ class ChatSession:
         if self.tool_request is not None:
             messages, tools = prompt_parts(self.tokenizer, messages, self.tool_request)
         return render(self.tokenizer, messages, add_generation_prompt, tools)
+
+
+def _calls_awaiting_results(messages: list[dict]) -> tuple[ToolCall, ...]:
+    """The calls of a conversation's last message when it is an answer that made calls (a saved chat
+    loaded there can go on with `send_tool_results`), else none."""
+    last = messages[-1] if messages else {}
+    return tuple(ToolCall(c["function"]["name"], json.dumps(c["function"]["arguments"], ensure_ascii=False), c["id"])
+                 for c in last.get("tool_calls") or ())
 
 
 def model_defaults(generation_config: dict) -> dict:
