@@ -17,7 +17,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import lucebox
 from lucebox.constrained import Constraint, GrammarState
-from lucebox.errors import GrammarError, TokenizerError
+from lucebox.errors import GrammarError, LuceboxError, TokenizerError
+from lucebox.server.app import _mid_output_error
 from lucebox.speculative.proposer import Draft
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -186,3 +187,17 @@ def test_a_tokenizer_json_vocabulary_is_constrained_too(reference_models, text_m
     assert llm.tokenizer.token_to_id("[TOOL_CALLS]") not in literal.token_ids  # spelled as text
     with pytest.raises(TokenizerError, match="llguidance"):  # a bare Metaspace decoder
         text_model.stream("hello", max_tokens=4, json_object=True)
+
+
+def test_grammar_text_the_vocabulary_cannot_write_is_a_grammar_error_naming_the_field(reference_models, tmp_path):
+    """A tokenizer without byte fallback writes text it has no tokens for as an unknown token, which
+    the grammar engine must not take as spelling it: the request fails with a GrammarError (the
+    server's 400, also once output has begun), never a token the grammar then refuses."""
+    llm = lucebox.LLM(_byte_level_copy(reference_models("mistral")[0], tmp_path / "m"), device="cpu",
+                      dtype="float32")
+    for grammar in ('start: "字"', 'start: "ok " "字"'):  # no token can start it / continue after "ok "
+        with pytest.raises(GrammarError, match="vocabulary cannot write") as refused:
+            llm.generate("hello", max_tokens=8, grammar=grammar)
+        assert refused.value.field == "grammar"
+        assert _mid_output_error(refused.value).status == 400
+    assert _mid_output_error(LuceboxError("x")).status == 500

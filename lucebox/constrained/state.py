@@ -39,6 +39,7 @@ class GrammarState:
         if self.matcher.is_error():
             raise GrammarError(constraint.field, f"the grammar engine cannot compile it: {self.matcher.get_error()}")
         self.vocab_size, self.device, self.eos_ids = vocab_size, device, frozenset(eos_ids)
+        self.field = constraint.field
         words = (vocab_size + BITS - 1) // BITS
         self._host = torch.zeros((1, words), dtype=torch.int32, pin_memory=device.type == "cuda")
         self._shifts = torch.arange(BITS, dtype=torch.int32, device=device)
@@ -83,8 +84,16 @@ class GrammarState:
             m.unsafe_compute_mask_ptr(self._host[i].data_ptr(), row_bytes)  # row i, written in place
         if rows > 1:
             m.rollback(rows - 1)
-        if m.is_error() or not self._host[:rows].any(dim=1).all():
-            raise self._broken("no token at all")
+        if m.is_error():
+            # llguidance's "NoExtension..." stops: no token writes the bytes the grammar asks for next
+            # (a vocabulary without byte fallback meeting text it has no tokens for)
+            if (m.get_error() or "").startswith("NoExtension"):
+                raise GrammarError(self.field, "needs text this model's vocabulary cannot write (no token can "
+                                   "continue the output where it stands); write the grammar in text the "
+                                   "tokenizer has tokens for, or use a model whose tokenizer falls back to bytes")
+            raise self._broken("every token")
+        if not self._host[:rows].any(dim=1).all():
+            raise self._broken("every token")
         self.mask_seconds += time.perf_counter() - start
         self.masks += rows
         words = self._host[:rows].to(self.device, non_blocking=True)  # (rows, W): one upload

@@ -27,12 +27,23 @@ class _PlainTextVocabulary:
         padding = range(len(tokens), vocab_size)
         self.tokens, self.special_token_ids = tokens + [b""] * len(padding), sorted({*special, *padding})
         self.eos_token_id, self.bos_token_id = eos[0], tokenizer.bos_token_id
-        self._tokenizer = tokenizer
+        self._tokenizer, self._special = tokenizer, set(self.special_token_ids)
 
     def __call__(self, text):
+        """The tokens that write `text`, up to the first one that does not write its next bytes: a
+        vocabulary without byte fallback spells what it cannot write as an unknown token, which
+        llguidance would take at its word (then refuse when committed). Cut there, the grammar's
+        mask finds no token for those bytes, which `GrammarState` reports as such."""
         if not isinstance(text, str):
             raise TypeError("text only")  # llguidance then hands it str
-        return self._tokenizer.encode_continuation(text, parse_special=False)
+        ids = self._tokenizer.encode_continuation(text, parse_special=False)
+        wanted, at = text.encode("utf-8"), 0
+        for n, i in enumerate(ids):
+            written = self.tokens[i]
+            if i in self._special or not written or not wanted.startswith(written, at):
+                return ids[:n]
+            at += len(written)
+        return ids
 
 
 def _token_bytes(engine, tokenizer, vocab_size: int, eos_ids: list[int]) -> tuple[list[bytes], set[int]]:

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from lucebox.chat.conversation import encode_all, render, turn_boundary
 from lucebox.chat.session import PLAIN_STOP, model_defaults
-from lucebox.errors import LuceboxError
+from lucebox.errors import InvalidArgumentError, LuceboxError
 from lucebox.server import openai_api as api
 from lucebox.server.choice_events import ChoiceEvents
 from lucebox.server.choices import Answer, numbered, total_stats
@@ -217,8 +217,8 @@ class _State:
             answers[-1].add(chunk)
             try:
                 chunk = await self._wait(job, request)
-            except LuceboxError as e:
-                raise api.APIError(500, str(e)) from None
+            except LuceboxError as e:  # nothing sent yet: a request it cannot serve is still a 400
+                raise _mid_output_error(e) from None
         echo = req.prompt if req.kind == "completion" and req.echo and isinstance(req.prompt, str) else ""
         bodies = [api.completion(req, rid, self.model_name, echo + a.text, a.finish_reason, a.stats) for a in answers]
         for body, answer in zip(bodies, answers, strict=True):
@@ -255,11 +255,22 @@ class _State:
             if req.include_usage and stats:
                 yield _sse(api.usage_chunk(req, rid, model, total_stats(stats)))
             yield b"data: [DONE]\n\n"
-        except Exception as e:  # mid-stream: the status line is gone, so the error is an event
+        except LuceboxError as e:  # mid-stream: the status line is gone, so the error is an event
+            yield _sse(_mid_output_error(e).body())
+            yield b"data: [DONE]\n\n"
+        except Exception as e:
             yield _sse(api.APIError(500, f"the engine failed: {type(e).__name__}: {e}").body())
             yield b"data: [DONE]\n\n"
         finally:
             job.cancelled.set()  # a client that left (this generator closed) cancels at the next token
+
+
+def _mid_output_error(e: LuceboxError) -> api.APIError:
+    """An engine error met after the request began: a 400 (naming the request field when it names one)
+    when the request asked for what cannot be served (a grammar the vocabulary cannot write), else a 500."""
+    if isinstance(e, InvalidArgumentError):
+        return api.APIError(400, str(e), getattr(e, "field", None))
+    return api.APIError(500, str(e))
 
 
 def _sse(event: dict) -> bytes:
