@@ -118,15 +118,17 @@ class LLM:
         return collect(self.stream(prompt, max_tokens=max_tokens, **options), self.engine.tokenizer is not None)
 
     def chat(self, system: str | None = None, tools: list[dict] | None = None, tool_choice=None,
-             parallel_tool_calls: bool | None = None, **sampling):
+             parallel_tool_calls: bool | None = None, tool_parser: str | None = None, **sampling):
         """A multi-turn conversation (`lucebox.chat.ChatSession`) in the model's chat template; each
         turn reuses the cache of the ones before, so only the new turn is prefilled. `sampling`: the
         defaults of every turn (`max_tokens`, `temperature`, `top_p`, `stop`, `json_schema`, ...).
         `tools`, `tool_choice`, `parallel_tool_calls`: as OpenAI's API takes them (function schemas;
-        "auto", "none", "required" or {"type": "function", "function": {"name": ...}})."""
+        "auto", "none", "required" or {"type": "function", "function": {"name": ...}}); `tool_parser`: the
+        call syntax ("hermes", "llama3", "mistral") when the chat template's is not the one to parse
+        (None: the template's own, as `lucebox serve --tool-parser`)."""
         from lucebox.chat import ChatSession
 
-        return ChatSession(self, system, tools, tool_choice, parallel_tool_calls, **sampling)
+        return ChatSession(self, system, tools, tool_choice, parallel_tool_calls, tool_parser, **sampling)
 
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, on_progress: Callable[[int, int], None] | None = None) -> int:

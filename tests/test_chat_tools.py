@@ -61,7 +61,8 @@ def test_bad_tools_are_refused_naming_the_field_before_anything_runs(llm):
     cases = [({"tools": bad_schema}, "tools[0].function.parameters"),
              ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
              ({"tools": TOOLS, "tool_choice": "required", "json_object": True}, "tool_choice"),
-             ({"tool_choice": "required"}, "tool_choice")]
+             ({"tool_choice": "required"}, "tool_choice"),
+             ({"tools": TOOLS, "tool_parser": "xml"}, "tool_parser")]
     for options, field in cases:
         with pytest.raises(ToolError) as refused:
             llm.chat(**options)
@@ -77,9 +78,11 @@ def test_bad_tools_are_refused_naming_the_field_before_anything_runs(llm):
 def test_a_chat_with_tools_saves_and_loads_back_mid_call(llm, tmp_path):
     """A tool chat saved while its last answer awaits results loads into a plain chat with its tools,
     renders the same prompt, and goes on with `send_tool_results`; a malformed saved call is refused."""
-    chat = llm.chat(tools=TOOLS, tool_choice="required", parallel_tool_calls=False, max_tokens=64, temperature=0)
+    chat = llm.chat(tools=TOOLS, tool_choice="required", parallel_tool_calls=False, tool_parser="hermes",
+                    max_tokens=64, temperature=0)
     [call] = chat.send(QUESTION).tool_calls
     chat.save(tmp_path / "a.json")
+    assert json.loads((tmp_path / "a.json").read_text())["tools"]["tool_parser"] == "hermes"
     other = llm.chat(max_tokens=64, temperature=0)
     other.load(tmp_path / "a.json")
     assert other.history == chat.history and other.last_tool_calls[0].id == call.id

@@ -7,7 +7,7 @@ reading, and at most that many bytes are read), text that is not UTF-8 or JSON (
 a number with more digits than Python converts), a record that is not a saved chat.
 
 A chat with tools saves them (`"tools"`: the tools, tool_choice and parallel_tool_calls it was opened
-with) and its tool messages as templates read them: an assistant message's `tool_calls` (each
+with, and its tool_parser) and its tool messages as templates read them: an assistant message's `tool_calls` (each
 `{"id", "type": "function", "function": {"name", "arguments": object}}`, its content then text or
 null) and `{"role": "tool", "tool_call_id", "name", "content"}` results.
 """
@@ -24,13 +24,15 @@ from lucebox.errors import InvalidArgumentError
 
 CHAT_FORMAT = "lucebox-chat"
 ROLES = ("system", "user", "assistant")
+# what a chat opened with tools keeps of them (`LLM.chat`'s arguments), in this order
+TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls", "tool_parser")
 CHAT_FILE_MAX_BYTES = 16 * 2**20  # ~4M tokens of text: past any context a conversation could fill
 
 
 def chat_record(model: str, system: str | None, settings: dict, messages: list[dict],
                 tools: dict | None = None) -> str:
     """The JSON text a conversation is saved as; `tools`: {"tools", "tool_choice",
-    "parallel_tool_calls"} of a chat opened with tools."""
+    "parallel_tool_calls", "tool_parser"} of a chat opened with tools."""
     record = {"format": CHAT_FORMAT, "version": 1, "model": model, "system": system, "settings": settings,
               "messages": messages}
     if tools is not None:
@@ -97,11 +99,10 @@ def _check_record(path: str | Path, record: object) -> None:
     if not isinstance(record.get("settings", {}), dict):
         raise InvalidArgumentError(f"{path}: \"settings\" must be an object")
     tools = record.get("tools")
-    if tools is not None and not (isinstance(tools, dict) and set(tools) <= TOOL_KEYS):
-        raise InvalidArgumentError(f"{path}: \"tools\" must be an object with some of {', '.join(sorted(TOOL_KEYS))}")
+    if tools is not None and not (isinstance(tools, dict) and set(tools) <= set(TOOL_KEYS)):
+        raise InvalidArgumentError(f"{path}: \"tools\" must be an object with some of {', '.join(TOOL_KEYS)}")
 
 
-TOOL_KEYS = {"tools", "tool_choice", "parallel_tool_calls"}
 PLAIN_MESSAGE = '{"role": "user"|"assistant", "content": text}'
 
 

@@ -19,12 +19,13 @@ from pathlib import Path
 
 from lucebox.arguments import integer
 from lucebox.chat.conversation import GrowingContext, encode_all, render, turn_boundary
-from lucebox.chat.saved_chat import chat_record, read_chat
+from lucebox.chat.saved_chat import TOOL_KEYS, chat_record, read_chat
 from lucebox.constrained import constraint_from
-from lucebox.errors import ContextLengthError, InvalidArgumentError
+from lucebox.errors import ContextLengthError, InvalidArgumentError, ToolError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.output import write_new_file
 from lucebox.sampling import SamplingParams
+from lucebox.text.tool_calls import FORMATS
 from lucebox.tools import ToolCall, ToolCallStream, ToolRequest, check_tools, model_tool_format, prompt_parts
 
 PLAIN_STOP = ["\n\n\n"]
@@ -38,7 +39,7 @@ class ChatSession:
     """A conversation with `llm`; build it with `LLM.chat(system=None, **sampling)`."""
 
     def __init__(self, llm, system: str | None = None, tools: list[dict] | None = None, tool_choice=None,
-                 parallel_tool_calls: bool | None = None, **sampling) -> None:
+                 parallel_tool_calls: bool | None = None, tool_parser: str | None = None, **sampling) -> None:
         self.llm = llm
         self.tokenizer = llm.tokenizer  # a chat needs text: TokenizerError here when the model has none
         self.plain = not self.tokenizer.has_chat_template  # the plain template (see `conversation`)
@@ -51,7 +52,7 @@ class ChatSession:
         self.last_stats: dict | None = None
         self.last_prompt_ids: list[int] = []  # the token ids the last turn's answer continued
         self.context = GrowingContext(self.tokenizer)
-        self._tools = (tools, tool_choice, parallel_tool_calls)
+        self._tools = (tools, tool_choice, parallel_tool_calls, tool_parser)
         self.tool_request: ToolRequest | None = self._tool_request(self.settings)  # checked now: errors come early
         self.last_tool_calls: tuple[ToolCall, ...] = ()  # the calls of the last answer
 
@@ -148,10 +149,13 @@ class ChatSession:
 
     def _tool_request(self, settings: dict, **choice) -> ToolRequest | None:
         """The tools as this turn asks for them (`choice`: its tool_choice / parallel_tool_calls)."""
-        tools, tool_choice, parallel = self._tools
+        tools, tool_choice, parallel, parser = self._tools
+        if parser is not None and parser not in FORMATS:
+            raise ToolError("tool_parser", f"must be one of {', '.join(FORMATS)} (or None: the chat template's "
+                            f"own syntax), got {parser!r}")
         if tools is None and tool_choice is None and not choice:
             return None
-        fmt, mistral_args = model_tool_format(self.llm, None)
+        fmt, mistral_args = model_tool_format(self.llm, parser)
         other = next((k for k in ("json_schema", "grammar", "json_object") if settings[k] not in (None, False)), None)
         return check_tools(tools, choice.get("tool_choice", tool_choice), choice.get("parallel_tool_calls", parallel),
                            fmt, self.tokenizer.token_to_id, mistral_args, other)
@@ -221,9 +225,8 @@ class ChatSession:
     def save(self, path: str | Path, overwrite: bool = False) -> None:
         """The conversation as JSON (system prompt, messages, settings) in a new file; an existing file
         is replaced only with `overwrite`, and only once the new one is complete."""
-        tools, tool_choice, parallel = self._tools
-        opened_with = None if self._tools == (None, None, None) else \
-            {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel}
+        given = any(value is not None for value in self._tools)
+        opened_with = dict(zip(TOOL_KEYS, self._tools, strict=True)) if given else None
         write_new_file(path, chat_record(str(self.llm.description.folder), self.system, self.settings, self.messages,
                                          opened_with), overwrite=overwrite)
 
@@ -233,7 +236,7 @@ class ChatSession:
         settings = {**DEFAULTS, **record.get("settings", {})}
         _check(settings)
         saved = record.get("tools") or {}
-        tools = tuple(saved.get(k) for k in ("tools", "tool_choice", "parallel_tool_calls"))
+        tools = tuple(saved.get(k) for k in TOOL_KEYS)
         old = (self.system, self.messages, self.settings, self._tools, self.tool_request)
         self.system, self.messages, self.settings = record.get("system"), record["messages"], settings
         self._tools = tools
