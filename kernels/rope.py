@@ -103,25 +103,32 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dty
     return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
 
 
-_last_tables: tuple = ()  # ((positions copied, inv_freq, scaling, dtype), (cos, sin)) on the CPU
+# (id of the frequencies, scaling, dtype) -> (frequencies, positions copied, (cos, sin)): the CPU's
+# tables of the last positions each rotary spec was asked for. One entry per spec, since a model may
+# alternate two (sliding and full layers with their own theta): one shared entry would be recomputed
+# at every change of spec. The entry holds its frequency tensor, so the id is not reused meanwhile.
+_step_tables: dict = {}
+MAX_ROTARY_SPECS = 8  # more specs than this at once (many models in one process): start over
 
 
 def step_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):
-    """`cos_sin`, computed once per step on the CPU: every layer of a forward rotates at the same
-    positions, and there the ~9 small ops of the tables cost ~5% of a small model's decode step.
-    The last tables are reused only for equal positions (compared by value: one op) and the same
-    frequency tensor, so they are the very values `cos_sin` gives. On a GPU (launches queued,
-    graphs captured) every call computes its own."""
-    global _last_tables
+    """`cos_sin`, computed once per step and rotary spec on the CPU: every layer of a forward
+    rotates at the same positions, and there the ~9 small ops of the tables cost ~5% of a small
+    model's decode step. Tables are reused only for equal positions (compared by value: one op) and
+    the same frequency tensor, so they are the very values `cos_sin` gives. On a GPU (launches
+    queued, graphs captured) every call computes its own."""
     if positions.device.type != "cpu":
         return cos_sin(positions, inv_freq, scaling, dtype)
-    if _last_tables:
-        (last_positions, last_freq, last_scaling, last_dtype), tables = _last_tables
-        if (last_freq is inv_freq and last_scaling == scaling and last_dtype == dtype
-                and last_positions.shape == positions.shape and torch.equal(last_positions, positions)):
+    key = (id(inv_freq), scaling, dtype)
+    entry = _step_tables.get(key)  # one read: another thread may replace the entry meanwhile
+    if entry is not None:
+        freq, last_positions, tables = entry
+        if freq is inv_freq and last_positions.shape == positions.shape and torch.equal(last_positions, positions):
             return tables
     tables = cos_sin(positions, inv_freq, scaling, dtype)
-    _last_tables = ((positions.clone(), inv_freq, scaling, dtype), tables)
+    if len(_step_tables) >= MAX_ROTARY_SPECS:
+        _step_tables.clear()
+    _step_tables[key] = (inv_freq, positions.clone(), tables)
     return tables
 
 

@@ -42,6 +42,12 @@ def test_rotary_tables_are_reused_only_at_equal_positions():
     want = rope.cos_sin(positions, inv_freq, scaling, torch.float32)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
     assert not torch.equal(got[0], first[0])
+    # Layers alternating two rotary specs (sliding and full theta) each reuse their own tables.
+    other, other_scaling = rope.inverse_frequencies(RopeSpec(kind="default", theta=500000.0, rotary_dim=16))
+    second = rope.step_cos_sin(positions, other, other_scaling, torch.float32)
+    assert rope.step_cos_sin(positions, inv_freq, scaling, torch.float32) is got
+    assert rope.step_cos_sin(positions, other, other_scaling, torch.float32) is second
+    assert not torch.equal(second[0], got[0])
 
 
 def test_cpu_rms_norm_is_the_reference_ops_bit_for_bit():
