@@ -94,8 +94,10 @@ def test_a_chat_with_tools_saves_and_loads_back_mid_call(llm, tmp_path):
     assert reply.tool_calls and other.history[-2] == {"role": "tool", "tool_call_id": call.id, "name": call.name,
                                                       "content": '{"temp": 21}'}
     record = json.loads((tmp_path / "a.json").read_text())
-    record["messages"][-1]["tool_calls"][0]["function"]["arguments"] = "not an object"
-    (tmp_path / "c.json").write_text(json.dumps(record))
-    with pytest.raises(InvalidArgumentError, match="message 1 has \"tool_calls\""):
-        other.load(tmp_path / "c.json")
+    for bad_call in ({**record["messages"][-1]["tool_calls"][0], "function": {"name": "f", "arguments": "{}"}},
+                     "x", None):
+        record["messages"][-1]["tool_calls"] = [bad_call]
+        (tmp_path / "c.json").write_text(json.dumps(record))
+        with pytest.raises(InvalidArgumentError, match="message 1 has \"tool_calls\""):
+            other.load(tmp_path / "c.json")
     assert other.history[-1]["role"] == "assistant"  # the conversation before the refused load stays

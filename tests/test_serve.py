@@ -178,6 +178,11 @@ def test_faults_get_their_status_codes_and_the_server_goes_on(server):
         # other servers' ways to constrain the output are refused, never ignored with a 200
         (json.dumps({"prompt": "x", "guided_json": {"type": "object"}}).encode(), KEY, 422, "guided_json"),
         (json.dumps({"prompt": "x", "tool_choice": "required"}).encode(), KEY, 422, "tool_choice"),
+        # and any field the server does not read (other servers' extensions, a typo)
+        (json.dumps({"prompt": "x", "logit_bias": {"100": 100}}).encode(), KEY, 422, "logit_bias"),
+        (json.dumps({"prompt": "x", "ignore_eos": True}).encode(), KEY, 422, "ignore_eos"),
+        (json.dumps({"prompt": "x", "temprature": 0}).encode(), KEY, 422, "temprature"),
+        (json.dumps({"prompt": "x", "messages": []}).encode(), KEY, 422, "messages"),
         (json.dumps({"prompt": [1, 99999]}).encode(), KEY, 422, "prompt"),
         (json.dumps({"prompt": "x", "model": "gpt-4"}).encode(), KEY, 404, "model"),
         (json.dumps({"prompt": "x" * 70000}).encode(), KEY, 413, None),

@@ -136,7 +136,8 @@ def test_a_tool_calling_chat_goes_back_through_the_template(server, model):
 
 
 def _refused(server, body, path="/v1/chat/completions"):
-    code, reply, _ = server.post(path, json.dumps({"messages": MESSAGES, "max_tokens": 4, **body}).encode())
+    prompt = {"messages": MESSAGES} if path.endswith("chat/completions") else {}
+    code, reply, _ = server.post(path, json.dumps({**prompt, "max_tokens": 4, **body}).encode())
     return code, reply["error"]["param"]
 
 
@@ -146,7 +147,7 @@ def test_bad_tool_requests_are_refused_naming_the_field_and_nothing_reaches_the_
 
     cases = [
         ({"tools": [tool(parameters={"type": "strnig"})]}, 400, "tools[0].function.parameters"),
-        ({"tools": [tool(parameters=["not", "a", "schema"])]}, 400, "tools[0].function.parameters"),
+        ({"tools": [tool(parameters=["not", "a", "schema"])]}, 422, "tools[0].function.parameters"),
         ({"tools": [tool(name="no spaces allowed")]}, 422, "tools[0].function.name"),
         ({"tools": [tool(), tool()]}, 400, "tools[1].function.name"),
         ({"tools": [tool(parametrs={})]}, 422, "tools[0].function.parametrs"),
@@ -155,6 +156,8 @@ def test_bad_tool_requests_are_refused_naming_the_field_and_nothing_reaches_the_
         ({"tools": [tool(strict="yes")]}, 422, "tools[0].function.strict"),
         ({"tools": [tool()], "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
         ({"tools": [tool()], "tool_choice": "sometimes"}, 422, "tool_choice"),
+        ({"tools": [tool()], "tool_choice": {"type": "function", "function": "f"}}, 422, "tool_choice"),
+        ({"tools": [tool(parameters='{"type": "object"}')]}, 422, "tools[0].function.parameters"),  # JSON text
         ({"tool_choice": "required"}, 400, "tool_choice"),
         ({"tools": [tool()], "parallel_tool_calls": "yes"}, 422, "parallel_tool_calls"),
         ({"tools": [tool()], "tool_choice": "required", "response_format": {"type": "json_object"}}, 400,

@@ -195,9 +195,11 @@ def test_grammar_text_the_vocabulary_cannot_write_is_a_grammar_error_naming_the_
     server's 400, also once output has begun), never a token the grammar then refuses."""
     llm = lucebox.LLM(_byte_level_copy(reference_models("mistral")[0], tmp_path / "m"), device="cpu",
                       dtype="float32")
-    for grammar in ('start: "字"', 'start: "ok " "字"'):  # no token can start it / continue after "ok "
+    cases = [{"grammar": 'start: "字"'}, {"grammar": 'start: "ok " "字"'},  # no token starts it / goes on after "ok "
+             {"json_schema": {"type": "object", "properties": {"c": {"enum": ["字"]}}, "required": ["c"]}}]
+    for constraint in cases:
         with pytest.raises(GrammarError, match="vocabulary cannot write") as refused:
-            llm.generate("hello", max_tokens=8, grammar=grammar)
-        assert refused.value.field == "grammar"
+            llm.generate("hello", max_tokens=12, **constraint)
+        assert refused.value.field == next(iter(constraint))
         assert _mid_output_error(refused.value).status == 400
     assert _mid_output_error(LuceboxError("x")).status == 500

@@ -53,6 +53,7 @@ def test_each_format_s_parallel_calls_are_read_with_their_arguments(fmt, text, c
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}'),
     ("mistral", "[TOOL_CALLS]get_weather{}"),  # no [ARGS]
     ("hermes", "<tool_call>" + "[" * 100000 + "</tool_call>"),  # deeper than json can read
+    ("hermes", '<tool_call>\n{"name": "ping", "arguments": {"host": "\\ud800"}}\n</tool_call>'),  # a lone surrogate
 ])
 def test_a_malformed_call_comes_back_whole_as_text(fmt, text):
     assert _calls(text, fmt) == (text, [])

@@ -128,6 +128,8 @@ def _message_problem(m: object) -> str | None:
 
 
 def _is_call(call: object) -> bool:
-    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(call, dict):
+        return False
+    function = call.get("function")
     return (isinstance(call.get("id"), str) and call.get("type") == "function" and isinstance(function, dict)
             and isinstance(function.get("name"), str) and isinstance(function.get("arguments"), dict))

@@ -85,12 +85,6 @@ class GrammarState:
         if rows > 1:
             m.rollback(rows - 1)
         if m.is_error():
-            # llguidance's "NoExtension..." stops: no token writes the bytes the grammar asks for next
-            # (a vocabulary without byte fallback meeting text it has no tokens for)
-            if (m.get_error() or "").startswith("NoExtension"):
-                raise GrammarError(self.field, "needs text this model's vocabulary cannot write (no token can "
-                                   "continue the output where it stands); write the grammar in text the "
-                                   "tokenizer has tokens for, or use a model whose tokenizer falls back to bytes")
             raise self._broken("every token")
         if not self._host[:rows].any(dim=1).all():
             raise self._broken("every token")
@@ -114,4 +108,11 @@ class GrammarState:
 
     def _broken(self, what: str) -> LuceboxError:
         error = self.matcher.get_error() or "no error reported"
+        # No token writes the bytes the grammar asks for next (a vocabulary without byte fallback
+        # meeting text it has no tokens for): llguidance stops with "NoExtension...", or, where its
+        # mask let a token through, refuses that token against the bytes it forces.
+        if error.startswith("NoExtension") or "forced bytes" in error:
+            return GrammarError(self.field, "needs text this model's vocabulary cannot write (no token can "
+                                "continue the output where it stands); write the grammar or schema in text the "
+                                "tokenizer has tokens for, or use a model whose tokenizer falls back to bytes")
         return LuceboxError(f"the grammar engine refused {what}: {error}; this is a bug in lucebox, please report it")

@@ -102,6 +102,24 @@ _CONSTRAINT_EXTENSIONS = ("json_schema", "guided_json", "guided_regex", "guided_
                           "structured_outputs")
 
 
+# Every request field the server reads (or refuses with a reason of its own, below and in
+# `server.tools`); any other is refused by name, since ignoring it could change what the client gets.
+_FIELDS = {"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n", "stop", "seed",
+           "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+           "logprobs", "top_logprobs", "response_format", "grammar", "best_of",
+           "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", *_CONSTRAINT_EXTENSIONS,
+           "user"}  # an end user's id, for the provider's abuse monitoring: changes nothing here
+_KIND_FIELDS = {"chat": {"messages"}, "completion": {"prompt", "echo"}}
+
+
+def _unknown_fields(body: dict, kind: str) -> None:
+    known = _FIELDS | _KIND_FIELDS[kind]
+    for name in body:
+        if name not in known:
+            raise invalid(name, f"is not a field lucebox's {kind} endpoint serves; remove it (the fields it "
+                                f"takes: {', '.join(sorted(known))})")
+
+
 def _unsupported(body: dict) -> None:
     """Fields that would change the output in ways lucebox does not implement are refused, not ignored."""
     for name in _CONSTRAINT_EXTENSIONS:  # other servers' ways to constrain the output
@@ -146,6 +164,7 @@ def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     _check_text(body)
+    _unknown_fields(body, kind)
     _unsupported(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):

@@ -76,12 +76,16 @@ def parse_tool_calls(text: str, fmt: str) -> ParsedOutput:
     one: all of `text` as content."""
     try:
         found = {"hermes": _hermes, "llama3": _llama3, "mistral": _mistral}[fmt](text)
-    except (ValueError, TypeError, KeyError, RecursionError):  # json's errors are ValueErrors; deep nesting
+        if found:
+            content, pairs = found
+            arguments = [json.dumps(args, ensure_ascii=False) for _, args in pairs]
+            for text_of_call in arguments:  # a lone surrogate escape ("\ud800") decodes to text UTF-8 cannot
+                text_of_call.encode("utf-8")  # write (no answer or saved chat could carry it): malformed
+    except (ValueError, TypeError, KeyError, RecursionError):  # json's and UTF-8's errors are ValueErrors
         found = None
     if not found:
         return ParsedOutput(text, ())
-    content, pairs = found
-    calls = tuple(ToolCall(name, json.dumps(args, ensure_ascii=False), new_call_id(fmt)) for name, args in pairs)
+    calls = tuple(ToolCall(name, args, new_call_id(fmt)) for (name, _), args in zip(pairs, arguments, strict=True))
     return ParsedOutput(content, calls)
 
 

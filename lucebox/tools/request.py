@@ -68,7 +68,8 @@ def check_tools(tools, choice, parallel, fmt: str | None, token_id, mistral_args
         choice = "auto"
     forced = list(functions.values()) if choice == "required" else None
     if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+        function = choice.get("function") if choice.get("type") == "function" else None
+        name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(name, str) or set(choice) - {"type", "function"}:
             raise _invalid("tool_choice", _CHOICES)
         if name not in functions:
@@ -115,6 +116,9 @@ def _tools(value) -> list[dict]:
             if f.get(key) is not None and not isinstance(f[key], kind):
                 raise _invalid(f"{at}.{key}", f"must be a {kind.__name__}")
         if f.get("parameters") is not None:
+            if not isinstance(f["parameters"], dict):  # JSON text would reach the template as a string
+                raise _invalid(f"{at}.parameters", "must be a JSON Schema object, not "
+                                                   f"{type(f['parameters']).__name__}")
             try:
                 Constraint.json_schema(f["parameters"], f"{at}.parameters")
             except GrammarError as e:
