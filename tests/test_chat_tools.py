@@ -101,3 +101,4 @@ def test_a_chat_with_tools_saves_and_loads_back_mid_call(llm, tmp_path):
         with pytest.raises(InvalidArgumentError, match="message 1 has \"tool_calls\""):
             other.load(tmp_path / "c.json")
     assert other.history[-1]["role"] == "assistant"  # the conversation before the refused load stays
+

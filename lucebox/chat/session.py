@@ -217,8 +217,8 @@ class ChatSession:
             ended = "length"
         else:  # a stop: EOS and stop ids are generated tokens; a stop string's text is cut from the answer
             ended = "token" if generated and generated[-1] in self.llm.eos_token_ids else "string"
-        self.context.record(prompt_text, prompt_ids, generated, answer, ended, lambda content: render(
-            self.tokenizer, [*past, {"role": "assistant", "content": content}], add_generation_prompt=False))
+        self.context.record(prompt_text, prompt_ids, generated, answer, ended, lambda content: self._render(
+            False, [*past, {"role": "assistant", "content": content}]))
 
     # -- saving and loading -------------------------------------------------------------------------
 
@@ -255,8 +255,10 @@ class ChatSession:
 
     # -- the template -------------------------------------------------------------------------------
 
-    def _render(self, add_generation_prompt: bool) -> str:
-        messages, tools = self.history, None
+    def _render(self, add_generation_prompt: bool, messages: list[dict] | None = None) -> str:
+        """The conversation (or `messages`, the system prompt first) as the template writes it, with
+        the tools when the chat has them."""
+        messages, tools = self.history if messages is None else messages, None
         if self.tool_request is not None:
             messages, tools = prompt_parts(self.tokenizer, messages, self.tool_request)
         return render(self.tokenizer, messages, add_generation_prompt, tools)
