@@ -92,6 +92,11 @@ def test_a_stalled_round_does_not_price_drafting_out():
     for _ in range(200):  # a lasting slowdown is followed, clip after clip
         p.record(1, 10.0, 6.0)
     assert abs(p.costs.drafting() - 6.0) < 0.1 and abs(p.costs.step(1) - 10.0) < 0.5
+    fresh = RoundCosts(dict(STEPS))  # an engine's first drafting (prompt catch-up, first calls) is left out
+    fresh.refine_drafting(9.0)
+    assert fresh.drafting() == 0.0
+    fresh.refine_drafting(0.3)
+    assert fresh.drafting() == 0.3
 
 
 def test_a_calibration_turns_reach_into_keep_rates_and_the_builtin_drafter_ships_one(tmp_path):

@@ -20,8 +20,11 @@ class DraftGraph(Graphed[tuple[torch.Tensor, torch.Tensor]]):
         super().__init__(proposer.drafter.device, capture, pool)
         self.proposer = proposer
         cfg = proposer.drafter.cfg
-        self.staged = torch.full((2, cfg.block_size), cfg.mask_token_id, dtype=torch.long)
+        # Pinned on CUDA, so the upload is asynchronous (from pageable memory it would wait for the
+        # stream); the next pass writes it only once the last upload from it is done.
+        self.staged = torch.full((2, cfg.block_size), cfg.mask_token_id, dtype=torch.long, pin_memory=capture)
         self.inputs = torch.zeros_like(self.staged, device=self.device)  # token ids, positions
+        self._uploaded: torch.cuda.Event | None = None
 
     def body(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.proposer.block_forward(self.inputs[0], self.inputs[1], self.proposer.block_width)
@@ -29,8 +32,12 @@ class DraftGraph(Graphed[tuple[torch.Tensor, torch.Tensor]]):
     def pass_at(self, last: int, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (block_width, V) and hidden states (block_width, H) of the rows after `last`,
         which sits at position `start`: the graph's outputs, overwritten by the next pass."""
-        staged = self.staged
+        if self._uploaded is not None:
+            self._uploaded.synchronize()  # long done (the round read its verdict since): no wait in practice
+        staged = self.staged.numpy()  # host memory written as numpy: no device op, no dispatch
         staged[0, 0] = last
-        staged[1] = torch.arange(start, start + staged.shape[1])
-        self.inputs.copy_(staged)
+        staged[1] = range(start, start + staged.shape[1])
+        self.inputs.copy_(self.staged, non_blocking=self.capture)
+        if self.capture:
+            self._uploaded = torch.cuda.current_stream(self.device).record_event()
         return self.run()

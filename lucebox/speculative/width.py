@@ -53,7 +53,10 @@ class RoundCosts:
     keeps the slope known when the rounds all use one width."""
 
     def __init__(self, step_seconds: dict[int, float], draft_seconds: float | None = None):
-        self.draft_seconds = draft_seconds  # None until the drafter has run once
+        self.draft_seconds = draft_seconds  # None until the drafter has been timed
+        # The engine's first drafting also writes the prompt into the drafter's rings and pays its
+        # first-call costs (up to 5x a later one): left out, so it cannot price drafting out at the start.
+        self._first_drafting_seen = draft_seconds is not None
         self._prior = [0.0] * 5  # sums of weight, x, x^2, y, x*y of the start-up table
         self._seen = [0.0] * 5  # the same of the measured steps, decayed
         for rows, seconds in step_seconds.items():
@@ -74,6 +77,9 @@ class RoundCosts:
         self._seen = [(1 - SMOOTHING) * a + b for a, b in zip(self._seen, _moments(rows, seconds, 1.0), strict=True)]
 
     def refine_drafting(self, seconds: float) -> None:
+        if not self._first_drafting_seen:
+            self._first_drafting_seen = True
+            return
         old = self.draft_seconds
         if old is None:
             self.draft_seconds = seconds
