@@ -103,7 +103,7 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dty
     return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
 
 
-# (id of the frequencies, scaling, dtype) -> (frequencies, positions copied, (cos, sin)): the CPU's
+# (id of the frequencies, scaling, dtype, inference mode) -> (frequencies, positions copied, (cos, sin)): the CPU's
 # tables of the last positions each rotary spec was asked for. One entry per spec, since a model may
 # alternate two (sliding and full layers with their own theta): one shared entry would be recomputed
 # at every change of spec. The entry holds its frequency tensor, so the id is not reused meanwhile.
@@ -119,7 +119,8 @@ def step_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float
     queued, graphs captured) every call computes its own."""
     if positions.device.type != "cpu":
         return cos_sin(positions, inv_freq, scaling, dtype)
-    key = (id(inv_freq), scaling, dtype)
+    # tables made under inference mode cannot be saved for a backward pass: kept apart
+    key = (id(inv_freq), scaling, dtype, torch.is_inference_mode_enabled())
     entry = _step_tables.get(key)  # one read: another thread may replace the entry meanwhile
     if entry is not None:
         freq, last_positions, tables = entry
