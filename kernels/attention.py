@@ -48,25 +48,59 @@ def attention_partial(
     T, Hq, D = q.shape
     kv_heads = k.shape[0]
     group = Hq // kv_heads
-    visible = None
-    if not all_visible:
-        visible = (k_positions[None, :] <= q_positions[:, None]) & (k_positions[None, :] >= 0)
-        if window is not None:
-            visible &= k_positions[None, :] > q_positions[:, None] - window
-        if pinned is not None:
-            visible &= pinned[None, :] | (k_positions[None, :] > q_positions[:, None] - recent)
-        if tree_bits is not None:
-            visible = _tree_visible(visible, tree_bits, q_positions, k_positions)
+    visible = prepared = None
+    fused = q.device.type == "cpu" and q.dtype == torch.float32 and k.shape[1] and not q.requires_grad
+    if not all_visible and fused and pinned is None and tree_bits is None:
+        visible, prepared = _shared_cpu_mask(q_positions, k_positions, window)
+    elif not all_visible:
+        visible = _visible(q_positions, k_positions, window, pinned, recent, tree_bits)
     # Query heads of one KV group side by side: (KV, group*T, D) against (KV, S, D).
     qg = q.view(T, kv_heads, group, D).permute(1, 2, 0, 3).reshape(kv_heads, group * T, D)
-    if q.device.type == "cpu" and q.dtype == torch.float32 and k.shape[1] and not q.requires_grad:
-        out, lse = _fused_on_cpu(qg, k, v, visible, scale, group)
+    if fused:
+        out, lse = _fused_on_cpu(qg, k, v, visible, scale, group, prepared)
     else:
         out, lse = _unfused(qg, k, v, visible, scale, group)
     out = out.view(kv_heads, group, T, D).permute(2, 0, 1, 3).reshape(T, Hq, D)
     if gate is not None:
         out = softplus_gate(out, gate)
     return out, lse.view(kv_heads, group, T).permute(2, 0, 1).reshape(T, Hq)
+
+
+def _visible(q_positions: torch.Tensor, k_positions: torch.Tensor, window: int | None, pinned: torch.Tensor | None,
+             recent: int, tree_bits: torch.Tensor | None) -> torch.Tensor:
+    """(T, S) bool: which keys each query sees (the rules in the module's docstring)."""
+    visible = (k_positions[None, :] <= q_positions[:, None]) & (k_positions[None, :] >= 0)
+    if window is not None:
+        visible &= k_positions[None, :] > q_positions[:, None] - window
+    if pinned is not None:
+        visible &= pinned[None, :] | (k_positions[None, :] > q_positions[:, None] - recent)
+    if tree_bits is not None:
+        visible = _tree_visible(visible, tree_bits, q_positions, k_positions)
+    return visible
+
+
+# (window, rows, keys, inference mode) -> (key positions, query positions, visible, (additive mask, rows
+# seeing a key)): the CPU's masks of the last step, by layer kind. Every sliding layer of a step holds
+# the same positions in a ring of its own (and every full layer in its pages), so one mask serves
+# them all: ~8 small ops a layer become 2 comparisons (by value, so a mask is only ever reused for
+# the very positions it was made from).
+_cpu_masks: dict = {}
+MAX_CPU_MASKS = 8
+
+
+def _shared_cpu_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, window: int | None):
+    """`_visible` without pinned keys or a tree, and what `_fused_on_cpu` makes of it, reused across
+    the layers of a step on the CPU."""
+    key = (window, q_positions.shape[0], k_positions.shape[0], torch.is_inference_mode_enabled())
+    entry = _cpu_masks.get(key)  # one read: another thread may replace the entry meanwhile
+    if entry is not None and torch.equal(entry[0], k_positions) and torch.equal(entry[1], q_positions):
+        return entry[2], entry[3]
+    visible = _visible(q_positions, k_positions, window, None, 0, None)
+    prepared = (torch.where(visible, 0.0, float("-inf")), visible.any(-1))  # float32: the scalars' default
+    if len(_cpu_masks) >= MAX_CPU_MASKS:
+        _cpu_masks.clear()
+    _cpu_masks[key] = (k_positions.clone(), q_positions.clone(), visible, prepared)
+    return visible, prepared
 
 
 def _unfused(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None, scale: float,
@@ -88,20 +122,21 @@ _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 
 
 def _fused_on_cpu(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor | None, scale: float,
-                  group: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  group: int, prepared: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """`_unfused` for float32 on the CPU in torch's fused attention op (one dispatch for the ~12 ops
     a small model's decode spends there, each a few microseconds; the same softmax in another
     summation order: within float32 rounding, `tests/test_cpu_decode_ops.py`). The op gives rows
     with no visible key an lse of 0: set to -inf, as the reference gives, so merging ignores them."""
     kv_heads, T = qg.shape[0], qg.shape[1] // group
-    mask = None
+    mask = seeing = None
     if visible is not None:
-        mask = torch.where(visible, 0.0, float("-inf"))  # float32: the scalars' default
+        mask, seeing = prepared or (torch.where(visible, 0.0, float("-inf")), visible.any(-1))
         mask = mask if T == 1 else mask.repeat(group, 1)  # one row broadcasts over the group's rows
     out, lse = _CPU_FLASH(qg[None], k[None], v[None], attn_mask=mask, scale=scale)
     lse = lse.view(kv_heads, group, T)
     if visible is not None:
-        lse = torch.where(visible.any(-1), lse, float("-inf"))
+        lse = torch.where(seeing, lse, float("-inf"))
     return out[0], lse
 
 

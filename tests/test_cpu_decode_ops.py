@@ -84,3 +84,19 @@ def test_fused_cpu_attention_matches_the_reference():
     # reference gives, so merging it with another block weighs it 0.
     ahead = attention.attention_partial(q, k, v, q_positions, k_positions + 10, 0.25)[1]
     assert torch.isneginf(ahead[0]).all() and torch.isfinite(ahead[1:]).all()
+
+
+def test_attention_masks_are_shared_across_layers_only_at_equal_positions():
+    """The CPU's float32 attention reuses the last mask made for the same window and shapes, only for
+    equal positions: a ring's positions change in place from step to step."""
+    q, k, v = torch.randn(1, 4, 8), torch.randn(2, 6, 8), torch.randn(2, 6, 8)
+    k_positions, q_positions = torch.tensor([0, 1, 2, 3, -1, -1]), torch.tensor([3])
+    for _ in range(2):  # the second step: the same tensors, the next positions
+        for window in (None, 2, 2):  # the second layer of window 2 takes the first one's mask
+            got, lse = attention.attention_partial(q, k, v, q_positions, k_positions, 0.3, window)
+            visible = attention._visible(q_positions, k_positions, window, None, 0, None)
+            qg = q.view(1, 2, 2, 8).permute(1, 2, 0, 3).reshape(2, 2, 8)
+            want, want_lse = attention._unfused(qg, k, v, visible, 0.3, 2)
+            torch.testing.assert_close(got, want.view(2, 2, 1, 8).permute(2, 0, 1, 3).reshape(1, 4, 8))
+            torch.testing.assert_close(lse, want_lse.view(2, 2, 1).permute(2, 0, 1).reshape(1, 4))
+        k_positions[4], q_positions[0] = 4, 4
