@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from lucebox.config import RopeSpec
 
@@ -145,6 +146,18 @@ def rotate(xs: tuple[torch.Tensor, ...], positions: torch.Tensor, inv_freq: torc
     heads = [x.shape[1] for x in xs]
     rotated = apply_rope(torch.cat(xs, dim=1), cos, sin).split(heads, dim=1)
     return tuple(x.contiguous() for x in rotated)
+
+
+def norm_rotate_on_cpu(q: torch.Tensor, key: torch.Tensor, head_weights: torch.Tensor, eps: float,
+                       positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float) -> tuple[torch.Tensor, ...]:
+    """q (T, Hq, D) and k (T, KV, D) RMS-normed over D with `head_weights` (Hq + KV, D) (each head's
+    norm weight: q's, then k's) and rotated: the values `norm.rms_norm` on each and `rotate` give,
+    bit for bit (float32 on the CPU), in half the norms' dispatches: the heads side by side, one
+    norm, one multiply by the weights, one rotation."""
+    both = torch.cat((q, key), dim=1)
+    both = F.rms_norm(both, (both.shape[-1],), None, eps) * head_weights
+    (both,) = rotate((both,), positions, inv_freq, scaling)
+    return tuple(x.contiguous() for x in both.split([q.shape[1], key.shape[1]], dim=1))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

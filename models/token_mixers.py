@@ -18,7 +18,7 @@ from typing import Protocol
 
 import torch
 from lucebox.kernels.backend import Kernels
-from lucebox.kernels.rope import RotaryTables
+from lucebox.kernels.rope import RotaryTables, norm_rotate_on_cpu
 from lucebox.models.fused_projections import FUSED_BIAS, FUSED_WEIGHT
 from lucebox.models.gated_deltanet import GatedDeltaNetMixer
 from lucebox.models.kimi_delta_attention import KimiDeltaAttentionMixer
@@ -89,6 +89,7 @@ class AttentionMixer:
         self.fused_bias = (p + FUSED_BIAS) if p + FUSED_BIAS in weights else None
         self.q_norm, self.k_norm = p + "q_norm", p + "k_norm"
         self.inv_freq, self.rope_scaling = rope.frequencies(layer.rope)
+        self._head_norms: tuple = ()  # (q_norm, k_norm, heads, kv_heads, their weights per head side by side)
 
     def mix(self, h: torch.Tensor, context: ForwardContext) -> torch.Tensor:
         w, k, T, D = self.w, self.kernels, h.shape[0], self.head_dim
@@ -140,9 +141,24 @@ class AttentionMixer:
     def norm_rope(self, q: torch.Tensor, key: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q and k QK-normed (with qk_norm) and rotated at `positions`."""
         w, k = self.w, self.kernels
+        if self.qk_norm and k.name == "torch" and q.device.type == "cpu" and q.dtype == torch.float32 \
+                and not q.requires_grad:  # the same bits in fewer dispatches (`rope.norm_rotate_on_cpu`)
+            return norm_rotate_on_cpu(q, key, self._head_weights(q.shape[1], key.shape[1]), self.eps, positions,
+                                      self.inv_freq, self.rope_scaling)
         if self.qk_norm:
             q, key = k.rms_norm(q, w[self.q_norm], self.eps), k.rms_norm(key, w[self.k_norm], self.eps)
         return k.rotate((q, key), positions, self.inv_freq, self.rope_scaling)
+
+
+    def _head_weights(self, heads: int, kv_heads: int) -> torch.Tensor:
+        """q_norm's weight for each of `heads` heads, then k_norm's for each of `kv_heads`: (heads +
+        kv_heads, D), made again only when the norm weights in the dict are other tensors."""
+        q_norm, k_norm = self.w[self.q_norm], self.w[self.k_norm]
+        made = self._head_norms
+        if not made or made[0] is not q_norm or made[1] is not k_norm or made[2:4] != (heads, kv_heads):
+            weights = torch.cat((q_norm.expand(heads, -1), k_norm.expand(kv_heads, -1)))
+            self._head_norms = made = (q_norm, k_norm, heads, kv_heads, weights)
+        return made[4]
 
 
 # The token mixer of each attention kind a `LayerSpec` names (a sliding layer is attention with a window).

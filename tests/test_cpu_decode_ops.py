@@ -100,3 +100,22 @@ def test_attention_masks_are_shared_across_layers_only_at_equal_positions():
             torch.testing.assert_close(got, want.view(2, 2, 1, 8).permute(2, 0, 1, 3).reshape(1, 4, 8))
             torch.testing.assert_close(lse, want_lse.view(2, 2, 1).permute(2, 0, 1).reshape(1, 4))
         k_positions[4], q_positions[0] = 4, 4
+
+
+def test_q_and_k_normed_and_rotated_side_by_side_are_the_separate_ops_bit_for_bit():
+    """`rope.norm_rotate_on_cpu` (the CPU's float32 QK norm + RoPE) against `norm.rms_norm` on q and
+    on k, then `rope.rotate`: the same bits, at XS.2-like and small widths, one row and a verify block,
+    q and k read from one fused projection's output (views with the row stride of q|k|v)."""
+    for heads, kv_heads, D, rotary in ((8, 2, 32, 32), (32, 8, 128, 128), (16, 4, 64, 32)):
+        inv_freq, scaling = rope.inverse_frequencies(RopeSpec(kind="default", theta=500000.0, rotary_dim=rotary))
+        wq, wk = torch.randn(D), torch.randn(D)
+        weights = torch.cat((wq.expand(heads, -1), wk.expand(kv_heads, -1)))
+        for T in (1, 5):
+            out = torch.randn(T, (heads + 2 * kv_heads) * D)
+            q = out[:, : heads * D].view(T, heads, D)
+            key = out[:, heads * D : (heads + kv_heads) * D].view(T, kv_heads, D)
+            positions = torch.arange(100, 100 + T)
+            want = rope.rotate((norm.rms_norm(q, wq, 1e-6), norm.rms_norm(key, wk, 1e-6)), positions, inv_freq,
+                               scaling)
+            got = rope.norm_rotate_on_cpu(q, key, weights, 1e-6, positions, inv_freq, scaling)
+            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
