@@ -179,6 +179,10 @@ def _chosen_experts_in_place(x: torch.Tensor, gate_up: torch.Tensor, down: torch
     """Each (row, choice) pair through its expert's own weights (views, no copy), weighed in the
     wider dtype and summed in choice order: per row, the very ops the expert loop runs."""
     T, k = ids.shape
-    pairs = [swiglu(x[t : t + 1], gate_up[e], down[e]) * weights[t, j : j + 1]  # (1, H) each
-             for t, chosen in enumerate(ids.tolist()) for j, e in enumerate(chosen)]
+    if T == 1:  # a decode step: the same ops on the row itself (fewer views: each a dispatch)
+        row = weights[0]
+        pairs = [swiglu(x, gate_up[e], down[e]) * row[j : j + 1] for j, e in enumerate(ids.tolist()[0])]
+    else:
+        pairs = [swiglu(x[t : t + 1], gate_up[e], down[e]) * weights[t, j : j + 1]  # (1, H) each
+                 for t, chosen in enumerate(ids.tolist()) for j, e in enumerate(chosen)]
     return _as(torch.cat(pairs).view(T, k, -1).sum(1), x.dtype)
