@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from lucebox.kernels import moe
 from lucebox.kernels.gate import softplus_gate
 from lucebox.kernels.kv_int8 import dequantize_rows
 
@@ -50,7 +51,8 @@ def attention_partial(
     group = Hq // kv_heads
     visible = prepared = None
     fused = q.device.type == "cpu" and q.dtype == torch.float32 and k.shape[1] and not q.requires_grad
-    if not all_visible and fused and pinned is None and tree_bits is None:
+    # Shared masks compare positions on the host: never in a graph's body (`moe.reads_wait_for_nothing`).
+    if not all_visible and fused and pinned is None and tree_bits is None and moe.reads_wait_for_nothing(q.device):
         visible, prepared = _shared_cpu_mask(q_positions, k_positions, window)
     elif not all_visible:
         visible = _visible(q_positions, k_positions, window, pinned, recent, tree_bits)

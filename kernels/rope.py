@@ -10,6 +10,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from lucebox.kernels import moe
 
 from lucebox.config import RopeSpec
 
@@ -118,7 +119,7 @@ def step_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float
     model's decode step. Tables are reused only for equal positions (compared by value: one op) and
     the same frequency tensor, so they are the very values `cos_sin` gives. On a GPU (launches
     queued, graphs captured) every call computes its own."""
-    if positions.device.type != "cpu":
+    if not moe.reads_wait_for_nothing(positions.device):  # compared on the host: never in a graph's body
         return cos_sin(positions, inv_freq, scaling, dtype)
     # tables made under inference mode cannot be saved for a backward pass: kept apart
     key = (id(inv_freq), scaling, dtype, torch.is_inference_mode_enabled())
