@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from lucebox.kernels.casts import as_dtype
 
 
 def softplus_gate(out: torch.Tensor, gate_logits: torch.Tensor) -> torch.Tensor:
     """out (T, Hq, D) * softplus(gate_logits): one gate per head (T, Hq) or per element (T, Hq*D).
     softplus runs in float32, as the reference does."""
     T, Hq, D = out.shape
-    wide = gate_logits if gate_logits.dtype == torch.float32 else gate_logits.float()  # (no-op casts: dispatches)
-    gate = F.softplus(wide)
-    gate = gate if gate.dtype == out.dtype else gate.to(out.dtype)
+    gate = as_dtype(F.softplus(as_dtype(gate_logits, torch.float32)), out.dtype)
     return out * (gate[:, :, None] if gate.shape[1] == Hq else gate.view(T, Hq, D))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from lucebox.kernels.casts import as_dtype
 from lucebox.kernels.quant import QuantizedTensor, Weight, kept_dense, linear
 from lucebox.kernels.step_rows import DECODE_STEP_ROWS
 
@@ -34,7 +35,7 @@ def moe_route(
     """`route` of the router's logits computed in `routing_dtype` (h upcast): (weights (T, k) in
     the model dtype, or float32 with `spec.float32_weights`; expert ids (T, k))."""
     wide = routing_dtype(h.dtype)
-    return route(F.linear(_as(h, wide), _as(router, wide)), spec, correction_bias, h.dtype)
+    return route(F.linear(as_dtype(h, wide), as_dtype(router, wide)), spec, correction_bias, h.dtype)
 
 
 def route(
@@ -45,24 +46,19 @@ def route(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights (T, k) in `dtype`, or float32 with `spec.float32_weights`; expert ids (T, k), the
     k best in descending order)."""
-    logits = _as(router_logits, torch.float32)
+    logits = as_dtype(router_logits, torch.float32)
     if spec.logit_softcap > 0:
         logits = torch.tanh(logits / spec.logit_softcap) * spec.logit_softcap
     if spec.router == "sigmoid":
         scores = torch.sigmoid(logits)
     else:
         scores = torch.softmax(logits, dim=-1)
-    selection = scores if correction_bias is None else scores + _as(correction_bias, torch.float32)
+    selection = scores if correction_bias is None else scores + as_dtype(correction_bias, torch.float32)
     _, ids = torch.topk(selection, spec.top_k, dim=-1)
     weights = scores.gather(-1, ids)  # the bias only chooses; it never weighs
     if spec.normalize_topk:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return (weights if spec.float32_weights else _as(weights, dtype or router_logits.dtype)), ids
-
-
-def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x in `dtype`; x itself when it already is (a no-op `.to` still costs a dispatch on the CPU)."""
-    return x if x.dtype == dtype else x.to(dtype)
+    return (weights if spec.float32_weights else as_dtype(weights, dtype or router_logits.dtype)), ids
 
 
 def swiglu(x: torch.Tensor, w_gate_up: Weight, w_down: Weight, linear=linear) -> torch.Tensor:
@@ -185,4 +181,4 @@ def _chosen_experts_in_place(x: torch.Tensor, gate_up: torch.Tensor, down: torch
     else:
         pairs = [swiglu(x[t : t + 1], gate_up[e], down[e]) * weights[t, j : j + 1]  # (1, H) each
                  for t, chosen in enumerate(ids.tolist()) for j, e in enumerate(chosen)]
-    return _as(torch.cat(pairs).view(T, k, -1).sum(1), x.dtype)
+    return as_dtype(torch.cat(pairs).view(T, k, -1).sum(1), x.dtype)

@@ -84,9 +84,7 @@ class GrammarState:
             m.unsafe_compute_mask_ptr(self._host[i].data_ptr(), row_bytes)  # row i, written in place
         if rows > 1:
             m.rollback(rows - 1)
-        if m.is_error():
-            raise self._broken("every token")
-        if not self._host[:rows].any(dim=1).all():
+        if m.is_error() or not self._host[:rows].any(dim=1).all():
             raise self._broken("every token")
         self.mask_seconds += time.perf_counter() - start
         self.masks += rows
