@@ -64,6 +64,17 @@ class SlidingRing(LayerCache):
         return self.rows
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
+        # A target layer's query at p sees positions p - window + 1 .. p (its attention window is the
+        # ring's), so a step sees only the slots of positions start - window + 1 .. end - 1 (tree
+        # rows sit at true positions below end). Where those do not wrap round the ring's end, attend
+        # over them alone: a decode step reads a window of keys, not the whole capacity (a fifth of
+        # it with a 512-row prefill chunk). A drafter's ring (`reads_ahead`) may be read with a wider
+        # window than its own, so it is read whole.
+        first, last = max(0, step.start - self.window + 1), step.end - 1
+        lo, hi = first % self.capacity, last % self.capacity
+        if not self.reads_ahead and last - first < self.capacity and lo <= hi:
+            yield KVBlock(self.k[:, lo : hi + 1], self.v[:, lo : hi + 1], self.positions[lo : hi + 1])
+            return
         # Until the ring wraps, slots past the highest position written hold nothing: leave them out
         # (a drafter ring of 4096 slots at a 200-token context would otherwise attend 20x the keys).
         used = min(self.highest, self.capacity)
