@@ -56,10 +56,22 @@ def test_rotary_tables_are_reused_only_at_equal_positions():
 
 
 def test_cpu_rms_norm_is_the_reference_ops_bit_for_bit():
-    for shape in ((1, 256), (3, 6, 32)):
+    """`norm.normed_on_cpu` against the reference's ops and torch's own op: the same bits at widths
+    that are and are not powers of two (where dividing by the count and multiplying by its inverse
+    differ), with one weight per head, in and out of inference mode, and differentiable."""
+    for shape, eps in (((1, 256), 1e-6), ((3, 6, 32), 1e-6), ((64, 384), 1e-5), ((64, 40), 1e-6)):
         x, weight = torch.randn(shape), torch.randn(shape[-1])
-        want = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
-        assert torch.equal(norm.rms_norm(x, weight, 1e-6), want)
+        want = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+        assert torch.equal(norm.rms_norm(x, weight, eps), want)
+        assert torch.equal(torch.nn.functional.rms_norm(x, weight.shape, weight, eps), want)
+        with torch.inference_mode():
+            assert torch.equal(norm.rms_norm(x, weight, eps), want)
+        x = x.requires_grad_()
+        norm.rms_norm(x, weight, eps).sum().backward()
+        assert x.grad is not None and torch.isfinite(x.grad).all()
+    x, heads = torch.randn(2, 6, 32), torch.randn(6, 32)  # one weight row per head (q's, then k's)
+    want = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)) * heads
+    assert torch.equal(norm.normed_on_cpu(x, heads, 1e-6), want)
 
 
 def test_fused_cpu_attention_matches_the_reference():
