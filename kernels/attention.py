@@ -84,8 +84,8 @@ def _visible(q_positions: torch.Tensor, k_positions: torch.Tensor, window: int |
     return visible
 
 
-# (window, rows, keys, inference mode) -> (key positions, query positions, visible, (additive mask, rows
-# seeing a key)): the CPU's masks of the last step, by layer kind. Every sliding layer of a step holds
+# (window, rows, keys, inference mode) -> (key positions, query positions, visible, (additive mask or None
+# when every key is visible, rows seeing a key or None when all do)): the CPU's masks of the last step, by layer kind. Every sliding layer of a step holds
 # the same positions in a ring of its own (and every full layer in its pages), so one mask serves
 # them all: ~8 small ops a layer become 2 comparisons (by value, so a mask is only ever reused for
 # the very positions it was made from).
@@ -101,7 +101,12 @@ def _shared_cpu_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, windo
     if entry is not None and torch.equal(entry[0], k_positions) and torch.equal(entry[1], q_positions):
         return entry[2], entry[3]
     visible = _visible(q_positions, k_positions, window, None, 0, None)
-    prepared = (torch.where(visible, 0.0, float("-inf")), visible.any(-1))  # float32: the scalars' default
+    # Read on the host once per step (a CPU read waits for nothing): a mask every key passes is
+    # left out of the fused op, and so is the fix-up of rows that see no key when none is blind
+    # (a decode step's full layers, and every row that sees itself).
+    seeing = visible.any(-1)
+    mask = None if bool(visible.all()) else torch.where(visible, 0.0, float("-inf"))  # float32: the scalars' default
+    prepared = (mask, None if bool(seeing.all()) else seeing)
     if len(_cpu_masks) >= MAX_CPU_MASKS:
         _cpu_masks.clear()
     _cpu_masks[key] = (k_positions.clone(), q_positions.clone(), visible, prepared)
@@ -137,10 +142,11 @@ def _fused_on_cpu(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: t
     mask = seeing = None
     if visible is not None:
         mask, seeing = prepared or (torch.where(visible, 0.0, float("-inf")), visible.any(-1))
-        mask = mask if T == 1 else mask.repeat(group, 1)  # one row broadcasts over the group's rows
+        if mask is not None and T > 1:
+            mask = mask.repeat(group, 1)  # one row broadcasts over the group's rows
     out, lse = _CPU_FLASH(qg[None], k[None], v[None], attn_mask=mask, scale=scale)
     lse = lse.view(kv_heads, group, T)
-    if visible is not None:
+    if seeing is not None:
         lse = torch.where(seeing, lse, float("-inf"))
     return out[0], lse
 

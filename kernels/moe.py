@@ -178,6 +178,9 @@ def _chosen_experts_in_place(x: torch.Tensor, gate_up: torch.Tensor, down: torch
     if T == 1:  # a decode step: the same ops on the row itself (fewer views: each a dispatch)
         row = weights[0]
         pairs = [swiglu(x, gate_up[e], down[e]) * row[j : j + 1] for j, e in enumerate(ids.tolist()[0])]
+        if k == 2:  # the stacked sum's value in one add, not two ops (it starts from +0: only an
+            # exact zero's sign can differ, -0 + -0 against +0)
+            return as_dtype(pairs[0] + pairs[1], x.dtype)
     else:
         pairs = [swiglu(x[t : t + 1], gate_up[e], down[e]) * weights[t, j : j + 1]  # (1, H) each
                  for t, chosen in enumerate(ids.tolist()) for j, e in enumerate(chosen)]

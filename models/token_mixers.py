@@ -125,8 +125,9 @@ class AttentionMixer:
         softplus = self.gate in ("head", "element")
         if self.fused is not None:
             out = k.linear(h, w[self.fused], w[self.fused_bias] if self.fused_bias else None)
-            q, key, value = out[:, :q_rows], out[:, q_rows : q_rows + kv_rows], out[:, q_rows + kv_rows :]
-            value, gate_logits = value[:, :kv_rows], value[:, kv_rows:] if softplus else None
+            widths = [q_rows, kv_rows, kv_rows] + ([out.shape[1] - q_rows - 2 * kv_rows] if softplus else [])
+            q, key, value, *gate = out.split(widths, dim=1)  # one op for the views (slices are one each)
+            gate_logits = gate[0] if softplus else None
         else:
             q = k.linear(h, w[self.wq], w[self.bq] if self.bq else None)
             key = k.linear(h, w[self.wk], w[self.bk] if self.bk else None)
