@@ -84,11 +84,11 @@ def _visible(q_positions: torch.Tensor, k_positions: torch.Tensor, window: int |
     return visible
 
 
-# (window, rows, keys, inference mode) -> (key positions, query positions, visible, (additive mask or None
-# when every key is visible, rows seeing a key or None when all do)): the CPU's masks of the last step, by layer kind. Every sliding layer of a step holds
-# the same positions in a ring of its own (and every full layer in its pages), so one mask serves
-# them all: ~8 small ops a layer become 2 comparisons (by value, so a mask is only ever reused for
-# the very positions it was made from).
+# (window, rows, keys, inference mode) -> (key positions, query positions, visible, (additive mask,
+# rows seeing a key)), each of the last two None where every key / every row passes: the CPU's masks
+# of the last step, by layer kind. Every sliding layer of a step holds the same positions in a ring
+# of its own (and every full layer in its pages), so one mask serves them all: ~8 small ops a layer
+# become 2 comparisons (by value, so a mask is only ever reused for the very positions it was made from).
 _cpu_masks: dict = {}
 MAX_CPU_MASKS = 8
 

@@ -79,6 +79,34 @@ def test_ring_memory_never_grows():
     assert ring.device_bytes() == before
 
 
+def test_a_step_reads_only_its_windows_slots_from_a_targets_ring():
+    """A target ring hands a step the slots of positions start - window + 1 .. end - 1 when they do
+    not wrap round its end (a decode step reads a window of keys, not the capacity), the whole ring
+    when they do; a drafter's ring (read with windows of its own) is always read whole. That the
+    attention stays exact is `run_script`'s check above."""
+    window, max_step = 8, 4
+    gen = torch.Generator().manual_seed(0)
+    target, drafter = SlidingRing(window, max_step, KV, D, **F64), SlidingRing(window, max_step, KV, D, **F64,
+                                                                                reads_ahead=True)
+    q = torch.randn(1, HQ, D, dtype=torch.float64)
+    wrapped = 0
+    for length in range(40):
+        step = Step(torch.arange(length, length + 1))
+        k, v = rows(1, gen), rows(1, gen)
+        for ring in (target, drafter):
+            ring.write(step, k, v)
+        first = max(0, length - window + 1)
+        (block,) = target.blocks(q, step)
+        if first % 12 <= length % 12:
+            assert block.positions.tolist() == list(range(first, length + 1))
+        else:
+            wrapped += 1
+            assert block.positions.shape[0] == 12
+        (whole,) = drafter.blocks(q, step)
+        assert whole.positions.shape[0] == min(length + 1, 12)
+    assert wrapped > 0
+
+
 def paged(pool_tokens, max_context, policy="exact", max_step=16):
     settings = KVFlashSettings(policy, pool_tokens, max_context, max_step, decode_rows=16, chunk=8,
                                tail_tokens=32, reselect_every=8, stream_chunks=3)
