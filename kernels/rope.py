@@ -145,7 +145,7 @@ def rotate(xs: tuple[torch.Tensor, ...], positions: torch.Tensor, inv_freq: torc
     # All heads side by side, rotated at once: the same arithmetic per element in a third of the
     # ops, which is most of a small model's decode step on the CPU.
     heads = [x.shape[1] for x in xs]
-    rotated = apply_rope(torch.cat(xs, dim=1), cos, sin).split(heads, dim=1)
+    rotated = apply_rope(torch.cat(xs, dim=1), cos, sin).split_with_sizes(heads, 1)
     return tuple(x.contiguous() for x in rotated)
 
 
@@ -158,7 +158,7 @@ def norm_rotate_on_cpu(q: torch.Tensor, key: torch.Tensor, head_weights: torch.T
     both = torch.cat((q, key), dim=1)
     both = normed_on_cpu(both, head_weights, eps)
     (both,) = rotate((both,), positions, inv_freq, scaling)
-    return tuple(x.contiguous() for x in both.split([q.shape[1], key.shape[1]], dim=1))
+    return tuple(x.contiguous() for x in both.split_with_sizes([q.shape[1], key.shape[1]], 1))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

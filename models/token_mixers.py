@@ -126,7 +126,7 @@ class AttentionMixer:
         if self.fused is not None:
             out = k.linear(h, w[self.fused], w[self.fused_bias] if self.fused_bias else None)
             widths = [q_rows, kv_rows, kv_rows] + ([out.shape[1] - q_rows - 2 * kv_rows] if softplus else [])
-            q, key, value, *gate = out.split(widths, dim=1)  # one op for the views (slices are one each)
+            q, key, value, *gate = out.split_with_sizes(widths, 1)  # (Tensor.split: a Python wrapper)
             gate_logits = gate[0] if softplus else None
         else:
             q = k.linear(h, w[self.wq], w[self.bq] if self.bq else None)
