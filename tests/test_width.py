@@ -1,6 +1,8 @@
 """The adaptive width: per-position keep probabilities learned from every drafted block (verified
 or not), drafting cost in the cost model, and no round switches drafting off for good."""
 
+import pytest
+
 from lucebox.speculative.keep_model import DraftJudge, KeepModel, expected_tokens
 from lucebox.speculative.width import MAX_PROBE_EVERY, PROBE_EVERY, RoundCosts, WidthPolicy
 
@@ -160,3 +162,38 @@ def test_copies_the_copy_keep_rates_do_not_pay_for_are_cut(builtin_llm, monkeypa
     builtin_llm.generate("def f(x):\n    return x\n" * 4, max_tokens=24, ignore_eos=True)
     assert cuts and cuts[0][0] > 2 and cuts[0][1] <= 1
     assert builtin_llm.engine.learned.copies["greedy"].kept[0] > 0.02  # the copy was judged: it was kept
+
+
+@pytest.mark.parametrize("shape", ["tree", "chain"])
+def test_a_copy_cut_to_nothing_leaves_the_round_to_the_drafter(builtin_llm, monkeypatch, shape):
+    """Text that repeats itself offers a copy at every round. Where the copies' keep rates pay for
+    none of it, the round drafts with the drafter when that pays (or its probe is due), rather than
+    decoding plainly: otherwise such text would never draft, measure or probe the drafter. Tree
+    rounds (the built-in model's default) and chain rounds (a tree budget of 0)."""
+    import dataclasses
+
+    from lucebox.speculative.dflash import DFlashProposer
+    from lucebox.speculative.rounds import Speculation
+    from lucebox.speculative.tree_width import ShapeRates
+
+    events = []  # in order: "propose", "nothing" / "some" (a copy cut), "own" (the drafter's own drafts)
+
+    def logged(method, event):
+        return lambda self, *a: (events.append(event(a)), method(self, *a))[1]
+    cut_copy = Speculation.cut_copy
+    monkeypatch.setattr(Speculation, "cut_copy", lambda self, copied, limit: (
+        lambda kept: (events.append("some" if kept else "nothing"), kept)[1])(cut_copy(self, copied, limit)))
+    for name, event in (("propose", "propose"), ("propose_tree", "propose"), ("own_draft", "own"), ("own_tree", "own")):
+        monkeypatch.setattr(DFlashProposer, name, logged(getattr(DFlashProposer, name), lambda a, e=event: e))
+    monkeypatch.setitem(builtin_llm.engine.learned.copies, "greedy", KeepModel.from_calibration([0.0], [0.0]))
+    # The drafter pays (what earlier requests taught the shared engine's policy is not this test's matter)
+    monkeypatch.setattr(WidthPolicy, "should_draft", lambda self, limit: self.has_drafter and limit > 0)
+    if shape == "chain":
+        monkeypatch.setattr(builtin_llm.engine, "setup", dataclasses.replace(builtin_llm.engine.setup, tree_budget=0))
+    else:
+        monkeypatch.setattr(ShapeRates, "choose", lambda self: "tree")
+    text = "def f(x):\n    return x\n" * 4
+    plain = builtin_llm.generate(text, max_tokens=24, ignore_eos=True, speculate=False).token_ids
+    assert builtin_llm.generate(text, max_tokens=24, ignore_eos=True).token_ids == plain
+    after_nothing = [b for a, b in zip(events, events[1:], strict=False) if a == "nothing"]
+    assert after_nothing and "own" in after_nothing  # in that round (not the next one's proposal)

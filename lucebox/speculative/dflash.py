@@ -116,6 +116,9 @@ class DFlashProposer(Proposer):
         copied = self._copied(context, k)
         if copied:  # the text repeats itself: copy it (the drafter, trained on short windows, would not)
             return Draft(copied, copied=True)
+        return self.own_draft(context, k, params, generator)
+
+    def own_draft(self, context: list[int], k: int, params: SamplingParams, generator: Noise) -> Draft:
         k = min(k, self.block_width)
         if k <= 0:
             return Draft([])
@@ -178,6 +181,11 @@ class DFlashProposer(Proposer):
         copied = self._copied(context, budget)
         if copied:
             return dataclasses.replace(chain(context[-1], copied), copied=True)
+        return self.own_tree(context, budget, params, noise)
+
+    def own_tree(self, context: list[int], budget: int, params: SamplingParams | None = None,
+                 noise: RaceNoise | None = None) -> DraftTree:
+        """`propose_tree` never copying (`Proposer.own_draft`)."""
         logits = self.block_pass(context, min(budget, self.block_width))[0]
         # Sampled coupled trees (`noise` given) rank each position's tokens by their race scores.
         coupled = None if noise is None or params.greedy else (params, noise, len(context))

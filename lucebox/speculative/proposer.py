@@ -47,6 +47,12 @@ class Proposer(ABC):
         distribution against `generator` when it is the request's `RaceNoise` (deterministic
         drafts, q None), or are drawn from it when it is a torch generator."""
 
+    def own_draft(self, context: list[int], k: int, params: SamplingParams, generator: Noise) -> Draft:
+        """`propose`, never a copy of earlier text: the drafter's own drafts, which a round asks for
+        when a copy was on offer but its keep rates pay for none of it. A proposer that never
+        copies has nothing else to give."""
+        return self.propose(context, k, params, generator)
+
     def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:  # noqa: B027
         """The last `new` tokens of `committed` were just committed (features: their rows)."""
 

@@ -178,9 +178,16 @@ class Speculation:
         goes to the judge, which learns from every draft whether verified or not."""
         proposer = self.proposer
         draft = proposer.propose(context, min(limit, proposer.max_width), self.params, self.draft_gen)
+        copy: list[int] = []
         if draft.copied:
-            return Draft(self.cut_copy(draft.tokens, limit), copied=True)
-        self.to_judge(draft.tokens, draft.confidence, [])
+            kept = self.cut_copy(draft.tokens, limit)
+            if kept or not self.width.should_draft(limit):
+                return Draft(kept, copied=True)
+            # No copied token pays, the drafter's drafts may (or their probe is due): they are drafted
+            # instead, so text that offers copies at every round still drafts, measures and probes.
+            copy, draft = draft.tokens, proposer.own_draft(context, min(limit, proposer.max_width), self.params,
+                                                           self.draft_gen)
+        self.to_judge(draft.tokens, draft.confidence, copy)
         k = self.width.choose(draft.confidence, len(draft.tokens), limit)
         return Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k])
 

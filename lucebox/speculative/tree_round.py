@@ -66,9 +66,14 @@ def _drafted_tree(spec, context: list[int], budget: int) -> DraftTree:
     confidence head's), and the per-position confidence means must stay the chain's."""
     noise = spec.draft_gen if isinstance(spec.draft_gen, RaceNoise) else None  # other rules: top-k trees
     tree = spec.proposer.propose_tree(context, budget, spec.params, noise)
+    copy: list[int] = []
     if tree.copied:  # a chain: cut to what the copies' keep rates pay for
-        return dataclasses.replace(chain(context[-1], spec.cut_copy(tree.tokens[1:], budget)), copied=True)
-    spec.to_judge(top_path(tree)[0], [], [])
+        kept = spec.cut_copy(tree.tokens[1:], budget)
+        if kept or not spec.width.should_draft(budget):
+            return dataclasses.replace(chain(context[-1], kept), copied=True)
+        # None of it pays: the drafter's own tree instead, as a chain round does (`Speculation._draft`)
+        copy, tree = tree.tokens[1:], spec.proposer.own_tree(context, budget, spec.params, noise)
+    spec.to_judge(top_path(tree)[0], [], copy)
     return tree
 
 
