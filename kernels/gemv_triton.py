@@ -168,8 +168,8 @@ def _gemv_kernel(
             products = fma_weight_tile(products, xs, w_ptr, scale_ptr, offset_ptr, loaded_outs, k, K, stride_w,
                                        stride_scale, BITS, GROUP, OFFSET, BLOCK_N, BLOCK_K, TILE_GROUPS, EVEN_K)
     acc = fixed_order_sum(products, BLOCK_K // (2 if BITS == 4 else 1))
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + loaded_outs).to(tl.float32)[None, :]
+    if HAS_BIAS:  # by `outs`, masked: `loaded_outs` then dies with the loop (one register fewer in it)
+        acc += tl.load(bias_ptr + outs, mask=outs < N, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * stride_y + outs[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=(rows[:, None] < M) & (outs[None, :] < N))
 

@@ -55,8 +55,8 @@ def random_script(max_step, steps=60, seed=0):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_ring_rollback_never_loses_a_needed_row(seed):
-    window, max_step = 8, 5
+@pytest.mark.parametrize("window, max_step", [(8, 5), (4, 9)])  # short steps on the second: wrapped windows copied
+def test_ring_rollback_never_loses_a_needed_row(seed, window, max_step):
     ring = SlidingRing(window, max_step, KV, D, **F64)
     reference = ContiguousCache(KV, D, 10_000, **F64)
     run_script(ring, reference, random_script(max_step, seed=seed), window=window, seed=seed)
@@ -80,11 +80,11 @@ def test_ring_memory_never_grows():
 
 
 def test_a_step_reads_only_its_windows_slots_from_a_targets_ring():
-    """A target ring hands a step the slots of positions start - window + 1 .. end - 1 when they do
-    not wrap round its end (a decode step reads a window of keys, not the capacity), the whole ring
-    when they do; a drafter's ring (read with windows of its own) is always read whole. That the
+    """A target ring hands a step the rows of positions start - window + 1 .. end - 1 alone (a decode
+    step reads a window of keys, not the capacity), in one copy where their slots wrap round the
+    ring's end; a drafter's ring (read with windows of its own) is always read whole. That the
     attention stays exact is `run_script`'s check above."""
-    window, max_step = 8, 4
+    window, max_step = 6, 8
     gen = torch.Generator().manual_seed(0)
     target, drafter = SlidingRing(window, max_step, KV, D, **F64), SlidingRing(window, max_step, KV, D, **F64,
                                                                                 reads_ahead=True)
@@ -97,13 +97,13 @@ def test_a_step_reads_only_its_windows_slots_from_a_targets_ring():
             ring.write(step, k, v)
         first = max(0, length - window + 1)
         (block,) = target.blocks(q, step)
-        if first % 12 <= length % 12:
-            assert block.positions.tolist() == list(range(first, length + 1))
-        else:
-            wrapped += 1
-            assert block.positions.shape[0] == 12
+        assert block.positions.tolist() == list(range(first, length + 1))
+        wrapped += first % 14 > length % 14
+        for i, position in enumerate(range(first, length + 1)):  # each row's own keys and values
+            assert torch.equal(block.k[:, i], target.k[:, position % 14])
+            assert torch.equal(block.v[:, i], target.v[:, position % 14])
         (whole,) = drafter.blocks(q, step)
-        assert whole.positions.shape[0] == min(length + 1, 12)
+        assert whole.positions.shape[0] == min(length + 1, 14)
     assert wrapped > 0
 
 

@@ -68,12 +68,17 @@ class SlidingRing(LayerCache):
         # ring's), so a step sees only the slots of positions start - window + 1 .. end - 1 (tree
         # rows sit at true positions below end). Where those do not wrap round the ring's end, attend
         # over them alone: a decode step reads a window of keys, not the whole capacity (a fifth of
-        # it with a 512-row prefill chunk). A drafter's ring (`reads_ahead`) may be read with a wider
-        # window than its own, so it is read whole.
+        # it with a 512-row prefill chunk). Where they wrap and are at most half the ring, its two
+        # ends are joined in a copy (three small copies cost less than attending twice the keys).
+        # A drafter's ring (`reads_ahead`) may be read with a wider window than its own: read whole.
         first, last = max(0, step.start - self.window + 1), step.end - 1
         lo, hi = first % self.capacity, last % self.capacity
         if not self.reads_ahead and last - first < self.capacity and lo <= hi:
             yield KVBlock(self.k[:, lo : hi + 1], self.v[:, lo : hi + 1], self.positions[lo : hi + 1])
+            return
+        if not self.reads_ahead and last - first < self.capacity // 2:
+            yield KVBlock(*(torch.cat((t[..., lo:, :], t[..., : hi + 1, :]), -2) for t in (self.k, self.v)),
+                          torch.cat((self.positions[lo:], self.positions[: hi + 1])))
             return
         # Until the ring wraps, slots past the highest position written hold nothing: leave them out
         # (a drafter ring of 4096 slots at a 200-token context would otherwise attend 20x the keys).
