@@ -57,14 +57,14 @@ def random_script(max_step, steps=60, seed=0):
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("window, max_step", [(8, 5), (4, 9)])  # short steps on the second: wrapped windows copied
 def test_ring_rollback_never_loses_a_needed_row(seed, window, max_step):
-    ring = SlidingRing(window, max_step, KV, D, **F64)
+    ring = SlidingRing(window, max_step, KV, D, **F64, windowed=True)
     reference = ContiguousCache(KV, D, 10_000, **F64)
     run_script(ring, reference, random_script(max_step, seed=seed), window=window, seed=seed)
 
 
 def test_ring_rollback_at_the_wrap_point():
     window, max_step = 8, 4
-    ring = SlidingRing(window, max_step, KV, D, **F64)  # 12 slots
+    ring = SlidingRing(window, max_step, KV, D, **F64, windowed=True)  # 12 slots
     reference = ContiguousCache(KV, D, 100, **F64)
     # Fill to just before the wrap, then write across it, roll back across it, and write again.
     script = [("write", 4), ("write", 4), ("write", 3), ("write", 4), ("rollback", 4), ("write", 4),
@@ -73,27 +73,29 @@ def test_ring_rollback_at_the_wrap_point():
 
 
 def test_ring_memory_never_grows():
-    ring = SlidingRing(8, 4, KV, D, **F64)
+    ring = SlidingRing(8, 4, KV, D, **F64, windowed=True)
     before = ring.device_bytes()
     run_script(ring, ContiguousCache(KV, D, 1000, **F64), [("write", 4)] * 50, window=8)
     assert ring.device_bytes() == before
 
 
-def test_a_step_reads_only_its_windows_slots_from_a_targets_ring():
-    """A target ring hands a step the rows of positions start - window + 1 .. end - 1 alone (a decode
-    step reads a window of keys, not the capacity), in one copy where their slots wrap round the
-    ring's end; a drafter's ring (read with windows of its own) is always read whole. That the
-    attention stays exact is `run_script`'s check above."""
+def test_a_step_reads_only_its_windows_slots_from_a_sliding_layers_ring():
+    """A sliding layer's ring (`windowed`) hands a step the rows of positions start - window + 1 ..
+    end - 1 alone (a decode step reads a window of keys, not the capacity), in one copy where their
+    slots wrap round the ring's end. Rings only bounding what is kept are read whole: a DFlash
+    drafter's context and a draft model's full layers (attended with no window). That the attention
+    stays exact is `run_script`'s check above."""
     window, max_step = 6, 8
     gen = torch.Generator().manual_seed(0)
-    target, drafter = SlidingRing(window, max_step, KV, D, **F64), SlidingRing(window, max_step, KV, D, **F64,
-                                                                                reads_ahead=True)
+    target = SlidingRing(window, max_step, KV, D, **F64, windowed=True)
+    kept_only = [SlidingRing(window, max_step, KV, D, **F64, reads_ahead=True),  # a DFlash drafter's
+                 SlidingRing(window, max_step, KV, D, **F64)]  # a draft model's full layer
     q = torch.randn(1, HQ, D, dtype=torch.float64)
     wrapped = 0
     for length in range(40):
         step = Step(torch.arange(length, length + 1))
         k, v = rows(1, gen), rows(1, gen)
-        for ring in (target, drafter):
+        for ring in (target, *kept_only):
             ring.write(step, k, v)
         first = max(0, length - window + 1)
         (block,) = target.blocks(q, step)
@@ -102,9 +104,28 @@ def test_a_step_reads_only_its_windows_slots_from_a_targets_ring():
         for i, position in enumerate(range(first, length + 1)):  # each row's own keys and values
             assert torch.equal(block.k[:, i], target.k[:, position % 14])
             assert torch.equal(block.v[:, i], target.v[:, position % 14])
-        (whole,) = drafter.blocks(q, step)
-        assert whole.positions.shape[0] == min(length + 1, 14)
+        for ring in kept_only:
+            (whole,) = ring.blocks(q, step)
+            assert whole.positions.shape[0] == min(length + 1, 14)
     assert wrapped > 0
+
+
+def test_a_draft_models_full_layers_read_their_whole_ring(builtin_llm):
+    """A draft model keeps its full layers in rings of `draft_ctx` slots but attends over them with
+    no window: they are read whole, its sliding layers' rings by their window."""
+    from lucebox.caches import SequenceCache
+    from lucebox.speculative.draft_model import draft_cache_settings
+
+    cfg = builtin_llm.config
+    settings = draft_cache_settings(max_context=256, prefill_chunk=8, draft_ctx=16, max_width=4)
+    cache = SequenceCache(cfg, settings, torch.float64, torch.device("cpu"))
+    assert [ring.windowed for ring in cache.layers] == [layer.is_sliding for layer in cfg.layers]
+    full = next(ring for ring, layer in zip(cache.layers, cfg.layers, strict=True) if not layer.is_sliding)
+    kv = torch.zeros(4, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float64)
+    for start in range(0, 40, 4):
+        full.write(Step(torch.arange(start, start + 4)), kv, kv)
+    (block,) = full.blocks(torch.zeros(1, 1, cfg.head_dim), Step(torch.arange(39, 40)))  # q: not read
+    assert block.positions.shape[0] == full.capacity  # 16 + 8 rows: the whole ring, not the last 16
 
 
 def paged(pool_tokens, max_context, policy="exact", max_step=16):
@@ -220,7 +241,7 @@ def test_ring_rollback_hides_forgotten_rows_from_queries_past_the_rows_written()
 def test_an_emptied_and_refilled_ring_can_be_rewound_to_a_prefix_of_the_new_sequence():
     """A cache reused for a new request is emptied (`rollback(0)`) and refilled: it allows the
     rewinds a fresh ring allows (prefix reuse), and attention after one matches the reference."""
-    ring, fresh = SlidingRing(8, 4, KV, D, **F64), SlidingRing(8, 4, KV, D, **F64)  # 12 slots
+    ring, fresh = SlidingRing(8, 4, KV, D, **F64, windowed=True), SlidingRing(8, 4, KV, D, **F64)  # 12 slots
     gen = torch.Generator().manual_seed(0)
     for start in range(0, 40, 4):  # the previous request, wrapping the ring three times
         ring.write(Step(torch.arange(start, start + 4)), rows(4, gen), rows(4, gen))

@@ -23,6 +23,21 @@ def test_q_and_k_rotated_together_equal_each_rotated_alone():
         assert g.is_contiguous() and torch.equal(g, w)
 
 
+def test_rope_tables_and_roll_are_rotate_half_bit_for_bit():
+    """`rope.apply_rope` (x * cos + roll(x) * sin with the table's first half negated) against the
+    rotate-half formula the reference implementations write, for full and partial rotary widths."""
+    positions = torch.tensor([0, 7, 300])
+    for D, rotary in ((32, 32), (32, 16)):
+        inv_freq, scaling = rope.inverse_frequencies(RopeSpec(kind="default", theta=10000.0, rotary_dim=rotary))
+        x = torch.randn(3, 4, D)
+        angles = positions.float()[:, None] * inv_freq
+        cos, sin = torch.cat((angles, angles), -1).cos()[:, None], torch.cat((angles, angles), -1).sin()[:, None]
+        x_rot, half = x[..., :rotary], rotary // 2
+        rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), -1)
+        want = torch.cat((x_rot * cos + rotated * sin, x[..., rotary:]), -1)
+        assert torch.equal(rope.apply_rope(x, *rope.cos_sin(positions, inv_freq, scaling, torch.float32)), want)
+
+
 def test_gpu_moe_decode_paths_read_no_device_value():
     E, F, H = 8, 24, 48
     gate_up, down = torch.randn(E, 2 * F, H), torch.randn(E, H, F)

@@ -30,7 +30,7 @@ STEPS = {"chain": ([6, 7, 8], [6, 7, 8]), "tree": ([6, 7, 7], [6, 7, 8])}
 def _cache(kind: str, dtype: torch.dtype):
     """A ring or a paged pool reserved for rows at positions 6..8, with written rows to overwrite."""
     if kind == "ring":
-        cache = SlidingRing(5, 3, KV, D, dtype, DEVICE)  # capacity 8: position 8 goes to slot 0
+        cache = SlidingRing(5, 3, KV, D, dtype, DEVICE, windowed=True)  # capacity 8: position 8 goes to slot 0
     else:
         settings = KVFlashSettings("exact", pool_tokens=32, max_context=64, max_step=8, decode_rows=4, chunk=8,
                                    tail_tokens=16, reselect_every=8, stream_chunks=2)

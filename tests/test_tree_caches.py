@@ -24,7 +24,7 @@ def paged_int8():
 
 # cache kind -> (make it, the window, its reference: fed the accepted rows alone, as a chain)
 CACHES = {
-    "ring": (lambda: SlidingRing(8, 16, KV, D, **F64), 8, contiguous),
+    "ring": (lambda: SlidingRing(8, 16, KV, D, **F64, windowed=True), 8, contiguous),
     "contiguous": (contiguous, None, contiguous),
     "paged-offload": (lambda: paged(pool_tokens=40, max_context=2048), None, contiguous),
     "paged-int8": (paged_int8, None, paged_int8),  # the same quantization on both sides

@@ -167,33 +167,42 @@ def test_copies_the_copy_keep_rates_do_not_pay_for_are_cut(builtin_llm, monkeypa
 @pytest.mark.parametrize("shape", ["tree", "chain"])
 def test_a_copy_cut_to_nothing_leaves_the_round_to_the_drafter(builtin_llm, monkeypatch, shape):
     """Text that repeats itself offers a copy at every round. Where the copies' keep rates pay for
-    none of it, the round drafts with the drafter when that pays (or its probe is due), rather than
-    decoding plainly: otherwise such text would never draft, measure or probe the drafter. Tree
-    rounds (the built-in model's default) and chain rounds (a tree budget of 0)."""
+    none of it, the round asks the width policy once whether the drafter pays (or its probe is due)
+    and, if so, drafts with it rather than decoding plainly (otherwise such text would never draft,
+    measure or probe the drafter), the whole copy still going to the copies' judge. Tree rounds (the
+    built-in model's default) and chain rounds (a tree budget of 0)."""
     import dataclasses
 
     from lucebox.speculative.dflash import DFlashProposer
     from lucebox.speculative.rounds import Speculation
     from lucebox.speculative.tree_width import ShapeRates
 
-    events = []  # in order: "propose", "nothing" / "some" (a copy cut), "own" (the drafter's own drafts)
+    events = []  # in order: "round", "propose", "nothing" / "some" (a copy cut), "should", "own", ("judge", copy)
 
     def logged(method, event):
         return lambda self, *a: (events.append(event(a)), method(self, *a))[1]
     cut_copy = Speculation.cut_copy
     monkeypatch.setattr(Speculation, "cut_copy", lambda self, copied, limit: (
         lambda kept: (events.append("some" if kept else "nothing"), kept)[1])(cut_copy(self, copied, limit)))
+    monkeypatch.setattr(Speculation, "to_judge", logged(Speculation.to_judge, lambda a: ("judge", len(a[2]))))
+    monkeypatch.setattr(Speculation, "round", logged(Speculation.round, lambda a: "round"))
     for name, event in (("propose", "propose"), ("propose_tree", "propose"), ("own_draft", "own"), ("own_tree", "own")):
         monkeypatch.setattr(DFlashProposer, name, logged(getattr(DFlashProposer, name), lambda a, e=event: e))
     monkeypatch.setitem(builtin_llm.engine.learned.copies, "greedy", KeepModel.from_calibration([0.0], [0.0]))
     # The drafter pays (what earlier requests taught the shared engine's policy is not this test's matter)
-    monkeypatch.setattr(WidthPolicy, "should_draft", lambda self, limit: self.has_drafter and limit > 0)
+    monkeypatch.setattr(WidthPolicy, "should_draft", lambda self, limit: (
+        events.append("should"), self.has_drafter and limit > 0)[1])
     if shape == "chain":
         monkeypatch.setattr(builtin_llm.engine, "setup", dataclasses.replace(builtin_llm.engine.setup, tree_budget=0))
     else:
         monkeypatch.setattr(ShapeRates, "choose", lambda self: "tree")
     text = "def f(x):\n    return x\n" * 4
     plain = builtin_llm.generate(text, max_tokens=24, ignore_eos=True, speculate=False).token_ids
+    events.clear()
     assert builtin_llm.generate(text, max_tokens=24, ignore_eos=True).token_ids == plain
-    after_nothing = [b for a, b in zip(events, events[1:], strict=False) if a == "nothing"]
-    assert after_nothing and "own" in after_nothing  # in that round (not the next one's proposal)
+    rounds = [events[i:] for i, e in enumerate(events) if e == "nothing"]
+    rounds = [r[: r.index("round")] if "round" in r else r for r in rounds]  # up to the next round
+    assert rounds
+    for r in rounds:  # the policy asked once, the drafter's own drafts taken, the whole copy judged last
+        assert r.count("should") == 1 and "own" in r
+        assert [e for e in r if isinstance(e, tuple)][-1][1] > 0

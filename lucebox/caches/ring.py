@@ -35,8 +35,11 @@ from lucebox.caches.base import KVBlock, LayerCache, RowTable, Step, move_slots,
 
 class SlidingRing(LayerCache):
     def __init__(self, window: int, max_step: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, reads_ahead: bool = False):
-        self.window, self.max_step, self.reads_ahead = window, max_step, reads_ahead
+                 dtype: torch.dtype, device: torch.device, reads_ahead: bool = False, windowed: bool = False):
+        """`windowed`: every query that reads the ring attends with the ring's own window (a sliding
+        layer's ring), so a step may be handed its window's rows alone (`blocks`). Rings that only
+        bound what is kept (a draft model's full layers, a DFlash drafter's context) are read whole."""
+        self.window, self.max_step, self.reads_ahead, self.windowed = window, max_step, reads_ahead, windowed
         self.capacity = window + max_step
         self.k = torch.zeros((kv_heads, self.capacity, head_dim), dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
@@ -64,19 +67,18 @@ class SlidingRing(LayerCache):
         return self.rows
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
-        # A target layer's query at p sees positions p - window + 1 .. p (its attention window is the
-        # ring's), so a step sees only the slots of positions start - window + 1 .. end - 1 (tree
-        # rows sit at true positions below end). Where those do not wrap round the ring's end, attend
-        # over them alone: a decode step reads a window of keys, not the whole capacity (a fifth of
-        # it with a 512-row prefill chunk). Where they wrap and are at most half the ring, its two
-        # ends are joined in a copy (three small copies cost less than attending twice the keys).
-        # A drafter's ring (`reads_ahead`) may be read with a wider window than its own: read whole.
+        # In a `windowed` ring a query at p sees positions p - window + 1 .. p, so a step sees only
+        # the slots of positions start - window + 1 .. end - 1 (tree rows sit at true positions
+        # below end). Where those do not wrap round the ring's end, attend over them alone: a decode
+        # step reads a window of keys, not the whole capacity (a fifth of it with a 512-row prefill
+        # chunk). Where they wrap and are at most half the ring, its two ends are joined in a copy
+        # (three small copies cost less than attending twice the keys).
         first, last = max(0, step.start - self.window + 1), step.end - 1
         lo, hi = first % self.capacity, last % self.capacity
-        if not self.reads_ahead and last - first < self.capacity and lo <= hi:
+        if self.windowed and last - first < self.capacity and lo <= hi:
             yield KVBlock(self.k[:, lo : hi + 1], self.v[:, lo : hi + 1], self.positions[lo : hi + 1])
             return
-        if not self.reads_ahead and last - first < self.capacity // 2:
+        if self.windowed and last - first < self.capacity // 2:
             yield KVBlock(*(torch.cat((t[..., lo:, :], t[..., : hi + 1, :]), -2) for t in (self.k, self.v)),
                           torch.cat((self.positions[lo:], self.positions[: hi + 1])))
             return

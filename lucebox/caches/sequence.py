@@ -32,7 +32,8 @@ class SequenceCache:
                 self.layers.append(ContiguousCache(kv, d, settings.max_context, dtype, device))
             elif layer.is_sliding or settings.full_attention_window:
                 window = layer.window if layer.is_sliding else settings.full_attention_window
-                self.layers.append(SlidingRing(window, settings.max_step, kv, d, dtype, device))
+                self.layers.append(SlidingRing(window, settings.max_step, kv, d, dtype, device,
+                                               windowed=layer.is_sliding))
             else:
                 self.layers.append(PagedKV(settings.kvflash(), kv, d, dtype, device, settings.kv_int8))
         self.length = 0
