@@ -95,7 +95,6 @@ class RotaryTables:
         return self._freqs[spec]
 
 
-
 def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):
     """The tables `apply_rope` takes, (T, 1, rotary_dim) each (broadcast over heads), computed in
     float32 and cast to dtype: cos, and sin with its first half negated (the sign rotate-half puts

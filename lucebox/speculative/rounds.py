@@ -176,8 +176,8 @@ class Speculation:
     def _draft(self, limit: int, context: list[int]) -> Draft:
         """Up to `limit` drafts after `last`, cut to the width the policy chooses; the whole block
         goes to the judge, which learns from every draft whether verified or not."""
-        proposer = self.proposer
-        draft = proposer.propose(context, min(limit, proposer.max_width), self.params, self.draft_gen)
+        proposer, most = self.proposer, min(limit, self.proposer.max_width)
+        draft = proposer.propose(context, most, self.params, self.draft_gen)
         copy: list[int] = []
         if draft.copied:
             kept = self.cut_copy(draft.tokens, limit)
@@ -185,8 +185,7 @@ class Speculation:
                 return Draft(kept, copied=True)
             # No copied token pays, the drafter's drafts may (or their probe is due): they are drafted
             # instead, so text that offers copies at every round still drafts, measures and probes.
-            copy, draft = draft.tokens, proposer.own_draft(context, min(limit, proposer.max_width), self.params,
-                                                           self.draft_gen)
+            copy, draft = draft.tokens, proposer.own_draft(context, most, self.params, self.draft_gen)
         self.to_judge(draft.tokens, draft.confidence, copy)
         k = self.width.choose(draft.confidence, len(draft.tokens), limit)
         return Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k])
