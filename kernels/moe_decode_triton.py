@@ -20,7 +20,14 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from lucebox.kernels.gemv_triton import fixed_order_sum, fma_weight_tile, load_inputs, tile_accumulator, tile_shape
+from lucebox.kernels.gemv_triton import (
+    fixed_order_sum,
+    fma_weight_tile,
+    load_inputs,
+    tile_accumulator,
+    tile_shape,
+    word_args,
+)
 from lucebox.kernels.step_rows import DECODE_STEP_ROWS
 
 # The most rows a step may have for this layout; wider steps take the sorted (prefill) layout.
@@ -64,7 +71,7 @@ def _gate_up(x_ptr, inter_ptr, pair, valid, w_ptr, s_ptr, z_ptr, stride_w, strid
                                    BITS, GROUP, OFFSET, BLOCK_I, BLOCK_R, TILE_GROUPS, EVEN_R)
             up = fma_weight_tile(up, xs, w_ptr, s_ptr, z_ptr, width + loaded_i, h, H, stride_w, stride_s,
                                  BITS, GROUP, OFFSET, BLOCK_I, BLOCK_R, TILE_GROUPS, EVEN_R)
-    LANES: tl.constexpr = BLOCK_R // (2 if BITS == 4 else 1)
+    LANES: tl.constexpr = BLOCK_R // (8 if BITS == 4 else 1)
     gate = fixed_order_sum(gate, LANES)
     up = fixed_order_sum(up, LANES)
     act = gate / (1.0 + tl.exp(-gate)) * up
@@ -114,7 +121,7 @@ def _down(inter_ptr, pair, w_ptr, s_ptr, z_ptr, stride_w, stride_s, width, strid
             a = load_inputs(inter_ptr, pair, stride_inter, i, width, BLOCK_R, EVEN_R, BITS)
             acc = fma_weight_tile(acc, a, w_ptr, s_ptr, z_ptr, loaded_h, i, width, stride_w, stride_s,
                                   BITS, GROUP, OFFSET, BLOCK_H, BLOCK_R, TILE_GROUPS, EVEN_R)
-    return fixed_order_sum(acc, BLOCK_R // (2 if BITS == 4 else 1))
+    return fixed_order_sum(acc, BLOCK_R // (8 if BITS == 4 else 1))
 
 
 @triton.jit
@@ -181,8 +188,8 @@ def _matrix_args(routed: tuple, alone: tuple | None, width: int, s_width: int, r
     `weights_per_input` weights per input (outputs x matrices). Formats: (BITS, GROUP, OFFSET,
     BLOCK_R, SUB_R, TILE_GROUPS, EVEN_R) each. Without a shared expert its slots take the stack's own
     arguments: placeholders never read."""
-    w_args, expert_strides = routed
-    s_args = alone if alone is not None else w_args
+    w_args, expert_strides = word_args(*routed)
+    s_args = word_args(alone)[0] if alone is not None else w_args
     bits, group, offset = w_args[5:]
     s_bits, s_group, s_offset = s_args[5:]
     formats = (bits, group, offset, *_streaming_tile(rows, width, w_args[0], group, bits, products, weights_per_input),
@@ -204,8 +211,9 @@ def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tup
     _, F, f_shared = sizes
     shared = shared_gate_up is not None
     P = M * K
-    # Outputs a program: 512 / 16 * 9 up and 2048 / 16 down programs at Laguna XS.2; 16 rows share each
-    # input load (fewer SASS instructions per weight byte than 8: bench/kernel_specs.py).
+    # Outputs a program: 512 / 16 * 9 up and 2048 / 16 down programs at Laguna XS.2; 16 outputs share
+    # each input load: 0.29 (up) and 0.33 (down) SASS instructions per int4 byte at one row on sm_86
+    # (32 outputs and fewer warps save about a tenth more, with half the programs; bench/kernel_specs.py).
     up_i, down_h = 16, 16
     inter = torch.empty((P + M * shared, max(F, f_shared)), dtype=x.dtype, device=x.device)
     out = torch.empty((M, H), dtype=x.dtype, device=x.device)

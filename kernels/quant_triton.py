@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from lucebox.kernels.gemv_triton import GEMV_ROWS, gemv
+from lucebox.kernels.gemv_triton import GEMV_ROWS, gemv, streams
 from lucebox.kernels.quant import QuantizedTensor
 
 
@@ -119,11 +119,12 @@ def linear(x: torch.Tensor, w: torch.Tensor | QuantizedTensor, bias: torch.Tenso
 
 def quantized_linear(x: torch.Tensor, w: QuantizedTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., K) @ dequantize(w).T (+ bias) for a quantized (N, K) weight. Decode and verify
-    steps (at most `GEMV_ROWS` rows) take the streaming GEMV, one launch; wider ones tl.dot tiles."""
+    steps (at most `GEMV_ROWS` rows) take the streaming GEMV, one launch, where it reads the weight's
+    format (`gemv_triton.streams`); wider ones tl.dot tiles."""
     N, K = w.shape
     x2 = x.reshape(-1, K).contiguous()
     M = x2.shape[0]
-    if M <= GEMV_ROWS:
+    if M <= GEMV_ROWS and streams(weight_args(w), K):
         return gemv(x2, weight_args(w), N, bias).reshape(*x.shape[:-1], N)
     block_m, block_n, block_k = 64, 64, 64
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
