@@ -159,6 +159,10 @@ def test_copies_the_copy_keep_rates_do_not_pay_for_are_cut(builtin_llm, monkeypa
     monkeypatch.setattr(Speculation, "cut_copy", lambda self, copied, limit: (
         lambda kept: (cuts.append((len(copied), len(kept))), kept)[1])(cut_copy(self, copied, limit)))
     monkeypatch.setitem(builtin_llm.engine.learned.copies, "greedy", KeepModel.from_calibration([0.02], [0.02]))
+    # Rows priced by a fixed line (0.9 + 0.1 per row), not by what earlier requests' times taught the
+    # shared engine (on a loaded machine they can fit a slope of 0: every width priced as one row).
+    monkeypatch.setattr(builtin_llm.engine.learned, "costs", RoundCosts({1: 1.0, 8: 1.7}))
+    monkeypatch.setattr(WidthPolicy, "record", lambda self, rows, step_s, draft_s: None)
     builtin_llm.generate("def f(x):\n    return x\n" * 4, max_tokens=24, ignore_eos=True)
     assert cuts and cuts[0][0] > 2 and cuts[0][1] <= 1
     assert builtin_llm.engine.learned.copies["greedy"].kept[0] > 0.02  # the copy was judged: it was kept
