@@ -53,9 +53,9 @@ def load_inputs(x_ptr, rows, stride_x, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.
         x7 = _input_column(ptrs, mask, 7, EVEN_K)
         # Nibble n of a word is read in place as its code times 16 ** (n % 4) (`_nibble_field`): its
         # input is divided by as much (exact: a power of two).
-        pair = (x0, x1 * (1.0 / 16), x2 * (1.0 / 256), x3 * (1.0 / 4096),
-                x4, x5 * (1.0 / 16), x6 * (1.0 / 256), x7 * (1.0 / 4096),
-                ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)))
+        inputs = (x0, x1 * (1.0 / 16), x2 * (1.0 / 256), x3 * (1.0 / 4096),
+                  x4, x5 * (1.0 / 16), x6 * (1.0 / 256), x7 * (1.0 / 4096),
+                  ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)))
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
         ptrs = x_ptr + rows[:, None] * stride_x + ks[None, :]
@@ -63,8 +63,8 @@ def load_inputs(x_ptr, rows, stride_x, k0, K, BLOCK_K: tl.constexpr, EVEN_K: tl.
             xs = tl.load(ptrs).to(tl.float32)
         else:
             xs = tl.load(ptrs, mask=ks[None, :] < K, other=0.0).to(tl.float32)
-        pair = (xs, xs)
-    return pair
+        inputs = (xs, xs)
+    return inputs
 
 
 @triton.jit
@@ -118,7 +118,7 @@ def _nibble_field(half, SHIFT: tl.constexpr):
 
 @triton.jit
 def fma_weight_tile(
-    acc, xs,  # acc from `tile_accumulator`; xs: the pair `load_inputs` gives
+    acc, xs,  # acc from `tile_accumulator`; xs: the tuple `load_inputs` gives
     w_ptr, scale_ptr, offset_ptr, outs, k0, K, stride_w, stride_scale,  # outs (BLOCK_N,), in range
     BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILE_GROUPS: tl.constexpr, EVEN_K: tl.constexpr,
@@ -234,11 +234,13 @@ def fixed_order_sum(products, LANES: tl.constexpr):
 
 
 def streams(w_args: tuple, K: int) -> bool:
-    """Whether the streaming kernels read this weight (`quant_triton.weight_args`) of K inputs:
-    int4 codes are read as 32-bit words of eight, so a row and a scale group must hold whole words
-    (true of every released model's shapes); other formats always. The rest take tl.dot tiles."""
-    bits, group = w_args[5:7]
-    return bits != 4 or (K % 8 == 0 and (group >= K or group % 8 == 0))
+    """Whether the streaming kernels read this weight (`quant_triton.weight_args`) of K inputs as
+    it is stored: int4 codes are read as 32-bit words of eight, so a row and a scale group must hold
+    whole words (true of every released model's shapes) and the codes must start and step on whole
+    words; other formats always."""
+    codes, bits, group = w_args[0], w_args[5], w_args[6]
+    return bits != 4 or (K % 8 == 0 and (group >= K or group % 8 == 0) and codes.stride(-1) == 1
+                         and codes.storage_offset() % 4 == 0 and all(s % 4 == 0 for s in codes.stride()[:-1]))
 
 
 def word_args(w_args: tuple, expert_strides: tuple[int, int] = (0, 0)) -> tuple[tuple, tuple[int, int]]:

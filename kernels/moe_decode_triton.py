@@ -213,7 +213,7 @@ def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tup
     P = M * K
     # Outputs a program: 512 / 16 * 9 up and 2048 / 16 down programs at Laguna XS.2; 16 outputs share
     # each input load: 0.29 (up) and 0.33 (down) SASS instructions per int4 byte at one row on sm_86
-    # (32 outputs and fewer warps save about a tenth more, with half the programs; bench/kernel_specs.py).
+    # (bench/kernel_specs.py).
     up_i, down_h = 16, 16
     inter = torch.empty((P + M * shared, max(F, f_shared)), dtype=x.dtype, device=x.device)
     out = torch.empty((M, H), dtype=x.dtype, device=x.device)

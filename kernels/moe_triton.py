@@ -2,8 +2,8 @@
 block of rows that chose it.
 
 Decode and verify steps (at most DEDUP_ROWS rows) take `moe_decode_triton` (two launches, the
-layer's output written by the second) where it reads every matrix's format (`gemv_triton.streams`);
-wider steps take the prefill layout (SORTED) here:
+layer's output written by the second; `quant_triton.streamed`); wider steps take the prefill layout
+(SORTED) here:
 pairs (row, choice j) sorted by expert and cut into blocks of BLOCK_M rows of one expert
 (moe-align style), a grouped GEMM over experts; the block table is built on the device with a
 fixed upper bound on the block count, so it needs no host sync either.
@@ -27,10 +27,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from lucebox.kernels.gemv_triton import streams
 from lucebox.kernels.moe_decode_triton import DEDUP_ROWS, moe_decode
 from lucebox.kernels.quant import Weight
-from lucebox.kernels.quant_triton import dot_precision, expert_strides, load_weight_tile, weight_args
+from lucebox.kernels.quant_triton import dot_precision, expert_strides, load_weight_tile, streamed, weight_args
 
 
 @triton.jit
@@ -196,10 +195,10 @@ def moe_experts(
     x = x.contiguous()
     ids = ids.contiguous()
     rows = layout_of[0] if layout_of else M
-    matrices = ((gate_up, H), (down, F)) + (((shared_gate_up, H), (shared_down, f_shared)) if shared else ())
-    if rows <= DEDUP_ROWS and all(streams(weight_args(w), width) for w, width in matrices):
-        routed = [(weight_args(w), expert_strides(w)) for w in (gate_up, down)]
-        alone = [weight_args(w) if shared else None for w in (shared_gate_up, shared_down)]
+    if rows <= DEDUP_ROWS:
+        routed = [(weight_args(w), expert_strides(w)) for w in (streamed(gate_up, H), streamed(down, F))]
+        alone = [weight_args(streamed(w, width)) if shared else None
+                 for w, width in ((shared_gate_up, H), (shared_down, f_shared))]
         return moe_decode(x, *routed, *alone, weights.contiguous(), ids, scaling, (E, F, f_shared),
                           triton.next_power_of_2(rows))
     block_m = 64

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from lucebox.kernels.gemv_triton import GEMV_ROWS, gemv, streams
-from lucebox.kernels.quant import QuantizedTensor
+from lucebox.kernels.quant import QuantizedTensor, Weight, dequantize
 
 
 @triton.jit
@@ -117,15 +117,25 @@ def linear(x: torch.Tensor, w: torch.Tensor | QuantizedTensor, bias: torch.Tenso
     return F.linear(x, w, bias)
 
 
+def streamed(w: Weight, K: int) -> Weight:
+    """w as the streaming decode kernels take it: as stored, or dequantized for the step where they
+    cannot read its codes (`gemv_triton.streams`: int4 rows or groups of part words, never a released
+    model's shapes). Slow, but a row keeps the bits of a one-row step whatever the step's rows, which
+    greedy speculation needs and the tile kernels do not promise."""
+    if isinstance(w, QuantizedTensor) and not streams(weight_args(w), K):
+        return dequantize(w)
+    return w
+
+
 def quantized_linear(x: torch.Tensor, w: QuantizedTensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., K) @ dequantize(w).T (+ bias) for a quantized (N, K) weight. Decode and verify
-    steps (at most `GEMV_ROWS` rows) take the streaming GEMV, one launch, where it reads the weight's
-    format (`gemv_triton.streams`); wider ones tl.dot tiles."""
+    steps (at most `GEMV_ROWS` rows) take the streaming GEMV, one launch (`streamed`); wider ones
+    tl.dot tiles."""
     N, K = w.shape
     x2 = x.reshape(-1, K).contiguous()
     M = x2.shape[0]
-    if M <= GEMV_ROWS and streams(weight_args(w), K):
-        return gemv(x2, weight_args(w), N, bias).reshape(*x.shape[:-1], N)
+    if M <= GEMV_ROWS:
+        return gemv(x2, weight_args(streamed(w, K)), N, bias).reshape(*x.shape[:-1], N)
     block_m, block_n, block_k = 64, 64, 64
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     w_ptr, s_ptr, z_ptr, stride_w, stride_s, bits, group, offset = weight_args(w)

@@ -74,28 +74,32 @@ def test_gemv_handles_groups_that_do_not_divide_its_tiles(poisoned):
         assert_close(quant_triton.quantized_linear(x, w), x.double() @ quant.dequantize(w).double().T, torch.float32)
 
 
-@pytest.mark.skipif(DEVICE.type == "cuda", reason="counts the interpreter's launches")
-def test_int4_rows_of_part_words_take_the_tile_kernels(poisoned):
+def test_int4_rows_of_part_words_stream_dequantized_and_keep_a_rows_bits(poisoned):
     """The streaming kernels read int4 codes as 32-bit words of eight: rows of 36 inputs (4.5 words)
-    and groups of 12 (1.5 words) take the tl.dot tile kernels, exact all the same; rows and groups of
-    whole words stream."""
-    for K, group, kernel in ((36, None, "_matmul_kernel"), (72, 12, "_matmul_kernel"), (72, 24, "_gemv_kernel")):
-        w = quant.quantize(random(5, K, seed=K), "int4", group)
-        x = random(2, K, seed=1)
-        with counted_launches() as (launches, _):
-            y = quant_triton.quantized_linear(x, w)
-        assert launches == [kernel], (K, group)
-        assert_close(y, x.double() @ quant.dequantize(w).double().T, torch.float32)
-    E, F, H = 3, 36, 64  # experts of 36 intermediate features: their down matrices' rows are part words
-    ids, weights = torch.tensor([[0, 2]], device=DEVICE), torch.tensor([[0.7, 0.3]], device=DEVICE)
+    and groups of 12 (1.5 words) are dequantized for the step and streamed as plain weights, exact,
+    and a row alone gets the bits it gets in a 16-row verify block (the tile kernels' would not);
+    groups of 24 (3 words) stream as they are stored."""
+    x = random(16, 72, seed=1)
+    for K, group, plain in ((36, None, True), (72, 12, True), (72, 24, False)):
+        w = quant.quantize(random(21, K, seed=K), "int4", group)
+        assert (quant_triton.streamed(w, K) is not w) == plain
+        block = quant_triton.quantized_linear(x[:, :K], w)
+        assert_close(block, x[:, :K].double() @ quant.dequantize(w).double().T, torch.float32)
+        for r in (0, 11):
+            assert torch.equal(quant_triton.quantized_linear(x[r : r + 1, :K], w), block[r : r + 1]), (K, group)
+    E, F, H = 4, 36, 64  # experts of 36 intermediate features: their down matrices' rows are part words
+    g = torch.Generator().manual_seed(5)
+    ids = torch.stack([torch.randperm(E, generator=g)[:3] for _ in range(16)]).to(DEVICE)
+    weights = torch.rand(16, 3, generator=g).to(DEVICE)
     gate_up = quant.quantize(random(E, 2 * F, H, seed=2), "int4", 32)
     down = quant.quantize(random(E, H, F, seed=3), "int4", None)
-    x = random(1, H, seed=4)
-    with counted_launches() as (launches, _):
-        got = moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5)
-    assert "_down_decode_kernel" not in launches, launches
-    assert_close(got, moe.moe_experts(x.double(), _dense(gate_up), _dense(down), weights.double(), ids, 2.5),
+    x = random(16, H, seed=4)
+    block = moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5)
+    assert_close(block, moe.moe_experts(x.double(), _dense(gate_up), _dense(down), weights.double(), ids, 2.5),
                  torch.float32)
+    for r in (0, 9):
+        alone = moe_triton.moe_experts(x[r : r + 1], gate_up, down, weights[r : r + 1], ids[r : r + 1], 2.5)
+        assert torch.equal(alone, block[r : r + 1])
 
 
 def test_a_row_gets_the_same_bits_alone_and_in_a_verify_block(poisoned):
