@@ -6,8 +6,9 @@ CPU-side proxy of how near a kernel can get to the bandwidth roofline.
 
 The launches are those `tests/kernel_compile.py` records at Laguna XS.2 shapes, kept when they are
 decode launches (a BLOCK_M of at most 16 rows, or no BLOCK_M: row-wise kernels). Each is compiled
-with Triton's compiler; its cubin gives registers per thread and local memory (Triton's n_spills
-is local bytes / 4, as its driver computes it), and its SASS the hot loop (`bench/sass.py`).
+with Triton's compiler; its cubin gives registers per thread, stack and local memory, ptxas run
+again on its PTX the bytes of registers spilled (n_spills: spill stores / 4; the stack also holds
+small local arrays, which are not spills), and its SASS the hot loop (`bench/sass.py`).
 
 A streaming kernel's cost in issue slots per byte it streams: SASS warp instructions per byte =
 hot-loop instructions per iteration / (bytes one warp streams per iteration), the bytes read off
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -37,6 +39,7 @@ from bench.triton_compile import Launch, compile_all, compile_launch, record_lau
 CAPABILITY = 86
 TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 TRITON_VERSION = triton.__version__
+SPILL_STORES = re.compile(r"(\d+) bytes spill stores")
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,17 @@ def cuobjdump(flag: str, cubin: bytes) -> str:
                               check=True).stdout
 
 
+def spill_store_bytes(kernel, capability: int) -> int:
+    """Bytes of registers a compiled kernel spills, as ptxas reports them for its PTX (the cubin's
+    resource counts mix spills with local arrays in the stack)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(kernel.asm["ptx"])
+        f.flush()
+        log = subprocess.run([str(TOOLS / "ptxas"), "-v", "--regAllocOptLevel=2", f"--gpu-name=sm_{capability}", f.name,
+                              "-o", "/dev/null"], capture_output=True, text=True, check=True).stderr
+    return int(SPILL_STORES.search(log).group(1))
+
+
 def spec_one(launch: Launch) -> dict:
     pointers = {k: v for k, v in launch.signature.items() if v.startswith("*")}
     # The first pointer is the activation (x, inter, q): its type tells bf16 from float32 models.
@@ -116,8 +130,9 @@ def spec_one(launch: Launch) -> dict:
     code = parse_sass(cuobjdump("-sass", kernel.asm["cubin"]))
     loops = find_loops(code)
     num_warps = kernel.metadata.num_warps
-    row.update(registers=resources["registers"], n_spills=resources["local_bytes"] // 4,
-               local_bytes=resources["local_bytes"], shared_bytes=kernel.metadata.shared, num_warps=num_warps,
+    row.update(registers=resources["registers"], n_spills=spill_store_bytes(kernel, CAPABILITY) // 4,
+               stack_bytes=resources["stack_bytes"], local_bytes=resources["local_bytes"],
+               shared_bytes=kernel.metadata.shared, num_warps=num_warps,
                num_stages=kernel.metadata.num_stages, sass_instructions=len(code),
                loops=[vars(loop) for loop in loops])
     hot = max(loops, key=lambda loop: loop.path_instructions, default=None)

@@ -200,14 +200,15 @@ def _gemv_kernel(
 def tile_shape(rows: int, K: int, group: int, bits: int, products: int) -> tuple[int, int, int, bool]:
     """(BLOCK_K, SUB, TILE_GROUPS, EVEN_K) for `rows` rows of x. A loop iteration streams SUB
     tiles of BLOCK_K inputs, as many as a budget of `products` running products per output row
-    allows (a program's registers; an int4 word's eight inputs share one, so int4 tiles are eight
-    times as wide), up to 512 inputs and no wider than K. BLOCK_K, the running products'
+    allows (a program's registers; an int4 word's eight inputs share one, but a 16-row step also
+    holds those inputs, so int4 tiles are four times as wide, not eight: wider ones spill on sm_86),
+    up to 512 inputs and no wider than K. BLOCK_K, the running products'
     width, is what the budget allows at GEMV_ROWS rows whatever `rows` is: each output's sum then
     takes the same order in a one-row step and in a verify step, so the verified rows carry the
     bits plain decoding computes. Tiles are aligned to the groups: a tile holds whole groups, or
     lies inside one."""
     widest = triton.next_power_of_2(K)
-    products *= 8 if bits == 4 else 1
+    products *= 4 if bits == 4 else 1
     block_k = max(32, min(512, products // GEMV_ROWS, widest))
     if bits and group < K and group % block_k and block_k % group:
         block_k = group & -group  # an odd group (never in real models): tiles inside one group
@@ -260,7 +261,7 @@ def gemv(x: torch.Tensor, w_args: tuple, N: int, bias: torch.Tensor | None) -> t
     w_ptr, s_ptr, z_ptr, stride_w, stride_s, bits, group, offset = word_args(w_args)[0]
     block_m = triton.next_power_of_2(M)
     # 16 outputs a program: 128 programs at N = 2048, about 1.6 per SM on an 82-SM RTX 3090. int4 tiles
-    # of 512 inputs stream at 0.31 SASS instructions per byte at one row on sm_86 (bench/kernel_specs.py).
+    # of 256 inputs stream at 0.34 SASS instructions per byte at one row on sm_86 (bench/kernel_specs.py).
     block_n = 16
     block_k, sub, tile_groups, even_k = tile_shape(block_m, K, group, bits, products=16384 // block_n)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)

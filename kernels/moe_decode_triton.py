@@ -212,19 +212,21 @@ def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tup
     shared = shared_gate_up is not None
     P = M * K
     # Outputs a program: 512 / 16 * 9 up and 2048 / 16 down programs at Laguna XS.2; 16 outputs share
-    # each input load: 0.29 (up) and 0.33 (down) SASS instructions per int4 byte at one row on sm_86
-    # (bench/kernel_specs.py).
-    up_i, down_h = 16, 16
+    # each input load: 0.32 (up) and 0.41 (down) SASS instructions per int4 byte at one row on sm_86
+    # (bench/kernel_specs.py). A step of 9-16 rows gives the up kernel 8 (16 spill there). The tiles'
+    # width does not follow the outputs (a budget of 512 products for 16 outputs, whatever they are),
+    # so each output's sum takes the same order at every width.
+    up_i, down_h = 16 if block_m < DEDUP_ROWS else 8, 16
     inter = torch.empty((P + M * shared, max(F, f_shared)), dtype=x.dtype, device=x.device)
     out = torch.empty((M, H), dtype=x.dtype, device=x.device)
     sizes = (M, K, H, F, f_shared, inter.stride(0))
     shape = dict(BLOCK_M=block_m, BLOCK_P=triton.next_power_of_2(P), BLOCK_C=triton.next_power_of_2(K), STAGES=3)
     # Multiplies a program's registers hold per row: gate and up share the up kernel's budget, the
     # down kernel's also holds each choice's results. Sized so no specialization spills (sm_86).
-    pointers, formats = _matrix_args(gate_up, shared_gate_up, H, H, block_m, 8192 // up_i, 2 * up_i)
+    pointers, formats = _matrix_args(gate_up, shared_gate_up, H, H, block_m, 8192 // 16, 2 * up_i)
     _up_decode_kernel[(P + shared, triton.cdiv(max(F, f_shared), up_i))](
         x, inter, ids, *pointers, *sizes, *formats, BLOCK_I=up_i, **shape)
-    pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1), block_m, 8192 // down_h, down_h)
+    pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1), block_m, 8192 // 16, down_h)
     _down_decode_kernel[(triton.cdiv(H, down_h),)](
         inter, out, weights, ids, *pointers, *sizes, scaling, *formats, BLOCK_H=down_h, SHARED=shared, **shape)
     return out

@@ -111,9 +111,11 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_verify_block(poisoned):
         block = quant_triton.quantized_linear(x, w)
         for r in (0, 11):
             assert torch.equal(quant_triton.quantized_linear(x[r : r + 1], w), block[r : r + 1]), form
-    x, (gate_up, down), weights, ids, alone = _moe_case("int4-g32", 8, True, torch.float32)
+    # 16 rows: a block whose up kernel has fewer outputs a program than a lone row's (registers), over
+    # rows wider than one tile
+    x, (gate_up, down), weights, ids, alone = _moe_case("int4-g32", 16, True, torch.float32, H=256)
     whole = moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5, *alone)
-    for r in (0, 5):
+    for r in (0, 13):
         alone_row = moe_triton.moe_experts(x[r : r + 1], gate_up, down, weights[r : r + 1], ids[r : r + 1], 2.5, *alone)
         assert torch.equal(alone_row, whole[r : r + 1])
 

@@ -1,5 +1,6 @@
 """Every Triton kernel specialization the engine launches compiles for sm_86 and sm_90 and fits
-their shared memory (no GPU needed: Triton's compiler runs on the CPU)."""
+their shared memory, and no bf16/fp16 decode specialization spills registers on sm_86 (no GPU
+needed: Triton's compiler and its bundled ptxas run on the CPU)."""
 
 from __future__ import annotations
 
