@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 
-def _step_seconds(llm, cache, width: int, position: int, reps: int) -> float:
+def step_seconds(llm, cache, width: int, position: int, reps: int) -> float:
     """Median seconds of `width`-row steps at `position` through the engine's runner (a graph
     replay on CUDA after the first, which captures), each rolled back after."""
     import torch
@@ -84,8 +84,8 @@ def step_profile(check) -> dict:
         pass
     cache.commit(len(prompt))
     reps = 20 if cuda else 2
-    decode = _step_seconds(llm, cache, 1, len(prompt), reps)
-    verify = _step_seconds(llm, cache, 8, len(prompt), reps)
+    decode = step_seconds(llm, cache, 1, len(prompt), reps)
+    verify = step_seconds(llm, cache, 8, len(prompt), reps)
     check.record("step_profile", device_kernels_per_step_5_layers=_device_kernels(llm, cache, len(prompt)),
                  decode1_ms=decode * 1e3, verify8_ms=verify * 1e3, verify8_over_decode1=verify / decode,
                  graphed=llm.runner.capture)
