@@ -4,6 +4,10 @@ drafting off by chance would show as a run several times slower than the others)
 
     python bench/repeat_generate.py                       # 6 runs each: the default drafter, n-gram, none
     python bench/repeat_generate.py --out bench/results   # replace the committed result
+
+Before the timed runs, `--warmup` untimed rounds of every command run first (reported, not counted),
+as hyperfine does: the first processes after an idle stretch decode up to 20% slower on this
+machine while its caches and clocks warm up, whichever drafter they use.
 """
 
 from __future__ import annotations
@@ -36,8 +40,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=6)
     p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds of every command first (default 1)")
     p.add_argument("--out", default=None, help="directory for the JSON (default bench/results/local)")
     args = p.parse_args()
+    warmup = {}
+    for _ in range(args.warmup):
+        for name, extra in DRAFTS.items():
+            warmup.setdefault(name, []).append(one_run(extra, args.tokens)["decode_tokens_per_s"])
     results = {}
     for _ in range(args.runs):  # interleaved, so a slow stretch of the machine touches every drafter
         for name, extra in DRAFTS.items():
@@ -45,12 +54,14 @@ def main() -> None:
     summary = {}
     for name, runs in results.items():
         speeds = [r["decode_tokens_per_s"] for r in runs]
-        summary[name] = {"runs": runs, "min": min(speeds), "max": max(speeds),
+        summary[name] = {"warmup_decode_tokens_per_s": warmup.get(name, []), "runs": runs,
+                         "min": min(speeds), "max": max(speeds),
                          "max_over_min": round(max(speeds) / min(speeds), 3),
                          "acceptance": sorted({r["acceptance"] for r in runs if r["acceptance"] is not None})}
         print(f"{name:16s} decode tok/s {' '.join(f'{s:.0f}' for s in speeds)}  max/min {max(speeds) / min(speeds):.2f}"
               f"  acceptance {summary[name]['acceptance']}", flush=True)
-    path = write_result("repeat_generate", {"prompt": PROMPT, "tokens": args.tokens, "results": summary}, args.out)
+    path = write_result("repeat_generate", {"prompt": PROMPT, "tokens": args.tokens, "warmup_rounds": args.warmup,
+                                                 "results": summary}, args.out)
     print(f"wrote {path}")
 
 

@@ -53,7 +53,7 @@ def attention_partial(
     fused = q.device.type == "cpu" and q.dtype == torch.float32 and k.shape[1] and not q.requires_grad
     # Shared masks compare positions on the host: never in a graph's body (`moe.reads_wait_for_nothing`).
     if not all_visible and fused and pinned is None and tree_bits is None and moe.reads_wait_for_nothing(q.device):
-        visible, prepared = _shared_cpu_mask(q_positions, k_positions, window)
+        visible, prepared = _shared_cpu_mask(q_positions, k_positions, window, group)
     elif not all_visible:
         visible = _visible(q_positions, k_positions, window, pinned, recent, tree_bits)
     # Query heads of one KV group side by side: (KV, group*T, D) against (KV, S, D). One row needs
@@ -84,19 +84,20 @@ def _visible(q_positions: torch.Tensor, k_positions: torch.Tensor, window: int |
     return visible
 
 
-# (window, rows, keys, inference mode) -> (key positions, query positions, visible, (additive mask,
-# rows seeing a key)), each of the last two None where every key / every row passes: the CPU's masks
-# of the last step, by layer kind. Every sliding layer of a step holds the same positions in a ring
-# of its own (and every full layer in its pages), so one mask serves them all: ~8 small ops a layer
-# become 2 comparisons (by value, so a mask is only ever reused for the very positions it was made from).
+# (window, rows, keys, query heads per KV head, inference mode) -> (key positions, query positions,
+# visible, (additive mask in the fused op's layout, rows seeing a key)), each of the last two None
+# where every key / every row passes: the CPU's masks of the last step, by layer kind. Every
+# sliding layer of a step holds the same positions in a ring of its own (and every full layer in
+# its pages), so one mask serves them all: ~8 small ops a layer become 2 comparisons (by value, so
+# a mask is only ever reused for the very positions it was made from).
 _cpu_masks: dict = {}
 MAX_CPU_MASKS = 8
 
 
-def _shared_cpu_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, window: int | None):
-    """`_visible` without pinned keys or a tree, and what `_fused_on_cpu` makes of it, reused across
-    the layers of a step on the CPU."""
-    key = (window, q_positions.shape[0], k_positions.shape[0], torch.is_inference_mode_enabled())
+def _shared_cpu_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, window: int | None, group: int):
+    """`_visible` without pinned keys or a tree, and what `_fused_on_cpu` makes of it for `group`
+    query heads per KV head, reused across the layers of a step on the CPU."""
+    key = (window, q_positions.shape[0], k_positions.shape[0], group, torch.is_inference_mode_enabled())
     entry = _cpu_masks.get(key)  # one read: another thread may replace the entry meanwhile
     if entry is not None and torch.equal(entry[0], k_positions) and torch.equal(entry[1], q_positions):
         return entry[2], entry[3]
@@ -105,7 +106,7 @@ def _shared_cpu_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, windo
     # left out of the fused op, and so is the fix-up of rows that see no key when none is blind
     # (a decode step's full layers, and every row that sees itself).
     seeing = visible.any(-1)
-    mask = None if bool(visible.all()) else torch.where(visible, 0.0, float("-inf"))  # float32: the scalars' default
+    mask = None if bool(visible.all()) else _fused_mask(visible, group)
     prepared = (mask, None if bool(seeing.all()) else seeing)
     if len(_cpu_masks) >= MAX_CPU_MASKS:
         _cpu_masks.clear()
@@ -141,14 +142,19 @@ def _fused_on_cpu(qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: t
     kv_heads, T = qg.shape[0], qg.shape[1] // group
     mask = seeing = None
     if visible is not None:
-        mask, seeing = prepared or (torch.where(visible, 0.0, float("-inf")), visible.any(-1))
-        if mask is not None and T > 1:
-            mask = mask.repeat(group, 1)  # one row broadcasts over the group's rows
+        mask, seeing = prepared or (_fused_mask(visible, group), visible.any(-1))
     out, lse = _CPU_FLASH(qg[None], k[None], v[None], attn_mask=mask, scale=scale)
     lse = lse.view(kv_heads, group, T)
     if seeing is not None:
         lse = torch.where(seeing, lse, float("-inf"))
     return out[0], lse
+
+
+def _fused_mask(visible: torch.Tensor, group: int) -> torch.Tensor:
+    """The additive float32 mask of `_fused_on_cpu`'s op: (T, S), or (group*T, S) for the group's
+    query rows side by side when T > 1 (one row broadcasts over them)."""
+    mask = torch.where(visible, 0.0, float("-inf"))  # float32: the scalars' default
+    return mask.repeat(group, 1) if visible.shape[0] > 1 else mask
 
 
 def _tree_visible(visible: torch.Tensor, bits: torch.Tensor, q_positions: torch.Tensor,

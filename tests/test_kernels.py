@@ -240,6 +240,23 @@ def test_moe_reference_decode_steps_read_no_device_value_and_equal_the_expert_lo
     torch.testing.assert_close(got, loop, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("M", [2, moe.IN_PLACE_PAIRS // 2])
+def test_cpu_steps_of_few_pairs_give_each_row_its_one_row_bits(M):
+    """On the CPU a verify step of at most `IN_PLACE_PAIRS` (row, expert) pairs runs each row through
+    the ops a one-row step runs, so a verified row's MoE output is the plain step's bit for bit in
+    float32 (where a GEMM of several rows rounds otherwise than one row's)."""
+    H, E, F, K = 256, 8, 64, 2
+    gate_up = random(E, 2 * F, H, dtype=torch.float32, seed=7, scale=0.2).cpu()
+    down = random(E, H, F, dtype=torch.float32, seed=8, scale=0.2).cpu()
+    weights, ids = (t.cpu() for t in _routing(M, E, K, seed=M))
+    ids[1] = ids[0]  # two rows sharing their experts: the expert loop would run them as one GEMM
+    x = random(M, H, dtype=torch.float32, seed=M).cpu()
+    got = moe.moe_experts(x, gate_up, down, weights, ids, 2.5)
+    for i in range(M):
+        assert torch.equal(got[i : i + 1], moe.moe_experts(x[i : i + 1], gate_up, down, weights[i : i + 1],
+                                                           ids[i : i + 1], 2.5)), f"row {i}"
+
+
 def test_moe_block_table_needs_no_host_sync():
     """The prefill layout's block table is built from device tensors only (CUDA-graph safe)."""
     ids = torch.tensor([[3, 1], [1, 0], [3, 2], [1, 3]], device=DEVICE)
