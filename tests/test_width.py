@@ -66,6 +66,31 @@ def test_drafting_cost_counts_and_a_bad_stretch_is_probed_again():
     assert not costly.should_draft(7)  # expected 5.8 tokens cannot pay 21 steps' time
 
 
+def test_a_new_request_goes_on_with_the_probe_schedule_of_its_mode():
+    """Where drafting does not pay (sampled text the drafter cannot follow), each short request
+    must not start probing every PROBE_EVERY rounds again: the schedule is the engine's, by mode."""
+    import torch
+
+    from lucebox.sampling import SamplingParams
+    from lucebox.speculative.learned import Learned, read_calibration
+    from lucebox.speculative.rounds import DecodeContext, _policy
+
+    learned = Learned(RoundCosts(dict(STEPS), draft_seconds=0.2), read_calibration(None))
+    context = DecodeContext(None, None, None, learned, 7, "coupled", True, 16, torch.device("cpu"))
+    sampled, greedy = SamplingParams(temperature=0.8), SamplingParams()
+
+    def request(params, rounds):
+        p = _policy(context, params, True)
+        p.keep.kept = [0.1] * 7  # drafting does not pay
+        return [p.should_draft(7) for _ in range(rounds)]
+
+    probes = [i for i, drafted in enumerate(request(sampled, 8 * MAX_PROBE_EVERY)) if drafted]
+    assert probes[-1] - probes[-2] == MAX_PROBE_EVERY  # backed off to the longest wait
+    assert not any(request(sampled, 2 * PROBE_EVERY))  # the next request waits on where it stood
+    assert request(greedy, PROBE_EVERY)[-1]  # greedy decoding keeps a schedule of its own
+    assert not any(request(sampled, 2 * PROBE_EVERY))
+
+
 def test_expected_tokens_multiply_keep_rates():
     assert expected_tokens([0.5, 0.5]) == [1.0, 1.5, 1.75]
 

@@ -19,7 +19,7 @@ from lucebox.errors import DraftModelError
 from lucebox.sampling import SamplingParams
 from lucebox.speculative.keep_model import KeepModel
 from lucebox.speculative.tree_width import ShapeRates
-from lucebox.speculative.width import RoundCosts
+from lucebox.speculative.width import ProbeSchedule, RoundCosts
 
 CALIBRATION_FILE = "lucebox_calibration.json"
 MODES = ("greedy", "sampled")
@@ -73,6 +73,8 @@ class Learned:
     # chain or tree, by mode: sampled rounds keep fewer drafts, so the shape that pays may differ
     shapes: dict[str, ShapeRates] = field(default_factory=lambda: {mode: ShapeRates() for mode in MODES})
     copies: dict[str, KeepModel] = field(default_factory=lambda: {mode: copy_keep_model() for mode in MODES})
+    # when the drafter next runs unasked, by mode: a request goes on where the one before left off
+    probes: dict[str, ProbeSchedule] = field(default_factory=lambda: {mode: ProbeSchedule() for mode in MODES})
 
     def __post_init__(self):
         self.keep = self.keep or copy.deepcopy(self.start)

@@ -37,7 +37,7 @@ from lucebox.speculative.keep_model import DraftJudge, KeepModel
 from lucebox.speculative.learned import Learned
 from lucebox.speculative.proposer import Draft, Proposer
 from lucebox.speculative.tree_round import tree_round
-from lucebox.speculative.width import WidthPolicy, fixed_costs
+from lucebox.speculative.width import ProbeSchedule, WidthPolicy, fixed_costs
 
 
 @dataclass(frozen=True)
@@ -238,8 +238,9 @@ class Speculation:
 
 
 def _policy(context: DecodeContext, params: SamplingParams, has_drafter: bool, copies: bool = False) -> WidthPolicy:
-    """Adaptive with the engine's shared costs and keep rates (of the drafter, or of prompt-lookup
-    `copies`); fixed without them (copies then verified whole). A seeded sampled
+    """Adaptive with the engine's shared costs, keep rates (of the drafter, or of prompt-lookup
+    `copies`) and the drafter's probe schedule of this mode; fixed without them (copies then
+    verified whole). A seeded sampled
     request verified by drawn outcomes (tokenwise, block) decides without clocks from a fresh copy
     of the calibration, since its tokens depend on the widths it used; coupled rounds commit the
     same tokens whatever the widths, so their seeded requests use the clock too."""
@@ -247,8 +248,10 @@ def _policy(context: DecodeContext, params: SamplingParams, has_drafter: bool, c
     if learned is None or not context.adaptive:
         return WidthPolicy(fixed_costs(), KeepModel(), adaptive=False, has_drafter=has_drafter)
     reproducible = not params.greedy and params.seed is not None and context.verify_rule != "coupled"
-    return WidthPolicy(fixed_costs() if reproducible else learned.costs,
-                       learned.keep_for(params, reproducible, copies), timed=not reproducible, has_drafter=has_drafter)
+    if reproducible:
+        return WidthPolicy(fixed_costs(), learned.keep_for(params, True, copies), timed=False, has_drafter=has_drafter)
+    probes = ProbeSchedule() if copies else learned.probes["greedy" if params.greedy else "sampled"]
+    return WidthPolicy(learned.costs, learned.keep_for(params, False, copies), has_drafter=has_drafter, probes=probes)
 
 
 class RoundTotals:

@@ -14,7 +14,8 @@ Two decisions per round:
   stopped drafting after a bad stretch starts again when the drafter does better. Each probe
   that leaves drafting unpaid doubles the wait before the next (up to `MAX_PROBE_EVERY`), so
   where drafting never pays (sampled text the drafter cannot follow) probes cost little; a round
-  that pays again resets it;
+  that pays again resets it. The schedule (`ProbeSchedule`) is the engine's, per decoding mode,
+  as the keep rates are: a new request does not start probing every 8 rounds again;
 - after drafting, from the block's own confidences: the width that maximizes tokens per second
   of what is left to pay (verification; the drafting is spent), or 0.
 
@@ -63,11 +64,14 @@ class RoundCosts:
             self._prior = [a + b for a, b in zip(self._prior, _moments(rows, seconds, PRIOR_WEIGHT), strict=True)]
 
     def step(self, rows: int) -> float:
+        return _on_line(self.line(), rows)
+
+    def line(self) -> tuple[float, float]:
+        """(a, b) of the fitted line a + b * rows (what `step` evaluates: fit once, price many widths)."""
         n, sx, sxx, sy, sxy = (a + b for a, b in zip(self._prior, self._seen, strict=True))
         spread = n * sxx - sx * sx
         slope = max(0.0, (n * sxy - sx * sy) / spread) if spread > 1e-12 else 0.0
-        base = (sy - slope * sx) / n
-        return max(base + slope * rows, 1e-9)
+        return (sy - slope * sx) / n, slope
 
     def drafting(self) -> float:
         return self.draft_seconds if self.draft_seconds is not None else 0.0
@@ -91,6 +95,17 @@ def _moments(x: float, y: float, weight: float) -> list[float]:
     return [weight, weight * x, weight * x * x, weight * y, weight * x * y]
 
 
+def _on_line(line: tuple[float, float], rows: int) -> float:
+    return max(line[0] + line[1] * rows, 1e-9)
+
+
+@dataclass
+class ProbeSchedule:
+    """When the drafter next runs although no width is expected to pay: after `every` plain rounds."""
+    plain_rounds: int = 0  # plain rounds since the drafter last ran
+    every: int = PROBE_EVERY
+
+
 @dataclass
 class WidthPolicy:
     costs: RoundCosts
@@ -99,15 +114,15 @@ class WidthPolicy:
     timed: bool = True
     adaptive: bool = True  # False: always the widest round the limits allow, always drafting
     has_drafter: bool = True
-    plain_rounds: int = 0  # plain rounds since the drafter last ran
-    probe_every: int = PROBE_EVERY  # plain rounds before the next probe
+    probes: ProbeSchedule = field(default_factory=ProbeSchedule)  # the engine's, by mode (`Learned`)
 
     def rate(self, keep: list[float], drafting: float) -> tuple[int, float]:
         """(width, expected tokens per second) of the best round given keep probabilities and the
         drafting cost still to pay; width 0 is a plain step."""
-        best_k, best = 0, 1.0 / self.costs.step(1)
+        line = self.costs.line()
+        best_k, best = 0, 1.0 / _on_line(line, 1)
         for k, tokens in enumerate(expected_tokens(keep)[1:], start=1):
-            rate = tokens / (drafting + self.costs.step(k + 1))
+            rate = tokens / (drafting + _on_line(line, k + 1))
             if rate > best:
                 best_k, best = k, rate
         return best_k, best
@@ -118,13 +133,14 @@ class WidthPolicy:
             return False
         if not self.adaptive or not self.timed:
             return True
+        probes = self.probes
         if self.rate(self.keep.predict(None, min(limit, self.max_width)), self.costs.drafting())[0] > 0:
-            self.plain_rounds, self.probe_every = 0, PROBE_EVERY
+            probes.plain_rounds, probes.every = 0, PROBE_EVERY
             return True
-        self.plain_rounds += 1
-        if self.plain_rounds >= self.probe_every:
-            self.plain_rounds = 0
-            self.probe_every = min(2 * self.probe_every, MAX_PROBE_EVERY)
+        probes.plain_rounds += 1
+        if probes.plain_rounds >= probes.every:
+            probes.plain_rounds = 0
+            probes.every = min(2 * probes.every, MAX_PROBE_EVERY)
             return True
         return False
 
@@ -152,7 +168,7 @@ class WidthPolicy:
         self.costs.refine_step(rows, step_seconds)
         if draft_seconds is not None:
             self.costs.refine_drafting(draft_seconds)
-            self.plain_rounds = 0
+            self.probes.plain_rounds = 0
 
 
 def fixed_costs() -> RoundCosts:
