@@ -137,14 +137,16 @@ def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: tor
     at least one (row, expert) pair per expert touches most experts anyway and runs every expert
     densely; a sparser one gathers its chosen experts' weights. Prefill chunks loop over the
     experts they use: there each expert's GEMM has many rows. On the CPU, where a read waits for
-    nothing, every step loops so, but one of at most `IN_PLACE_PAIRS` pairs runs each chosen expert
-    where its weights lie: gathering them for a batched GEMV costs about 3x that."""
+    nothing, every step loops so, but a one-row step, or one of at most `IN_PLACE_PAIRS` pairs,
+    runs each chosen expert where its weights lie: gathering them for a batched GEMV costs about 3x
+    that."""
     rows, experts = layout_of
     small = rows <= SMALL_STEP_ROWS and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)
     if not small:
         return _expert_loop(x, gate_up, down, weights, ids)
     if reads_wait_for_nothing(x.device):  # no weights copied: each chosen expert where it lies
-        few = rows * ids.shape[1] <= IN_PLACE_PAIRS  # the whole step's pairs: a group takes its path
+        # the whole step's pairs (a group takes the step's path); a one-row step's, however many
+        few = rows == 1 or rows * ids.shape[1] <= IN_PLACE_PAIRS
         return (_chosen_experts_in_place if few else _expert_loop)(x, gate_up, down, weights, ids)
     if rows * ids.shape[1] >= experts:
         return _all_experts(x, gate_up, down, weights, ids)
