@@ -14,6 +14,12 @@ class InvalidArgumentError(LuceboxError, ValueError):
     """A keyword argument or CLI flag has a value lucebox cannot use."""
 
 
+class JSONInputError(InvalidArgumentError):
+    """A JSON text from outside (a request, a saved chat, a bench result, a config) that is not JSON, or
+    is past one of the bounds every such text is read within (`lucebox.bounded_json`): its size, its
+    nesting, the length of a number. The message names the text."""
+
+
 class ModelNotFoundError(LuceboxError, FileNotFoundError):
     """The model folder, or a file it must contain, does not exist."""
 

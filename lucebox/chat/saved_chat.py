@@ -15,11 +15,9 @@ null) and `{"role": "tool", "tool_call_id", "name", "content"}` results.
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 
-from lucebox.arguments import path as path_argument
+from lucebox import bounded_json
 from lucebox.errors import InvalidArgumentError
 
 CHAT_FORMAT = "lucebox-chat"
@@ -42,45 +40,9 @@ def chat_record(model: str, system: str | None, settings: dict, messages: list[d
 
 def read_chat(path: str | Path) -> dict:
     """The record saved at `path`, checked: {"messages": [{"role", "content"}, ...], "system", "settings"}."""
-    data = _read_bounded(path)
-    try:
-        record = json.loads(data.decode("utf-8"))
-    except RecursionError:
-        raise InvalidArgumentError(f"{path} is not a saved chat (its JSON nests too deeply)") from None
-    except ValueError as e:  # not UTF-8, not JSON, or a number too long to convert
-        raise InvalidArgumentError(f"{path} is not a saved chat ({str(e)[:200]})") from None
+    record = bounded_json.read_json_file(path, "the chat file", CHAT_FILE_MAX_BYTES)
     _check_record(path, record)
     return record
-
-
-def _read_bounded(path: str | Path) -> bytes:
-    path_argument("the chat file", path)
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # before opening: opening a FIFO would wait for a writer
-            raise InvalidArgumentError(f"{path} is not a regular file; a saved chat is a JSON file")
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise InvalidArgumentError(f"{path} does not exist") from None
-    except OSError as e:
-        raise InvalidArgumentError(f"cannot read {path}: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as f:
-        # checked again on what was opened (the name may point elsewhere by now), and read within the bound
-        opened = os.fstat(fd)
-        if not stat.S_ISREG(opened.st_mode):
-            raise InvalidArgumentError(f"{path} is not a regular file; a saved chat is a JSON file")
-        if opened.st_size > CHAT_FILE_MAX_BYTES:
-            raise _too_large(path)
-        try:
-            data = f.read(CHAT_FILE_MAX_BYTES + 1)
-        except OSError as e:
-            raise InvalidArgumentError(f"cannot read {path}: {e.strerror or e}") from None
-    if len(data) > CHAT_FILE_MAX_BYTES:  # it grew since
-        raise _too_large(path)
-    return data
-
-
-def _too_large(path: str | Path) -> InvalidArgumentError:
-    return InvalidArgumentError(f"{path} is larger than {CHAT_FILE_MAX_BYTES} bytes, the most a saved chat may be")
 
 
 def _check_record(path: str | Path, record: object) -> None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
+from lucebox import bounded_json
+from lucebox.errors import JSONInputError
 from lucebox.server.openai_api import APIError
 from lucebox.server.settings import ServerSettings, host_name, is_address
 
@@ -76,9 +77,9 @@ async def read_json(request: Request, settings: ServerSettings):
     except ClientDisconnect:
         raise ClientLeft from None
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, a huge integer, deep nesting
-        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+        return bounded_json.loads(body, "the request body")
+    except JSONInputError as e:  # not JSON, not UTF-8, a huge number, deep nesting
+        raise APIError(400, str(e)) from None
 
 
 async def _body(request: Request, limit: int) -> bytes:
