@@ -113,7 +113,7 @@ def test_a_failing_line_in_piped_mode_is_one_error_line_and_the_chat_goes_on(tmp
     code = lucebox.cli.main(["chat", "--temp", "0", "--max-tokens", "6"])
     out, err = capsys.readouterr()
     assert code == 1  # some line failed
-    expected = ["tokens of context", "not a regular file", "nests too deeply", "NUL character",
+    expected = ["tokens of context", "not a regular file", "more than 100 deep", "NUL character",
                 "lone surrogate U\\+DCFF", "already exists", "unknown command /nothing"]
     errors = err.splitlines()
     assert len(errors) == len(expected)
