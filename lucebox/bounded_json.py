@@ -6,7 +6,8 @@ arguments, a saved chat, a bench result, a config.json. Each is bounded before i
   crafted input, never a real schema, chat or config, and past Python's recursion limit it would
   be a RecursionError deep inside whatever walks it next;
 - numbers of at most MAX_NUMBER_CHARS characters (a 5,000-digit integer is past what Python
-  converts, and a float that long is a crafted one), and no NaN or Infinity, which JSON has not;
+  converts, and a float that long is a crafted one), no NaN or Infinity, which JSON has not, and
+  no float past float64's range (`1e999`);
 
 and every way it fails is one JSONInputError naming the source (`what`) and the bound.
 """
@@ -14,6 +15,7 @@ and every way it fails is one JSONInputError naming the source (`what`) and the 
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -30,7 +32,10 @@ def _number(what: str, convert):
         if len(text) > MAX_NUMBER_CHARS:
             raise JSONInputError(f"{what}: a number of {len(text)} characters ({text[:20]}...); numbers are "
                                  f"at most {MAX_NUMBER_CHARS} characters long")
-        return convert(text)
+        value = convert(text)
+        if not math.isfinite(value):  # 1e999: a float past float64's range, which JSON cannot mean
+            raise JSONInputError(f"{what}: the number {text} is past the range of a float64")
+        return value
 
     return checked
 

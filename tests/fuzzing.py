@@ -6,6 +6,7 @@ a failure."""
 from __future__ import annotations
 
 import faulthandler
+import json
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -59,3 +60,44 @@ def _one_case(exercise: Callable[[], None], sample: str, failures: list[str]) ->
     if peak > MEMORY_LIMIT:
         failures.append(f"Python objects peaked at {peak / 2**20:.0f} MB: {sample}")
     return outcome
+
+
+def hostile_json(rng) -> str:
+    """JSON text (or what passes for it) of one value made to break a reader rather than a parser's
+    grammar: nesting past any recursion limit, numbers past what Python converts or float64 holds,
+    the constants JSON has not. Spliced into a valid document in place of one of its values."""
+    depth = rng.choice([101, 1_000, 100_000])
+    return rng.choice([
+        "[" * depth + "]" * depth,
+        '{"a": ' * depth + "1" + "}" * depth,
+        "[" * depth,  # never closed
+        "1" * rng.choice([101, 4_301, 5_000]),
+        "-0." + "0" * 5_000 + "1",
+        "1e999", "-1e400", "NaN", "Infinity", "-Infinity",
+    ])
+
+
+def splice_hostile(rng, value, hostile: str) -> str:
+    """The JSON text of `value` with one of its values (at any depth, the whole value included)
+    replaced by the text `hostile`."""
+    slots = []
+
+    def walk(node, path):
+        slots.append(path)
+        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, child in children:
+            walk(child, (*path, key))
+
+    walk(value, ())
+    path = rng.choice(slots)
+    marker = "\x00HOSTILE\x00"
+    if not path:
+        return hostile
+    parent = value
+    for key in path[:-1]:
+        parent = parent[key]
+    old, parent[path[-1]] = parent[path[-1]], marker
+    try:
+        return json.dumps(value).replace(json.dumps(marker), hostile)
+    finally:
+        parent[path[-1]] = old

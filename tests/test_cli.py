@@ -88,6 +88,7 @@ ERROR_CASES = {
     "no_config": (lambda d: ["info", str(d)], "no config.json"),
     "unsupported": (lambda d: ["info", str(d / "gpt2")], "not supported; supported: KimiLinearForCausalLM, Laguna"),
     "bad_json": (lambda d: ["info", str(d / "badjson")], "not valid JSON"),
+    "huge_number": (lambda d: ["info", str(d / "hugenumber")], "a number of 5000 characters"),
     "text_without_tokenizer": (lambda d: ["generate", str(d / "llama"), "--prompt", "hi", "--device", "cpu"],
                                "no tokenizer"),
     "context": (lambda d: ["generate", str(d / "llama"), "--token-ids", "1,2", "--ctx", "4", "--device", "cpu"],
@@ -116,7 +117,7 @@ ERROR_CASES = {
 def bad_folders(tmp_path, reference_models):
     llama, _ = reference_models("llama")
     shutil.copytree(llama, tmp_path / "llama")
-    for name in ("gpt2", "badjson", "pickle", "corrupt", "missing", "unexpected", "misshaped"):
+    for name in ("gpt2", "badjson", "hugenumber", "pickle", "corrupt", "missing", "unexpected", "misshaped"):
         shutil.copytree(llama, tmp_path / name)
     for name, change in (("missing", lambda t: t.pop("model.norm.weight")),
                          ("unexpected", lambda t: t.update({"extra.weight": torch.zeros(1)})),
@@ -126,6 +127,9 @@ def bad_folders(tmp_path, reference_models):
         save_file(tensors, tmp_path / name / "model.safetensors")
     (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     (tmp_path / "badjson" / "config.json").write_text("{")
+    config = (tmp_path / "hugenumber" / "config.json").read_text()  # hidden_size of 5,000 digits; "x" the old one
+    (tmp_path / "hugenumber" / "config.json").write_text(config.replace('"hidden_size": ', '"hidden_size": 1'
+                                                                        + "0" * 4999 + ', "x": ', 1))
     (tmp_path / "pickle" / "model.safetensors").unlink()
     (tmp_path / "pickle" / "pytorch_model.bin").write_bytes(b"never read")
     (tmp_path / "corrupt" / "model.safetensors").write_bytes(b"\x00" * 5)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from fuzzing import run_cases
+from fuzzing import hostile_json, run_cases, splice_hostile
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import lucebox
@@ -75,7 +75,9 @@ def mutate_weights(rng: random.Random, raw: bytes) -> bytes:
 
 def mutate_json(rng: random.Random, raw: bytes, keys: list[str]) -> bytes:
     data = json.loads(raw)
-    kind = rng.randrange(5)
+    kind = rng.randrange(6)
+    if kind == 5:  # nesting past any recursion limit, numbers past what Python converts, NaN
+        return splice_hostile(rng, data, hostile_json(rng)).encode()
     if kind == 0 and data:
         del data[rng.choice(sorted(data))]
     elif kind == 1:

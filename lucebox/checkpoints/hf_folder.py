@@ -8,18 +8,19 @@ and stacked tensors), one tensor at a time.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 
+from lucebox import bounded_json
 from lucebox.checkpoints.safetensors_file import SafetensorsFile, read_header
 from lucebox.checkpoints.source_check import describe_shape, resolve_sources
 from lucebox.errors import (
     CheckpointError,
     ConfigError,
+    JSONInputError,
     ModelNotFoundError,
     PickleCheckpointError,
     TensorDtypeError,
@@ -48,17 +49,22 @@ def locate_config(path: str | Path) -> Path:
     return config
 
 
+# config.json, generation_config.json, a weight index: a few KiB to a few MiB (a big index lists
+# ~100k tensor names); anything past this is not one
+MODEL_JSON_MAX_BYTES = 64 * 2**20
+
+
 def read_json(path: Path, required: bool = True) -> dict | None:
+    """A model folder's JSON file (`lucebox.bounded_json`'s bounds), a ConfigError saying what is wrong."""
     if not path.is_file():
         if required:
             raise ModelNotFoundError(f"{path} is missing")
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not UTF-8 text; re-download it") from None
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        data = bounded_json.loads(bounded_json.read_regular_file(path, "the model file", MODEL_JSON_MAX_BYTES),
+                                  str(path))
+    except JSONInputError as e:
+        raise ConfigError(f"{e}; re-download it") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object")
     return data

@@ -3,14 +3,14 @@ special_tokens_map.json, chat_template.jinja), read as transformers reads them, 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import sentencepiece
 import tokenizers
 
-from lucebox.checkpoints.hf_folder import inside_folder
-from lucebox.errors import ModelNotFoundError, TokenizerError
+from lucebox import bounded_json
+from lucebox.checkpoints.hf_folder import MODEL_JSON_MAX_BYTES, inside_folder
+from lucebox.errors import JSONInputError, ModelNotFoundError, TokenizerError
 from lucebox.text.chat_template import folder_chat_templates
 from lucebox.text.tokenizer import Tokenizer
 
@@ -21,9 +21,10 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TokenizerError(f"{path} is not valid JSON ({e}); re-download or delete it") from e
+        data = bounded_json.loads(bounded_json.read_regular_file(path, "the tokenizer file", MODEL_JSON_MAX_BYTES),
+                                  str(path))
+    except JSONInputError as e:
+        raise TokenizerError(f"{e}; re-download or delete it") from None
     if not isinstance(data, dict):
         raise TokenizerError(f"{path} must hold a JSON object, not {type(data).__name__}")
     return data
