@@ -11,10 +11,10 @@ distill` from its held-out measurement: per decoding mode, the keep rate of each
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lucebox import bounded_json
 from lucebox.errors import DraftModelError
 from lucebox.sampling import SamplingParams
 from lucebox.speculative.keep_model import KeepModel
@@ -32,14 +32,14 @@ def read_calibration(folder: Path | None) -> dict[str, KeepModel]:
     if path is None or not path.is_file():
         return {mode: KeepModel() for mode in MODES}
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = bounded_json.loads(bounded_json.read_regular_file(path, "the calibration", 2**20), str(path))
         models = {}
         for mode in MODES:
             figures = record.get(mode)
             models[mode] = KeepModel() if figures is None else KeepModel.from_calibration(
                 list(figures["keep_rate_by_position"]), list(figures["confidence_by_position"]))
         return models
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # JSONInputError among them
         raise DraftModelError(f"{path} is not a drafter calibration lucebox wrote ({e}); delete it or "
                               "run lucebox distill again") from None
 
