@@ -11,13 +11,15 @@ import math
 import operator
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from numbers import Real
 from typing import Any
 
 from lucebox.errors import InvalidArgumentError
 
 SEED_MAX = 2**63 - 1  # sampling seeds are 0..SEED_MAX
+MAX_BIASED_TOKENS = 300  # a logit_bias's entries, at most (OpenAI's limit)
+BIAS_RANGE = (-100.0, 100.0)  # OpenAI's: -100 in effect bans a token, +100 in effect forces it
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -126,6 +128,27 @@ def token_id_list(name: str, value: Any, vocab_size: int) -> list[int]:
     if bad:
         raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
     return ids
+
+
+def token_biases(name: str, value: Any, vocab_size: int | None = None) -> tuple[tuple[int, float], ...]:
+    """A logit bias as ((token id, bias), ...) sorted by id, zeros left out, from None, a {token id: bias}
+    mapping or such pairs: ids integers (in the vocabulary, when `vocab_size` is given), at most
+    MAX_BIASED_TOKENS of them, biases finite numbers in BIAS_RANGE."""
+    if value is None:
+        return ()
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    elif isinstance(value, (tuple, list)) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        pairs = list(value)
+    else:
+        raise InvalidArgumentError(f"{name} must be a mapping of token ids to biases, got {_shown(value)}")
+    if len(pairs) > MAX_BIASED_TOKENS:
+        raise InvalidArgumentError(f"{name} may bias at most {MAX_BIASED_TOKENS} tokens, got {len(pairs)}")
+    biases = {}
+    for token, bias in pairs:
+        token = integer(f"{name} token id", token, 0, None if vocab_size is None else vocab_size - 1)
+        biases[token] = number(f"{name}[{token}]", bias, *BIAS_RANGE)
+    return tuple(sorted((t, b) for t, b in biases.items() if b != 0))
 
 
 def stops(value: Any, vocab_size: int) -> tuple[list[str], set[int]]:

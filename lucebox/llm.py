@@ -8,11 +8,11 @@ drafter). A request runs in `engine.request`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from lucebox.arguments import callback, flag, integer, stops, token_id_list
+from lucebox.arguments import callback, flag, integer, stops, token_biases, token_id_list
 from lucebox.constrained import GrammarState, constraint_from
 from lucebox.engine.build import Engine, build_engine
 from lucebox.engine.config import DRAFT_WIDTH, EngineConfig
@@ -161,7 +161,8 @@ class LLM:
                stop: str | Sequence[str | int] | None = None, ignore_eos: bool = False,
                speculate: bool = True, snapshot_at: Sequence[int] = (), json_schema: dict | str | None = None,
                grammar: str | None = None, json_object: bool = False, presence_penalty: float = 0.0,
-               frequency_penalty: float = 0.0, logprobs: int | None = None) -> Iterator[Chunk]:
+               frequency_penalty: float = 0.0, logprobs: int | None = None,
+               logit_bias: Mapping[int, float] | None = None) -> Iterator[Chunk]:
         """Yield chunks of new tokens as they are produced; the last one carries finish_reason and stats.
 
         `stop` holds stop strings (never emitted) and/or stop token ids (emitted, like EOS).
@@ -181,6 +182,9 @@ class LLM:
         `presence_penalty`, `frequency_penalty` (-2..2, OpenAI's): each token's logit is lowered by
         count * frequency_penalty + (count > 0) * presence_penalty, count = the times this completion
         has generated it so far (the prompt is not counted).
+        `logit_bias` ({token id: bias}, OpenAI's): each bias (-100..100; at most 300 tokens) is added to
+        its token's logit before the penalties and everything else (-100 in effect bans the token, 100
+        in effect forces it); speculation stays lossless with it, and logprobs stay the raw ones.
         `logprobs=k` (0..20): every chunk carries `logprobs`, one `lucebox.logprobs.TokenLogprob` per
         token: its log-probability and the k likeliest tokens' under the model's raw logits (before
         penalties, temperature, truncation and grammar), equal to log_softmax(`logits`) at its position.
@@ -188,7 +192,7 @@ class LLM:
         whatever the cache held before.
         """
         params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed, presence_penalty,
-                                frequency_penalty)
+                                frequency_penalty, token_biases("logit_bias", logit_bias, self.config.vocab_size))
         logprobs = integer("logprobs", logprobs, 0, MAX_TOP_LOGPROBS, optional=True)
         constraint = constraint_from(json_schema, grammar, json_object)
         prompt_ids = self._prompt_ids(prompt)

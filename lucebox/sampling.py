@@ -1,6 +1,6 @@
-"""Turning target logits into the next token: repetition penalty, presence and frequency penalties,
-temperature, top-k, top-p, min-p (in that order, as transformers' generate and vLLM apply them),
-then a seeded draw.
+"""Turning target logits into the next token: the logit bias, repetition penalty, presence and frequency
+penalties, temperature, top-k, top-p, min-p (in that order, as vLLM applies them: the bias on the raw
+logits, then the penalties as transformers' generate does), then a seeded draw.
 
 `distribution` returns the final processed probabilities, which is also what speculative
 verification must compare drafts against.
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lucebox.arguments import SEED_MAX, integer, number
+from lucebox.arguments import SEED_MAX, integer, number, token_biases
 from lucebox.errors import InvalidArgumentError
 
 # Beyond these, dividing a logit by the temperature or the penalty overflows float32 to inf, and no
@@ -40,6 +40,10 @@ class SamplingParams:
     seed: int | None = None
     presence_penalty: float = 0.0  # subtracted once from the logit of every token generated so far
     frequency_penalty: float = 0.0  # subtracted from it once per time the token was generated
+    # ((token id, bias), ...) by id, added to the raw logits (OpenAI's logit_bias); a {id: bias} mapping is
+    # normalized to it. Ids are checked against the vocabulary by `LLM.stream`, which knows it.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    _bias_rows: dict = field(default_factory=dict, compare=False, repr=False)  # (V, device) -> (V,) float32
 
     def __post_init__(self) -> None:
         # Checked and normalized (a numpy float becomes a float) once, here, for every caller.
@@ -52,6 +56,7 @@ class SamplingParams:
             "seed": integer("seed", self.seed, 0, SEED_MAX, optional=True),  # None: from the OS
             "presence_penalty": number("presence_penalty", self.presence_penalty, *COUNT_PENALTY_RANGE),
             "frequency_penalty": number("frequency_penalty", self.frequency_penalty, *COUNT_PENALTY_RANGE),
+            "logit_bias": token_biases("logit_bias", self.logit_bias),
         }
         if 0 < checked["temperature"] < MIN_TEMPERATURE:
             raise InvalidArgumentError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE}, got "
@@ -69,18 +74,41 @@ class SamplingParams:
         return self.presence_penalty != 0 or self.frequency_penalty != 0
 
     @property
-    def penalized(self) -> bool:
-        """Whether any penalty changes the logits (else a step's own argmax is the greedy choice)."""
+    def reads_history(self) -> bool:
+        """Whether a penalty reads the tokens so far (repetition, presence, frequency)."""
         return self.repetition_penalty != 1.0 or self.counts_generated
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty or the logit bias changes the logits (else a step's own argmax is the greedy choice)."""
+        return self.reads_history or bool(self.logit_bias)
+
+    def bias_row(self, vocab: int, device: torch.device) -> torch.Tensor:
+        """(vocab,) float32: the logit bias as one row to add, built once per device (a request's steps share it)."""
+        key = (vocab, str(device))
+        if key not in self._bias_rows:
+            row = torch.zeros(vocab, dtype=torch.float32)
+            for token, bias in self.logit_bias:
+                if token < vocab:  # ids past a drafter's logits (none, once `LLM.stream` checked them) add nothing
+                    row[token] = bias
+            self._bias_rows[key] = row.to(device)
+        return self._bias_rows[key]
+
+
+def add_bias(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """logits (..., V) with `params.logit_bias` added to each row (the same logits when there is none)."""
+    if not params.logit_bias:
+        return logits
+    return logits + params.bias_row(logits.shape[-1], logits.device).to(logits.dtype)
 
 
 def penalize(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor,
              counts: torch.Tensor | None) -> torch.Tensor:
-    """Every penalty of `params` on logits (..., V) float32: the repetition penalty over `seen` (...,
-    V) bool (prompt and generated tokens), then OpenAI's presence and frequency penalties over
-    `counts` (..., V) float32, how often each token was generated in this completion (the prompt
-    not counted): logit[j] -= count[j] * frequency_penalty + (count[j] > 0) * presence_penalty."""
-    logits = penalize_repetition(logits, seen, params.repetition_penalty)
+    """Every change `params` makes to logits (..., V) float32: the logit bias, then the repetition penalty
+    over `seen` (..., V) bool (prompt and generated tokens), then OpenAI's presence and frequency
+    penalties over `counts` (..., V) float32, how often each token was generated in this completion (the
+    prompt not counted): logit[j] -= count[j] * frequency_penalty + (count[j] > 0) * presence_penalty."""
+    logits = penalize_repetition(add_bias(logits, params), seen, params.repetition_penalty)
     if counts is None or not params.counts_generated:
         return logits
     return logits - counts * params.frequency_penalty - (counts > 0) * params.presence_penalty

@@ -45,7 +45,7 @@ def check_finite(next_token: int) -> None:
 def _decide(logits, draft, params, seen, counts, rule, generator, choices, position) -> Verdict:
     drafts = draft.tokens
     # Row i's history includes the drafts before it, as plain decoding's would.
-    if params.penalized:
+    if params.reads_history:
         seen, counts = row_histories(seen, counts, chain_paths(drafts), params)
     if params.greedy:
         if choices is None:

@@ -23,7 +23,7 @@ from lucebox.caches import SlidingRing, Step
 from lucebox.engine.config import DRAFT_CTX, DRAFT_WIDTH
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashConfig, DFlashDrafter
-from lucebox.sampling import RaceNoise, SamplingParams, draw
+from lucebox.sampling import RaceNoise, SamplingParams, add_bias, draw
 from lucebox.speculative.dspark import markov_draft, markov_tree
 from lucebox.speculative.ngram import NgramProposer
 from lucebox.speculative.proposer import (
@@ -125,6 +125,7 @@ class DFlashProposer(Proposer):
             return Draft([])
         device = self.drafter.device
         logits, hidden = self.block_pass(context, k)
+        logits = add_bias(logits, params)  # the target's bias, so that the drafts follow it (kept more often)
         if self.drafter.heads is not None:  # DSpark: each position after the draft before it
             last = torch.tensor(context[-1], device=device)
             return markov_draft(self.drafter.heads, logits, hidden, last, params, generator, len(context))
@@ -188,6 +189,8 @@ class DFlashProposer(Proposer):
                  noise: RaceNoise | None = None) -> DraftTree:
         """`propose_tree` never copying (`Proposer.own_draft`)."""
         logits = self.block_pass(context, min(budget, self.block_width))[0]
+        if params is not None:
+            logits = add_bias(logits, params)  # as `own_draft`
         # Sampled coupled trees (`noise` given) rank each position's tokens by their race scores.
         coupled = None if noise is None or params.greedy else (params, noise, len(context))
         if self.tree_children is None and self.drafter.heads is not None:  # DSpark: children follow their parent

@@ -11,7 +11,7 @@ import torch
 from lucebox.caches import CacheSettings, SequenceCache, Step
 from lucebox.engine.config import DECODE_ROWS, DRAFT_CTX, DRAFT_WIDTH, KV_CHUNK
 from lucebox.models.decoder import Decoder
-from lucebox.sampling import RaceNoise, SamplingParams, distribution, draw
+from lucebox.sampling import RaceNoise, SamplingParams, add_bias, distribution, draw
 from lucebox.speculative.proposer import Draft, Noise, Proposer, tensor_bytes, top_probabilities
 
 
@@ -77,7 +77,7 @@ class DraftModelProposer(Proposer):
         position = len(self.cached)
         tokens, rows, all_logits = [], [], []
         for i in range(k):
-            q = distribution(logits, plain, nothing).double()
+            q = distribution(add_bias(logits, params), plain, nothing).double()  # the target's bias: drafts follow it
             if params.greedy:
                 tokens.append(q.argmax())  # (): on the device
             elif isinstance(generator, RaceNoise):  # coupled: draft i is the token at len(context) + i

@@ -136,7 +136,7 @@ class Speculation:
         layers = self.proposer.feature_layers if self.proposer is not None else ()
         out = ctx.runner.step(rows, Step.span(c, len(rows), ctx.device), cache, layers)
         # The step's own argmax (computed with it, in its graph) serves greedy decoding unless a
-        # repetition penalty changes the logits first.
+        # penalty or the logit bias changes the logits first.
         choices, logits = None if self.penalized else out.choices, out.logits
         if self.grammar is not None:  # the step's own argmax is the unmasked one
             (logits, verified), choices = self.grammar.constrain(logits, verified), None
@@ -226,7 +226,7 @@ class Speculation:
         return chunk
 
     def _mark_seen(self, ids: list[int], generated: bool = True) -> None:
-        if not self.penalized:  # without a penalty nothing reads them
+        if not self.params.reads_history:  # without a penalty that reads them, nothing does
             return
         index = torch.tensor(ids, dtype=torch.long, device=self.seen.device)
         self.seen[index] = True

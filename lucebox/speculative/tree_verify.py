@@ -86,7 +86,7 @@ def decide_tree(
     position: int = 0,  # index in the sequence of the token the root row chooses
     counts: torch.Tensor | None = None,  # (V,) float32: generated tokens' counts (presence/frequency penalties)
 ) -> TreeVerdict:
-    if params.penalized:
+    if params.reads_history:
         seen, counts = row_histories(seen, counts, tree_paths(tree), params)
     if params.greedy:
         if choices is None or params.penalized:
