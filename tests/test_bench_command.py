@@ -115,11 +115,11 @@ def not_bench_json(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--depths", "1x"], "--depths: '1x' is not a positive token count"),
     (["--depths", "1k,,4k"], "--depths: '' is not a positive token count"),
-    (["--prompt-file", "/no/such/file.txt"], "--prompt-file /no/such/file.txt: no such file"),
+    (["--prompt-file", "/no/such/file.txt"], "--prompt-file '/no/such/file.txt' does not exist"),
     (["--gen", "1"], "--gen must be at least 2"),
     (["--repeat", "0"], "--repeat must be at least 1"),
     (["--compare", "NOT_BENCH", "NOT_BENCH"], "is not a lucebox bench result: no \"schema\""),
-    (["--compare", "/no/such.json", "/no/such.json"], "cannot read /no/such.json"),
+    (["--compare", "/no/such.json", "/no/such.json"], "--compare '/no/such.json' does not exist"),
     (["--plot", "out.png"], "--plot needs matplotlib, which is not installed: pip install 'lucebox[plot]'"),
 ])
 def test_bad_flags_print_one_line_and_exit_2(args, message, not_bench_json, monkeypatch, capsys):

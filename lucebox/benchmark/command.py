@@ -49,6 +49,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--md", metavar="FILE", help="write the rows as a Markdown table")
     p.add_argument("--plot", metavar="FILE.png", help="plot tokens/s against depth (needs matplotlib: "
                                                       "pip install 'lucebox[plot]')")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --json, --csv, --md and --plot replace files that exist (never done otherwise)")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
                    help="print B / A for each figure of two results, by depth (loads no model)")
 
@@ -74,7 +76,7 @@ def parse_depths(text: str) -> tuple[int, ...]:
 
 def settings_from(args: argparse.Namespace):
     """The `BenchSettings` the flags describe (--quick fills in what was not given)."""
-    from lucebox.benchmark.runner import BenchSettings
+    from lucebox.benchmark.runner import BenchSettings, read_prompt_file
 
     preset = QUICK if args.quick else {}
     depths = args.depths or preset.get("depths")
@@ -84,13 +86,11 @@ def settings_from(args: argparse.Namespace):
         raise InvalidArgumentError(f"--gen must be at least 2 (the first token comes from the prefill), got {gen}")
     if repeat < 1:
         raise InvalidArgumentError(f"--repeat must be at least 1, got {repeat}")
-    prompt_file = None
-    if args.prompt_file is not None:
-        prompt_file = Path(args.prompt_file)
-        if not prompt_file.is_file():
-            raise InvalidArgumentError(f"--prompt-file {args.prompt_file}: no such file")
+    prompt_file = prompt_text = None
+    if args.prompt_file is not None:  # read now: a bad file is refused before the model loads
+        prompt_file, prompt_text = Path(args.prompt_file), read_prompt_file(args.prompt_file)
     return BenchSettings(depths=parse_depths(depths) if depths else None, gen=gen, repeat=repeat,
-                         prompt_file=prompt_file, prompt=args.prompt, seed=args.seed)
+                         prompt_file=prompt_file, prompt_text=prompt_text, prompt=args.prompt, seed=args.seed)
 
 
 class _FlagRecorder(argparse.ArgumentParser):
@@ -133,6 +133,7 @@ def command(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from lucebox.benchmark import report
+    from lucebox.benchmark.outputs import planned_outputs, write_outputs
 
     out = Console(highlight=False)
     if not out.is_terminal:
@@ -141,7 +142,9 @@ def command(args: argparse.Namespace) -> int:
         a, b = (report.load_result(path) for path in args.compare)
         out.print(report.compare_table(a, b, *args.compare))
         return 0
+    # Everything the run will need is checked before it starts: a run of hours never ends in a refusal.
     settings = settings_from(args)
+    planned = planned_outputs(args, reads=(args.prompt_file,) if args.prompt_file else ())
     if args.plot:
         from lucebox.benchmark.plot import require_matplotlib
 
@@ -150,14 +153,9 @@ def command(args: argparse.Namespace) -> int:
     out.print(report.table(result))
     for problem in report.problems(result):  # never expected: a figure that is not a positive finite number
         print(f"lucebox: warning: {problem}", file=sys.stderr)
-    written = []
-    for path, write in ((args.json, report.write_json), (args.csv, report.write_csv),
-                        (args.md, report.write_markdown), (args.plot, _write_plot)):
-        if path:
-            write(result, path)
-            written.append(path)
+    written = write_outputs(result, planned, args.overwrite)
     if written:
-        print(f"wrote {', '.join(written)}", file=sys.stderr)
+        print(f"wrote {', '.join(map(str, written))}", file=sys.stderr)
     return 0
 
 
@@ -175,8 +173,3 @@ def measure(args: argparse.Namespace, settings) -> dict:
     return {"schema": SCHEMA, "date": started, "commit": commit(), "lucebox": __version__,
             "command": equivalent_command(args), "machine": machine(), **measured}
 
-
-def _write_plot(result: dict, path: str) -> None:
-    from lucebox.benchmark.plot import write_plot
-
-    write_plot(result, path)

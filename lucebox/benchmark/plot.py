@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import io
 import re
 from pathlib import Path
 
@@ -15,8 +16,8 @@ def require_matplotlib() -> None:
         raise InvalidArgumentError("--plot needs matplotlib, which is not installed: pip install 'lucebox[plot]'")
 
 
-def write_plot(result: dict, path: str | Path) -> None:
-    """Two panels over a log-2 depth axis: prefill tokens/s, and decode tokens/s plain and
+def png_bytes(result: dict) -> bytes:
+    """The plot as PNG bytes. Two panels over a log-2 depth axis: prefill tokens/s, and decode tokens/s plain and
     speculative; markers at the median, bars from the fastest to the slowest repeat."""
     require_matplotlib()
     import matplotlib
@@ -62,11 +63,12 @@ def write_plot(result: dict, path: str | Path) -> None:
     s = result["settings"]
     # a prompt file is named by its file name alone: a full path would run off the figure
     prompt = re.sub(r"file (\S+)", lambda m: "file " + Path(m.group(1)).name, s["prompt"])
-    fig.suptitle(f"lucebox bench: {result['model']['name']} on {s['device']} ({machine_label(result['machine'])}), "
-                 f"{s['dtype']}, commit {result['commit'][:10]}\n{prompt}, {s['gen']} tokens decoded per request; "
-                 + (f"median of {s['repeat']} requests, bars: slowest to fastest" if s["repeat"] > 1
-                    else "one request per point"), fontsize=10)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    heading = (f"lucebox bench: {result['model']['name']} on {s['device']} ({machine_label(result['machine'])}), "
+               f"{s['dtype']}, commit {result['commit'][:10]}\n{prompt}, {s['gen']} tokens decoded per request; "
+               + (f"median of {s['repeat']} requests, bars: slowest to fastest" if s["repeat"] > 1
+                  else "one request per point"))
+    fig.suptitle(heading.replace("$", r"\$"), fontsize=10)  # a name's $...$ is text, not mathtext to parse
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=120)
     plt.close(fig)
+    return png.getvalue()

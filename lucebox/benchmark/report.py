@@ -20,12 +20,16 @@ Speculative figures are null when no drafter ran.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
+import os
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
+from lucebox.bounded_json import read_json_file
 from lucebox.errors import InvalidArgumentError
 
 SCHEMA = "lucebox-bench/1"
@@ -37,43 +41,95 @@ CSV_KEYS = ("model", "device", *ROW_KEYS)
 # Figures that are positive whenever present; the rest (host KV, drafts per round) may be zero.
 POSITIVE_KEYS = tuple(k for k in ROW_KEYS if k not in ("kv_host_bytes", "drafts_per_round"))
 SPEC_KEYS = tuple(k for k in ROW_KEYS if k.startswith("spec_") or k in ("acceptance_length", "drafts_per_round"))
+# A result of the 5-depth ladder is ~10 KiB; 4 MiB holds thousands of rows and keeps a stray file
+# (a log, a device) from being read without end.
+MAX_RESULT_BYTES = 4 * 2**20
+
+
+# What the tables, the comparison and the plot read from a result, with the types they need:
+# a result file comes from outside, and a wrong type must be refused here, not raise later.
+HEADER_TYPES = {"schema": str, "date": str, "commit": str, "lucebox": str, "command": str, "machine": dict,
+                "model": dict, "settings": dict, "memory": dict, "rows": list}
+PART_TYPES = {
+    "model": {"name": str},
+    "settings": {"device": str, "dtype": str, "prompt": str, "gen": int, "repeat": int, "drafter": (str, None),
+                 "kv_policy": str, "kv_pool_tokens": int},
+    "memory": {"peak_memory": str},
+    # machine_label reads whichever of these the machine had: each may be absent or null
+    "machine": {"gpu": (str, None, "absent"), "cpu": (str, None, "absent"), "processor": (str, None, "absent"),
+                "torch_threads": (int, None, "absent")},
+}
+
+
+def _has_type(value: object, allowed: type | tuple) -> bool:
+    """`value` is one of `allowed`: types, None (null) or "absent"; a bool is never taken for an int."""
+    for kind in allowed if isinstance(allowed, tuple) else (allowed,):
+        if kind is None or kind == "absent":
+            if value is kind:
+                return True
+        elif isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool):
+            return True
+    return False
+
+
+def _type_name(allowed: type | tuple) -> str:
+    kinds = allowed if isinstance(allowed, tuple) else (allowed,)
+    names = {str: "a string", int: "an integer", dict: "an object", list: "a list", None: "null", "absent": "absent"}
+    return " or ".join(names[k] for k in kinds)
+
+
+def _header_problems(result: dict) -> list[str]:
+    found = []
+    for key, allowed in HEADER_TYPES.items():
+        if not _has_type(result.get(key, "absent"), allowed):
+            found.append(f"missing key '{key}'" if key not in result else f"'{key}' is not {_type_name(allowed)}")
+    for part, fields in PART_TYPES.items():
+        if not isinstance(result.get(part), dict):
+            continue  # already named above
+        for field, allowed in fields.items():
+            value = result[part].get(field, "absent")
+            if not _has_type(value, allowed):
+                found.append(f"'{part}.{field}' is {value!r:.40}, not {_type_name(allowed)}")
+    return found
+
+
+def _row_problems(row: object) -> list[str]:
+    depth = row.get("depth") if isinstance(row, dict) else None
+    if not _has_type(depth, int) or depth <= 0:
+        return [f"a row has no positive integer depth: {row!r:.80}"]
+    found = []
+    for key in ROW_KEYS:
+        value = row.get(key, "absent")
+        if value is None and key in SPEC_KEYS:
+            continue
+        if not _has_type(value, (int, float)) or not math.isfinite(value):
+            found.append(f"depth {depth}: {key} is {value!r:.40}, not a finite number")
+        elif value < 0 or (value == 0 and key in POSITIVE_KEYS):
+            found.append(f"depth {depth}: {key} is {value}, not positive")
+    return found
 
 
 def problems(result: object) -> list[str]:
-    """What keeps `result` from being a bench result with sane figures (empty when it is one)."""
+    """What keeps `result` from being a bench result with sane figures (empty when it is one): every field
+    the tables, the comparison and the plot read has the type they need."""
     if not isinstance(result, dict) or result.get("schema") != SCHEMA:
         return [f"no \"schema\": \"{SCHEMA}\""]
-    found = [f"missing key '{k}'" for k in HEADER_KEYS if k not in result]
+    found = _header_problems(result)
     rows = result.get("rows")
     if not isinstance(rows, list) or not rows:
         return found + ["'rows' is not a non-empty list"]
     for row in rows:
-        depth = row.get("depth") if isinstance(row, dict) else None
-        if not isinstance(depth, int) or depth <= 0:
-            found.append(f"a row has no positive integer depth: {row!r:.80}")
-            continue
-        for key in ROW_KEYS:
-            value = row.get(key, "absent")
-            if value is None and key in SPEC_KEYS:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                found.append(f"depth {depth}: {key} is {value!r}, not a finite number")
-            elif value < 0 or (value == 0 and key in POSITIVE_KEYS):
-                found.append(f"depth {depth}: {key} is {value}, not positive")
+        found += _row_problems(row)
     return found
 
 
-def load_result(path: str | Path) -> dict:
-    """A result file, or InvalidArgumentError saying why it is not one."""
-    try:
-        result = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise InvalidArgumentError(f"cannot read {path}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise InvalidArgumentError(f"{path} is not JSON ({e})") from None
+def load_result(path: str | Path, what: str = "--compare") -> dict:
+    """A result file (at most MAX_RESULT_BYTES, a regular file), or an InvalidArgumentError naming
+    `what` and saying why it is not one."""
+    result = read_json_file(path, what, MAX_RESULT_BYTES)
     found = problems(result)
     if found:
-        raise InvalidArgumentError(f"{path} is not a lucebox bench result: {found[0]}")
+        raise InvalidArgumentError(f"{what} {os.fsdecode(path)!r} is not a lucebox bench result: {found[0]}")
     return result
 
 
@@ -128,44 +184,39 @@ def title(result: dict) -> str:
 
 
 def table(result: dict) -> Table:
-    t = Table(title=title(result), title_justify="left")
+    t = Table(title=escape(title(result)), title_justify="left")  # a name's [...] is text, not markup
     for i, name in enumerate(_columns(result)):
         t.add_column(name, justify="left" if i == 0 else "right")
     for row in result["rows"]:
         t.add_row(*_cells(row))
     s = result["settings"]
     drafter = "/".join(Path(s["drafter"]).parts[-2:]) if s["drafter"] else "none"
-    t.caption = (f"kv policy {s['kv_policy']}, pool {s['kv_pool_tokens']} tokens, drafter {drafter} (adaptive width); "
-                 f"commit {result['commit'][:12]}")
+    t.caption = escape(f"kv policy {s['kv_policy']}, pool {s['kv_pool_tokens']} tokens, drafter {drafter} "
+                       f"(adaptive width); commit {result['commit'][:12]}")
     return t
 
 
-def write_json(result: dict, path: str | Path) -> None:
-    _parent(path).write_text(json.dumps(result, indent=2) + "\n")
+def json_text(result: dict) -> str:
+    return json.dumps(result, indent=2) + "\n"
 
 
-def write_csv(result: dict, path: str | Path) -> None:
-    with _parent(path).open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_KEYS)
-        writer.writeheader()
-        for row in result["rows"]:
-            writer.writerow({"model": result["model"]["name"], "device": result["settings"]["device"],
-                             **{k: row[k] for k in ROW_KEYS}})
+def csv_text(result: dict) -> str:
+    out = io.StringIO(newline="")
+    writer = csv.DictWriter(out, fieldnames=CSV_KEYS)
+    writer.writeheader()
+    for row in result["rows"]:
+        writer.writerow({"model": result["model"]["name"], "device": result["settings"]["device"],
+                         **{k: row[k] for k in ROW_KEYS}})
+    return out.getvalue()
 
 
-def write_markdown(result: dict, path: str | Path) -> None:
+def markdown_text(result: dict) -> str:
     """A llama-bench style table under one line that names the run."""
     columns = _columns(result)
     lines = [f"{title(result)}; commit `{result['commit'][:12]}`, {result['date']}", "",
              "| " + " | ".join(columns) + " |", "|" + "|".join(["---"] + ["---:"] * (len(columns) - 1)) + "|"]
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in result["rows"]]
-    _parent(path).write_text("\n".join(lines) + "\n")
-
-
-def _parent(path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
+    return "\n".join(lines) + "\n"
 
 
 RATIOS = (("prefill_tokens_per_s", "prefill"), ("decode_tokens_per_s", "decode"),
@@ -186,15 +237,19 @@ def ratios(a: dict, b: dict) -> list[dict]:
 
 
 def _describe(label: str, result: dict) -> str:
-    return (f"{label}: {result['model']['name']} on {result['settings']['device']} "
-            f"({machine_label(result['machine'])}), commit {result['commit'][:12]}, {result['date']}")
+    return escape(f"{label}: {result['model']['name']} on {result['settings']['device']} "
+                  f"({machine_label(result['machine'])}), commit {result['commit'][:12]}, {result['date']}")
+
+
+def _depths_shown(result: dict, most: int = 8) -> str:
+    depths = [row["depth"] for row in result["rows"]]
+    return str(depths) if len(depths) <= most else f"{str(depths[:most])[:-1]}, ... ({len(depths)} depths)]"
 
 
 def compare_table(a: dict, b: dict, a_name: str, b_name: str) -> Table:
     rows = ratios(a, b)
     if not rows:
-        raise InvalidArgumentError(f"{a_name} and {b_name} share no depth: "
-                                   f"{[r['depth'] for r in a['rows']]} vs {[r['depth'] for r in b['rows']]}")
+        raise InvalidArgumentError(f"{a_name} and {b_name} share no depth: {_depths_shown(a)} vs {_depths_shown(b)}")
     t = Table(title=f"B / A\n{_describe('A ' + a_name, a)}\n{_describe('B ' + b_name, b)}", title_justify="left")
     t.add_column("depth")
     for _, label in RATIOS:

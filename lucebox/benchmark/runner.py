@@ -23,6 +23,12 @@ from lucebox.engine.config import EngineConfig
 from lucebox.errors import ContextLengthError, InsufficientMemoryError, InvalidArgumentError
 
 LADDER = (1024, 4096, 16384, 65536, 262144)
+# A prompt file is read whole before tokenizing: 64 MiB is ~16M tokens of text at ~4 bytes a token,
+# far past the deepest ladder depth (256K), and keeps a stray file (a disk image, /dev/zero) out.
+MAX_PROMPT_FILE_BYTES = 64 * 2**20
+# Tokenize no more of the text than `depth` tokens can span: a token of code or prose is a few
+# characters, rarely 16; text beyond that would be cut off after tokenizing anyway.
+MOST_CHARS_PER_TOKEN = 16
 CPU_DEFAULT_DEEPEST = 16384  # prefill on a CPU runs at hundreds of tokens/s at 16K: deeper takes hours
 WARMUP_TOKENS = 64
 
@@ -35,6 +41,7 @@ class BenchSettings:
     gen: int = 128
     repeat: int = 3
     prompt_file: Path | None = None
+    prompt_text: str | None = None  # the prompt file's text, read early (`read_prompt_file`); None: read it here
     prompt: str = "auto"  # without a prompt file: "code", "random", or "auto" (code when there is a tokenizer)
     seed: int = 0
 
@@ -114,14 +121,27 @@ def _prompt_body(llm, settings: BenchSettings, length: int) -> list[int]:
         text = "\n\n".join(read_texts(stdlib_files("held_out")))
         where = "the held-out standard-library modules"
     else:
-        text = Path(settings.prompt_file).read_text(encoding="utf-8", errors="replace")
+        text = settings.prompt_text if settings.prompt_text is not None else read_prompt_file(settings.prompt_file)
         where = f"--prompt-file {settings.prompt_file}"
     if llm.tokenizer is None:
         raise InvalidArgumentError(f"{where}: the model has no tokenizer to encode it; use --prompt random")
-    ids = llm.tokenizer.encode(text)
+    # no BOS: tiled, it would recur at every seam (and the first token is replaced per request anyway)
+    ids = llm.tokenizer.encode(text[:length * MOST_CHARS_PER_TOKEN], add_special_tokens=False)
     if not ids:
-        raise InvalidArgumentError(f"{where} holds no text to tile")
+        raise InvalidArgumentError(f"{where} holds no text to tile: it encodes to no tokens")
     return (ids * -(-length // len(ids)))[:length]
+
+
+def read_prompt_file(path: str | Path) -> str:
+    """The text of a --prompt-file: a regular file of at most MAX_PROMPT_FILE_BYTES, holding more than
+    white space (an empty text would tile nothing), read before any model is loaded."""
+    from lucebox.bounded_json import read_regular_file
+
+    text = read_regular_file(path, "--prompt-file", MAX_PROMPT_FILE_BYTES).decode("utf-8", errors="replace")
+    if not text.strip():
+        raise InvalidArgumentError(f"--prompt-file {str(path)!r} holds no text to tile (it is empty or only "
+                                   "white space)")
+    return text
 
 
 class _Prompts:
