@@ -50,7 +50,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="plot tokens/s against depth (needs matplotlib: "
                                                       "pip install 'lucebox[plot]')")
     p.add_argument("--overwrite", action="store_true",
-                   help="let --json, --csv, --md and --plot replace files that exist (never done otherwise)")
+                   help="let --json, --csv, --md and --plot replace files that exist; without it such a file is "
+                        "refused before the run")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
                    help="print B / A for each figure of two results, by depth (loads no model)")
 

@@ -113,19 +113,22 @@ def _write_new_bytes(path: Path, data: bytes, overwrite: bool) -> None:
     sibling renamed into place, and the same refusal of a file that appeared during the run."""
     if (path.exists() or path.is_symlink()) and not overwrite:
         raise InvalidArgumentError(f"{path} appeared while the benchmark ran; choose a new file or pass --overwrite")
-    tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(fd, 0o666 & ~umask)  # mkstemp makes it private; the PNG is an ordinary file like the others
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
-    except OSError as e:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise InvalidArgumentError(f"cannot write {path}: {e.strerror or e}") from None
+    except BaseException as e:  # a full disk or Ctrl-C: no half-written sibling left, the old file as it was
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise InvalidArgumentError(f"cannot write {path}: {e.strerror or e}") from None
+        raise
 
 
 def _png(result: dict) -> bytes:
