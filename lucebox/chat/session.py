@@ -17,10 +17,12 @@ from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
+from lucebox import bounded_json
 from lucebox.arguments import integer
 from lucebox.chat.conversation import GrowingContext, encode_all, render, turn_boundary
 from lucebox.chat.saved_chat import TOOL_KEYS, chat_record, read_chat
 from lucebox.constrained import constraint_from
+from lucebox.constrained.spec import refuse_stops
 from lucebox.errors import ContextLengthError, InvalidArgumentError, ToolError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.output import write_new_file
@@ -124,8 +126,11 @@ class ChatSession:
         settings = {**self.settings, **overrides}
         _check(settings)
         request = self._tool_request(settings, **tool_keys)
-        if request is not None:
+        if request is not None and request.constraint:
+            refuse_stops(_own_stops(settings["stop"]), "tool calls (tool_choice required or a named function)")
             _check(settings := {**settings, **request.constraint})
+        if _makes_json(settings) or (request is not None and request.constraint):
+            settings["stop"] = _own_stops(settings["stop"]) or None  # the grammar ends the answer
         self.messages += new_messages
         try:
             prompt_text = self._render(add_generation_prompt=True)
@@ -210,7 +215,8 @@ class ChatSession:
             self.last_tool_calls = parsed.calls
             message["content"] = parsed.content.strip() or None
             message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                "name": c.name, "arguments": json.loads(c.arguments)}} for c in parsed.calls]
+                "name": c.name, "arguments": bounded_json.loads(c.arguments, "a call's arguments")}}
+                for c in parsed.calls]
             self.context.reset()  # the template writes the calls its own way: tokenized whole next turn
             return
         if last is None or last.finish_reason == "length":
@@ -298,3 +304,15 @@ def _check(settings: dict) -> None:
     stop = settings["stop"]
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
         raise InvalidArgumentError(f"stop must be a list of non-empty strings or None, got {stop!r}")
+    if _makes_json(settings):
+        refuse_stops(_own_stops(stop), "json_schema or json_object")
+
+
+def _makes_json(settings: dict) -> bool:
+    return settings["json_schema"] is not None or settings["json_object"] is True
+
+
+def _own_stops(stop: list[str] | None) -> list[str]:
+    """The stop strings besides the plain template's default (which JSON output goes without: its end is
+    the grammar's)."""
+    return [s for s in stop or [] if s not in PLAIN_STOP]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+from lucebox.constrained.bounds import check_schema
 from lucebox.constrained.spec import llguidance
 
 _EOS = 256  # the byte vocabulary's one extra token
@@ -32,7 +33,9 @@ def _byte_vocabulary():
 
 
 def follows_schema(text: str, schema: dict) -> bool:
-    """Is `text` one JSON value (any whitespace between its parts) that `schema` accepts?"""
+    """Is `text` one JSON value (any whitespace between its parts) that `schema` accepts? `schema`
+    meets the bounds every schema meets before the engine sees it (a GrammarError otherwise)."""
+    check_schema(schema, "parameters")
     engine = llguidance()
     grammar = engine.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": True})
     matcher = engine.LLMatcher(_byte_vocabulary(), grammar, log_level=0)

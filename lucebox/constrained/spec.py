@@ -4,10 +4,11 @@ grammar. Whatever the engine cannot compile is a GrammarError naming the argumen
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from lucebox.errors import GrammarError
+from lucebox import bounded_json
+from lucebox.constrained.bounds import check_grammar, check_schema, one_line
+from lucebox.errors import GrammarError, JSONInputError
 
 # Compact JSON unless a schema's own "x-guidance" says otherwise: free whitespace lets a small model
 # fill max_tokens with newlines between two keys, and no reader needs it.
@@ -33,18 +34,23 @@ class Constraint:
 
     @classmethod
     def json_schema(cls, value, field: str = "json_schema") -> Constraint:
-        """A JSON Schema given as a dict or as JSON text."""
+        """A JSON Schema given as a dict or as JSON text, within `bounds` (checked before the engine sees it)."""
         if isinstance(value, str):
             try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise GrammarError(field, f"is not valid JSON ({e}); give a JSON Schema object") from None
+                value = bounded_json.loads(value, "the schema's JSON text")
+            except JSONInputError as e:
+                raise GrammarError(field, f"{e}; give a JSON Schema object") from None
         if not isinstance(value, dict):
             raise GrammarError(field, f"must be a JSON Schema object (a dict), got {type(value).__name__}")
+        options = value.get("x-guidance", {})
+        if not isinstance(options, dict):
+            raise GrammarError(f"{field}.x-guidance", "must be an object of llguidance's JSON options (like "
+                                                      f'{{"whitespace_flexible": true}}), got {type(options).__name__}')
+        check_schema(value, field)
         try:
             text = llguidance().LLMatcher.grammar_from_json_schema(value, defaults=JSON_DEFAULTS)
         except (ValueError, TypeError) as e:
-            raise GrammarError(field, f"is not a JSON Schema the grammar engine can read: {e}") from None
+            raise GrammarError(field, f"is not a JSON Schema the grammar engine can read: {one_line(e)}") from None
         return cls._checked(text, field)
 
     @classmethod
@@ -62,10 +68,13 @@ class Constraint:
         llguidance()
         from llguidance.gbnf_to_lark import any_to_lark
 
+        check_grammar(value, field)  # GBNF's rules counted before the translation
         try:
             lark = any_to_lark(value)
         except Exception as e:  # its parser's own errors (ValueError, AssertionError, ...), named in the message
-            raise GrammarError(field, f"is neither Lark nor GBNF the engine reads: {type(e).__name__}: {e}") from None
+            raise GrammarError(field, f"is neither Lark nor GBNF the engine reads: {type(e).__name__}: "
+                                      f"{one_line(e)}") from None
+        check_grammar(lark, field)
         return cls._checked(llguidance().LLMatcher.grammar_from_lark(lark), field)
 
     @classmethod
@@ -73,8 +82,18 @@ class Constraint:
         engine = llguidance()
         failed, messages = engine.LLMatcher.validate_grammar_with_warnings(text)
         if failed:
-            raise GrammarError(field, f"the grammar engine cannot compile it: {messages[0]}")
+            raise GrammarError(field, f"the grammar engine cannot compile it: {one_line(messages[0])}")
         return cls(text, field)
+
+
+def refuse_stops(stop, constraint: str) -> None:
+    """A stop string would end constrained JSON wherever it appears in it (a stop of ":" cuts the object
+    at its first key): with JSON output (a schema, JSON mode, tool calls) stop strings are refused,
+    naming `stop`. The output ends by itself once the JSON is complete."""
+    if stop:
+        raise GrammarError("stop", f"cannot be used with {constraint}: a stop string can end the output inside "
+                                   "the JSON, which then is not JSON; leave stop out (the output ends where the "
+                                   "JSON is complete)")
 
 
 def constraint_from(json_schema=None, grammar=None, json_object=False) -> Constraint | None:

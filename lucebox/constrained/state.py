@@ -17,10 +17,12 @@ exactly 0, also after a repetition penalty (at most x1000) or a temperature (at 
 
 from __future__ import annotations
 
+import re
 import time
 
 import torch
 
+from lucebox.constrained.bounds import one_line
 from lucebox.constrained.spec import Constraint, llguidance
 from lucebox.constrained.vocabulary import grammar_tokenizer
 from lucebox.errors import GrammarError, LuceboxError
@@ -28,6 +30,7 @@ from lucebox.speculative.proposer import Draft
 
 MASKED = -1e30
 BITS = 32  # llguidance's masks: token t is bit t % 32 of int32 word t // 32
+_NO_ROLLBACK = re.compile(r"\b(?:stop|max_tokens)\s*=")
 
 
 class GrammarState:
@@ -37,9 +40,14 @@ class GrammarState:
         vocabulary = grammar_tokenizer(tokenizer, vocab_size, eos_ids)
         self.matcher = llguidance().LLMatcher(vocabulary, constraint.grammar, log_level=0)
         if self.matcher.is_error():
-            raise GrammarError(constraint.field, f"the grammar engine cannot compile it: {self.matcher.get_error()}")
+            raise GrammarError(constraint.field,
+                               f"the grammar engine cannot compile it: {one_line(self.matcher.get_error())}")
         self.vocab_size, self.device, self.eos_ids = vocab_size, device, frozenset(eos_ids)
         self.field = constraint.field
+        # A lexeme with stop=... or max_tokens=... (Lark's `gen[stop="\n"]`) cannot be rolled back: the
+        # drafts' rows are then walked on a copy of the matcher (a few microseconds, growing with the
+        # output), else consumed and rolled back.
+        self._copies = _NO_ROLLBACK.search(constraint.grammar) is not None
         words = (vocab_size + BITS - 1) // BITS
         self._host = torch.zeros((1, words), dtype=torch.int32, pin_memory=device.type == "cuda")
         self._shifts = torch.arange(BITS, dtype=torch.int32, device=device)
@@ -78,12 +86,15 @@ class GrammarState:
             self._host = torch.zeros((rows, self._host.shape[1]), dtype=torch.int32,
                                      pin_memory=self._host.is_pinned())
         m, row_bytes = self.matcher, self._host.shape[1] * 4
-        for i in range(rows):
-            if i > 0 and not m.consume_token(drafts[i - 1]):
-                raise self._broken(f"a draft it had allowed ({drafts[i - 1]})")
-            m.unsafe_compute_mask_ptr(self._host[i].data_ptr(), row_bytes)  # row i, written in place
-        if rows > 1:
-            m.rollback(rows - 1)
+        m.unsafe_compute_mask_ptr(self._host[0].data_ptr(), row_bytes)  # row 0, written in place
+        if drafts:
+            walker = m.deep_copy() if self._copies else m
+            for i, token in enumerate(drafts, 1):
+                if not walker.consume_token(token):
+                    raise self._broken(f"a draft it had allowed ({token})")
+                walker.unsafe_compute_mask_ptr(self._host[i].data_ptr(), row_bytes)
+            if walker is m:
+                m.rollback(len(drafts))
         if m.is_error() or not self._host[:rows].any(dim=1).all():
             raise self._broken("every token")
         self.mask_seconds += time.perf_counter() - start
@@ -105,7 +116,7 @@ class GrammarState:
         return {"grammar_masks": self.masks, "grammar_mask_time_s": self.mask_seconds}
 
     def _broken(self, what: str) -> LuceboxError:
-        error = self.matcher.get_error() or "no error reported"
+        error = one_line(self.matcher.get_error() or "no error reported")
         # No token writes the bytes the grammar asks for next (a vocabulary without byte fallback
         # meeting text it has no tokens for): llguidance stops with "NoExtension...", or, where its
         # mask let a token through, refuses that token against the bytes it forces.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from lucebox.constrained.spec import JSON_DEFAULTS, Constraint
+from lucebox.errors import GrammarError
 
 
 def tool_call_grammar(functions: list[dict], fmt: str, parallel: bool, token_id, mistral_args: bool = False,
@@ -25,7 +26,10 @@ def tool_call_grammar(functions: list[dict], fmt: str, parallel: bool, token_id,
 
     def arguments(f: dict) -> str:
         schema = f.get("parameters") or {"type": "object"}
-        schema = {**schema, "x-guidance": {**JSON_DEFAULTS, **schema.get("x-guidance", {})}}
+        options = schema.get("x-guidance", {})
+        if not isinstance(options, dict):  # `tools.request` refuses it first, naming the tool
+            raise GrammarError(field, f"x-guidance must be an object, got {type(options).__name__}")
+        schema = {**schema, "x-guidance": {**JSON_DEFAULTS, **options}}
         return "%json " + json.dumps(schema)
 
     def json_call(f: dict, key: str) -> str:  # {"name": "f", "<key>": {...}}

@@ -8,6 +8,7 @@ engine. `strict` is honoured either way: the output always follows the schema.""
 from __future__ import annotations
 
 from lucebox.constrained import Constraint
+from lucebox.constrained.spec import refuse_stops
 from lucebox.errors import GrammarError
 
 _JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
@@ -17,6 +18,8 @@ def constraint_options(body: dict) -> dict:
     """`LLM.stream` keywords for the request's constraint ({} for none); a GrammarError naming the field."""
     response_format, grammar = body.get("response_format"), body.get("grammar")
     options = _response_format(response_format)
+    if options:
+        refuse_stops(body.get("stop"), "a JSON response_format")
     if grammar is not None:
         if options:
             raise GrammarError("grammar", "give either grammar or a JSON response_format, not both")

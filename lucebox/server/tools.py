@@ -5,9 +5,9 @@ calls as OpenAI's API writes them."""
 
 from __future__ import annotations
 
-import json
-
-from lucebox.errors import ToolError
+from lucebox import bounded_json
+from lucebox.constrained.spec import refuse_stops
+from lucebox.errors import GrammarError, JSONInputError, ToolError
 from lucebox.server.api_errors import APIError, invalid
 from lucebox.text.tool_calls import ToolCall
 from lucebox.tools import ToolRequest, check_tools
@@ -23,13 +23,44 @@ def tool_request(body: dict, kind: str, fmt: str | None, token_id, mistral_args:
             raise invalid("tools" if body.get("tools") else "tool_choice",
                           "tool calling is only on /v1/chat/completions")
         return None
+    _check_tool_results(body.get("messages"))
     other = ("response_format" if body.get("response_format") not in (None, {"type": "text"}) else
              "grammar" if body.get("grammar") is not None else None)
     try:
-        return check_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"), fmt,
-                           token_id, mistral_args, other)
+        request = check_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"), fmt,
+                              token_id, mistral_args, other)
+        if request is not None and request.constraint:
+            refuse_stops(body.get("stop"), "tool calls (tool_choice required or a named function)")
     except ToolError as e:
         raise APIError(e.status, str(e), e.field, e.code) from None
+    except GrammarError as e:
+        raise APIError(400, str(e), e.field, "invalid_constraint") from None
+    return request
+
+
+def _check_tool_results(messages) -> None:
+    """Each `tool` message answers a call of the assistant message before it (other results of the same
+    answer may come between): a result with no call, or for an id no call has, is a 400 naming it."""
+    calls: set[str] | None = None  # the call ids the results that follow may answer; None: no answer made calls
+    for i, m in enumerate(messages if isinstance(messages, list) else []):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role != "tool":
+            calls = _call_ids(m) if role == "assistant" else None
+            continue
+        if calls is None:
+            raise APIError(400, f"messages[{i}]: a tool result must follow an assistant message with tool_calls; "
+                                "give the assistant's tool_calls before their results", f"messages[{i}]")
+        if m.get("tool_call_id") not in calls:
+            raise APIError(400, f"messages[{i}].tool_call_id: {m.get('tool_call_id')!r} is not the id of a call in "
+                                f"the assistant message before it (its calls: {', '.join(sorted(calls)) or 'none'})",
+                           f"messages[{i}].tool_call_id")
+
+
+def _call_ids(message: dict) -> set[str] | None:
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        return None
+    return {c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str)}
 
 
 def tool_message(message: dict, i: int, content: str) -> dict:
@@ -49,9 +80,9 @@ def tool_message(message: dict, i: int, content: str) -> dict:
         if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(f.get("arguments"), str):
             raise invalid(at, 'must be {"id", "type": "function", "function": {"name", "arguments": JSON text}}')
         try:
-            arguments = json.loads(f["arguments"])
-        except json.JSONDecodeError as e:
-            raise invalid(f"{at}.function.arguments", f"is not JSON text ({e})") from None
+            arguments = bounded_json.loads(f["arguments"], "the arguments' JSON text")
+        except JSONInputError as e:
+            raise invalid(f"{at}.function.arguments", str(e)) from None
         calls.append({"id": call.get("id", ""), "type": "function",
                       "function": {"name": f["name"], "arguments": arguments}})
     return {"role": "assistant", "content": content, "tool_calls": calls}

@@ -23,6 +23,8 @@ import secrets
 import string
 from dataclasses import dataclass
 
+from lucebox import bounded_json
+
 FORMATS = ("hermes", "llama3", "mistral")
 _DECODER = json.JSONDecoder()
 _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
@@ -81,7 +83,7 @@ def parse_tool_calls(text: str, fmt: str) -> ParsedOutput:
             arguments = [json.dumps(args, ensure_ascii=False) for _, args in pairs]
             for text_of_call in arguments:  # a lone surrogate escape ("\ud800") decodes to text UTF-8 cannot
                 text_of_call.encode("utf-8")  # write (no answer or saved chat could carry it): malformed
-    except (ValueError, TypeError, KeyError, RecursionError):  # json's and UTF-8's errors are ValueErrors
+    except (ValueError, TypeError, KeyError, RecursionError):  # json's, UTF-8's and bounded_json's are ValueErrors
         found = None
     if not found:
         return ParsedOutput(text, ())
@@ -95,9 +97,10 @@ def _call(obj, arguments_key: str) -> tuple[str, dict]:
         raise ValueError("a call needs a name")
     args = obj.get(arguments_key, obj.get("arguments", {}))
     if isinstance(args, str):  # some models write the arguments as JSON text, as OpenAI's API carries them
-        args = json.loads(args)
+        args = bounded_json.loads(args, "a call's arguments")
     if not isinstance(args, dict):
         raise ValueError("a call's arguments must be an object")
+    bounded_json.check_depth(args, "a call's arguments")  # past the bounds a reader of the answer keeps to: text
     return obj["name"], args
 
 

@@ -14,6 +14,7 @@ engine need (`ToolRequest`); anything wrong is a ToolError naming the field.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -119,6 +120,11 @@ def _tools(value) -> list[dict]:
             if not isinstance(f["parameters"], dict):  # JSON text would reach the template as a string
                 raise _invalid(f"{at}.parameters", "must be a JSON Schema object, not "
                                                    f"{type(f['parameters']).__name__}")
+            kind = f["parameters"].get("type")
+            if kind is not None and kind != "object":  # a call's arguments are an object, never another value
+                raise ToolError(f"{at}.parameters", f'{at}.parameters: a call\'s arguments are a JSON object: give '
+                                f'"type": "object" (with "properties"), got "type": {json.dumps(kind)}', 400,
+                                "invalid_tool_schema")
             try:
                 Constraint.json_schema(f["parameters"], f"{at}.parameters")
             except GrammarError as e:
