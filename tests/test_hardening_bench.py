@@ -203,9 +203,11 @@ def test_a_prompt_that_encodes_to_no_tokens_is_refused_not_tiled_as_bos():
 # --- outputs: checked before the run, never replacing a file without --overwrite ------------------
 
 @pytest.mark.parametrize("flag", ["--json", "--csv", "--md", "--plot"])
-def test_an_output_naming_a_folder_is_refused_before_the_run(flag, tmp_path, no_run, capsys):
+@pytest.mark.parametrize("name", ["folder", "new-folder/", ".", ""])
+def test_an_output_naming_a_folder_is_refused_before_the_run(flag, name, tmp_path, monkeypatch, no_run, capsys):
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "folder").mkdir()
-    assert main(["bench", flag, str(tmp_path / "folder")]) == 2
+    assert main(["bench", flag, name]) == 2
     assert "is a folder; give a file name" in one_error_line(capsys)
 
 

@@ -50,7 +50,8 @@ def _checked_target(flag: str, value: str, overwrite: bool) -> Path:
 
 
 def _check_target(flag: str, value: str, path: Path, overwrite: bool) -> None:
-    if path.is_dir():
+    # "r.json/" names a folder even where none exists (Path drops the slash): written, it would fail
+    if path.is_dir() or os.fsdecode(value).endswith(("/", os.sep)) or path.name in ("", ".", ".."):
         raise InvalidArgumentError(f"{flag} {value!r} is a folder; give a file name")
     if path.exists() and not stat.S_ISREG(path.stat().st_mode):  # /dev/stdout, a FIFO: not a file to replace
         raise InvalidArgumentError(f"{flag} {value!r} exists and is not a regular file; give a new file name")
