@@ -179,8 +179,8 @@ def test_faults_get_their_status_codes_and_the_server_goes_on(server):
         (json.dumps({"prompt": "x", "guided_json": {"type": "object"}}).encode(), KEY, 422, "guided_json"),
         (json.dumps({"prompt": "x", "tool_choice": "required"}).encode(), KEY, 422, "tool_choice"),
         # and any field the server does not read (other servers' extensions, a typo)
-        (json.dumps({"prompt": "x", "logit_bias": {"100": 100}}).encode(), KEY, 422, "logit_bias"),
         (json.dumps({"prompt": "x", "ignore_eos": True}).encode(), KEY, 422, "ignore_eos"),
+        (json.dumps({"prompt": "x", "logit_bias": {"100": 101}}).encode(), KEY, 422, "logit_bias"),  # out of range
         (json.dumps({"prompt": "x", "temprature": 0}).encode(), KEY, 422, "temprature"),
         (json.dumps({"prompt": "x", "messages": []}).encode(), KEY, 422, "messages"),
         (json.dumps({"prompt": [1, 99999]}).encode(), KEY, 422, "prompt"),
@@ -357,7 +357,14 @@ def test_a_full_queue_answers_429_a_drafter_server_is_lossless_and_sigterm_ends_
     (["--api-key", "two words"], "--api-key must be printable ASCII without spaces"),
     (["--allowed-host", "http://gpu-box.lan"], "--allowed-host 'http://gpu-box.lan' is not a host name"),
     (["--allowed-host", "gpu-box.lan:8000"], "--allowed-host 'gpu-box.lan:8000' is not a host name"),
-    (["--read-timeout", "0"], "--read-timeout must be a positive number of seconds, got 0.0"),
+    (["--read-timeout", "0"], "--read-timeout must be a positive number of seconds, at most 86400 (a day), got 0.0"),
+    # inf used to pass, and Ctrl-C then ended in an OverflowError traceback
+    (["--shutdown-timeout", "inf"], "--shutdown-timeout must be a positive number of seconds, at most 86400 (a day), "
+                                    "got inf"),
+    (["--shutdown-timeout", "nan"], "--shutdown-timeout must be a positive number of seconds"),
+    (["--shutdown-timeout", "-1"], "--shutdown-timeout must be a positive number of seconds"),
+    (["--shutdown-timeout", "1e12"], "--shutdown-timeout must be a positive number of seconds"),
+    (["--read-timeout", "inf"], "--read-timeout must be a positive number of seconds"),
 ])
 def test_serve_flags_are_checked_before_the_engine_opens(flags, message, capsys, monkeypatch):
     monkeypatch.setattr("lucebox.server.command.open_engine", lambda args: pytest.fail("the engine opened"))

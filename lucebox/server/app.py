@@ -131,6 +131,8 @@ class _State:
         body = await read_json(request, self.settings)
         req = api.parse_request(body, kind, self.llm.config.vocab_size)
         req.tools = tool_request(body, kind, self.tool_format, self._token_id, self.mistral_args)
+        if req.echo:
+            req.echo_text = self._echo_text(req.prompt)
         if req.model is not None and req.model != self.model_name:
             raise api.APIError(404, f"model '{req.model}' is not served here; this server has "
                                     f"'{self.model_name}' (GET /v1/models)", "model", "model_not_found")
@@ -178,6 +180,16 @@ class _State:
         except LuceboxError as e:  # no tokenizer, a template that fails on these messages
             raise api.APIError(400, str(e)) from None
 
+    def _echo_text(self, prompt: str | list[int]) -> str:
+        """The prompt as `echo` writes it back: as given, or its token ids decoded (special tokens too:
+        the ids the model read)."""
+        if isinstance(prompt, str):
+            return prompt
+        tokenizer = self.llm.engine.tokenizer
+        if tokenizer is None:
+            raise api.invalid("echo", "this model has no tokenizer files, so token ids cannot be echoed as text")
+        return tokenizer.decode(prompt, skip_special_tokens=False)
+
     def _token_id(self, text: str) -> int | None:
         """The id of the one token spelled `text` (a tool-call marker), or None."""
         tokenizer = self.llm.engine.tokenizer  # None without tokenizer files: the prompt is refused later
@@ -219,8 +231,8 @@ class _State:
                 chunk = await self._wait(job, request)
             except LuceboxError as e:  # nothing sent yet: a request it cannot serve is still a 400
                 raise _mid_output_error(e) from None
-        echo = req.prompt if req.kind == "completion" and req.echo and isinstance(req.prompt, str) else ""
-        bodies = [api.completion(req, rid, self.model_name, echo + a.text, a.finish_reason, a.stats) for a in answers]
+        bodies = [api.completion(req, rid, self.model_name, req.echo_text + a.text, a.finish_reason, a.stats)
+                  for a in answers]
         for body, answer in zip(bodies, answers, strict=True):
             if req.logprobs is not None:
                 body["choices"][0]["logprobs"] = logprobs_json(req.kind, answer.logprobs, self.token_text)
@@ -231,8 +243,8 @@ class _State:
     async def _events(self, req, job: Job, rid: str, first, calls):
         model = self.model_name
         try:
-            if req.kind == "completion" and req.echo and isinstance(req.prompt, str):
-                yield _sse(api.chunk(req, rid, model, req.prompt, None))
+            if req.echo_text:
+                yield _sse(api.chunk(req, rid, model, req.echo_text, None))
             chunk, stats = first, []
             for index in range(req.n):
                 if chunk is None:  # the job ended early (the server stopping)

@@ -32,6 +32,7 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     echo: bool = False
+    echo_text: str = ""  # what an echo puts before the answer: the prompt, as text (`app`)
     # temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty, seed
     sampling: dict = field(default_factory=dict)
     n: int = 1  # choices (`server.choices`)
@@ -106,18 +107,75 @@ _CONSTRAINT_EXTENSIONS = ("json_schema", "guided_json", "guided_regex", "guided_
 # `server.tools`); any other is refused by name, since ignoring it could change what the client gets.
 _FIELDS = {"model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n", "stop", "seed",
            "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
-           "logprobs", "top_logprobs", "response_format", "grammar", "best_of",
-           "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", *_CONSTRAINT_EXTENSIONS,
-           "user"}  # an end user's id, for the provider's abuse monitoring: changes nothing here
+           "logit_bias", "logprobs", "top_logprobs", "response_format", "grammar", "best_of",
+           "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", *_CONSTRAINT_EXTENSIONS}
 _KIND_FIELDS = {"chat": {"messages"}, "completion": {"prompt", "echo"}}
+_BOTH, _CHAT = ("chat", "completion"), ("chat",)
+
+
+def _text(value) -> bool:
+    return isinstance(value, str)
+
+
+def _text_map(value) -> bool:
+    return isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
+
+
+def _flag(value) -> bool:
+    return isinstance(value, bool)
+
+
+def _object(value) -> bool:
+    return isinstance(value, dict)
+
+
+# OpenAI's fields that mean nothing to a local server: accepted on the endpoints OpenAI takes them on,
+# checked for their type (a wrong one is a 422), and otherwise ignored. name: (endpoints, check, type, why)
+NO_OP_FIELDS = {
+    "user": (_BOTH, _text, "a string", "an end user's id for OpenAI's abuse monitoring; nobody monitors here"),
+    "safety_identifier": (_CHAT, _text, "a string", "user's successor, for the same monitoring"),
+    "metadata": (_CHAT, _text_map, "an object of strings", "tags for OpenAI's stored completions; nothing is stored"),
+    "store": (_CHAT, _flag, "true or false", "whether OpenAI keeps the completion for its evals; nothing is kept"),
+    "service_tier": (_CHAT, _text, "a string", "OpenAI's price and latency tier; one engine serves every request"),
+    "prompt_cache_key": (_CHAT, _text, "a string", "routes to OpenAI's prompt caches; lucebox reuses the cache "
+                                                  "whenever a prompt extends the last one"),
+    "prompt_cache_retention": (_CHAT, _text, "a string", "how long OpenAI keeps a prompt cache; lucebox keeps the "
+                                                        "last conversation's until another prompt replaces it"),
+    "prompt_cache_options": (_CHAT, _object, "an object", "prompt_cache_retention's successor"),
+}
+
+# OpenAI's fields that would change the output in ways lucebox cannot: a 422 naming the field and why
+# (a null is taken as absent). name: (endpoints, why)
+REFUSED_FIELDS = {
+    "reasoning_effort": (_CHAT, "sets a reasoning model's thinking budget, which lucebox has no way to control"),
+    "verbosity": (_CHAT, "asks a model trained for it to answer longer or shorter; lucebox's models are not"),
+    "modalities": (_CHAT, "lucebox writes text only: it may be [\"text\"], nothing else"),
+    "audio": (_CHAT, "lucebox writes text only, no audio"),
+    "prediction": (_CHAT, "predicted outputs are not implemented (lucebox's drafter predicts on its own)"),
+    "web_search_options": (_CHAT, "lucebox does not search the web"),
+    "moderation": (_CHAT, "lucebox runs no moderation model"),
+    "suffix": (("completion",), "inserting text before a suffix (fill-in-the-middle) is not implemented"),
+}
+
+
+def _known_fields(kind: str) -> set[str]:
+    extra = {name for name, (kinds, *_) in (NO_OP_FIELDS | REFUSED_FIELDS).items() if kind in kinds}
+    return _FIELDS | _KIND_FIELDS[kind] | extra
 
 
 def _unknown_fields(body: dict, kind: str) -> None:
-    known = _FIELDS | _KIND_FIELDS[kind]
+    known = _known_fields(kind)
     for name in body:
         if name not in known:
             raise invalid(name, f"is not a field lucebox's {kind} endpoint serves; remove it (the fields it "
-                                f"takes: {', '.join(sorted(known))})")
+                                f"takes: {', '.join(sorted(known - REFUSED_FIELDS.keys()))})")
+
+
+def _no_op_fields(body: dict) -> None:
+    """Each accepted no-op field of the right type (or null), or a 422 naming it."""
+    for name, (_, check, kind, _) in NO_OP_FIELDS.items():
+        if body.get(name) is not None and not check(body[name]):
+            raise invalid(name, f"must be {kind} (lucebox accepts and ignores it)")
 
 
 def _unsupported(body: dict) -> None:
@@ -128,6 +186,28 @@ def _unsupported(body: dict) -> None:
                                 "json_schema) or grammar (GBNF or Lark)")
     if body.get("best_of") not in (None, 1):
         raise invalid("best_of", "only best_of=1 is supported")
+    for name, (_, why) in REFUSED_FIELDS.items():
+        if body.get(name) is not None and not (name == "modalities" and body[name] == ["text"]):
+            raise invalid(name, f"is not supported: {why}")
+
+
+def _logit_bias(value, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} (JSON keys are strings), checked as `LLM.stream` checks it."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise invalid("logit_bias", 'must be an object of token ids to biases, like {"50256": -100}')
+    biases = {}
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit()):
+            raise invalid("logit_bias", f"key {key[:20]!r} is not a token id (a non-negative integer)")
+        if not isinstance(bias, (int, float)) or isinstance(bias, bool):
+            raise invalid("logit_bias", f"the bias of {key} must be a number in -100..100, got {bias!r}")
+        biases[int(key)] = bias
+    try:
+        return arguments.token_biases("logit_bias", biases, vocab_size)
+    except InvalidArgumentError as e:
+        raise APIError(422, str(e), "logit_bias") from None
 
 
 def _check_text(body: dict) -> None:
@@ -166,6 +246,7 @@ def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
     _check_text(body)
     _unknown_fields(body, kind)
     _unsupported(body)
+    _no_op_fields(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise invalid("model", "must be a string")
@@ -193,11 +274,7 @@ def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
     if not isinstance(stream, bool):
         raise invalid("stream", "must be true or false")
     request.stream = stream
-    options = body.get("stream_options")
-    if options is not None:
-        if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
-            raise invalid("stream_options", "must be an object like {\"include_usage\": true}")
-        request.include_usage = options.get("include_usage", False)
+    request.include_usage = _stream_options(body.get("stream_options"))
     # (low, high, integer, low bound excluded)
     limits = {"temperature": (0, 2, False, False), "top_p": (0, 1, False, True), "top_k": (-1, 2**31, True, False),
               "min_p": (0, 1, False, False), "repetition_penalty": (0, 10, False, True),
@@ -211,6 +288,8 @@ def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
         request.sampling["top_k"] = 0  # vLLM's "off"
     if "seed" in request.sampling:
         request.sampling["seed"] %= 2**63  # the engine's generators take non-negative seeds
+    if logit_bias := _logit_bias(body.get("logit_bias"), vocab_size):
+        request.sampling["logit_bias"] = logit_bias
     request.stop = _stops(body.get("stop"))
     request.n, request.logprobs = choices_field(body), logprobs_field(body, kind)
     try:
@@ -218,6 +297,25 @@ def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
     except GrammarError as e:
         raise APIError(400, str(e), e.field, "invalid_constraint") from None
     return request
+
+
+# stream_options' keys: include_usage is read; include_obfuscation pads OpenAI's events against
+# side-channel attacks on their size, and lucebox sends no padding either way.
+_STREAM_OPTIONS = ("include_usage", "include_obfuscation")
+
+
+def _stream_options(options) -> bool:
+    """Whether the stream ends with a usage event."""
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise invalid("stream_options", "must be an object like {\"include_usage\": true}")
+    for key, value in options.items():
+        if key not in _STREAM_OPTIONS:
+            raise invalid(f"stream_options.{key}", f"is not served; stream_options takes {', '.join(_STREAM_OPTIONS)}")
+        if not isinstance(value, bool):
+            raise invalid(f"stream_options.{key}", "must be true or false")
+    return options.get("include_usage", False)
 
 
 def _prompt(value, vocab_size: int) -> str | list[int]:

@@ -15,6 +15,7 @@ EVERY_INTERFACE = ("0.0.0.0", "::")
 _NAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?")  # a DNS name as a Host header carries it
 _KEY = re.compile(r"[!-~]+")  # printable ASCII, no spaces
 _PORT = re.compile(r"(:[0-9]{1,5})?")  # what may follow the host in a Host header
+MAX_SECONDS = 86400  # a timeout flag's most: thread and event-loop waits overflow near 2^31 s (inf at once)
 
 
 def host_name(text: str) -> str | None:
@@ -84,8 +85,9 @@ class ServerSettings:
         if self.tool_parser is not None and self.tool_parser not in FORMATS:
             raise InvalidArgumentError(f"--tool-parser must be one of {', '.join(FORMATS)}, got {self.tool_parser!r}")
         for flag, seconds in (("--read-timeout", self.read_timeout), ("--shutdown-timeout", self.shutdown_timeout)):
-            if not seconds > 0:
-                raise InvalidArgumentError(f"{flag} must be a positive number of seconds, got {seconds}")
+            if not 0 < seconds <= MAX_SECONDS:  # NaN fails both; inf overflows the waits that take it
+                raise InvalidArgumentError(f"{flag} must be a positive number of seconds, at most {MAX_SECONDS} "
+                                           f"(a day), got {seconds}")
 
     @property
     def every_interface(self) -> bool:
