@@ -114,20 +114,30 @@ def test_tool_parameters_past_the_bounds_are_refused_under_every_tool_choice(no_
 
 
 LARGEST_COMPILE = """
-import json, sys
+import json, sys, threading
 from lucebox.constrained import Constraint
+from lucebox.constrained.schema_check import follows_schema
 shapes = json.loads(sys.stdin.read())
-for schema in shapes["schemas"]:
-    Constraint.json_schema(schema)
-Constraint.lark(shapes["lark"])
-Constraint.lark(shapes["gbnf"])
-print("compiled")
+
+def compile_all():
+    for schema in shapes["schemas"]:
+        Constraint.json_schema(schema)
+        follows_schema("1", schema)
+    Constraint.lark(shapes["lark"])
+    Constraint.lark(shapes["gbnf"])
+    print("compiled")
+
+threading.stack_size(1 << 20)  # a caller with a small stack (musl's threads have 128 KiB)
+caller = threading.Thread(target=compile_all)
+caller.start()
+caller.join()
 """
 
 
 def test_the_largest_schemas_and_grammars_the_bounds_let_through_compile(tmp_path):
-    """At the bound, each crashing shape compiles (in a subprocess: were a bound too loose, a
-    segfault there fails this test). The crashes measured sit over 3x above (`constrained.bounds`)."""
+    """At the bound, each crashing shape compiles, called from a thread with a 1 MiB stack (the compile
+    runs on a 64 MiB one of its own: `constrained.native`); in a subprocess, where a bound too loose
+    is a segfault that fails this test. The crashes measured sit over 3x above (`constrained.bounds`)."""
     schemas = [largest(ref_chain, lambda s: check_schema(s, "s")), largest(map_chain, lambda s: check_schema(s, "s"))]
     lark, gbnf = (largest(make, lambda g: check_grammar(g, "g")) for make in (lark_chain, gbnf_chain))
     assert len(schemas[0]["$defs"]) > 300 and lark.count("\n") > MAX_WEIGHT - 20

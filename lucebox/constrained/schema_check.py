@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 
 from lucebox.constrained.bounds import check_schema
+from lucebox.constrained.native import on_compile_stack
 from lucebox.constrained.spec import llguidance
 
 _EOS = 256  # the byte vocabulary's one extra token
@@ -37,6 +38,10 @@ def follows_schema(text: str, schema: dict) -> bool:
     meets the bounds every schema meets before the engine sees it (a GrammarError otherwise)."""
     check_schema(schema, "parameters")
     engine = llguidance()
+    return on_compile_stack(_follows, engine, text, schema)
+
+
+def _follows(engine, text: str, schema: dict) -> bool:
     grammar = engine.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": True})
     matcher = engine.LLMatcher(_byte_vocabulary(), grammar, log_level=0)
     return matcher.consume_tokens(list(text.strip().encode())) and matcher.is_accepting()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from lucebox import bounded_json
 from lucebox.constrained.bounds import check_grammar, check_schema, one_line
+from lucebox.constrained.native import on_compile_stack
 from lucebox.errors import GrammarError, JSONInputError
 
 # Compact JSON unless a schema's own "x-guidance" says otherwise: free whitespace lets a small model
@@ -48,7 +49,7 @@ class Constraint:
                                                       f'{{"whitespace_flexible": true}}), got {type(options).__name__}')
         check_schema(value, field)
         try:
-            text = llguidance().LLMatcher.grammar_from_json_schema(value, defaults=JSON_DEFAULTS)
+            text = on_compile_stack(llguidance().LLMatcher.grammar_from_json_schema, value, defaults=JSON_DEFAULTS)
         except (ValueError, TypeError) as e:
             raise GrammarError(field, f"is not a JSON Schema the grammar engine can read: {one_line(e)}") from None
         return cls._checked(text, field)
@@ -75,12 +76,12 @@ class Constraint:
             raise GrammarError(field, f"is neither Lark nor GBNF the engine reads: {type(e).__name__}: "
                                       f"{one_line(e)}") from None
         check_grammar(lark, field)
-        return cls._checked(llguidance().LLMatcher.grammar_from_lark(lark), field)
+        return cls._checked(on_compile_stack(llguidance().LLMatcher.grammar_from_lark, lark), field)
 
     @classmethod
     def _checked(cls, text: str, field: str) -> Constraint:
         engine = llguidance()
-        failed, messages = engine.LLMatcher.validate_grammar_with_warnings(text)
+        failed, messages = on_compile_stack(engine.LLMatcher.validate_grammar_with_warnings, text)
         if failed:
             raise GrammarError(field, f"the grammar engine cannot compile it: {one_line(messages[0])}")
         return cls(text, field)

@@ -23,6 +23,7 @@ import time
 import torch
 
 from lucebox.constrained.bounds import one_line
+from lucebox.constrained.native import on_compile_stack
 from lucebox.constrained.spec import Constraint, llguidance
 from lucebox.constrained.vocabulary import grammar_tokenizer
 from lucebox.errors import GrammarError, LuceboxError
@@ -38,7 +39,7 @@ class GrammarState:
                  device: torch.device):
         """`tokenizer`: the model's (`text.tokenizer.Tokenizer`); `eos_ids`: the tokens that end the output."""
         vocabulary = grammar_tokenizer(tokenizer, vocab_size, eos_ids)
-        self.matcher = llguidance().LLMatcher(vocabulary, constraint.grammar, log_level=0)
+        self.matcher = on_compile_stack(llguidance().LLMatcher, vocabulary, constraint.grammar, log_level=0)
         if self.matcher.is_error():
             raise GrammarError(constraint.field,
                                f"the grammar engine cannot compile it: {one_line(self.matcher.get_error())}")
