@@ -115,6 +115,7 @@ def test_logit_bias_is_served_as_llm_generate_serves_it(server, llm):
 @pytest.mark.parametrize("bias, message", [
     ({"abc": 1}, "key 'abc' is not a token id"),
     ({"-1": 1}, "key '-1' is not a token id"),
+    ({"9" * 5000: 1}, "key '99999999999999999999' is not a token id"),  # never handed to int(): 4,300 digits raise
     ({"4096": 1}, "logit_bias token id must be in 0..4095, got 4096"),
     ({"7": 101}, "logit_bias[7] must be in [-100.0, 100.0], got 101"),
     ({"7": "1"}, "the bias of 7 must be a number"),
@@ -165,5 +166,8 @@ def test_a_request_head_over_16_kib_gets_431_however_it_arrives(server):
     for size in (60_000, 300_000):  # in one read or several, as the kernel hands them over
         answer = _head(server, size)
         assert answer.startswith(b"HTTP/1.1 431 ") or answer == b"reset", size
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as conn:  # a head still coming
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: " + b"a" * 17_000)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 431 ")
     code, _ = _post(server, "/v1/completions", {"prompt": "x", "max_tokens": 1})
     assert code == 200  # and the server goes on

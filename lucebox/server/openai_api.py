@@ -33,7 +33,7 @@ class GenerationRequest:
     include_usage: bool = False
     echo: bool = False
     echo_text: str = ""  # what an echo puts before the answer: the prompt, as text (`app`)
-    # temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty, seed
+    # temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty, seed, logit_bias
     sampling: dict = field(default_factory=dict)
     n: int = 1  # choices (`server.choices`)
     logprobs: int | None = None  # None: none; k: each token's logprob and the k likeliest (`server.logprobs_format`)
@@ -148,7 +148,7 @@ NO_OP_FIELDS = {
 # (a null is taken as absent). name: (endpoints, why)
 REFUSED_FIELDS = {
     "reasoning_effort": (_CHAT, "sets a reasoning model's thinking budget, which lucebox has no way to control"),
-    "verbosity": (_CHAT, "asks a model trained for it to answer longer or shorter; lucebox's models are not"),
+    "verbosity": (_CHAT, "asks a model trained for it for longer or shorter answers; lucebox has no such control"),
     "modalities": (_CHAT, "lucebox writes text only: it may be [\"text\"], nothing else"),
     "audio": (_CHAT, "lucebox writes text only, no audio"),
     "prediction": (_CHAT, "predicted outputs are not implemented (lucebox's drafter predicts on its own)"),
@@ -199,7 +199,8 @@ def _logit_bias(value, vocab_size: int) -> tuple[tuple[int, float], ...]:
         raise invalid("logit_bias", 'must be an object of token ids to biases, like {"50256": -100}')
     biases = {}
     for key, bias in value.items():
-        if not (key.isascii() and key.isdigit()):
+        # ten digits: past any vocabulary, and int() of them is cheap (of 4,300 and more, it raises)
+        if not (key.isascii() and key.isdigit() and len(key) <= 10):
             raise invalid("logit_bias", f"key {key[:20]!r} is not a token id (a non-negative integer)")
         if not isinstance(bias, (int, float)) or isinstance(bias, bool):
             raise invalid("logit_bias", f"the bias of {key} must be a number in -100..100, got {bias!r}")
