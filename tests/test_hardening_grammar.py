@@ -18,6 +18,7 @@ from lucebox.chat.saved_chat import chat_record
 from lucebox.constrained import Constraint
 from lucebox.constrained.bounds import MAX_WEIGHT, check_grammar, check_schema
 from lucebox.constrained.schema_check import follows_schema
+from lucebox.constrained.spec import refuse_stops
 from lucebox.errors import GrammarError, ToolError
 from lucebox.server.process import ServerProcess
 from lucebox.text.tool_calls import parse_tool_calls
@@ -117,6 +118,7 @@ LARGEST_COMPILE = """
 import json, sys, threading
 from lucebox.constrained import Constraint
 from lucebox.constrained.schema_check import follows_schema
+from lucebox.constrained.spec import refuse_stops
 shapes = json.loads(sys.stdin.read())
 
 def compile_all():
@@ -178,6 +180,16 @@ def test_schema_text_and_call_arguments_past_the_json_bounds_are_errors_naming_t
         assert parse_tool_calls(written, "hermes").calls == ()
     deep = '<tool_call>\n{"name": "f", "arguments": {"a": ' + "[" * 150 + "]" * 150 + "}}\n</tool_call>"
     assert parse_tool_calls(deep, "hermes").calls == ()
+
+
+def test_only_stop_strings_that_could_cut_the_json_are_refused():
+    compact, flexible = {"type": "object"}, {"type": "object", "x-guidance": {"whitespace_flexible": True}}
+    refuse_stops(["\n\n"], "json_schema", compact)  # compact JSON never writes a newline: it cannot cut it
+    refuse_stops(None, "tool calls")
+    for stop, schema in (([":"], compact), (["\n"], flexible), (["}"], json.dumps(compact)), (["\n"], None)):
+        with pytest.raises(GrammarError) as refused:
+            refuse_stops(stop, "json_schema", schema)
+        assert refused.value.field == "stop" and repr(stop[0]) in str(refused.value)
 
 
 def test_engine_messages_are_one_line():

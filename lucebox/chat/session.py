@@ -305,7 +305,7 @@ def _check(settings: dict) -> None:
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
         raise InvalidArgumentError(f"stop must be a list of non-empty strings or None, got {stop!r}")
     if _makes_json(settings):
-        refuse_stops(_own_stops(stop), "json_schema or json_object")
+        refuse_stops(_own_stops(stop), "json_schema or json_object", settings["json_schema"] or {"type": "object"})
 
 
 def _makes_json(settings: dict) -> bool:

@@ -87,14 +87,37 @@ class Constraint:
         return cls(text, field)
 
 
-def refuse_stops(stop, constraint: str) -> None:
+def refuse_stops(stop, constraint: str, schema=None) -> None:
     """A stop string would end constrained JSON wherever it appears in it (a stop of ":" cuts the object
-    at its first key): with JSON output (a schema, JSON mode, tool calls) stop strings are refused,
-    naming `stop`. The output ends by itself once the JSON is complete."""
-    if stop:
-        raise GrammarError("stop", f"cannot be used with {constraint}: a stop string can end the output inside "
-                                   "the JSON, which then is not JSON; leave stop out (the output ends where the "
-                                   "JSON is complete)")
+    at its first key): with JSON output (a schema, JSON mode, tool calls) such stop strings are refused,
+    naming `stop`; the output ends by itself once the JSON is complete. Kept: one with a control
+    character (a newline) beside compact JSON (`schema`'s output, JSON_DEFAULTS), which never writes one."""
+    harmless = schema is not None and _compact(schema)
+    cutting = [s for s in stop or [] if not (harmless and _has_control(s))]
+    if cutting:
+        raise GrammarError("stop", f"{cutting[0]!r} cannot be used with {constraint}: a stop string can end the "
+                                   "output inside the JSON, which then is not JSON; leave stop out (the output ends "
+                                   "where the JSON is complete)")
+
+
+def _compact(schema) -> bool:
+    """Is `schema`'s output compact JSON (no whitespace of the schema's own choosing: x-guidance)?"""
+    if isinstance(schema, str):
+        try:
+            schema = bounded_json.loads(schema, "the schema's JSON text")
+        except JSONInputError:
+            return False
+    given = schema.get("x-guidance") or {} if isinstance(schema, dict) else None
+    if not isinstance(given, dict):
+        return False
+    options = {**JSON_DEFAULTS, **given}
+    separators = [v for v in options.values() if isinstance(v, str)]  # item_separator, key_separator
+    return (options.get("whitespace_flexible") is False and options.get("whitespace_pattern") is None
+            and not any(_has_control(v) for v in separators))
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 0x20 for c in text)
 
 
 def constraint_from(json_schema=None, grammar=None, json_object=False) -> Constraint | None:

@@ -19,7 +19,7 @@ def constraint_options(body: dict) -> dict:
     response_format, grammar = body.get("response_format"), body.get("grammar")
     options = _response_format(response_format)
     if options:
-        refuse_stops(body.get("stop"), "a JSON response_format")
+        refuse_stops(body.get("stop"), "a JSON response_format", options.get("json_schema", {"type": "object"}))
     if grammar is not None:
         if options:
             raise GrammarError("grammar", "give either grammar or a JSON response_format, not both")
