@@ -104,10 +104,29 @@ def _replace(partial: Path, out: Path, overwrite: bool) -> None:
         shutil.rmtree(old)
 
 
-def _output_path(out: str | Path) -> Path:
-    path = Path(os.path.abspath(Path(path_argument("the output folder", out)).expanduser()))
-    if not path.name:
-        raise InvalidArgumentError(f"{out} is not a folder lucebox can create; name a new folder")
+def _places_it_would_delete() -> list[tuple[Path, str]]:
+    """Folders whose replacement would delete the user's own work, each with how it is named."""
+    places = [(Path.cwd(), "the current folder")]
+    with contextlib.suppress(RuntimeError):  # no home folder known (HOME unset, no passwd entry)
+        places.append((Path.home(), "your home folder"))
+    return places
+
+
+def output_path(out: str | Path, what: str = "folder") -> Path:
+    """The absolute path of an output `what` ("folder" or "file"), refused whatever --overwrite says
+    when it is empty (an unset shell variable), the filesystem root, or the current folder, the
+    home folder or a folder above either: replacing it would delete the user's files."""
+    given = os.fsdecode(path_argument(f"the output {what}", out))
+    if not given.strip():
+        raise InvalidArgumentError(f"the output {what} is empty (an unset variable?); name a new {what}")
+    path = Path(os.path.abspath(Path(given).expanduser()))
+    if path == path.parent:
+        raise InvalidArgumentError(f"{given} is not a {what} lucebox can create: it is the root of the filesystem")
+    for place, named in _places_it_would_delete():
+        if _holds(path, place):
+            relation = "is" if path.resolve() == place.resolve() else "holds"
+            raise InvalidArgumentError(f"{given} is not a {what} lucebox can create: it {relation} {named} "
+                                       f"({place}), whose files it would delete; name a new {what}")
     return path
 
 
@@ -122,7 +141,7 @@ def new_folder(out: str | Path, command: str, *, overwrite: bool = False, resume
     partial folder starts as a copy of it, and `out` is replaced at the end.
     `reads`: files and folders the command reads from; neither `out` nor `OUT.partial` may be or
     hold any of them."""
-    out = _output_path(out)
+    out = output_path(out)
     partial = partial_folder(out)
     for source in reads:
         if _holds(out, Path(source).expanduser()) or _holds(partial, Path(source).expanduser()):
@@ -150,7 +169,10 @@ def new_folder(out: str | Path, command: str, *, overwrite: bool = False, resume
 
 def write_new_file(path: str | Path, text: str, *, overwrite: bool = False) -> Path:
     """Write `text` (UTF-8) to a new file `path`, through a temporary sibling renamed into place."""
-    path = Path(path_argument("the file", path)).expanduser()
+    given = os.fsdecode(path_argument("the file", path))
+    path = output_path(given, "file")
+    if given.endswith(("/", os.sep)) or os.path.basename(given) in (".", "..") or path.is_dir():
+        raise InvalidArgumentError(f"{given} is a folder; give a file name")
     _refuse_existing(path, "file", overwrite)
     try:
         data = text.encode("utf-8")

@@ -83,8 +83,10 @@ def test_an_unwritable_place_and_a_bad_number_are_typed_errors(tmp_path, capsys)
     (tmp_path / "file").write_text("")
     assert main(["quantize", "laguna-code-6m", str(tmp_path / "file" / "out"), "--bits", "8"]) == 2
     assert "cannot create" in capsys.readouterr().err
-    assert main(["train", str(tmp_path / "new"), "--lr", "nan"]) == 2
-    assert "--lr must be a finite number, got nan" in capsys.readouterr().err and not (tmp_path / "new").exists()
+    with pytest.raises(SystemExit) as stopped:  # argparse's flag type refuses it
+        main(["train", str(tmp_path / "new"), "--lr", "nan"])
+    assert stopped.value.code == 2 and not (tmp_path / "new").exists()
+    assert "argument --lr: must be in (0, 1], got nan" in capsys.readouterr().err
 
 
 def test_a_new_file_replaces_an_old_one_only_when_asked(tmp_path):

@@ -26,7 +26,7 @@ from lucebox.checkpoints.quantized import FORMAT, METADATA_FILE, VERSION, saved_
 from lucebox.errors import InvalidArgumentError
 from lucebox.kernels.quant import QuantizedTensor, quantize
 from lucebox.models.layout import quantizable, weight_shapes
-from lucebox.output import new_folder
+from lucebox.output import new_folder, output_path
 
 SHARD_BYTES = 2 * 2**30
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl", ".gguf")
@@ -100,6 +100,7 @@ def quantize_checkpoint(model: str | Path, out: str | Path, bits: int, group: in
     """Write `model` (a float checkpoint folder) quantized to `out`; returns a summary.
     `progress(done, total)` is told the bytes of float weights read so far."""
     scheme = _scheme(bits)
+    out = output_path(out)  # refused before anything is read: empty, the current folder, home...
     desc = describe_model(model)
     if desc.gguf is not None:
         raise InvalidArgumentError(f"{desc.gguf.file.path} is a GGUF file, already quantized in llama.cpp's block "
@@ -110,7 +111,6 @@ def quantize_checkpoint(model: str | Path, out: str | Path, bits: int, group: in
     _check_group(shapes, scheme, group)
     index = CheckpointIndex(weight_files(desc.folder))
     sources, unloaded = checkpoint_sources(desc)
-    out = Path(out).expanduser()
     started = time.perf_counter()
     with new_folder(out, "lucebox quantize", overwrite=overwrite, reads=(desc.folder,)) as partial:
         writer, records, read = _ShardWriter(partial, shard_bytes), {}, 0
@@ -145,6 +145,7 @@ def command(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
+    output_path(args.out)  # a refused OUT is one error line, before the progress bar takes the terminal
     err = Console(stderr=True)
     with Progress(TextColumn("[bold]quantizing"), BarColumn(), DownloadColumn(), console=err,
                   transient=True) as bar:

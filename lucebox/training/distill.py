@@ -26,7 +26,7 @@ from lucebox.models.decoder import Decoder
 from lucebox.models.sources import to_checkpoint
 from lucebox.training.checkpointing import load_state, save_state
 from lucebox.training.drafter_forward import draft_hidden
-from lucebox.training.drafter_start import HEADS, head_names, load_backbone
+from lucebox.training.drafter_start import HEADS, head_names, load_start
 from lucebox.training.dspark_loss import confidence_loss
 from lucebox.training.forward import forward_batch, greedy_continuations
 
@@ -59,13 +59,43 @@ class DistillSettings:
     def __post_init__(self):  # named as `lucebox distill`'s flags
         if self.sequences is None:  # frozen: the documented way to fill a field in __post_init__
             object.__setattr__(self, "sequences", sequences_for(self.steps, self.batch))
-        arguments.number("--lr", self.lr, 0, low_open=True)
+        for name, (low, high) in RANGES.items():
+            arguments.integer(flag_name(name), getattr(self, name), low, high)
+        arguments.integer("--mask-token-id", self.mask_token_id, 0, 2**31 - 1, optional=True)
+        arguments.integer("warmup", self.warmup, 0)
+        arguments.number("--lr", self.lr, 0, 1, low_open=True)
         arguments.number("position_decay", self.position_decay, 0, low_open=True)
         arguments.choice("--heads", self.heads, HEADS)
-        arguments.integer("--markov-rank", self.markov_rank, 1, 65536)
-        if self.freeze_backbone and (self.init is None or self.heads != "dspark"):
-            raise InvalidArgumentError("--freeze-backbone trains the DSpark heads of an --init drafter: give "
-                                       "--heads dspark and --init DRAFTER_FOLDER with it")
+        _check_together(self)
+
+
+# The range of each integer setting with a `lucebox distill` flag: `__post_init__` checks it, and the
+# flag's argparse type refuses a value outside it while the command line is parsed.
+RANGES = {
+    "layers": (1, 64), "block_size": (2, 256), "attention_heads": (1, 256), "kv_heads": (1, 256),
+    "head_dim": (2, 1024), "intermediate_size": (1, 2**18), "steps": (1, 10**9), "batch": (1, 4096),
+    "anchors": (1, 4096), "prompt_tokens": (1, 2**16), "generated_tokens": (0, 2**16), "sequences": (1, 10**7),
+    "seed": (0, arguments.SEED_MAX), "markov_rank": (1, 65536),
+}
+
+
+def flag_name(setting: str) -> str:
+    return "--" + setting.replace("_", "-")
+
+
+def _check_together(s: DistillSettings) -> None:
+    """What no single flag's range can say: the drafter's heads, the sequences' room for the blocks."""
+    if s.attention_heads % s.kv_heads:
+        raise InvalidArgumentError(f"--attention-heads {s.attention_heads} is not a multiple of --kv-heads "
+                                   f"{s.kv_heads}: each KV head serves the same number of query heads")
+    if s.head_dim % 2:
+        raise InvalidArgumentError(f"--head-dim {s.head_dim} must be even: rotary position embedding turns pairs")
+    if s.prompt_tokens + s.generated_tokens < s.block_size + s.anchors - 1:
+        raise InvalidArgumentError("sequences (--prompt-tokens + --generated-tokens) are too short for "
+                                   "--anchors distinct blocks of --block-size")
+    if s.freeze_backbone and (s.init is None or s.heads != "dspark"):
+        raise InvalidArgumentError("--freeze-backbone trains the DSpark heads of an --init drafter: give "
+                                   "--heads dspark and --init DRAFTER_FOLDER with it")
 
 
 def sequences_for(steps: int, batch: int) -> int:
@@ -217,7 +247,7 @@ def train_drafter(target: Decoder, hf: dict, sequences: torch.Tensor, s: Distill
     dcfg = dflash.build_config(hf)
     weights = init_drafter(dcfg, s.seed)
     if s.init:
-        weights.update(load_backbone(s.init))
+        weights.update(load_start(s.init, with_heads=dcfg.heads is not None))
     trained = [w.requires_grad_() for n, w in weights.items() if not s.freeze_backbone or n in head_names(dcfg)]
     drafter = dflash.DFlashDrafter(dcfg, weights)
     optimizer = torch.optim.AdamW(trained, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)

@@ -13,14 +13,26 @@ from pathlib import Path
 
 import torch
 
+from lucebox import arguments
 from lucebox.errors import InvalidArgumentError
 from lucebox.models.dflash import build_config
 from lucebox.speculative.learned import CALIBRATION_FILE, calibration_record
-from lucebox.training import corpus
-from lucebox.training.distill import DistillSettings, drafter_config, generate_sequences, save_drafter, train_drafter
+from lucebox.training import corpus, flag_types
+from lucebox.training.distill import (
+    RANGES,
+    DistillSettings,
+    drafter_config,
+    flag_name,
+    generate_sequences,
+    save_drafter,
+    train_drafter,
+)
 from lucebox.training.drafter_start import HEADS, distill_layout
 from lucebox.training.output_flags import add_output_flags, output_folder
 from lucebox.training.tokenizer_training import MASK_TOKEN
+
+EVAL_PROMPTS = (0, 4096)  # 0: the drafter is written without the acceptance measurement
+EVAL_TOKENS = (1, 2**16)
 
 
 def mask_token_id(tokenizer, given: int | None, vocab_size: int) -> int:
@@ -42,11 +54,11 @@ def held_out_prompts(tokenizer, texts: list[str], count: int, length: int) -> li
     """`count` prompts of `length` tokens, one from each of the first texts long enough (BOS first)."""
     prompts = []
     for t in texts:
+        if len(prompts) == count:  # checked first: a count of 0 reads no text
+            break
         ids = tokenizer.encode(t)
         if len(ids) >= length:
             prompts.append(ids[:length])
-        if len(prompts) == count:
-            break
     return prompts
 
 
@@ -92,6 +104,7 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
         threads: int | None, progress_factory, eval_prompts: int = 8, eval_tokens: int = 128) -> dict:
     from lucebox.checkpoints.loading import describe_model, load_model
 
+    check_run_flags(threads, eval_prompts, eval_tokens)
     if threads:
         torch.set_num_threads(threads)
     desc = describe_model(target_path)
@@ -102,10 +115,7 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
                                    "target's own tokenizer")
     hf = distill_layout(s.heads, s.markov_rank, s.init, target_path, desc.hf_config, target.cfg, lambda: drafter_config(
         desc.hf_config, target, s, mask_token_id(tokenizer, s.mask_token_id, target.cfg.vocab_size)))
-    s = dataclasses.replace(s, block_size=build_config(hf).block_size)  # --init's block size rules
-    if s.prompt_tokens + s.generated_tokens < s.block_size + s.anchors - 1:
-        raise InvalidArgumentError(f"sequences (--prompt-tokens + --generated-tokens) are too short for --anchors "
-                                   f"distinct blocks of {s.block_size} tokens")
+    s = dataclasses.replace(s, block_size=build_config(hf).block_size)  # --init's block size rules (checked again)
     if not all(0 <= i < len(target.cfg.layers) for i in build_config(hf).target_layer_ids):
         raise InvalidArgumentError(f"--target-layers must be decoder layers 0..{len(target.cfg.layers) - 1}")
     work = out / "training"
@@ -140,6 +150,13 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
     return report
 
 
+def check_run_flags(threads: int | None, eval_prompts: int, eval_tokens: int) -> None:
+    """`run`'s own arguments, in range before anything is loaded (the CLI's flag types check the same)."""
+    arguments.integer("--threads", threads, 1, flag_types.THREADS_MAX, optional=True)
+    arguments.integer("--eval-prompts", eval_prompts, *EVAL_PROMPTS)
+    arguments.integer("--eval-tokens", eval_tokens, *EVAL_TOKENS)
+
+
 def _held_out(target_path: str, out: Path, prompts: list[list[int]], tokens: int) -> dict:
     if not prompts:
         return {"held_out_acceptance": None, "held_out_acceptance_sampled": None}
@@ -167,50 +184,46 @@ def add_parser(sub) -> None:
                        ("batch", "sequences per step"), ("anchors", "blocks per sequence per step"),
                        ("prompt_tokens", "text tokens each generated sequence starts from"),
                        ("generated_tokens", "target's greedy tokens after each prompt"), ("seed", "random seed")):
-        p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name), help=what)
-    p.add_argument("--sequences", type=int, default=None,
+        p.add_argument(flag_name(name), type=flag_types.integer(*RANGES[name]), default=getattr(d, name), help=what)
+    p.add_argument("--sequences", type=flag_types.integer(*RANGES["sequences"]), default=None,
                    help="sequences of the target's text generated before training (default: follows --steps and "
                         "--batch, each drawn about 8 times, between 64 and 2048)")
-    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (AdamW, warm-up then cosine)")
-    p.add_argument("--mask-token-id", type=int, default=None, help="default: the tokenizer's mask token")
-    p.add_argument("--target-layers", default=None,
+    p.add_argument("--lr", type=flag_types.learning_rate, default=d.lr,
+                   help="peak learning rate, in (0, 1] (AdamW, warm-up then cosine)")
+    p.add_argument("--mask-token-id", type=flag_types.integer(0, 2**31 - 1), default=None,
+                   help="default: the tokenizer's mask token")
+    p.add_argument("--target-layers", type=flag_types.layer_list, default=None,
                    help="comma-separated decoder layers whose outputs the drafter reads (default: 3 spread "
                         "over the depth)")
     p.add_argument("--heads", choices=HEADS, default=d.heads,
                    help="dflash: the plain DFlash drafter (z-lab layout); dspark: DFlash plus DSpark's Markov head "
                         "(each draft conditioned on the one before it) and confidence head, in the Speculators "
                         f"layout (default: {d.heads})")
+    # range-checked by DistillSettings before any work: one error line, exit code 2
     p.add_argument("--markov-rank", type=int, default=d.markov_rank,
-                   help=f"rank of the DSpark Markov head, with --heads dspark (default: {d.markov_rank})")
+                   help="rank of new DSpark Markov heads, with --heads dspark (a DSpark --init drafter keeps its own) "
+                        f"(default: {d.markov_rank})")
     p.add_argument("--init", default=None, metavar="DRAFTER_FOLDER",
-                   help="start from this DFlash drafter's backbone (z-lab or Speculators layout); its shape, target "
-                        "layers, block size and mask token replace those flags (default: a new random backbone)")
+                   help="start from this DFlash or DSpark drafter (z-lab or Speculators layout): its backbone, and "
+                        "with --heads dspark its DSpark heads if it has them; its shape, target layers, block size and "
+                        "mask token replace those flags (default: a new random backbone)")
     p.add_argument("--freeze-backbone", action="store_true",
                    help="with --init and --heads dspark, train only the DSpark heads: the backbone is kept as it "
                         "is and runs without backward, so training is fast (default: train everything)")
-    p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts for the acceptance measurement")
-    p.add_argument("--eval-tokens", type=int, default=128, help="greedy tokens generated per held-out prompt")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
+    p.add_argument("--eval-prompts", type=flag_types.integer(*EVAL_PROMPTS), default=8,
+                   help="held-out prompts for the acceptance measurement (0: no measurement)")
+    p.add_argument("--eval-tokens", type=flag_types.integer(*EVAL_TOKENS), default=128,
+                   help="greedy tokens generated per held-out prompt")
+    p.add_argument("--threads", type=flag_types.threads, default=None, help="CPU threads for torch (default: torch's)")
 
 
 def command(args) -> int:
     from lucebox.training.progress import training_progress
 
-    layers = None
-    if args.target_layers:
-        try:
-            layers = tuple(int(i) for i in args.target_layers.split(","))
-        except ValueError:
-            raise InvalidArgumentError("--target-layers must be comma-separated integers, e.g. 1,4,6") from None
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(DistillSettings) if hasattr(args, f.name)}
-    s = DistillSettings(**{**values, "target_layer_ids": layers, "mask_token_id": args.mask_token_id})
-    if s.block_size < 2 or min(s.steps, s.batch, s.anchors, s.sequences, s.prompt_tokens) <= 0:
-        raise InvalidArgumentError("--block-size must be at least 2; steps, batch, anchors, sequences and "
-                                   "prompt tokens positive")
-    if s.prompt_tokens + s.generated_tokens < s.block_size + s.anchors - 1:
-        raise InvalidArgumentError("sequences (--prompt-tokens + --generated-tokens) are too short for "
-                                   "--anchors distinct blocks of --block-size")
-    reads = (args.target, *(args.data or ()), *(args.eval_data or ()))
+    s = DistillSettings(**{**values, "target_layer_ids": args.target_layers, "mask_token_id": args.mask_token_id})
+    reads = (args.target, *([args.init] if args.init else []), *(args.data or [corpus.stdlib_root()]),
+             *(args.eval_data or ()))
     with output_folder(args, "lucebox distill", reads=reads) as out:
         report = run(args.target, out, args.data, args.eval_data, s, args.threads, training_progress,
                      args.eval_prompts, args.eval_tokens)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lucebox.errors import InvalidArgumentError
-from lucebox.output import new_folder
+from lucebox.output import new_folder, output_path
 
 STATE = Path("training") / "state.pt"  # what --resume goes on from
 
@@ -24,7 +24,7 @@ def add_output_flags(p: argparse.ArgumentParser, state: str) -> None:
 @contextlib.contextmanager
 def output_folder(args, command: str, out: str | None = None, reads: tuple[str, ...] = ()) -> Iterator[Path]:
     """The folder the command writes (`OUT.partial`, renamed to OUT when the block ends cleanly)."""
-    out = Path(out or args.out).expanduser()
+    out = output_path(args.out if out is None else out)  # "" (an unset variable) stays empty, and is refused
     if args.resume and args.overwrite:
         raise InvalidArgumentError("--resume goes on from OUT and --overwrite starts over: give one of them")
     if args.resume and not (out / STATE).is_file():

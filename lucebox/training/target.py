@@ -64,13 +64,20 @@ class TrainSettings:
     save_every: int = 250
 
     def __post_init__(self):  # named as `lucebox train`'s flags
-        for flag, value, low in (("--steps", self.steps, 1), ("--batch", self.batch, 1), ("--length", self.length, 2),
-                                 ("--eval-every", self.eval_every, 1), ("warmup", self.warmup, 0),
-                                 ("save_every", self.save_every, 1)):
-            arguments.integer(flag, value, low)
-        arguments.number("--lr", self.lr, 0, low_open=True)
+        for name, (low, high) in RANGES.items():
+            arguments.integer("--" + name.replace("_", "-"), getattr(self, name), low, high)
+        for name in ("warmup", "save_every"):
+            arguments.integer(name, getattr(self, name), 1 if name == "save_every" else 0)
+        arguments.number("--lr", self.lr, 0, 1, low_open=True)
         for name in ("min_lr_ratio", "weight_decay", "clip", "bias_update"):
             arguments.number(name, getattr(self, name), 0)
+
+
+# The range of each integer setting with a `lucebox train` flag: `__post_init__` checks it, and the
+# flag's argparse type refuses a value outside it while the command line is parsed.
+RANGES = {"steps": (1, 10**9), "batch": (1, 65536), "length": (2, 2**20), "eval_every": (1, 10**9),
+          "seed": (0, arguments.SEED_MAX)}
+VOCAB_SIZES = (260, 2**18)  # byte fallback's 256 pieces and <unk> <s> </s> <mask> at least
 
 
 def init_weights(hf: dict, seed: int) -> dict[str, torch.Tensor]:

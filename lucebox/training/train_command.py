@@ -17,9 +17,20 @@ from pathlib import Path
 import sentencepiece
 import torch
 
-from lucebox.training import corpus
+from lucebox import arguments
+from lucebox.errors import InvalidArgumentError
+from lucebox.training import corpus, flag_types
+from lucebox.training.memory_bound import check_training_fits
 from lucebox.training.output_flags import add_output_flags, output_folder
-from lucebox.training.target import BUILTIN_CONFIG, TrainSettings, evaluate_bits, save_model, train
+from lucebox.training.target import (
+    BUILTIN_CONFIG,
+    RANGES,
+    VOCAB_SIZES,
+    TrainSettings,
+    evaluate_bits,
+    save_model,
+    train,
+)
 from lucebox.training.tokenizer_training import train_tokenizer
 
 
@@ -38,6 +49,8 @@ def run(out: Path, data: list[str] | None, eval_data: list[str] | None, settings
         vocab_size: int, threads: int | None, progress=None, architecture: dict | None = None) -> dict:
     """Train `architecture` (a Laguna config.json; default `BUILTIN_CONFIG`) into the folder `out`
     (a new one, or one holding an earlier run's `training/state.pt` to go on from); returns the report."""
+    check_architecture(architecture or BUILTIN_CONFIG, vocab_size, settings, "the architecture")
+    arguments.integer("--threads", threads, 1, flag_types.THREADS_MAX, optional=True)
     if threads:
         torch.set_num_threads(threads)
     work = out / "training"
@@ -83,6 +96,27 @@ def run(out: Path, data: list[str] | None, eval_data: list[str] | None, settings
     return report
 
 
+def check_architecture(architecture: dict, vocab_size: int, settings: TrainSettings, source: str) -> None:
+    """A LagunaForCausalLM config.json that builds, with `vocab_size` tokens (an upper bound: the
+    trained tokenizer may have fewer), `settings.length` positions, and training that fits in host
+    memory, all before any work; errors name `source` (the --config file)."""
+    from lucebox.errors import ConfigError
+    from lucebox.models import build_model_config
+    from lucebox.models.hf_config import architecture_name
+
+    arguments.integer("--vocab-size", vocab_size, *VOCAB_SIZES)
+    if not isinstance(architecture, dict):
+        raise ConfigError(f"{source}: config.json must hold a JSON object")
+    if architecture_name(architecture) != "LagunaForCausalLM":
+        raise InvalidArgumentError(f"{source}: lucebox train builds LagunaForCausalLM models")
+    hf = {**architecture, "vocab_size": vocab_size}
+    cfg = build_model_config(hf)
+    if settings.length > cfg.max_position_embeddings:
+        raise InvalidArgumentError(f"--length {settings.length} is longer than the {cfg.max_position_embeddings} "
+                                   f"positions of {source} (max_position_embeddings)")
+    check_training_fits(hf, settings.batch, settings.length, source, BUILTIN_CONFIG)
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a small Laguna-architecture model from scratch (the built-in recipe)")
     p.add_argument("out", help="new model folder to write (an interrupted run goes on when started again)")
@@ -93,21 +127,21 @@ def add_parser(sub) -> None:
     p.add_argument("--eval-data", nargs="+", default=None,
                    help="held-out files or folders (default: the held-out standard library modules)")
     defaults = TrainSettings()
-    p.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps")
-    p.add_argument("--batch", type=int, default=defaults.batch, help="sequences per step")
-    p.add_argument("--length", type=int, default=defaults.length, help="tokens per sequence")
-    p.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate (AdamW, warm-up then cosine)")
-    p.add_argument("--seed", type=int, default=defaults.seed, help="random seed")
-    p.add_argument("--eval-every", type=int, default=defaults.eval_every, help="steps between held-out evaluations")
-    p.add_argument("--vocab-size", type=int, default=4096, help="tokens of the BPE vocabulary trained on the corpus")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's)")
+    for name, what in (("steps", "optimizer steps"), ("batch", "sequences per step"), ("length", "tokens per sequence"),
+                       ("seed", "random seed"), ("eval_every", "steps between held-out evaluations")):
+        p.add_argument("--" + name.replace("_", "-"), type=flag_types.integer(*RANGES[name]),
+                       default=getattr(defaults, name), help=what)
+    p.add_argument("--lr", type=flag_types.learning_rate, default=defaults.lr,
+                   help="peak learning rate, in (0, 1] (AdamW, warm-up then cosine)")
+    p.add_argument("--vocab-size", type=flag_types.integer(*VOCAB_SIZES), default=4096,
+                   help="tokens of the BPE vocabulary trained on the corpus")
+    p.add_argument("--threads", type=flag_types.threads, default=None, help="CPU threads for torch (default: torch's)")
     p.add_argument("--config", default=None,
                    help="a LagunaForCausalLM config.json to train instead of the built-in model's (its vocab_size, "
                         "bos and eos ids are set from the trained tokenizer)")
 
 
 def command(args) -> int:
-    from lucebox.errors import InvalidArgumentError
     from lucebox.training.progress import training_progress
 
     settings = TrainSettings(steps=args.steps, batch=args.batch, length=args.length, lr=args.lr, seed=args.seed,
@@ -115,14 +149,12 @@ def command(args) -> int:
     architecture = None
     if args.config:
         from lucebox.checkpoints.hf_folder import read_json
-        from lucebox.models import build_model_config
-        from lucebox.models.hf_config import architecture_name
 
         architecture = read_json(Path(args.config))
-        if architecture_name(architecture) != "LagunaForCausalLM":
-            raise InvalidArgumentError(f"{args.config}: lucebox train builds LagunaForCausalLM models")
-        build_model_config({**architecture, "vocab_size": args.vocab_size})  # a bad config fails before any work
-    reads = (*(args.data or ()), *(args.eval_data or ()), *([args.config] if args.config else []))
+    # a bad config, or one too big to train here, fails before the output folder is made
+    check_architecture(architecture or BUILTIN_CONFIG, args.vocab_size, settings, args.config or "the built-in model")
+    default_corpus = [] if args.data and args.eval_data else [corpus.stdlib_root()]
+    reads = (*(args.data or ()), *(args.eval_data or ()), *([args.config] if args.config else []), *default_corpus)
     with output_folder(args, "lucebox train", reads=reads) as out, \
             training_progress("training", args.steps) as progress:
         report = run(out, args.data, args.eval_data, settings, args.vocab_size, args.threads, progress,
