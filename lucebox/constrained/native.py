@@ -4,7 +4,8 @@ The compile recurses in native code, so how deep it can go depends on the stack 
 calls it: 8 MiB for the main thread and default threads on glibc (the stack `bounds` was measured
 with), 2 MiB or 128 KiB on other systems or in other thread pools, where a schema within the bounds
 could still overflow it. On this thread the stack is known and 8x the measured one, wherever
-lucebox runs. Masks are computed where the engine runs: they walk the parser's state, not the grammar.
+lucebox runs. Masks are computed where the engine runs: they walk the parser's state, not the
+grammar's (50,000 nested brackets of output, masked on a default thread, measured no deeper).
 """
 
 from __future__ import annotations
