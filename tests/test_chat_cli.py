@@ -57,7 +57,7 @@ def test_chat_streams_cuts_on_ctrl_c_reuses_the_cache_and_its_commands_work(tmp_
                          (f"/save {b}", "saved 4 messages"), ("/foo", "unknown command /foo"),
                          ("/set temp=abc", "temp must be a number"), ("/set top_p=2", "top_p must be in"),
                          ("/set draft_k=99", "draft_k must be in 1..15"), ("/set max_tokens=3", "set max_tokens=3"),
-                         ("/load nowhere.json", "nowhere.json does not exist")):
+                         ("/load nowhere.json", "'nowhere.json' does not exist")):
         _say(child, line)
         child.expect(re.escape(answer))
         child.expect(">>>")
