@@ -14,6 +14,7 @@ import torch
 
 from lucebox.arguments import callback, flag, integer, stops, token_biases, token_id_list
 from lucebox.constrained import GrammarState, constraint_from
+from lucebox.constrained.spec import refuse_stops
 from lucebox.engine.build import Engine, build_engine
 from lucebox.engine.config import DRAFT_WIDTH, EngineConfig
 from lucebox.engine.request import Request, run_request
@@ -200,6 +201,9 @@ class LLM:
         ignore_eos, speculate = flag("ignore_eos", ignore_eos), flag("speculate", speculate)
         self._check_context(len(prompt_ids) + max_tokens, f"{len(prompt_ids)} prompt tokens + max_tokens {max_tokens}")
         stop_strings, stop_ids = self._split_stops(stop)
+        if json_schema is not None or json_object is True:  # a stop string could end the output inside its JSON
+            refuse_stops(stop_strings, "json_schema" if json_schema is not None else "json_object",
+                         json_schema if json_schema is not None else {"type": "object"})
         stop_ids |= set() if ignore_eos else set(self.eos_token_ids)
         if isinstance(snapshot_at, str) or not isinstance(snapshot_at, Sequence):
             raise InvalidArgumentError(f"snapshot_at is a list of prompt positions, got {type(snapshot_at).__name__}")

@@ -192,6 +192,14 @@ def test_only_stop_strings_that_could_cut_the_json_are_refused():
         assert refused.value.field == "stop" and repr(stop[0]) in str(refused.value)
 
 
+def test_llm_generate_refuses_a_stop_string_that_could_cut_its_json(builtin_llm):
+    for options in ({"json_schema": {"type": "object"}}, {"json_object": True}):
+        with pytest.raises(GrammarError) as refused:
+            builtin_llm.generate("x", max_tokens=4, stop=[":"], **options)
+        assert refused.value.field == "stop"
+    assert builtin_llm.generate("x", max_tokens=4, stop=["\n\n"], json_object=True).token_ids  # cannot cut compact JSON
+
+
 def test_engine_messages_are_one_line():
     for grammar in ("start: " + "(" * 60 + '"x"' + ")" * 60, "start: /" + "(" * 1000 + "a" + ")" * 1000 + "/"):
         with pytest.raises(GrammarError) as refused:
