@@ -106,10 +106,10 @@ def _replace(partial: Path, out: Path, overwrite: bool) -> None:
 
 def _places_it_would_delete() -> list[tuple[Path, str]]:
     """Folders whose replacement would delete the user's own work, each with how it is named."""
-    places = [(Path.cwd(), "the current folder")]
+    places = []
     with contextlib.suppress(RuntimeError):  # no home folder known (HOME unset, no passwd entry)
         places.append((Path.home(), "your home folder"))
-    return places
+    return [*places, (Path.cwd(), "the current folder")]
 
 
 def output_path(out: str | Path, what: str = "folder") -> Path:

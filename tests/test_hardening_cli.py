@@ -23,6 +23,10 @@ from lucebox.training.distill import DistillSettings
 from lucebox.training.target import BUILTIN_CONFIG, TrainSettings
 
 SHIPPED_DRAFTER = Path(lucebox.__file__).parent / "data" / "laguna-code-6m" / "dflash"
+# a distill run of seconds (if a refusal under test were missing, the test fails instead of training for hours)
+TINY_DISTILL = ["--steps", "1", "--batch", "2", "--anchors", "2", "--sequences", "2", "--prompt-tokens", "16",
+                "--generated-tokens", "16", "--eval-prompts", "0", "--threads", "1",
+                "--data", str(stdlib_root() / "bisect.py")]
 
 
 @pytest.fixture
@@ -48,9 +52,11 @@ def _one_error_line(err: str) -> str:
     return err
 
 
+TINY_TRAIN = ["--steps", "1", "--batch", "1", "--length", "16", "--vocab-size", "400", "--eval-every", "1",
+              "--data", str(stdlib_root() / "bisect.py"), "--eval-data", str(stdlib_root() / "keyword.py")]
 WRITERS = {
-    "train": ["train", "{out}", "--steps", "1", "--overwrite"],
-    "distill": ["distill", "laguna-code-6m", "--out", "{out}", "--steps", "1", "--overwrite"],
+    "train": ["train", "{out}", "--overwrite", *TINY_TRAIN],
+    "distill": ["distill", "laguna-code-6m", "--out", "{out}", "--overwrite", *TINY_DISTILL],
     "quantize": ["quantize", "laguna-code-6m", "{out}", "--bits", "8", "--overwrite"],
 }
 
@@ -67,7 +73,7 @@ def test_an_output_that_would_replace_the_users_folders_is_refused_even_with_ove
 
 def test_the_cli_refuses_an_unset_variable_as_output_in_a_separate_process(work_folder):
     """`lucebox train "$OUT" --overwrite` with OUT unset: exit code 2, one line, the folder intact."""
-    done = subprocess.run([sys.executable, "-m", "lucebox.cli", "train", "", "--overwrite", "--steps", "1"],
+    done = subprocess.run([sys.executable, "-m", "lucebox.cli", "train", "", "--overwrite", *TINY_TRAIN],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert _one_error_line(done.stderr) == "lucebox: error: the output folder is empty (an unset variable?); " \
@@ -85,11 +91,18 @@ def test_the_python_entry_points_refuse_the_same_outputs(work_folder):
     assert _untouched(work_folder)
 
 
-@pytest.mark.parametrize("path", ["", ".", "..", "sub/", "sub", "~"])
-def test_a_file_is_never_written_over_a_folder(work_folder, path):
+@pytest.mark.parametrize(("path", "message"), [
+    ("", "the output file is empty"), (".", "it is the current folder"), ("..", "it is your home folder"),
+    ("../..", "it holds your home folder"), ("sub/", "sub/ is a folder; give a file name"),
+    ("sub", "sub is a folder; give a file name"),
+])
+def test_a_file_is_never_written_over_a_folder(work_folder, path, message):
+    """What `/save` and `bench --json` write through: a path naming a folder (an empty one too) is
+    refused by what it is, with or without --overwrite."""
     (work_folder / "sub").mkdir()
-    with pytest.raises(InvalidArgumentError, match="is empty|is a folder|is not a file lucebox can create"):
-        write_new_file(path, "text", overwrite=True)
+    for overwrite in (False, True):
+        with pytest.raises(InvalidArgumentError, match=message):
+            write_new_file(path, "text", overwrite=overwrite)
     (work_folder / "sub").rmdir()
     assert _untouched(work_folder)
 
@@ -98,7 +111,7 @@ def test_an_output_that_holds_the_init_drafter_is_refused(tmp_path, capsys):
     drafter = tmp_path / "out" / "drafter"
     shutil.copytree(SHIPPED_DRAFTER, drafter)
     assert main(["distill", "laguna-code-6m", "--out", str(tmp_path / "out"), "--init", str(drafter),
-                 "--overwrite"]) == 2
+                 "--overwrite", *TINY_DISTILL]) == 2
     assert "which this command reads" in _one_error_line(capsys.readouterr().err)
     assert sorted(p.name for p in drafter.iterdir()) == sorted(p.name for p in SHIPPED_DRAFTER.iterdir())
 
@@ -124,7 +137,7 @@ BAD_FLAGS = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "message"), BAD_FLAGS, ids=[" ".join(a[2:]) for a, _ in BAD_FLAGS])
+@pytest.mark.parametrize(("argv", "message"), BAD_FLAGS, ids=[" ".join([a[0], *a[-2:]]) for a, _ in BAD_FLAGS])
 def test_a_training_flag_out_of_range_stops_the_parse(tmp_path, argv, message, capsys):
     with pytest.raises(SystemExit) as stopped:
         main([arg.format(out=tmp_path / "out") for arg in argv])
@@ -142,7 +155,7 @@ def test_a_training_flag_out_of_range_stops_the_parse(tmp_path, argv, message, c
     (["--markov-rank", "0"], "--markov-rank must be in 1..65536, got 0"),
 ])
 def test_distill_flags_that_contradict_each_other_stop_before_any_work(tmp_path, flags, message, capsys):
-    assert main(["distill", "laguna-code-6m", "--out", str(tmp_path / "out"), *flags]) == 2
+    assert main(["distill", "laguna-code-6m", "--out", str(tmp_path / "out"), *TINY_DISTILL, *flags]) == 2
     assert message in _one_error_line(capsys.readouterr().err)
     assert not any(tmp_path.iterdir())
 
@@ -189,9 +202,7 @@ def test_distill_goes_on_from_the_shipped_dspark_drafter_with_its_heads(tmp_path
     starts (at a learning rate too small to move them, the written heads are the shipped ones)."""
     out = tmp_path / "drafter"
     assert main(["distill", "laguna-code-6m", "--out", str(out), "--heads", "dspark", "--init", str(SHIPPED_DRAFTER),
-                 "--steps", "1", "--batch", "2", "--anchors", "2", "--sequences", "2", "--prompt-tokens", "16",
-                 "--generated-tokens", "16", "--eval-prompts", "0", "--lr", "1e-12", "--threads", "1",
-                 "--data", str(stdlib_root() / "bisect.py")]) == 0
+                 *TINY_DISTILL, "--lr", "1e-12"]) == 0
     config = json.loads((out / "config.json").read_text())
     shipped = json.loads((SHIPPED_DRAFTER / "config.json").read_text())
     assert config["architectures"] == ["DSparkSpeculator"] and config["markov_rank"] == shipped["markov_rank"]
