@@ -197,6 +197,26 @@ def test_a_config_too_big_for_the_machine_is_refused_before_allocating(tmp_path,
                                          TrainSettings(batch=65536, length=2**20), "the built-in model")
 
 
+def test_distill_buffers_too_big_for_the_machine_are_refused_before_allocating(tmp_path, monkeypatch, capsys):
+    from lucebox.models import dflash
+
+    from lucebox.checkpoints.loading import describe_model
+    from lucebox.training import memory_bound
+
+    monkeypatch.setattr(memory_bound, "_host_available", lambda: 32 * 2**30)  # the same answer on any machine
+    target = describe_model("laguna-code-6m").cfg
+    drafter = dflash.build_config(json.loads((SHIPPED_DRAFTER / "config.json").read_text()))
+    memory_bound.check_distill_fits(target, drafter, DistillSettings())  # the built-in recipe fits
+    with pytest.raises(InsufficientMemoryError, match=r"^--sequences 10000000 x 65664 tokens .*: the target's "):
+        memory_bound.check_distill_fits(target, drafter, DistillSettings(sequences=10**7, prompt_tokens=2**16))
+    with pytest.raises(InsufficientMemoryError, match=r"^--batch 4096 x --anchors 4096 x --block-size 8: a step's"):
+        memory_bound.check_distill_fits(target, drafter, DistillSettings(batch=4096, anchors=4096, prompt_tokens=5000))
+    assert main(["distill", "laguna-code-6m", "--out", str(tmp_path / "out"), *TINY_DISTILL, "--sequences", "10000000",
+                 "--prompt-tokens", "65536"]) == 2
+    assert "the target's features need about" in _one_error_line(capsys.readouterr().err)
+    assert not any(tmp_path.iterdir())
+
+
 def test_distill_goes_on_from_the_shipped_dspark_drafter_with_its_heads(tmp_path):
     """`--heads dspark --init` a DSpark-layout drafter: its backbone and its heads are where training
     starts (at a learning rate too small to move them, the written heads are the shipped ones)."""

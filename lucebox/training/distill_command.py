@@ -28,6 +28,7 @@ from lucebox.training.distill import (
     train_drafter,
 )
 from lucebox.training.drafter_start import HEADS, distill_layout
+from lucebox.training.memory_bound import check_distill_fits
 from lucebox.training.output_flags import add_output_flags, output_folder
 from lucebox.training.tokenizer_training import MASK_TOKEN
 
@@ -118,6 +119,7 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
     s = dataclasses.replace(s, block_size=build_config(hf).block_size)  # --init's block size rules (checked again)
     if not all(0 <= i < len(target.cfg.layers) for i in build_config(hf).target_layer_ids):
         raise InvalidArgumentError(f"--target-layers must be decoder layers 0..{len(target.cfg.layers) - 1}")
+    check_distill_fits(target.cfg, build_config(hf), s)
     work = out / "training"
     work.mkdir(exist_ok=True)
     texts = corpus.read_texts(corpus.text_files(data) if data else corpus.stdlib_files("train"))

@@ -78,3 +78,28 @@ def check_training_fits(hf: dict, batch: int, length: int, source: str, referenc
         f"({_gib(weights)} for the weights, their gradients and AdamW state, {_gib(activations)} for activations), "
         f"more than the {_gib(available)} of host memory available; "
         + (f"make {field} smaller, or " if field else "") + "lower --batch or --length")
+
+
+def check_distill_fits(target: ModelConfig, drafter, s) -> None:
+    """Refuse a distill run (settings `s`, a `DistillSettings`) whose largest buffers would not fit in
+    the host memory available, naming the flags that size the largest: the target's features of
+    every sequence (kept for the whole run), one step's soft labels and logits, the drafter with its
+    gradients and AdamW state. `drafter`: its `DFlashConfig`."""
+    from lucebox.models import dflash
+
+    tokens = s.prompt_tokens + s.generated_tokens
+    parts = {
+        f"--sequences {s.sequences} x {tokens} tokens (--prompt-tokens + --generated-tokens): the target's "
+        "features": s.sequences * tokens * target.hidden_size * (1 + len(drafter.target_layer_ids)) * FLOAT,
+        f"--batch {s.batch} x --anchors {s.anchors} x --block-size {drafter.block_size}: a step's logits":
+            4 * s.batch * s.anchors * (drafter.block_size - 1) * target.vocab_size * FLOAT,
+        f"--layers {drafter.num_layers}, --intermediate-size {drafter.intermediate_size} and the heads: the drafter":
+            sum(math.prod(shape) for shape in dflash.weight_shapes(drafter).values()) * PER_PARAMETER,
+    }
+    available = HEADROOM * _host_available() - parameters(target) * FLOAT  # the target is held in float32
+    if sum(parts.values()) <= available:
+        return
+    largest = max(parts, key=parts.get)
+    raise InsufficientMemoryError(f"{largest} need about {_gib(parts[largest])} (everything: "
+                                  f"{_gib(sum(parts.values()))}), more than the {_gib(max(available, 0))} of host "
+                                  "memory available beside the target; make them smaller")
