@@ -109,7 +109,11 @@ def _places_it_would_delete() -> list[tuple[Path, str]]:
     places = []
     with contextlib.suppress(RuntimeError):  # no home folder known (HOME unset, no passwd entry)
         places.append((Path.home(), "your home folder"))
-    return [*places, (Path.cwd(), "the current folder")]
+    try:
+        places.append((Path.cwd(), "the current folder"))
+    except OSError:  # the current folder was deleted: a relative output is refused by output_path
+        pass
+    return places
 
 
 def output_path(out: str | Path, what: str = "folder") -> Path:
@@ -119,7 +123,10 @@ def output_path(out: str | Path, what: str = "folder") -> Path:
     given = os.fsdecode(path_argument(f"the output {what}", out))
     if not given.strip():
         raise InvalidArgumentError(f"the output {what} is empty (an unset variable?); name a new {what}")
-    path = Path(os.path.abspath(Path(given).expanduser()))
+    try:
+        path = Path(os.path.abspath(Path(given).expanduser()))
+    except OSError as e:  # a relative path from a current folder that no longer exists
+        raise InvalidArgumentError(f"cannot place {given}: {e.strerror or e}; give an absolute path") from None
     if path == path.parent:
         raise InvalidArgumentError(f"{given} is not a {what} lucebox can create: it is the root of the filesystem")
     for place, named in _places_it_would_delete():
@@ -195,4 +202,4 @@ def write_new_file(path: str | Path, text: str, *, overwrite: bool = False) -> P
         if isinstance(e, OSError):  # a full disk, a folder in the way: the old file is as it was
             raise InvalidArgumentError(f"cannot write {path}: {e.strerror or e}") from None
         raise
-    return path
+    return Path(given).expanduser()  # as the caller named it

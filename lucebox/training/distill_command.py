@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from lucebox import arguments
+from lucebox.builtin import model_path
 from lucebox.errors import InvalidArgumentError
 from lucebox.models.dflash import build_config
 from lucebox.speculative.learned import CALIBRATION_FILE, calibration_record
@@ -224,7 +225,7 @@ def command(args) -> int:
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(DistillSettings) if hasattr(args, f.name)}
     s = DistillSettings(**{**values, "target_layer_ids": args.target_layers, "mask_token_id": args.mask_token_id})
-    reads = (args.target, *([args.init] if args.init else []), *(args.data or [corpus.stdlib_root()]),
+    reads = (model_path(args.target), *([args.init] if args.init else []), *(args.data or [corpus.stdlib_root()]),
              *(args.eval_data or ()))
     with output_folder(args, "lucebox distill", reads=reads) as out:
         report = run(args.target, out, args.data, args.eval_data, s, args.threads, training_progress,
