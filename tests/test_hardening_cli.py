@@ -116,6 +116,20 @@ def test_an_output_that_holds_the_init_drafter_is_refused(tmp_path, capsys):
     assert sorted(p.name for p in drafter.iterdir()) == sorted(p.name for p in SHIPPED_DRAFTER.iterdir())
 
 
+@pytest.mark.parametrize("command", ["train --data", "train --config", "quantize", "distill"])
+def test_an_output_that_holds_what_the_command_reads_is_refused_even_with_overwrite(tmp_path, command, capsys):
+    source = tmp_path / "out" / "source"
+    shutil.copytree(Path(lucebox.__file__).parent / "data" / "laguna-code-6m", source)
+    argv = {"train --data": ["train", "{out}", "--data", str(source / "config.json"), *TINY_TRAIN[:-4]],
+            "train --config": ["train", "{out}", "--config", str(source / "config.json"), *TINY_TRAIN],
+            "quantize": ["quantize", str(source), "{out}", "--bits", "8"],
+            "distill": ["distill", str(source), "--out", "{out}", *TINY_DISTILL]}[command]
+    before = sorted(p.relative_to(source) for p in source.rglob("*"))
+    assert main([arg.format(out=tmp_path / "out") for arg in argv] + ["--overwrite"]) == 2
+    assert "which this command reads; choose another folder" in _one_error_line(capsys.readouterr().err)
+    assert sorted(p.relative_to(source) for p in source.rglob("*")) == before
+
+
 BAD_FLAGS = [
     (["train", "{out}", "--threads", "-2"], "--threads: must be in 1..1024, got -2"),
     (["train", "{out}", "--steps", "0"], "--steps: must be in 1..1000000000, got 0"),

@@ -11,9 +11,11 @@ complete), an interrupted run leaves OUT as it was, and running again starts ove
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -141,17 +143,34 @@ def add_parser(sub) -> None:
                         "divides), a whole row for int8")
 
 
-def command(args) -> int:
+@contextlib.contextmanager
+def _read_progress() -> Iterator[Callable[[int, int], None]]:
+    """`progress(done, total)` for `quantize_checkpoint`: a bar on stderr shown from the first bytes
+    read, so a refusal before then (a bad OUT, a bad --group) stays one error line."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-    output_path(args.out)  # a refused OUT is one error line, before the progress bar takes the terminal
-    err = Console(stderr=True)
-    with Progress(TextColumn("[bold]quantizing"), BarColumn(), DownloadColumn(), console=err,
-                  transient=True) as bar:
-        task = bar.add_task("read", total=None)
-        summary = quantize_checkpoint(args.model, args.out, args.bits, args.group,
-                                      lambda done, total: bar.update(task, completed=done, total=total),
+    bar = Progress(TextColumn("[bold]quantizing"), BarColumn(), DownloadColumn(), console=Console(stderr=True),
+                   transient=True)
+    task = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task("read", total=total)
+        bar.update(task, completed=done, total=total)
+
+    try:
+        yield update
+    finally:
+        if task is not None:
+            bar.stop()
+
+
+def command(args) -> int:
+    with _read_progress() as progress:
+        summary = quantize_checkpoint(args.model, args.out, args.bits, args.group, progress,
                                       overwrite=args.overwrite)
     gib = 2**30
     print(f"wrote {summary['out']}: {summary['tensors']} tensors as {summary['scheme']}, "
