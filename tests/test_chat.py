@@ -161,7 +161,8 @@ def test_a_chat_file_that_is_not_one_is_a_typed_error_and_read_within_bounds(bui
     os.mkfifo(tmp_path / "fifo")  # opening it to read would wait for a writer
     for path, message in (("/dev/zero", "not a regular file"), (tmp_path, "not a regular file"),
                           (tmp_path / "fifo", "not a regular file"), (tmp_path / "deep.json", "more than 100 deep"),
-                          (tmp_path / "digits.json", "numbers are at most"), (str(tmp_path / "a\0b.json"), "NUL character"),
+                          (tmp_path / "digits.json", "numbers are at most"),
+                          (str(tmp_path / "a\0b.json"), "NUL character"),
                           (tmp_path / "surrogate.json", "surrogate"), (tmp_path / "big.json", "larger than 100 bytes")):
         monkeypatch.setattr(lucebox.chat.saved_chat, "CHAT_FILE_MAX_BYTES", 100 if "big" in str(path) else 2**20)
         with pytest.raises(InvalidArgumentError, match=message):

@@ -17,7 +17,7 @@ from structured_schemas import SCHEMAS
 import lucebox
 import lucebox.cli
 from lucebox.chat.conversation import encode_all, render
-from lucebox.chat.session import model_defaults
+from lucebox.chat.settings import model_defaults
 from lucebox.cli import build_parser
 from lucebox.errors import LuceboxWarning
 from lucebox.server.command import settings_from

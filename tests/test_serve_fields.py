@@ -10,7 +10,7 @@ import pytest
 
 import lucebox
 from lucebox.chat.conversation import encode_all, render
-from lucebox.chat.session import model_defaults
+from lucebox.chat.settings import model_defaults
 from lucebox.server.process import ServerProcess
 
 openai = pytest.importorskip("openai")

@@ -13,7 +13,7 @@ import pytest
 from fuzzing import hostile_json, splice_hostile
 
 import lucebox
-from lucebox.chat.session import model_defaults
+from lucebox.chat.settings import model_defaults
 from lucebox.server.process import ServerProcess
 
 KEY = "sk-hostile"

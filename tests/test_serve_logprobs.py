@@ -9,7 +9,7 @@ import torch
 
 import lucebox
 from lucebox.chat.conversation import encode_all, render
-from lucebox.chat.session import model_defaults
+from lucebox.chat.settings import model_defaults
 from lucebox.server.logprobs_format import TokenText
 from lucebox.server.process import ServerProcess
 

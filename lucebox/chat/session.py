@@ -18,23 +18,15 @@ from dataclasses import replace
 from pathlib import Path
 
 from lucebox import bounded_json
-from lucebox.arguments import integer
 from lucebox.chat.conversation import GrowingContext, encode_all, render, turn_boundary
 from lucebox.chat.saved_chat import TOOL_KEYS, chat_record, read_chat
-from lucebox.constrained import constraint_from
+from lucebox.chat.settings import DEFAULTS, PLAIN_STOP, check_settings, makes_json, model_defaults, own_stops
 from lucebox.constrained.spec import refuse_stops
 from lucebox.errors import ContextLengthError, InvalidArgumentError, ToolError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.output import write_new_file
-from lucebox.sampling import SamplingParams
 from lucebox.text.tool_calls import FORMATS
 from lucebox.tools import ToolCall, ToolCallStream, ToolRequest, check_tools, model_tool_format, prompt_parts
-
-PLAIN_STOP = ["\n\n\n"]
-# Per-turn settings a session keeps, with their defaults (`LLM.stream`'s keywords).
-DEFAULTS = {"max_tokens": 256, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
-            "repetition_penalty": 1.0, "seed": None, "stop": None,
-            "json_schema": None, "grammar": None, "json_object": False}  # constrained answers (`LLM.stream`)
 
 
 class ChatSession:
@@ -75,7 +67,7 @@ class ChatSession:
     def set(self, **settings) -> None:
         """Change the defaults of the next turns (`max_tokens`, `temperature`, `top_p`, `stop`, ...)."""
         merged = {**self.settings, **settings}
-        _check(merged)
+        check_settings(merged)
         self.settings = merged
 
     def reset(self) -> None:
@@ -124,13 +116,13 @@ class ChatSession:
     def _turn(self, new_messages: list[dict], overrides: dict) -> Iterator[Chunk]:
         tool_keys = {k: overrides.pop(k) for k in ("tool_choice", "parallel_tool_calls") if k in overrides}
         settings = {**self.settings, **overrides}
-        _check(settings)
+        check_settings(settings)
         request = self._tool_request(settings, **tool_keys)
         if request is not None and request.constraint:
-            refuse_stops(_own_stops(settings["stop"]), "tool calls (tool_choice required or a named function)")
-            _check(settings := {**settings, **request.constraint})
-        if _makes_json(settings) or (request is not None and request.constraint):
-            settings["stop"] = _own_stops(settings["stop"]) or None  # the grammar ends the answer
+            refuse_stops(own_stops(settings["stop"]), "tool calls (tool_choice required or a named function)")
+            check_settings(settings := {**settings, **request.constraint})
+        if makes_json(settings) or (request is not None and request.constraint):
+            settings["stop"] = own_stops(settings["stop"]) or None  # the grammar ends the answer
         self.messages += new_messages
         try:
             prompt_text = self._render(add_generation_prompt=True)
@@ -240,7 +232,7 @@ class ChatSession:
         """Replace the conversation with a saved one and prefill it (`on_progress(done, total)`)."""
         record = read_chat(path)
         settings = {**DEFAULTS, **record.get("settings", {})}
-        _check(settings)
+        check_settings(settings)
         saved = record.get("tools") or {}
         tools = tuple(saved.get(k) for k in TOOL_KEYS)
         old = (self.system, self.messages, self.settings, self._tools, self.tool_request)
@@ -276,43 +268,3 @@ def _calls_awaiting_results(messages: list[dict]) -> tuple[ToolCall, ...]:
     last = messages[-1] if messages else {}
     return tuple(ToolCall(c["function"]["name"], json.dumps(c["function"]["arguments"], ensure_ascii=False), c["id"])
                  for c in last.get("tool_calls") or ())
-
-
-def model_defaults(generation_config: dict) -> dict:
-    """The sampling defaults a model folder's generation_config.json asks for (as vLLM serves them):
-    its temperature, top_p, ... when `do_sample` is true; greedy otherwise."""
-    if generation_config.get("do_sample") is not True:
-        return {}
-    keys = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "repetition_penalty": float}
-    found = {k: kind(generation_config[k]) for k, kind in keys.items()
-             if isinstance(generation_config.get(k), (int, float)) and not isinstance(generation_config[k], bool)}
-    try:
-        _check({**DEFAULTS, **found})
-    except InvalidArgumentError:
-        return {}  # a broken generation_config.json leaves the plain defaults
-    return found
-
-
-def _check(settings: dict) -> None:
-    """Settings valid for `LLM.stream`, or an InvalidArgumentError naming the bad one."""
-    unknown = sorted(set(settings) - set(DEFAULTS))
-    if unknown:
-        raise InvalidArgumentError(f"unknown chat setting {unknown[0]!r}; settings are {', '.join(DEFAULTS)}")
-    SamplingParams(*(settings[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")))
-    integer("max_tokens", settings["max_tokens"], 1)
-    constraint_from(settings["json_schema"], settings["grammar"], settings["json_object"])
-    stop = settings["stop"]
-    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
-        raise InvalidArgumentError(f"stop must be a list of non-empty strings or None, got {stop!r}")
-    if _makes_json(settings):
-        refuse_stops(_own_stops(stop), "json_schema or json_object", settings["json_schema"] or {"type": "object"})
-
-
-def _makes_json(settings: dict) -> bool:
-    return settings["json_schema"] is not None or settings["json_object"] is True
-
-
-def _own_stops(stop: list[str] | None) -> list[str]:
-    """The stop strings besides the plain template's default (which JSON output goes without: its end is
-    the grammar's)."""
-    return [s for s in stop or [] if s not in PLAIN_STOP]

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from lucebox.chat.conversation import encode_all, render, turn_boundary
-from lucebox.chat.session import PLAIN_STOP, model_defaults
+from lucebox.chat.settings import PLAIN_STOP, model_defaults
 from lucebox.errors import InvalidArgumentError, LuceboxError
 from lucebox.server import openai_api as api
 from lucebox.server.choice_events import ChoiceEvents
@@ -132,7 +132,7 @@ class _State:
         req = api.parse_request(body, kind, self.llm.config.vocab_size)
         req.tools = tool_request(body, kind, self.tool_format, self._token_id, self.mistral_args)
         if req.echo:
-            req.echo_text = self._echo_text(req.prompt)
+            req.echo_text = api.echo_text(req.prompt, self.llm.engine.tokenizer)
         if req.model is not None and req.model != self.model_name:
             raise api.APIError(404, f"model '{req.model}' is not served here; this server has "
                                     f"'{self.model_name}' (GET /v1/models)", "model", "model_not_found")
@@ -179,16 +179,6 @@ class _State:
             return list(req.prompt), ()
         except LuceboxError as e:  # no tokenizer, a template that fails on these messages
             raise api.APIError(400, str(e)) from None
-
-    def _echo_text(self, prompt: str | list[int]) -> str:
-        """The prompt as `echo` writes it back: as given, or its token ids decoded (special tokens too:
-        the ids the model read)."""
-        if isinstance(prompt, str):
-            return prompt
-        tokenizer = self.llm.engine.tokenizer
-        if tokenizer is None:
-            raise api.invalid("echo", "this model has no tokenizer files, so token ids cannot be echoed as text")
-        return tokenizer.decode(prompt, skip_special_tokens=False)
 
     def _token_id(self, text: str) -> int | None:
         """The id of the one token spelled `text` (a tool-call marker), or None."""
