@@ -200,6 +200,30 @@ def test_llm_generate_refuses_a_stop_string_that_could_cut_its_json(builtin_llm)
     assert builtin_llm.generate("x", max_tokens=4, stop=["\n\n"], json_object=True).token_ids  # cannot cut compact JSON
 
 
+WIDE_RULE = 'start: w "=" x\nw: /[a-z]{1,3}/\nx: ' + " | ".join(f'"v{i}"' for i in range(2500)) + "\n"
+WIDE_ANY_OF = {"type": "object", "required": ["k", "a"], "properties": {
+    "k": {"type": "string", "maxLength": 3},
+    "a": {"anyOf": [{"type": "object", "properties": {f"p{i}": {"type": "integer"}}, "required": [f"p{i}"]}
+                    for i in range(2100)]}}}
+NO_FINITE_VALUE = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("options", [{"grammar": WIDE_RULE}, {"json_schema": WIDE_ANY_OF},
+                                     {"json_schema": NO_FINITE_VALUE}], ids=["rule", "any-of", "no-finite-value"])
+def test_a_grammar_past_the_engine_s_parser_limits_is_an_error_naming_it_with_speculation_or_without(options):
+    """llguidance gives up mid-output on a row of over 2,000 parse items or 50,000 forced ones: the same
+    GrammarError naming the argument, whether a draft walked there first (the walk's rows stay empty and
+    its matcher is rebuilt: only committing that draft meets the error, as plain decoding does) or not.
+    Was: "this is a bug in lucebox", and a 500 from the server."""
+    llm = lucebox.LLM(adaptive=False)  # the drafter drafts every round
+    (field,) = options
+    for speculate in (True, False):
+        with pytest.raises(GrammarError, match="more than the grammar engine can follow") as refused:
+            llm.generate("# data\nx = 1\n", max_tokens=30, temperature=0.0, speculate=speculate, **options)
+        assert refused.value.field == field
+    assert llm.generate("# data\nx = 1\n", max_tokens=8, grammar='start: "x = " /[0-9]+/').text.startswith("x = ")
+
+
 def test_engine_messages_are_one_line():
     for grammar in ("start: " + "(" * 60 + '"x"' + ")" * 60, "start: /" + "(" * 1000 + "a" + ")" * 1000 + "/"):
         with pytest.raises(GrammarError) as refused:

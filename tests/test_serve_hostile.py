@@ -109,6 +109,13 @@ HOSTILE = {
                   "tools": tool(WORD)}, "messages[2]"),
     "an unknown field that changes the output": ("chat", {"messages": USER, "reasoning_effort": "high"},
                                                  "reasoning_effort"),
+    "a rule of 2,500 alternatives met mid-output (was a 500)":
+        ("chat", {"messages": USER, "max_tokens": 30, "temperature": 0,
+                  "grammar": 'start: w "=" x\nw: /[a-z]{1,3}/\nx: ' + " | ".join(f'"v{i}"' for i in range(2500))},
+         "grammar"),
+    "a schema no finite value follows": ("chat", {"messages": USER, "response_format": schema_format(
+        {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]})},
+                                         "response_format.json_schema.schema"),
     "a schema and a stop string that cuts its JSON":
         ("chat", {"messages": USER, "response_format": schema_format(WORD), "stop": [":"]}, "stop"),
     "required tools and a stop string inside the call":

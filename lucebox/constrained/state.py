@@ -31,6 +31,8 @@ from lucebox.speculative.proposer import Draft
 
 MASKED = -1e30
 BITS = 32  # llguidance's masks: token t is bit t % 32 of int32 word t // 32
+# llguidance's errors when a grammar is past what its parser follows (its ParserLimits): not a bug
+_ENGINE_LIMITS = ("Current row has", "Too many items", "ParserTooComplex", "LexerTooComplex", "limit")
 _NO_ROLLBACK = re.compile(r"\b(?:stop|max_tokens)\s*=")
 
 
@@ -38,8 +40,10 @@ class GrammarState:
     def __init__(self, constraint: Constraint, tokenizer, vocab_size: int, eos_ids: tuple[int, ...],
                  device: torch.device):
         """`tokenizer`: the model's (`text.tokenizer.Tokenizer`); `eos_ids`: the tokens that end the output."""
-        vocabulary = grammar_tokenizer(tokenizer, vocab_size, eos_ids)
-        self.matcher = on_compile_stack(llguidance().LLMatcher, vocabulary, constraint.grammar, log_level=0)
+        self._vocabulary, self._grammar = grammar_tokenizer(tokenizer, vocab_size, eos_ids), constraint.grammar
+        self.matcher = self._new_matcher()
+        self._committed: list[int] = []  # what the matcher consumed, to rebuild it (`_restore`)
+        self._walk_error: str | None = None
         if self.matcher.is_error():
             raise GrammarError(constraint.field,
                                f"the grammar engine cannot compile it: {one_line(self.matcher.get_error())}")
@@ -88,21 +92,45 @@ class GrammarState:
                                      pin_memory=self._host.is_pinned())
         m, row_bytes = self.matcher, self._host.shape[1] * 4
         m.unsafe_compute_mask_ptr(self._host[0].data_ptr(), row_bytes)  # row 0, written in place
-        if drafts:
-            walker = m.deep_copy() if self._copies else m
-            for i, token in enumerate(drafts, 1):
-                if not walker.consume_token(token):
-                    raise self._broken(f"a draft it had allowed ({token})")
-                walker.unsafe_compute_mask_ptr(self._host[i].data_ptr(), row_bytes)
-            if walker is m:
-                m.rollback(len(drafts))
-        if m.is_error() or not self._host[:rows].any(dim=1).all():
-            raise self._broken("every token")
+        self._walk_error = None
+        followed = self._walk_drafts(drafts, row_bytes) if drafts else rows
+        m = self.matcher  # a new one if the walk left the old one in error
+        if m.is_error() or not self._host[:followed].any(dim=1).all():
+            raise self._broken("every token", m)
         self.mask_seconds += time.perf_counter() - start
         self.masks += rows
         words = self._host[:rows].to(self.device, non_blocking=True)  # (rows, W): one upload
         bits = (words.unsqueeze(-1) >> self._shifts) & 1  # (rows, W, 32)
         return bits.view(rows, -1)[:, : self.vocab_size].bool()
+
+    def _walk_drafts(self, drafts: list[int], row_bytes: int) -> int:
+        """Rows 1..k of the mask (after each draft prefix); how many rows of the step it could follow.
+        Past a draft the engine cannot follow (a parser limit: a rule of thousands of alternatives, a
+        schema with no finite value) the rows stay empty and the matcher is rebuilt: plain decoding
+        meets the same error exactly when it commits that draft, and so does this round (`commit`)."""
+        m = self.matcher
+        walker = m.deep_copy() if self._copies else m
+        for i, token in enumerate(drafts, 1):
+            if walker.consume_token(token):
+                walker.unsafe_compute_mask_ptr(self._host[i].data_ptr(), row_bytes)
+            if walker.is_error():
+                self._host[i: len(drafts) + 1].zero_()
+                self._walk_error = walker.get_error()  # what `commit` meets if this round keeps draft i
+                if walker is m:
+                    self._restore()  # llguidance cannot roll an error back
+                return i
+        if walker is m:
+            m.rollback(len(drafts))
+        return len(drafts) + 1
+
+    def _new_matcher(self):
+        return on_compile_stack(llguidance().LLMatcher, self._vocabulary, self._grammar, log_level=0)
+
+    def _restore(self) -> None:
+        """A new matcher that has consumed the committed tokens; drafts walk on copies from now on."""
+        self.matcher = self._new_matcher()
+        self.matcher.consume_tokens(self._committed)
+        self._copies = True
 
     def commit(self, tokens: list[int]) -> None:
         """The round's committed tokens (chosen under the mask, so each is allowed). An EOS the
@@ -111,13 +139,20 @@ class GrammarState:
             if token in self.eos_ids and self.matcher.is_accepting():
                 return
             if not self.matcher.consume_token(token):
-                raise self._broken(f"a committed token ({token})")
+                raise self._broken(f"a committed token ({token})", self.matcher, self._walk_error)
+            self._committed.append(token)
 
     def stats(self) -> dict:
         return {"grammar_masks": self.masks, "grammar_mask_time_s": self.mask_seconds}
 
-    def _broken(self, what: str) -> LuceboxError:
-        error = one_line(self.matcher.get_error() or "no error reported")
+    def _broken(self, what: str, matcher, walk_error: str | None = None) -> LuceboxError:
+        """`walk_error`: the error a draft walk met where this round's token was chosen from an empty row."""
+        error = one_line(walk_error or matcher.get_error() or "no error reported")
+        if any(limit in error for limit in _ENGINE_LIMITS):
+            return GrammarError(self.field, f"is more than the grammar engine can follow where the output stands "
+                                f"({error[:300]}): give fewer alternatives to one rule, anyOf or enum (at most "
+                                "~2,000 in a row of the parse), and a schema a finite value can follow (a required "
+                                "property that refers back to its own schema has none)")
         # No token writes the bytes the grammar asks for next (a vocabulary without byte fallback
         # meeting text it has no tokens for): llguidance stops with "NoExtension...", or, where its
         # mask let a token through, refuses that token against the bytes it forces.

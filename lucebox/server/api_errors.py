@@ -3,6 +3,8 @@ the 422 for a field of the wrong type or range (`invalid`)."""
 
 from __future__ import annotations
 
+from lucebox.errors import InvalidArgumentError, LuceboxError
+
 
 class APIError(Exception):
     """An error the client gets as OpenAI's error JSON with this HTTP status."""
@@ -22,3 +24,20 @@ class APIError(Exception):
 
 def invalid(param: str, message: str) -> APIError:
     return APIError(422, f"{param}: {message}", param)
+
+
+# The request field behind each `LLM.stream` constraint keyword, for an error the grammar meets mid-output
+_CONSTRAINT_FIELDS = {"json_schema": "response_format.json_schema.schema", "json_object": "response_format",
+                      "grammar": "grammar"}
+
+
+def mid_output_error(e: LuceboxError, req) -> APIError:
+    """An engine error met after the request began: a 400 (naming the request field when it names one)
+    when the request asked for what cannot be served (a grammar the vocabulary cannot write, or past
+    what the grammar engine follows), else a 500."""
+    if isinstance(e, InvalidArgumentError):
+        field = getattr(e, "field", None)
+        if field in _CONSTRAINT_FIELDS:
+            field = "tools" if req.tools is not None and req.tools.constraint else _CONSTRAINT_FIELDS[field]
+        return APIError(400, str(e), field)
+    return APIError(500, str(e))

@@ -18,6 +18,7 @@ from lucebox.chat.conversation import encode_all, render, turn_boundary
 from lucebox.chat.settings import PLAIN_STOP, model_defaults
 from lucebox.errors import InvalidArgumentError, LuceboxError
 from lucebox.server import openai_api as api
+from lucebox.server.api_errors import mid_output_error
 from lucebox.server.choice_events import ChoiceEvents
 from lucebox.server.choices import Answer, numbered, total_stats
 from lucebox.server.guard import ClientLeft, HostGuard, check_key, read_json
@@ -153,7 +154,7 @@ class _State:
         self.worker.submit(job)
         rid = api.new_id(kind)
         try:
-            first = await self._first_event(job, request)
+            first = await self._first_event(job, request, req)
         except BaseException:
             job.cancelled.set()
             raise
@@ -185,11 +186,13 @@ class _State:
         tokenizer = self.llm.engine.tokenizer  # None without tokenizer files: the prompt is refused later
         return None if tokenizer is None else tokenizer.token_to_id(text)
 
-    async def _first_event(self, job: Job, request: Request):
+    async def _first_event(self, job: Job, request: Request, req):
         """The first chunk, so that an error the engine meets before any output (a prompt it refuses)
         is still a proper error response, not a broken stream."""
         try:
             return await self._wait(job, request)
+        except InvalidArgumentError as e:  # naming the request's field
+            raise mid_output_error(e, req) from None
         except LuceboxError as e:
             raise api.APIError(400, str(e)) from None
         except (api.APIError, ClientLeft):
@@ -220,7 +223,7 @@ class _State:
             try:
                 chunk = await self._wait(job, request)
             except LuceboxError as e:  # nothing sent yet: a request it cannot serve is still a 400
-                raise _mid_output_error(e) from None
+                raise mid_output_error(e, req) from None
         bodies = [api.completion(req, rid, self.model_name, req.echo_text + a.text, a.finish_reason, a.stats)
                   for a in answers]
         for body, answer in zip(bodies, answers, strict=True):
@@ -258,21 +261,13 @@ class _State:
                 yield _sse(api.usage_chunk(req, rid, model, total_stats(stats)))
             yield b"data: [DONE]\n\n"
         except LuceboxError as e:  # mid-stream: the status line is gone, so the error is an event
-            yield _sse(_mid_output_error(e).body())
+            yield _sse(mid_output_error(e, req).body())
             yield b"data: [DONE]\n\n"
         except Exception as e:
             yield _sse(api.APIError(500, f"the engine failed: {type(e).__name__}: {e}").body())
             yield b"data: [DONE]\n\n"
         finally:
             job.cancelled.set()  # a client that left (this generator closed) cancels at the next token
-
-
-def _mid_output_error(e: LuceboxError) -> api.APIError:
-    """An engine error met after the request began: a 400 (naming the request field when it names one)
-    when the request asked for what cannot be served (a grammar the vocabulary cannot write), else a 500."""
-    if isinstance(e, InvalidArgumentError):
-        return api.APIError(400, str(e), getattr(e, "field", None))
-    return api.APIError(500, str(e))
 
 
 def _sse(event: dict) -> bytes:
