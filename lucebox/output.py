@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +42,9 @@ def _refuse_existing(target: Path, what: str, overwrite: bool) -> None:
         raise OutputExistsError(f"{target} exists and is not a folder; --overwrite replaces folders only")
     if what == "file" and target.is_dir():
         raise OutputExistsError(f"{target} is a folder; give a file name")
+    if what == "file" and (target.is_symlink() or not stat.S_ISREG(target.lstat().st_mode)):
+        # /dev/null, a FIFO, a link (/dev/stdout): renaming a new file over it would replace the node itself
+        raise OutputExistsError(f"{target} exists and is not a regular file; --overwrite replaces regular files only")
 
 
 def _holds(folder: Path, source: Path) -> bool:
@@ -174,15 +178,16 @@ def new_folder(out: str | Path, command: str, *, overwrite: bool = False, resume
                                    f"is complete in {partial}") from None
 
 
-def write_new_file(path: str | Path, text: str, *, overwrite: bool = False) -> Path:
-    """Write `text` (UTF-8) to a new file `path`, through a temporary sibling renamed into place."""
+def write_new_file(path: str | Path, text: str | bytes, *, overwrite: bool = False) -> Path:
+    """Write `text` (str: as UTF-8; or bytes) to a new file `path`, through a temporary sibling renamed
+    into place."""
     given = os.fsdecode(path_argument("the file", path))
     path = output_path(given, "file")
     if given.endswith(("/", os.sep)) or os.path.basename(given) in (".", "..") or path.is_dir():
         raise InvalidArgumentError(f"{given} is a folder; give a file name")
     _refuse_existing(path, "file", overwrite)
     try:
-        data = text.encode("utf-8")
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
     except UnicodeEncodeError as e:  # a lone surrogate
         raise InvalidArgumentError(f"cannot write {path}: character {e.start} of the text is not valid Unicode "
                                    f"({e.reason})") from None

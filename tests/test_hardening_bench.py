@@ -307,7 +307,7 @@ def test_a_png_that_appeared_during_the_run_is_not_replaced(tmp_path, monkeypatc
 
     monkeypatch.setattr(command, "measure", run_while_a_user_writes)
     assert main(["bench", "--plot", str(png)]) == 2
-    assert "appeared while the benchmark ran" in one_error_line(capsys)
+    assert "already exists; choose a new file or pass --overwrite" in one_error_line(capsys)
     assert png.read_text() == "made during the run\n"
 
 

@@ -107,6 +107,27 @@ def test_a_file_is_never_written_over_a_folder(work_folder, path, message):
     assert _untouched(work_folder)
 
 
+def test_overwrite_replaces_regular_files_only_never_a_link_a_fifo_or_a_device(tmp_path, capsys):
+    """Renaming a new file over a FIFO, a link (/dev/stdout is one) or a device node (/dev/null) would
+    replace the node itself: `/save`, `bench --json` and the rest refuse it even with --overwrite."""
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "target.json").write_text("mine\n")
+    (tmp_path / "link.json").symlink_to(tmp_path / "target.json")
+    for name in ("fifo", "link.json"):
+        with pytest.raises(InvalidArgumentError, match="not a regular file"):
+            write_new_file(tmp_path / name, "text", overwrite=True)
+        assert main(["bench", "--json", str(tmp_path / name), "--overwrite"]) == 2
+        assert "not a regular file" in capsys.readouterr().err
+    assert (tmp_path / "link.json").is_symlink() and (tmp_path / "target.json").read_text() == "mine\n"
+    with pytest.raises(InvalidArgumentError, match="not a regular file"):  # (never tried on a real /dev node)
+        lucebox.LLM(draft=None).chat().save(tmp_path / "fifo", overwrite=True)
+    assert (tmp_path / "fifo").is_fifo()
+    write_new_file(tmp_path / "target.json", "new\n", overwrite=True)  # a regular file is replaced
+    assert (tmp_path / "target.json").read_text() == "new\n"
+
+
 def test_an_output_that_holds_the_init_drafter_is_refused(tmp_path, capsys):
     drafter = tmp_path / "out" / "drafter"
     shutil.copytree(SHIPPED_DRAFTER, drafter)

@@ -53,7 +53,8 @@ def _check_target(flag: str, value: str, path: Path, overwrite: bool) -> None:
     # "r.json/" names a folder even where none exists (Path drops the slash): written, it would fail
     if path.is_dir() or os.fsdecode(value).endswith(("/", os.sep)) or path.name in ("", ".", ".."):
         raise InvalidArgumentError(f"{flag} {value!r} is a folder; give a file name")
-    if path.exists() and not stat.S_ISREG(path.stat().st_mode):  # /dev/stdout, a FIFO: not a file to replace
+    if path.is_symlink() or (path.exists() and not stat.S_ISREG(path.lstat().st_mode)):
+        # /dev/stdout (a link), a FIFO, a device: renaming a file over it would replace the node itself
         raise InvalidArgumentError(f"{flag} {value!r} exists and is not a regular file; give a new file name")
     if (path.exists() or path.is_symlink()) and not overwrite:
         raise InvalidArgumentError(f"{flag} {value!r} already exists; choose a new file or pass --overwrite to "
@@ -92,7 +93,7 @@ def write_outputs(result: dict, planned: dict[str, Path], overwrite: bool) -> li
     written, failed = [], []
     for flag, path in planned.items():
         try:
-            _write(path, RENDERERS[flag](result), overwrite)
+            write_new_file(path, RENDERERS[flag](result), overwrite=overwrite)
             written.append(path)
         except LuceboxError as e:
             failed.append(f"--{flag} ({e})")
@@ -100,36 +101,6 @@ def write_outputs(result: dict, planned: dict[str, Path], overwrite: bool) -> li
         shown = f"; wrote {', '.join(map(str, written))}" if written else ""
         raise OutputsNotWrittenError(f"not written: {'; '.join(failed)}{shown}; the figures are in the table above")
     return written
-
-
-def _write(path: Path, content: str | bytes, overwrite: bool) -> None:
-    if isinstance(content, str):
-        write_new_file(path, content, overwrite=overwrite)
-    else:
-        _write_new_bytes(path, content, overwrite)
-
-
-def _write_new_bytes(path: Path, data: bytes, overwrite: bool) -> None:
-    """`lucebox.output.write_new_file` for bytes (the PNG), which takes text only: the same temporary
-    sibling renamed into place, and the same refusal of a file that appeared during the run."""
-    if (path.exists() or path.is_symlink()) and not overwrite:
-        raise InvalidArgumentError(f"{path} appeared while the benchmark ran; choose a new file or pass --overwrite")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise InvalidArgumentError(f"cannot write {path}: {e.strerror or e}") from None
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(fd, 0o666 & ~umask)  # mkstemp makes it private; the PNG is an ordinary file like the others
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException as e:  # a full disk or Ctrl-C: no half-written sibling left, the old file as it was
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise InvalidArgumentError(f"cannot write {path}: {e.strerror or e}") from None
-        raise
 
 
 def _png(result: dict) -> bytes:
