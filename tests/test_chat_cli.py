@@ -106,7 +106,8 @@ def test_a_failing_line_in_piped_mode_is_one_error_line_and_the_chat_goes_on(tmp
     (tmp_path / "mine.json").write_text("mine")
     lines = [b"x" * 20_000,  # longer than the context
              b"/load /dev/zero", b"/load deep.json", b"/load a\0b", b"def f(\xff):",  # not UTF-8
-             b"/save mine.json", b"/nothing", b"def area(r):", b"/save mine.json --overwrite"]
+             b"/save mine.json", b"/nothing", b'/save ""', b"/save a b c", b"/save mine.json --force",
+             b'/save "open', b"def area(r):", b"/save mine.json --overwrite"]
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\n".join(lines) + b"\n"), encoding="utf-8"))
@@ -114,7 +115,9 @@ def test_a_failing_line_in_piped_mode_is_one_error_line_and_the_chat_goes_on(tmp
     out, err = capsys.readouterr()
     assert code == 1  # some line failed
     expected = ["tokens of context", "not a regular file", "more than 100 deep", "NUL character",
-                "lone surrogate U\\+DCFF", "already exists", "unknown command /nothing"]
+                "lone surrogate U\\+DCFF", "already exists", "unknown command /nothing",
+                "takes one file name, got 0", "takes one file name, got 3", "does not take --force",
+                "No closing quotation"]  # never a file named "" or "a b c"
     errors = err.splitlines()
     assert len(errors) == len(expected)
     for line, pattern in zip(errors, expected, strict=True):
@@ -122,3 +125,4 @@ def test_a_failing_line_in_piped_mode_is_one_error_line_and_the_chat_goes_on(tmp
     answer = lucebox.LLM().chat(temperature=0.0, max_tokens=6).send("def area(r):").text
     assert out == answer + "\nsaved 2 messages to mine.json\n"  # the turns after the errors ran as if alone
     assert json.loads((tmp_path / "mine.json").read_text())["messages"][1]["content"] == answer
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.json", "mine.json"]

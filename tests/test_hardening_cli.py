@@ -128,6 +128,18 @@ def test_overwrite_replaces_regular_files_only_never_a_link_a_fifo_or_a_device(t
     assert (tmp_path / "target.json").read_text() == "new\n"
 
 
+@pytest.mark.parametrize("command", ["train", "distill"])
+def test_training_data_past_the_corpus_bound_is_refused_before_it_is_read(tmp_path, capsys, command):
+    """A sparse file of 8 GiB (no disk) named as --data filled host memory until the kernel killed the run."""
+    with open(tmp_path / "big.py", "wb") as f:
+        f.truncate(8 * 2**30)
+    args = ["train", str(tmp_path / "out")] if command == "train" else ["distill", "laguna-code-6m", "--out",
+                                                                       str(tmp_path / "out")]
+    assert main([*args, "--data", str(tmp_path / "big.py")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the training data is over 1024 MiB" in err
+
+
 def test_an_output_that_holds_the_init_drafter_is_refused(tmp_path, capsys):
     drafter = tmp_path / "out" / "drafter"
     shutil.copytree(SHIPPED_DRAFTER, drafter)

@@ -4,6 +4,7 @@ value raises a LuceboxError; the chat's loop (command.py) prints it as one line 
 from __future__ import annotations
 
 import re
+import shlex
 
 from rich.console import Console
 from rich.markup import escape
@@ -72,20 +73,30 @@ class ChatCommands:
         self.session.reset()
         self.out.print("conversation cleared")
 
-    def _file(self, rest: str, command: str) -> str:
-        if not rest:
-            raise CommandError(f"{command} needs a file name, e.g. {command} chat.json")
-        return rest
+    def _file(self, rest: str, command: str, flags: tuple[str, ...] = ()) -> tuple[str, set[str]]:
+        """The one file name a command takes, split as a shell splits it (quote a name with spaces), and
+        the flags of `flags` given after it; anything else is a CommandError, never a file of that name."""
+        example = f'e.g. {command} chat.json, or {command} "my chat.json"'
+        try:
+            words = shlex.split(rest)
+        except ValueError as e:  # an unclosed quote
+            raise CommandError(f"{command}: {e}; {example}") from None
+        given = {w for w in words if w.startswith("--")}
+        names = [w for w in words if not w.startswith("--")]
+        if given - set(flags):
+            raise CommandError(f"{command} does not take {sorted(given - set(flags))[0]}; {example}")
+        if len(names) != 1 or not names[0].strip():
+            raise CommandError(f"{command} takes one file name, got {len(names) if names and names[0].strip() else 0}"
+                               f"; {example}")
+        return names[0], given
 
     def _save(self, rest: str) -> None:
-        name, _, last = rest.rpartition(" ")
-        overwrite = last == OVERWRITE
-        path = self._file(name.strip() if overwrite else rest, "/save")
-        self.session.save(path, overwrite=overwrite)
+        path, flags = self._file(rest, "/save", (OVERWRITE,))
+        self.session.save(path, overwrite=OVERWRITE in flags)
         self.out.print(f"saved {len(self.session.messages)} messages to {escape(path)}")
 
     def _load(self, rest: str) -> None:
-        path = self._file(rest, "/load")
+        path, _ = self._file(rest, "/load")
         try:
             self._prefill_saved(path)
         except KeyboardInterrupt:  # the session kept the conversation it had; its next turn prefills it again

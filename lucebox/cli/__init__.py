@@ -27,8 +27,17 @@ def _commands() -> dict:
             "distill": distill_command, "chat": chat, "bench": bench, "serve": serve}
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A flag argparse refuses (a missing value, a value out of range) is one line too, as every other
+    error: `lucebox train: error: argument --threads: must be in 1..1024, got -2 (lucebox train --help)`;
+    the subcommands' parsers are of this class as well (argparse makes them of the parent's)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the flags)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lucebox", description="Single-GPU inference for big open MoE models.")
+    parser = _OneLineParser(prog="lucebox", description="Single-GPU inference for big open MoE models.")
     parser.add_argument("--version", action="version", version=f"lucebox {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _commands().values():

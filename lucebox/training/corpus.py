@@ -3,6 +3,7 @@ user's own files, turned into one token stream of [BOS] file [EOS] documents."""
 
 from __future__ import annotations
 
+import os
 import sysconfig
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -62,12 +63,24 @@ def text_files(paths: Sequence[str | Path], suffixes: tuple[str, ...] = (".py",)
     return found
 
 
+# The most text one run reads (~250M tokens): far past what trains on one machine, and a bound
+# before a crafted --data (a sparse file of gigabytes) fills host memory
+CORPUS_MAX_BYTES = 2**30
+
+
 def read_texts(files: Iterable[Path]) -> list[str]:
-    """UTF-8 text of each file; files that are not UTF-8 are skipped (a few stdlib files are Latin-1)."""
-    texts = []
+    """UTF-8 text of each file; files that are not UTF-8 are skipped (a few stdlib files are Latin-1).
+    Past CORPUS_MAX_BYTES in all, an InvalidArgumentError, found from the files' sizes before reading."""
+    texts, total = [], 0
     for f in files:
         try:
-            texts.append(f.read_text(encoding="utf-8"))
+            with open(f, "rb") as handle:
+                left = CORPUS_MAX_BYTES - total
+                if os.fstat(handle.fileno()).st_size > left or len(data := handle.read(left + 1)) > left:
+                    raise InvalidArgumentError(f"the training data is over {CORPUS_MAX_BYTES // 2**20} MiB by {f}, "
+                                               "the most one run reads; give fewer or smaller files")
+            texts.append(data.decode("utf-8"))
+            total += len(data)
         except (UnicodeDecodeError, OSError):
             continue
     return texts
