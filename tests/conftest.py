@@ -234,3 +234,32 @@ def text_model(reference_models, tmp_path_factory):
 def builtin_llm():
     """The built-in model (`lucebox.builtin`) with its DFlash drafter, opened once per session."""
     return lucebox.LLM()
+
+
+@pytest.fixture(scope="session")
+def tree_llm():
+    """The built-in model and its DFlash drafter drafting trees every round, in float32 (for 1e-5)."""
+    return lucebox.LLM(dtype="float32", adaptive=False)
+
+
+@pytest.fixture(scope="session")
+def chain_llm():
+    """The same drafter drafting chains every round."""
+    return lucebox.LLM(dtype="float32", adaptive=False, tree_budget=0)
+
+
+@pytest.fixture(scope="module")
+def tools_model(tmp_path_factory):
+    """A tiny Qwen3 with a chat template that writes Hermes tool calls (tests/tool_models.py)."""
+    from tool_models import qwen_tools_model
+
+    return qwen_tools_model(tmp_path_factory.mktemp("qwen_tools") / "model")
+
+
+@pytest.fixture(scope="module")
+def tools_server(tools_model):
+    from lucebox.server.process import ServerProcess
+
+    s = ServerProcess(str(tools_model), "--served-model-name", "m")
+    yield s
+    assert s.stop() == 0

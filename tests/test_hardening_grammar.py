@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from tool_models import TOOLS, qwen_tools_model
+from tool_models import TOOLS
 
 import lucebox
 import lucebox.constrained.schema_check as schema_check
@@ -20,7 +20,6 @@ from lucebox.constrained.bounds import MAX_WEIGHT, check_grammar, check_schema
 from lucebox.constrained.schema_check import follows_schema
 from lucebox.constrained.spec import refuse_stops
 from lucebox.errors import GrammarError, ToolError
-from lucebox.server.process import ServerProcess
 from lucebox.text.tool_calls import parse_tool_calls
 from lucebox.tools import check_tools
 
@@ -248,20 +247,8 @@ def test_a_stop_lexeme_grammar_speculates_and_gives_the_plain_tokens():
 # -- through the server --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return qwen_tools_model(tmp_path_factory.mktemp("qwen_tools") / "model")
-
-
-@pytest.fixture(scope="module")
-def server(model):
-    s = ServerProcess(str(model), "--served-model-name", "m")
-    yield s
-    assert s.stop() == 0
-
-
-def _answer(server, body: dict):
-    code, reply, _ = server.post("/v1/chat/completions", json.dumps({"messages": MESSAGES, "max_tokens": 4,
+def _answer(tools_server, body: dict):
+    code, reply, _ = tools_server.post("/v1/chat/completions", json.dumps({"messages": MESSAGES, "max_tokens": 4,
                                                                      **body}).encode())
     return code, reply
 
@@ -315,25 +302,25 @@ REFUSED = [  # (body, status, param, words of the message)
 ]
 
 
-def test_crafted_and_unservable_requests_get_an_error_naming_the_field_and_the_server_keeps_serving(server):
-    before = server.metric("requests_total")
+def test_crafted_and_unservable_requests_get_an_error_naming_the_field_and_the_server_keeps_serving(tools_server):
+    before = tools_server.metric("requests_total")
     for body, status, param, words in REFUSED:
-        code, reply = _answer(server, body)
+        code, reply = _answer(tools_server, body)
         error = reply["error"]
         assert (code, error["param"]) == (status, param), (str(body)[:200], error)
         assert words in error["message"] and "\n" not in error["message"], error["message"]
-    assert server.metric("requests_total") == before  # nothing reached the engine
-    assert server.proc.poll() is None
+    assert tools_server.metric("requests_total") == before  # nothing reached the engine
+    assert tools_server.proc.poll() is None
     answered = [*MESSAGES, _call('{"city": "Paris"}'), {"role": "tool", "tool_call_id": "c1", "content": "21"}]
-    code, reply = _answer(server, {"messages": answered, "tools": TOOLS})
+    code, reply = _answer(tools_server, {"messages": answered, "tools": TOOLS})
     assert code == 200 and reply["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
 
 
 # -- the chat session --------------------------------------------------------------------------------
 
 
-def test_a_saved_chat_with_unusable_tools_or_grammar_is_one_typed_line_and_the_chat_is_kept(model, tmp_path):
-    llm = lucebox.LLM(str(model))
+def test_a_saved_chat_with_unusable_tools_or_grammar_is_one_typed_line_and_the_chat_is_kept(tools_model, tmp_path):
+    llm = lucebox.LLM(str(tools_model))
     chat = llm.chat(max_tokens=4)
     chat.send("hello")
     kept = chat.history
@@ -343,7 +330,7 @@ def test_a_saved_chat_with_unusable_tools_or_grammar_is_one_typed_line_and_the_c
                                    ({"grammar": deep}, None, "grammar"),
                                    ({"json_object": True, "stop": [":"]}, None, "stop")):
         path = tmp_path / f"{field}.json"
-        path.write_text(chat_record(str(model), None, {**chat.settings, **settings}, kept[:1], tools))
+        path.write_text(chat_record(str(tools_model), None, {**chat.settings, **settings}, kept[:1], tools))
         with pytest.raises((ToolError, GrammarError)) as refused:
             chat.load(path)
         assert refused.value.field == field and "\n" not in str(refused.value)

@@ -5,7 +5,6 @@ decoding's very tokens with it, seeded coupled sampling too; logprobs stay the r
 import pytest
 import torch
 
-import lucebox
 from lucebox.errors import InvalidArgumentError
 from lucebox.sampling import SamplingParams, distribution, penalize
 from lucebox.speculative.decide import decide
@@ -16,19 +15,8 @@ N = 24
 
 
 @pytest.fixture(scope="module")
-def llm():
-    # the built-in model and its DFlash drafter, drafting trees every round; float32 for 1e-5
-    return lucebox.LLM(dtype="float32", adaptive=False)
-
-
-@pytest.fixture(scope="module")
-def chains():
-    return lucebox.LLM(dtype="float32", adaptive=False, tree_budget=0)  # the same drafter, chain rounds
-
-
-@pytest.fixture(scope="module")
-def unbiased(llm):
-    return llm.generate(PROMPT, max_tokens=N, ignore_eos=True, speculate=False).token_ids
+def unbiased(tree_llm):
+    return tree_llm.generate(PROMPT, max_tokens=N, ignore_eos=True, speculate=False).token_ids
 
 
 def test_the_bias_is_added_to_the_raw_logits_before_the_penalties_by_hand():
@@ -46,39 +34,40 @@ def test_the_bias_is_added_to_the_raw_logits_before_the_penalties_by_hand():
     assert SamplingParams(logit_bias={3: 1, 1: -2}).logit_bias == ((1, -2.0), (3, 1.0))
 
 
-def test_minus_100_bans_the_greedy_choice_and_plus_100_forces_a_token(llm, unbiased):
+def test_minus_100_bans_the_greedy_choice_and_plus_100_forces_a_token(tree_llm, unbiased):
     banned = unbiased[3]
-    out = llm.generate(PROMPT, max_tokens=N, ignore_eos=True, speculate=False, logit_bias={banned: -100})
+    out = tree_llm.generate(PROMPT, max_tokens=N, ignore_eos=True, speculate=False, logit_bias={banned: -100})
     assert out.token_ids[:3] == unbiased[:3] and banned not in out.token_ids
     forced = next(t for t in range(100, 200) if t not in unbiased)
-    assert llm.generate(PROMPT, max_tokens=8, ignore_eos=True, logit_bias={forced: 100}).token_ids == [forced] * 8
+    assert tree_llm.generate(PROMPT, max_tokens=8, ignore_eos=True, logit_bias={forced: 100}).token_ids == [forced] * 8
 
 
-def test_greedy_speculation_with_a_bias_commits_plain_decoding_s_tokens_and_logprobs_stay_raw(llm, chains, unbiased):
+def test_greedy_speculation_with_a_bias_commits_plain_decoding_s_tokens_and_logprobs_stay_raw(tree_llm, chain_llm,
+                                                                                                unbiased):
     bias = {unbiased[2]: -100.0, unbiased[5]: -4.0, 13: 2.5}
     options = {"max_tokens": N, "ignore_eos": True, "logit_bias": bias, "logprobs": 2}
-    plain = llm.generate(PROMPT, speculate=False, **options)
+    plain = tree_llm.generate(PROMPT, speculate=False, **options)
     assert plain.token_ids != unbiased
-    ids = llm.tokenizer.encode(PROMPT)
-    raw = llm.logits(ids + plain.token_ids).float()[len(ids) - 1 : -1]
+    ids = tree_llm.tokenizer.encode(PROMPT)
+    raw = tree_llm.logits(ids + plain.token_ids).float()[len(ids) - 1 : -1]
     shift = torch.zeros(raw.shape[-1])
     shift[list(bias)] = torch.tensor(list(bias.values()))
     assert plain.token_ids == (raw + shift).argmax(-1).tolist()  # each token: the argmax of the biased logits
     raw_logprobs = torch.log_softmax(raw, -1).gather(1, torch.tensor(plain.token_ids)[:, None])[:, 0]
-    for name, engine in (("trees", llm), ("chains", chains)):
+    for name, engine in (("trees", tree_llm), ("chain_llm", chain_llm)):
         out = engine.generate(PROMPT, **options)
         assert out.token_ids == plain.token_ids, name
         assert out.stats["acceptance_length"] > 1.2, name  # drafts were kept: speculation really ran
         assert (torch.tensor([lp.logprob for lp in out.logprobs]) - raw_logprobs).abs().max() < 1e-5, name
 
 
-def test_seeded_coupled_sampling_with_a_bias_commits_plain_sampling_s_tokens(llm, chains, unbiased):
+def test_seeded_coupled_sampling_with_a_bias_commits_plain_sampling_s_tokens(tree_llm, chain_llm, unbiased):
     options = {"max_tokens": N, "ignore_eos": True, "temperature": 0.9, "seed": 5,
                "logit_bias": {unbiased[1]: -100, 13: 3.0}, "repetition_penalty": 1.2}
-    plain = llm.generate(PROMPT, speculate=False, **options).token_ids
-    assert plain != llm.generate(PROMPT, speculate=False, **{**options, "logit_bias": None}).token_ids
+    plain = tree_llm.generate(PROMPT, speculate=False, **options).token_ids
+    assert plain != tree_llm.generate(PROMPT, speculate=False, **{**options, "logit_bias": None}).token_ids
     assert unbiased[1] not in plain
-    for engine in (llm, chains):
+    for engine in (tree_llm, chain_llm):
         assert engine.generate(PROMPT, **options).token_ids == plain
 
 
@@ -91,6 +80,6 @@ def test_seeded_coupled_sampling_with_a_bias_commits_plain_sampling_s_tokens(llm
     ({i: 1.0 for i in range(301)}, "logit_bias may bias at most 300 tokens, got 301"),
     ([7, 1.0], "logit_bias must be a mapping of token ids to biases"),
 ])
-def test_bad_biases_are_refused_by_name(llm, bias, message):
+def test_bad_biases_are_refused_by_name(tree_llm, bias, message):
     with pytest.raises(InvalidArgumentError, match=message):
-        llm.generate(PROMPT, max_tokens=2, logit_bias=bias)
+        tree_llm.generate(PROMPT, max_tokens=2, logit_bias=bias)

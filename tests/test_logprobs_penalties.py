@@ -5,7 +5,6 @@ repeats a sampled output whatever the cache held."""
 import pytest
 import torch
 
-import lucebox
 from lucebox.errors import InvalidArgumentError
 from lucebox.sampling import SamplingParams, distribution, penalize
 from lucebox.speculative.decide import decide
@@ -14,31 +13,21 @@ from lucebox.speculative.proposer import Draft
 PROMPT = "def merge(left, right):\n"
 
 
-@pytest.fixture(scope="module")
-def llm():
-    # the built-in model and its DFlash drafter, drafting trees every round; float32 for 1e-5
-    return lucebox.LLM(dtype="float32", adaptive=False)
-
-
-@pytest.fixture(scope="module")
-def chains():
-    return lucebox.LLM(dtype="float32", adaptive=False, tree_budget=0)  # the same drafter, chain rounds
-
-
-def _reference(llm, prompt_ids, generated):
+def _reference(tree_llm, prompt_ids, generated):
     """log_softmax of LLM.logits at the rows that chose each generated token: (n, V)."""
-    return torch.log_softmax(llm.logits(prompt_ids + generated).float(), -1)[len(prompt_ids) - 1 : -1]
+    return torch.log_softmax(tree_llm.logits(prompt_ids + generated).float(), -1)[len(prompt_ids) - 1 : -1]
 
 
 @pytest.mark.parametrize("options", [{"temperature": 0.0}, {"temperature": 1.0, "seed": 3}])
-def test_logprobs_equal_log_softmax_of_llm_logits_with_and_without_speculation(llm, chains, options):
-    ids = llm.tokenizer.encode(PROMPT)
+def test_logprobs_equal_log_softmax_of_llm_logits_with_and_without_speculation(tree_llm, chain_llm, options):
+    ids = tree_llm.tokenizer.encode(PROMPT)
     runs = {}
     greedy = options["temperature"] == 0.0  # sampled: the tree rounds alone (their logits are the target's)
-    engines = [("dflash", llm, True), ("chains", chains, True), ("plain", llm, False)][: 3 if greedy else 1]
+    engines = [("dflash", tree_llm, True), ("chains", chain_llm, True), ("plain", tree_llm, False)]
+    engines = engines[: 3 if greedy else 1]
     for name, engine, speculate in engines:
         out = engine.generate(PROMPT, max_tokens=16, logprobs=5, speculate=speculate, ignore_eos=True, **options)
-        ref = _reference(llm, ids, out.token_ids)
+        ref = _reference(tree_llm, ids, out.token_ids)
         assert [lp.token_id for lp in out.logprobs] == out.token_ids
         got = torch.tensor([lp.logprob for lp in out.logprobs])
         assert (got - ref.gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]).abs().max() < 1e-5
@@ -54,8 +43,8 @@ def test_logprobs_equal_log_softmax_of_llm_logits_with_and_without_speculation(l
         for name in ("dflash", "chains"):
             assert runs[name].token_ids == runs["plain"].token_ids
             assert (torch.tensor([lp.logprob for lp in runs[name].logprobs]) - plain).abs().max() < 1e-5
-    assert llm.generate(PROMPT, max_tokens=4).logprobs is None  # only when asked
-    assert all(lp.top == [] for lp in llm.generate(PROMPT, max_tokens=4, logprobs=0).logprobs)
+    assert tree_llm.generate(PROMPT, max_tokens=4).logprobs is None  # only when asked
+    assert all(lp.top == [] for lp in tree_llm.generate(PROMPT, max_tokens=4, logprobs=0).logprobs)
 
 
 def test_presence_and_frequency_penalties_follow_openai_s_formula_by_hand():
@@ -78,30 +67,31 @@ def test_presence_and_frequency_penalties_follow_openai_s_formula_by_hand():
             SamplingParams(**{name: 2.5})
 
 
-def test_penalties_count_generated_tokens_only_and_speculation_keeps_the_tokens(llm, chains):
-    ids = llm.tokenizer.encode(PROMPT)
+def test_penalties_count_generated_tokens_only_and_speculation_keeps_the_tokens(tree_llm, chain_llm):
+    ids = tree_llm.tokenizer.encode(PROMPT)
     options = {"max_tokens": 16, "presence_penalty": 0.8, "frequency_penalty": 0.6, "ignore_eos": True}
-    plain = llm.generate(PROMPT, speculate=False, **options).token_ids
-    assert plain != llm.generate(PROMPT, max_tokens=16, ignore_eos=True, speculate=False).token_ids
-    raw = llm.logits(ids + plain).float()[len(ids) - 1 : -1]
+    plain = tree_llm.generate(PROMPT, speculate=False, **options).token_ids
+    assert plain != tree_llm.generate(PROMPT, max_tokens=16, ignore_eos=True, speculate=False).token_ids
+    raw = tree_llm.logits(ids + plain).float()[len(ids) - 1 : -1]
     counts = torch.zeros(raw.shape[-1])
     for row, token in zip(raw, plain, strict=True):  # each token: the argmax after OpenAI's penalties
         assert token == int((row - counts * 0.6 - (counts > 0) * 0.8).argmax())
         counts[token] += 1
-    for engine in (llm, chains):
+    for engine in (tree_llm, chain_llm):
         assert engine.generate(PROMPT, **options).token_ids == plain
     sampled = {**options, "temperature": 1.0, "seed": 11}
-    assert llm.generate(PROMPT, **sampled).token_ids == llm.generate(PROMPT, speculate=False, **sampled).token_ids
+    plain_sampled = tree_llm.generate(PROMPT, speculate=False, **sampled).token_ids
+    assert tree_llm.generate(PROMPT, **sampled).token_ids == plain_sampled
 
 
-def test_a_seed_repeats_the_output_whatever_the_cache_held(llm):
+def test_a_seed_repeats_the_output_whatever_the_cache_held(tree_llm):
     options = {"max_tokens": 12, "temperature": 0.9, "seed": 42, "presence_penalty": 0.3}
-    first = llm.generate(PROMPT, **options).token_ids
-    assert llm.generate(PROMPT, **options).token_ids == first  # the prompt's prefix cached
-    llm.generate("import os\n", max_tokens=4)
-    assert llm.generate(PROMPT, **options).token_ids == first  # another prompt in the cache
-    llm.drop_cache()
-    assert llm.generate(PROMPT, **options).token_ids == first  # nothing cached
-    assert llm.generate(PROMPT, **{**options, "seed": 43}).token_ids != first
+    first = tree_llm.generate(PROMPT, **options).token_ids
+    assert tree_llm.generate(PROMPT, **options).token_ids == first  # the prompt's prefix cached
+    tree_llm.generate("import os\n", max_tokens=4)
+    assert tree_llm.generate(PROMPT, **options).token_ids == first  # another prompt in the cache
+    tree_llm.drop_cache()
+    assert tree_llm.generate(PROMPT, **options).token_ids == first  # nothing cached
+    assert tree_llm.generate(PROMPT, **{**options, "seed": 43}).token_ids != first
     with pytest.raises(InvalidArgumentError, match="logprobs"):
-        llm.generate(PROMPT, max_tokens=2, logprobs=21)
+        tree_llm.generate(PROMPT, max_tokens=2, logprobs=21)

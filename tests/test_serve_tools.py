@@ -5,13 +5,12 @@ import json
 
 import jsonschema
 import pytest
-from tool_models import AUTO_CALL, MALFORMED, QWEN_TOOLS_TEMPLATE, SCHEMAS, TOOLS, qwen_tools_model
+from tool_models import AUTO_CALL, MALFORMED, QWEN_TOOLS_TEMPLATE, SCHEMAS, TOOLS
 
 from lucebox.chat.conversation import render
 from lucebox.cli import build_parser
 from lucebox.server.command import settings_from
 from lucebox.server.openai_api import APIError, parse_request
-from lucebox.server.process import ServerProcess
 from lucebox.server.tools import tool_request
 from lucebox.text.tokenizer_files import load_tokenizer
 from lucebox.tools import model_tool_format, prompt_parts
@@ -20,20 +19,8 @@ openai = pytest.importorskip("openai")
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return qwen_tools_model(tmp_path_factory.mktemp("qwen_tools") / "model")
-
-
-@pytest.fixture(scope="module")
-def server(model):
-    s = ServerProcess(str(model), "--served-model-name", "m")
-    yield s
-    assert s.stop() == 0
-
-
-def _client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+def _client(tools_server):
+    return openai.OpenAI(base_url=tools_server.url + "/v1", api_key="none", max_retries=0)
 
 
 def _streamed(events):
@@ -49,8 +36,8 @@ def _streamed(events):
     return content, [tuple(calls[i]) for i in sorted(calls)], finish
 
 
-def test_required_and_a_named_function_return_calls_whose_arguments_follow_the_schema(server):
-    client = _client(server)
+def test_required_and_a_named_function_return_calls_whose_arguments_follow_the_schema(tools_server):
+    client = _client(tools_server)
     asks = [dict(tool_choice="required", parallel_tool_calls=False, temperature=0),
             dict(tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=5),
             dict(tool_choice={"type": "function", "function": {"name": "ping"}}, temperature=1.0, seed=2),
@@ -72,8 +59,8 @@ def test_required_and_a_named_function_return_calls_whose_arguments_follow_the_s
 
 
 
-def test_auto_parses_the_model_s_calls_and_gives_a_malformed_or_off_schema_strict_call_back_as_text(server):
-    client = _client(server)
+def test_auto_parses_the_model_s_calls_and_gives_a_malformed_or_off_schema_strict_call_back_as_text(tools_server):
+    client = _client(tools_server)
     expected = [("get_weather", {"city": "Oslo", "days": 2}), ("ping", {"host": "a.b"})]
     reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, max_tokens=96,
                                            extra_body={"grammar": AUTO_CALL})
@@ -107,14 +94,14 @@ def test_auto_parses_the_model_s_calls_and_gives_a_malformed_or_off_schema_stric
     assert none.message.tool_calls is None and none.message.content.startswith("Checking.\n<tool_call>")
 
 
-def test_a_tool_calling_chat_goes_back_through_the_template(server, model):
+def test_a_tool_calling_chat_goes_back_through_the_template(tools_server, tools_model):
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather",
                                                              "arguments": '{"city": "Paris", "days": 3}'}}
     messages = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'}]
-    reply = _client(server).chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=8)
+    reply = _client(tools_server).chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=8)
     assert reply.choices[0].finish_reason in ("stop", "length")
-    tokenizer = load_tokenizer(model, {}, None)
+    tokenizer = load_tokenizer(tools_model, {}, None)
     request = parse_request({"messages": messages, "tools": TOOLS}, "chat", 10**6)
     request.tools = tool_request({"tools": TOOLS}, "chat", "hermes", lambda text: None, False)
     prompt = render(tokenizer, *prompt_parts(tokenizer, request.messages, request.tools)[:1], True,
@@ -135,13 +122,13 @@ def test_a_tool_calling_chat_goes_back_through_the_template(server, model):
     assert tools is None and plain[0]["role"] == "system" and '"name": "ping"' in plain[0]["content"]
 
 
-def _refused(server, body, path="/v1/chat/completions"):
+def _refused(tools_server, body, path="/v1/chat/completions"):
     prompt = {"messages": MESSAGES} if path.endswith("chat/completions") else {}
-    code, reply, _ = server.post(path, json.dumps({**prompt, "max_tokens": 4, **body}).encode())
+    code, reply, _ = tools_server.post(path, json.dumps({**prompt, "max_tokens": 4, **body}).encode())
     return code, reply["error"]["param"]
 
 
-def test_bad_tool_requests_are_refused_naming_the_field_and_nothing_reaches_the_engine(server):
+def test_bad_tool_requests_are_refused_naming_the_field_and_nothing_reaches_the_engine(tools_server):
     def tool(**function):
         return {"type": "function", "function": {"name": "f", **function}}
 
@@ -168,16 +155,16 @@ def test_bad_tool_requests_are_refused_naming_the_field_and_nothing_reaches_the_
             {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{city"}}]}]}, 422,
          "messages[1].tool_calls[0].function.arguments"),
     ]
-    before = server.metric("requests_total")
+    before = tools_server.metric("requests_total")
     for body, status, param in cases:
-        assert _refused(server, body) == (status, param), body
-    assert _refused(server, {"prompt": "x", "tools": [tool()]}, "/v1/completions") == (422, "tools")
-    assert server.metric("requests_total") == before
+        assert _refused(tools_server, body) == (status, param), body
+    assert _refused(tools_server, {"prompt": "x", "tools": [tool()]}, "/v1/completions") == (422, "tools")
+    assert tools_server.metric("requests_total") == before
 
 
-def test_the_call_syntax_comes_from_the_template_or_the_flag_and_a_model_with_none_refuses_tools(model):
+def test_the_call_syntax_comes_from_the_template_or_the_flag_and_a_model_with_none_refuses_tools(tools_model):
     class Model:
-        tokenizer = load_tokenizer(model, {}, None)
+        tokenizer = load_tokenizer(tools_model, {}, None)
 
     assert model_tool_format(Model, None) == ("hermes", False)
     flag = settings_from(build_parser().parse_args(["serve", "--tool-parser", "mistral"])).tool_parser
@@ -191,8 +178,8 @@ def test_the_call_syntax_comes_from_the_template_or_the_flag_and_a_model_with_no
     assert unparsed.choice == "none"  # the tools are rendered, nothing is parsed: no syntax needed
 
 
-def test_tools_with_n_choices_and_logprobs_parse_each_choice_and_cover_every_token(server):
-    client, named = _client(server), {"type": "function", "function": {"name": "get_weather"}}
+def test_tools_with_n_choices_and_logprobs_parse_each_choice_and_cover_every_token(tools_server):
+    client, named = _client(tools_server), {"type": "function", "function": {"name": "get_weather"}}
     reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, tool_choice=named, n=3,
                                            temperature=1.0, seed=4, max_tokens=64, logprobs=True, top_logprobs=2)
     assert [c.index for c in reply.choices] == [0, 1, 2]
