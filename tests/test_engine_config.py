@@ -84,6 +84,7 @@ def test_every_flag_of_every_command_shows_its_default():
 def test_config_values_are_checked_where_they_are_given():
     with pytest.raises(InvalidArgumentError, match="draft_k"):
         EngineConfig(draft_k=DRAFT_WIDTH + 1)
+    assert EngineConfig(draft="none").draft is None  # as the CLI's --draft none (was a folder named "none")
     with pytest.raises(InvalidArgumentError, match="vram_budget"):
         EngineConfig(vram_budget="lots")
     assert EngineConfig(expert_slots=4).experts_on_host  # asking for a cache size asks for the cache

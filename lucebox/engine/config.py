@@ -108,7 +108,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         checked = {
             "model": path("model", self.model, optional=True),
-            "draft": path("draft", self.draft, optional=True),
+            "draft": None if self.draft == "none" else path("draft", self.draft, optional=True),  # as --draft none
             "load_format": choice("load_format", self.load_format, LOAD_FORMATS),
             "max_context": integer("max_context", self.max_context, 1, optional=True),
             "kv_policy": choice("kv_policy", self.kv_policy, KV_POLICIES, optional=True),
