@@ -6,6 +6,7 @@ GrammarError naming the argument, raised before the engine runs."""
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -18,7 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 import lucebox
 from lucebox.constrained import Constraint, GrammarState
 from lucebox.errors import GrammarError, LuceboxError, TokenizerError
-from lucebox.server.app import _mid_output_error
+from lucebox.server.api_errors import mid_output_error
 from lucebox.speculative.proposer import Draft
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -201,5 +202,7 @@ def test_grammar_text_the_vocabulary_cannot_write_is_a_grammar_error_naming_the_
         with pytest.raises(GrammarError, match="vocabulary cannot write") as refused:
             llm.generate("hello", max_tokens=12, **constraint)
         assert refused.value.field == next(iter(constraint))
-        assert _mid_output_error(refused.value).status == 400
-    assert _mid_output_error(LuceboxError("x")).status == 500
+        answer = mid_output_error(refused.value, SimpleNamespace(tools=None))
+        assert answer.status == 400 and answer.param == {"grammar": "grammar", "json_schema":
+                                                         "response_format.json_schema.schema"}[refused.value.field]
+    assert mid_output_error(LuceboxError("x"), SimpleNamespace(tools=None)).status == 500
