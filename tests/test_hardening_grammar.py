@@ -223,6 +223,36 @@ def test_a_grammar_past_the_engine_s_parser_limits_is_an_error_naming_it_with_sp
     assert llm.generate("# data\nx = 1\n", max_tokens=8, grammar='start: "x = " /[0-9]+/').text.startswith("x = ")
 
 
+def test_a_draft_into_a_branch_past_the_limits_leaves_the_request_as_plain_decoding_would(builtin_llm):
+    """Only committing the draft that leads past the limit meets the error: a draft walked into the
+    2,500-alternative branch leaves its row empty (it was an error before), and a round that commits
+    the other branch goes on; one that commits the draft, or a token chosen from the empty row, is the
+    GrammarError plain decoding meets there."""
+    import torch
+
+    from lucebox.constrained import GrammarState
+
+    tokenizer = builtin_llm.tokenizer
+    (a,), (b,) = (tokenizer.encode(text, add_special_tokens=False) for text in ("a", "bc"))
+    grammar = 'start: "a" x | "b" "c"\nx: ' + " | ".join(f'"v{i}"' for i in range(2500)) + "\n"
+
+    def state():
+        return GrammarState(Constraint.lark(grammar), tokenizer, builtin_llm.config.vocab_size,
+                            tuple(builtin_llm.eos_token_ids), torch.device("cpu"))
+
+    kept = state()
+    rows = kept.allowed([a])
+    assert rows[0, a] and rows[0, b] and not rows[1].any()  # the walk past "a" followed nothing
+    kept.commit([b])  # the target wrote "bc": the request goes on, its matcher whole
+    assert kept.matcher.is_accepting() and kept.allowed([]).any()
+    for committed in ([a, 0], [a]):
+        cut = state()
+        cut.allowed([a])
+        with pytest.raises(GrammarError, match="more than the grammar engine can follow") as refused:
+            cut.commit(committed)
+        assert refused.value.field == "grammar"
+
+
 def test_engine_messages_are_one_line():
     for grammar in ("start: " + "(" * 60 + '"x"' + ")" * 60, "start: /" + "(" * 1000 + "a" + ")" * 1000 + "/"):
         with pytest.raises(GrammarError) as refused:

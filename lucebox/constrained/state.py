@@ -43,7 +43,7 @@ class GrammarState:
         self._vocabulary, self._grammar = grammar_tokenizer(tokenizer, vocab_size, eos_ids), constraint.grammar
         self.matcher = self._new_matcher()
         self._committed: list[int] = []  # what the matcher consumed, to rebuild it (`_restore`)
-        self._walk_error: str | None = None
+        self._unfollowed: tuple[int, str] | None = None  # (the first mask row a draft walk left empty, why)
         if self.matcher.is_error():
             raise GrammarError(constraint.field,
                                f"the grammar engine cannot compile it: {one_line(self.matcher.get_error())}")
@@ -92,7 +92,7 @@ class GrammarState:
                                      pin_memory=self._host.is_pinned())
         m, row_bytes = self.matcher, self._host.shape[1] * 4
         m.unsafe_compute_mask_ptr(self._host[0].data_ptr(), row_bytes)  # row 0, written in place
-        self._walk_error = None
+        self._unfollowed = None
         followed = self._walk_drafts(drafts, row_bytes) if drafts else rows
         m = self.matcher  # a new one if the walk left the old one in error
         if m.is_error() or not self._host[:followed].any(dim=1).all():
@@ -115,7 +115,7 @@ class GrammarState:
                 walker.unsafe_compute_mask_ptr(self._host[i].data_ptr(), row_bytes)
             if walker.is_error():
                 self._host[i: len(drafts) + 1].zero_()
-                self._walk_error = walker.get_error()  # what `commit` meets if this round keeps draft i
+                self._unfollowed = (i, walker.get_error())  # what `commit` meets if this round keeps draft i
                 if walker is m:
                     self._restore()  # llguidance cannot roll an error back
                 return i
@@ -135,11 +135,14 @@ class GrammarState:
     def commit(self, tokens: list[int]) -> None:
         """The round's committed tokens (chosen under the mask, so each is allowed). An EOS the
         complete grammar allowed ends the request: the matcher, stopped, takes nothing more."""
-        for token in tokens:
+        for row, token in enumerate(tokens):  # token `row` was chosen from mask row `row`
+            if self._unfollowed is not None and row >= self._unfollowed[0]:
+                # chosen from a row the walk left empty: the error plain decoding meets after these drafts
+                raise self._broken(f"a committed token ({token})", self.matcher, self._unfollowed[1])
             if token in self.eos_ids and self.matcher.is_accepting():
                 return
             if not self.matcher.consume_token(token):
-                raise self._broken(f"a committed token ({token})", self.matcher, self._walk_error)
+                raise self._broken(f"a committed token ({token})", self.matcher)
             self._committed.append(token)
 
     def stats(self) -> dict:
