@@ -153,6 +153,10 @@ def test_the_largest_schemas_and_grammars_the_bounds_let_through_compile(tmp_pat
     ({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}},
      "#/$defs/a -> #/$defs/b -> #/$defs/a"),
     ({"allOf": [{"$ref": "#"}]}, "# -> #/allOf/0 -> #"),
+    # every branch of an anyOf / oneOf comes back (the re-audit: named "vocabulary cannot write" before)
+    ({"oneOf": [{"$ref": "#"}]}, "#, #/oneOf/0"),
+    ({"$ref": "#/$defs/a", "$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}}, "#, #/$defs/a, #/$defs/a/anyOf/0"),
+    ({"anyOf": [{"$ref": "#"}, {"allOf": [{"$ref": "#"}]}]}, "#, #/anyOf/1, #/anyOf/1/allOf/0"),
 ])
 def test_a_ref_loop_that_writes_nothing_is_named_as_such(schema, loop):
     with pytest.raises(GrammarError) as refused:
@@ -166,6 +170,7 @@ def test_recursion_that_writes_between_its_steps_is_a_schema_like_any_other():
         "$ref": "#"}}}}
     assert follows_schema('{"name": "a", "children": [{"name": "b", "children": []}]}', tree)
     Constraint.json_schema({"anyOf": [{"$ref": "#"}, {"type": "string"}]})  # the string branch writes
+    Constraint.json_schema({"anyOf": [{"$ref": "#"}, True]})  # so does `true` (any value)
 
 
 def test_schema_text_and_call_arguments_past_the_json_bounds_are_errors_naming_the_field():

@@ -62,6 +62,7 @@ def check_schema(schema: dict, field: str) -> int:
                                   "its own nesting); share definitions or flatten the schema")
     if not nested_ids:
         _check_ref_loops(schema, nodes, field)
+        _check_choices_write_something(schema, nodes, field)
     return weight
 
 
@@ -154,6 +155,44 @@ def _check_ref_loops(schema: dict, nodes, field: str) -> None:
                 state[id(step)] = "open"
                 path.append(step)
                 branches.append(iter(next_nodes(step)))
+
+
+_COMBINATORS = {*_REF_KEYS, "allOf", "anyOf", "oneOf"}
+_ANNOTATIONS = {"$defs", "definitions", "$schema", "$id", "$anchor", "$comment", "title", "description", "default",
+                "examples", "deprecated", "readOnly", "writeOnly"}
+
+
+def _check_choices_write_something(schema: dict, nodes, field: str) -> None:
+    """A schema made only of `$ref`, `allOf`, `anyOf` and `oneOf` writes a value only through one of its
+    ways down; where every way comes back to it (`{"anyOf": [{"$ref": "#"}]}`) no JSON value follows.
+    Found as what no walk reaches a writing schema from (a worklist over the ways down: linear in the
+    schema, whatever a crafted one nests)."""
+    pure = {id(node): (node, pointer) for node, _, pointer in nodes
+            if set(node) & _COMBINATORS and set(node) <= _COMBINATORS | _ANNOTATIONS}
+    waiting: dict[int, list[tuple[int, int]]] = {}  # a pure node's id -> (a node waiting on it, which way)
+    open_ways: dict[int, set[int]] = {}  # a pure node's id -> its ways not yet known to write
+    for key, (node, _) in pure.items():
+        ways = [[_resolve(schema, node[k])] for k in _REF_KEYS if isinstance(node.get(k), str)]
+        ways += [[n] for n in node["allOf"]] if isinstance(node.get("allOf"), list) else []
+        ways += [node[k] for k in ("anyOf", "oneOf") if isinstance(node.get(k), list) and node[k]]
+        open_ways[key] = set()
+        for i, choices in enumerate(ways):
+            if all(isinstance(c, dict) and id(c) in pure for c in choices):  # else one choice writes (or the
+                open_ways[key].add(i)                                        # engine judges an odd one)
+                for c in choices:
+                    waiting.setdefault(id(c), []).append((key, i))
+    done = [key for key, ways in open_ways.items() if not ways]
+    while done:
+        for key, way in waiting.get(done.pop(), ()):
+            if way in open_ways[key]:
+                open_ways[key].discard(way)
+                if not open_ways[key]:
+                    done.append(key)
+    stuck = ["#" + pure[key][1] for key, ways in open_ways.items() if ways]
+    if stuck:
+        raise GrammarError(field, f"has a $ref loop that writes nothing ({', '.join(stuck[:3])}): every way "
+                                  "through its $ref, allOf, anyOf and oneOf comes back to itself before any value, "
+                                  "so no JSON value follows it; give one branch a schema that writes something")
 
 
 def _embedded_schemas(lark: str, field: str):
