@@ -24,16 +24,20 @@ from lucebox.arguments import path as path_argument
 from lucebox.errors import JSONInputError
 
 MAX_DEPTH = 100  # JSON Schemas, chats and configs nest a few levels; 100 leaves room for any of them
+# The levels a document wraps a value in that is itself held to MAX_DEPTH (a saved chat's
+# messages[i].tool_calls[j].function.arguments: 6; a request's response_format.json_schema.schema: 3),
+# so that whatever a field takes, the document holding it takes too
+ENVELOPE_DEPTH = 10
 MAX_NUMBER_CHARS = 100  # float64 needs 24 characters; an exact decimal expansion of a double ~60
 
 
-def _number(what: str, convert):
+def _number(what: str, convert, nonfinite: bool):
     def checked(text: str):
         if len(text) > MAX_NUMBER_CHARS:
             raise JSONInputError(f"{what}: a number of {len(text)} characters ({text[:20]}...); numbers are "
                                  f"at most {MAX_NUMBER_CHARS} characters long")
         value = convert(text)
-        if not math.isfinite(value):  # 1e999: a float past float64's range, which JSON cannot mean
+        if not nonfinite and not math.isfinite(value):  # 1e999: past float64's range, which JSON cannot mean
             raise JSONInputError(f"{what}: the number {text} is past the range of a float64")
         return value
 
@@ -47,8 +51,8 @@ def _no_constant(what: str):
     return refuse
 
 
-def _depth_problem(value) -> int | None:
-    """The first depth past MAX_DEPTH that `value` reaches, or None (walked without recursion)."""
+def _depth_problem(value, max_depth: int = MAX_DEPTH) -> int | None:
+    """The first depth past `max_depth` that `value` reaches, or None (walked without recursion)."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -58,40 +62,44 @@ def _depth_problem(value) -> int | None:
             children = item
         else:
             continue
-        if depth > MAX_DEPTH:
+        if depth > max_depth:
             return depth
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return None
 
 
-def loads(text: str | bytes | bytearray, what: str, *, max_bytes: int | None = None, object_pairs_hook=None):
+def loads(text: str | bytes | bytearray, what: str, *, max_bytes: int | None = None, max_depth: int = MAX_DEPTH,
+          nonfinite: bool = False, object_pairs_hook=None):
     """The JSON value in `text`, within the bounds above; `what` names it in every error ("the request
-    body", "tools[0].function.arguments", "config.json")."""
+    body", "tools[0].function.arguments", "config.json"). `max_depth`: MAX_DEPTH + ENVELOPE_DEPTH for
+    a document whose fields are held to MAX_DEPTH on their own. `nonfinite`: take NaN, Infinity and
+    1e999 as Python's json does (the model's own files: transformers writes an infinite float so)."""
     if max_bytes is not None and len(text) > max_bytes:
         raise JSONInputError(f"{what} is {len(text)} bytes long; at most {max_bytes} are read")
     if isinstance(text, (bytes, bytearray)):
         try:
-            text = bytes(text).decode("utf-8")
+            text = bytes(text).decode("utf-8-sig")  # a byte order mark may lead (RFC 8259 lets a reader skip it)
         except UnicodeDecodeError as e:
             raise JSONInputError(f"{what} is not UTF-8 text (byte {e.start})") from None
     try:
-        value = json.loads(text, parse_int=_number(what, int), parse_float=_number(what, float),
-                           parse_constant=_no_constant(what), object_pairs_hook=object_pairs_hook)
+        value = json.loads(text, parse_int=_number(what, int, nonfinite), parse_float=_number(what, float, nonfinite),
+                           parse_constant=float if nonfinite else _no_constant(what),
+                           object_pairs_hook=object_pairs_hook)
     except RecursionError:
-        raise _too_deep(what) from None
+        raise _too_deep(what, max_depth) from None
     except json.JSONDecodeError as e:
         raise JSONInputError(f"{what} is not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
     except ValueError as e:  # an object_pairs_hook's own refusal (a duplicate key, ...)
         if isinstance(e, JSONInputError):
             raise
         raise JSONInputError(f"{what} is not valid JSON: {str(e)[:200]}") from None
-    if _depth_problem(value) is not None:
-        raise _too_deep(what)
+    if _depth_problem(value, max_depth) is not None:
+        raise _too_deep(what, max_depth)
     return value
 
 
-def _too_deep(what: str) -> JSONInputError:
-    return JSONInputError(f"{what} nests arrays and objects more than {MAX_DEPTH} deep, the most lucebox reads")
+def _too_deep(what: str, max_depth: int = MAX_DEPTH) -> JSONInputError:
+    return JSONInputError(f"{what} nests arrays and objects more than {max_depth} deep, the most lucebox reads")
 
 
 def check_depth(value, what: str) -> None:
@@ -133,7 +141,6 @@ def _too_large(shown: str, max_bytes: int) -> JSONInputError:
     return JSONInputError(f"{shown} is larger than {max_bytes} bytes, the most lucebox reads of it")
 
 
-def read_json_file(path: str | Path, what: str, max_bytes: int, object_pairs_hook=None):
-    """`read_regular_file` then `loads`."""
-    return loads(read_regular_file(path, what, max_bytes), f"{what} {os.fsdecode(path)!r}",
-                 object_pairs_hook=object_pairs_hook)
+def read_json_file(path: str | Path, what: str, max_bytes: int, **options):
+    """`read_regular_file` then `loads` (with its keyword `options`)."""
+    return loads(read_regular_file(path, what, max_bytes), f"{what} {os.fsdecode(path)!r}", **options)

@@ -49,7 +49,10 @@ def _refuse_existing(target: Path, what: str, overwrite: bool) -> None:
 
 def _holds(folder: Path, source: Path) -> bool:
     """Would replacing or removing `folder` remove `source`?"""
-    folder, source = folder.resolve(), source.resolve()
+    try:
+        folder, source = folder.resolve(), source.resolve()
+    except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13)
+        raise InvalidArgumentError(f"cannot place {folder}: {e}") from None
     return folder == source or folder in source.parents
 
 
@@ -128,9 +131,13 @@ def output_path(out: str | Path, what: str = "folder") -> Path:
     if not given.strip():
         raise InvalidArgumentError(f"the output {what} is empty (an unset variable?); name a new {what}")
     try:
-        path = Path(os.path.abspath(Path(given).expanduser()))
+        # joined, not normalized: "link/../x" is where the system puts it, beside link's target, which a
+        # lexical ".." (os.path.abspath) would move beside the link
+        path = Path.cwd() / Path(given).expanduser()
     except OSError as e:  # a relative path from a current folder that no longer exists
         raise InvalidArgumentError(f"cannot place {given}: {e.strerror or e}; give an absolute path") from None
+    except RuntimeError:  # ~name of no user
+        raise InvalidArgumentError(f"cannot place {given}: no home folder for {given.split('/')[0]}") from None
     if path == path.parent:
         raise InvalidArgumentError(f"{given} is not a {what} lucebox can create: it is the root of the filesystem")
     for place, named in _places_it_would_delete():

@@ -58,3 +58,12 @@ def test_files_are_read_only_when_regular_and_within_their_bound(tmp_path):
             bounded_json.read_json_file(path, "the result", 100)
     (tmp_path / "ok.json").write_text('{"model": "m"}')
     assert bounded_json.read_json_file(tmp_path / "ok.json", "the result", 100) == {"model": "m"}
+
+
+def test_a_byte_order_mark_deeper_documents_and_the_model_s_infinite_floats():
+    assert bounded_json.loads(b"\xef\xbb\xbf{\"a\": 1}", "x") == {"a": 1}  # RFC 8259 lets a reader skip it
+    wrapped = "[" * 105 + "]" * 105
+    with pytest.raises(JSONInputError, match="more than 100 deep"):
+        bounded_json.loads(wrapped, "x")
+    bounded_json.loads(wrapped, "x", max_depth=bounded_json.MAX_DEPTH + bounded_json.ENVELOPE_DEPTH)
+    assert bounded_json.loads('[Infinity, NaN, 1e999]', "x", nonfinite=True)[0] == float("inf")

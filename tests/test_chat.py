@@ -149,6 +149,17 @@ def test_bad_settings_and_files_are_typed_errors(builtin, tmp_path):
     assert chat.history == []
 
 
+def test_a_chat_with_a_schema_as_deep_as_a_schema_may_be_saves_and_loads_back(builtin, tmp_path):
+    """The file wraps the schema in two more levels (settings.json_schema): it is read within 110, so
+    whatever a chat takes, its saved file gives back (a review found a 100-deep schema refused on /load)."""
+    schema = {"type": "string"}
+    for _ in range(49):  # 99 levels of objects and arrays
+        schema = {"type": "array", "items": schema}
+    chat = builtin.chat(json_schema=schema, max_tokens=2)
+    chat.save(tmp_path / "deep.json")
+    builtin.chat().load(tmp_path / "deep.json")
+
+
 def test_a_chat_file_that_is_not_one_is_a_typed_error_and_read_within_bounds(builtin, tmp_path, monkeypatch):
     chat = builtin.chat(temperature=0.0, max_tokens=4)
     chat.send("def f(x):")
@@ -160,7 +171,7 @@ def test_a_chat_file_that_is_not_one_is_a_typed_error_and_read_within_bounds(bui
     (tmp_path / "big.json").write_text(json.dumps(saved) + " " * 100)
     os.mkfifo(tmp_path / "fifo")  # opening it to read would wait for a writer
     for path, message in (("/dev/zero", "not a regular file"), (tmp_path, "not a regular file"),
-                          (tmp_path / "fifo", "not a regular file"), (tmp_path / "deep.json", "more than 100 deep"),
+                          (tmp_path / "fifo", "not a regular file"), (tmp_path / "deep.json", "more than 110 deep"),
                           (tmp_path / "digits.json", "numbers are at most"),
                           (str(tmp_path / "a\0b.json"), "NUL character"),
                           (tmp_path / "surrogate.json", "surrogate"), (tmp_path / "big.json", "larger than 100 bytes")):

@@ -114,7 +114,7 @@ def test_a_failing_line_in_piped_mode_is_one_error_line_and_the_chat_goes_on(tmp
     code = lucebox.cli.main(["chat", "--temp", "0", "--max-tokens", "6"])
     out, err = capsys.readouterr()
     assert code == 1  # some line failed
-    expected = ["tokens of context", "not a regular file", "more than 100 deep", "NUL character",
+    expected = ["tokens of context", "not a regular file", "more than 110 deep", "NUL character",
                 "lone surrogate U\\+DCFF", "already exists", "unknown command /nothing",
                 "takes one file name, got 0", "takes one file name, got 3", "does not take --force",
                 "No closing quotation"]  # never a file named "" or "a b c"

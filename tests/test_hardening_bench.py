@@ -203,12 +203,15 @@ def test_a_prompt_that_encodes_to_no_tokens_is_refused_not_tiled_as_bos():
 # --- outputs: checked before the run, never replacing a file without --overwrite ------------------
 
 @pytest.mark.parametrize("flag", ["--json", "--csv", "--md", "--plot"])
-@pytest.mark.parametrize("name", ["folder", "new-folder/", ".", ""])
-def test_an_output_naming_a_folder_is_refused_before_the_run(flag, name, tmp_path, monkeypatch, no_run, capsys):
+@pytest.mark.parametrize("name, message", [("folder", "is a folder; give a file name"),
+                                           ("new-folder/", "is a folder; give a file name"),
+                                           (".", "it is the current folder"), ("", "is empty")])
+def test_an_output_naming_a_folder_is_refused_before_the_run(flag, name, message, tmp_path, monkeypatch, no_run,
+                                                             capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "folder").mkdir()
     assert main(["bench", flag, name]) == 2
-    assert "is a folder; give a file name" in one_error_line(capsys)
+    assert message in one_error_line(capsys)
 
 
 @pytest.mark.parametrize("where, message", [

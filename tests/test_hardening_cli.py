@@ -306,3 +306,38 @@ def test_no_held_out_prompt_is_taken_when_none_are_asked_for():
     texts = ["x" * 100, "y" * 100]
     assert held_out_prompts(Tokenizer(), texts, 0, 64) == []
     assert held_out_prompts(Tokenizer(), texts, 1, 64) == [list(range(64))]
+
+
+def test_output_paths_are_where_the_system_puts_them_and_a_symlink_loop_is_an_error(tmp_path, monkeypatch):
+    """`link/../x` is beside the link's target, as the system resolves it (a lexical `..` wrote over
+    the file beside the link instead); a symlink loop or `~nobody` is a typed error, not a RuntimeError."""
+    (tmp_path / "w").mkdir()
+    (tmp_path / "other" / "deep").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "w")
+    Path("sub").symlink_to("../other/deep")
+    Path("chat.json").write_text("mine\n")
+    write_new_file("sub/../chat.json", "new\n", overwrite=True)
+    assert Path("chat.json").read_text() == "mine\n" and (tmp_path / "other" / "chat.json").read_text() == "new\n"
+    Path("a").symlink_to("b")
+    Path("b").symlink_to("a")
+    for name, message in (("a", "Symlink loop|Too many levels"), ("a/chat.json", "Symlink loop|Too many levels"),
+                          ("~nosuchuser-lucebox/x.json", "no home folder")):
+        with pytest.raises(InvalidArgumentError, match=message):
+            write_new_file(name, "x")
+    assert main(["bench", "--json", "~nosuchuser-lucebox/r.json"]) == 2
+
+
+def test_training_text_keeps_text_mode_newlines(tmp_path):
+    from lucebox.training.corpus import read_texts
+
+    (tmp_path / "crlf.py").write_bytes(b"a = 1\r\nb = 2\rc = 3\n")
+    assert read_texts([tmp_path / "crlf.py"]) == [(tmp_path / "crlf.py").read_text()] == ["a = 1\nb = 2\nc = 3\n"]
+
+
+@pytest.mark.parametrize("rest, name", [(r"a\b.json", r"a\b.json"), ('"my chat.json" --overwrite', "my chat.json"),
+                                        ("x#y.json", "x#y.json")])
+def test_a_chat_file_name_is_split_as_a_shell_splits_it_and_keeps_its_backslashes(rest, name):
+    from lucebox.chat.slash_commands import OVERWRITE, ChatCommands
+
+    commands = ChatCommands(None, None, None)  # naming the file needs no session
+    assert commands._file(rest, "/save", (OVERWRITE,))[0] == name

@@ -54,6 +54,10 @@ def test_each_format_s_parallel_calls_are_read_with_their_arguments(fmt, text, c
     ("mistral", "[TOOL_CALLS]get_weather{}"),  # no [ARGS]
     ("hermes", "<tool_call>" + "[" * 100000 + "</tool_call>"),  # deeper than json can read
     ("hermes", '<tool_call>\n{"name": "ping", "arguments": {"host": "\\ud800"}}\n</tool_call>'),  # a lone surrogate
+    # what no reader of the answer takes back (the server's, a saved chat's): the call would not round-trip
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"x": 1e999}}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"x": NaN}}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"x": 1' + "0" * 150 + '}}\n</tool_call>'),
 ])
 def test_a_malformed_call_comes_back_whole_as_text(fmt, text):
     assert _calls(text, fmt) == (text, [])

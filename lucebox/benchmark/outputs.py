@@ -16,10 +16,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from lucebox.arguments import path as path_argument
 from lucebox.benchmark import report
 from lucebox.errors import InvalidArgumentError, LuceboxError
-from lucebox.output import write_new_file
+from lucebox.output import output_path, write_new_file
 
 FLAGS = ("json", "csv", "md", "plot")  # in the order they are written: text first, the plot (slowest) last
 
@@ -41,7 +40,10 @@ def planned_outputs(args, reads: tuple[str | os.PathLike, ...] = ()) -> dict[str
 
 
 def _checked_target(flag: str, value: str, overwrite: bool) -> Path:
-    path = Path(path_argument(flag, value)).expanduser()
+    try:
+        path = output_path(value, "file")  # the path write_new_file writes, so the check is of that file
+    except InvalidArgumentError as e:
+        raise InvalidArgumentError(f"{flag}: {e}") from None
     try:
         _check_target(flag, value, path, overwrite)
     except OSError as e:  # a name too long, a folder on the way that cannot be searched

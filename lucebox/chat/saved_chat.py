@@ -40,7 +40,9 @@ def chat_record(model: str, system: str | None, settings: dict, messages: list[d
 
 def read_chat(path: str | Path) -> dict:
     """The record saved at `path`, checked: {"messages": [{"role", "content"}, ...], "system", "settings"}."""
-    record = bounded_json.read_json_file(path, "the chat file", CHAT_FILE_MAX_BYTES)
+    # its schema and calls' arguments are held to MAX_DEPTH where they are used
+    record = bounded_json.read_json_file(path, "the chat file", CHAT_FILE_MAX_BYTES,
+                                         max_depth=bounded_json.MAX_DEPTH + bounded_json.ENVELOPE_DEPTH)
     _check_record(path, record)
     return record
 

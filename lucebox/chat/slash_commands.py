@@ -77,8 +77,11 @@ class ChatCommands:
         """The one file name a command takes, split as a shell splits it (quote a name with spaces), and
         the flags of `flags` given after it; anything else is a CommandError, never a file of that name."""
         example = f'e.g. {command} chat.json, or {command} "my chat.json"'
+        lexer = shlex.shlex(rest, posix=True)
+        lexer.whitespace_split, lexer.commenters = True, ""
+        lexer.escape = ""  # a backslash is part of a name (a\b.json), not an escape to drop silently
         try:
-            words = shlex.split(rest)
+            words = list(lexer)
         except ValueError as e:  # an unclosed quote
             raise CommandError(f"{command}: {e}; {example}") from None
         given = {w for w in words if w.startswith("--")}

@@ -62,7 +62,7 @@ def read_json(path: Path, required: bool = True) -> dict | None:
         return None
     try:
         data = bounded_json.loads(bounded_json.read_regular_file(path, "the model file", MODEL_JSON_MAX_BYTES),
-                                  str(path))
+                                  str(path), nonfinite=True)  # an infinite float as transformers writes it
     except JSONInputError as e:
         raise ConfigError(f"{e}; re-download it") from None
     if not isinstance(data, dict):

@@ -32,7 +32,7 @@ from lucebox.speculative.proposer import Draft
 MASKED = -1e30
 BITS = 32  # llguidance's masks: token t is bit t % 32 of int32 word t // 32
 # llguidance's errors when a grammar is past what its parser follows (its ParserLimits): not a bug
-_ENGINE_LIMITS = ("Current row has", "Too many items", "ParserTooComplex", "LexerTooComplex", "limit")
+_ENGINE_LIMITS = ("Current row has", "Too many items", "ParserTooComplex", "LexerTooComplex")
 _NO_ROLLBACK = re.compile(r"\b(?:stop|max_tokens)\s*=")
 
 

@@ -12,6 +12,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from lucebox import bounded_json
+from lucebox.bounded_json import ENVELOPE_DEPTH, MAX_DEPTH
 from lucebox.errors import JSONInputError
 from lucebox.server.openai_api import APIError
 from lucebox.server.settings import ServerSettings, host_name, is_address
@@ -77,7 +78,7 @@ async def read_json(request: Request, settings: ServerSettings):
     except ClientDisconnect:
         raise ClientLeft from None
     try:
-        return bounded_json.loads(body, "the request body")
+        return bounded_json.loads(body, "the request body", max_depth=MAX_DEPTH + ENVELOPE_DEPTH)
     except JSONInputError as e:  # not JSON, not UTF-8, a huge number, deep nesting
         raise APIError(400, str(e)) from None
 

@@ -22,7 +22,7 @@ def _read_json(path: Path) -> dict:
         return {}
     try:
         data = bounded_json.loads(bounded_json.read_regular_file(path, "the tokenizer file", MODEL_JSON_MAX_BYTES),
-                                  str(path))
+                                  str(path), nonfinite=True)
     except JSONInputError as e:
         raise TokenizerError(f"{e}; re-download or delete it") from None
     if not isinstance(data, dict):

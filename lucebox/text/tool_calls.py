@@ -83,6 +83,9 @@ def parse_tool_calls(text: str, fmt: str) -> ParsedOutput:
             arguments = [json.dumps(args, ensure_ascii=False) for _, args in pairs]
             for text_of_call in arguments:  # a lone surrogate escape ("\ud800") decodes to text UTF-8 cannot
                 text_of_call.encode("utf-8")  # write (no answer or saved chat could carry it): malformed
+                # and what a reader of the answer refuses (NaN, 1e999, a 200-digit number, nesting past
+                # the bounds) is malformed here too, so a call lucebox returns always reads back
+                bounded_json.loads(text_of_call, "a call's arguments")
     except (ValueError, TypeError, KeyError, RecursionError):  # json's, UTF-8's and bounded_json's are ValueErrors
         found = None
     if not found:
@@ -100,7 +103,6 @@ def _call(obj, arguments_key: str) -> tuple[str, dict]:
         args = bounded_json.loads(args, "a call's arguments")
     if not isinstance(args, dict):
         raise ValueError("a call's arguments must be an object")
-    bounded_json.check_depth(args, "a call's arguments")  # past the bounds a reader of the answer keeps to: text
     return obj["name"], args
 
 

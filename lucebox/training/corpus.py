@@ -79,7 +79,8 @@ def read_texts(files: Iterable[Path]) -> list[str]:
                 if os.fstat(handle.fileno()).st_size > left or len(data := handle.read(left + 1)) > left:
                     raise InvalidArgumentError(f"the training data is over {CORPUS_MAX_BYTES // 2**20} MiB by {f}, "
                                                "the most one run reads; give fewer or smaller files")
-            texts.append(data.decode("utf-8"))
+            # newlines as text mode reads them (read_text): \r\n and a lone \r are \n
+            texts.append(data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n"))
             total += len(data)
         except (UnicodeDecodeError, OSError):
             continue
