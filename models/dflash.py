@@ -248,15 +248,34 @@ class DFlashDrafter:
             x = torch.cat([self.norm(part, f"aux_norms.{i}") for i, part in enumerate(parts)], dim=-1)
         return self.norm(F.linear(x, self.w["fc"]), "hidden_norm")
 
+    def context_kv(self, layer: int, ctx: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s keys (rotated) and values (T, kv_heads, D) of projected context rows (T, H)."""
+        src = self.norm(ctx, f"layers.{layer}.attn_norm") if self.cfg.laguna else ctx
+        _, k, v = self.split_qkv(layer, src)
+        inv_freq, scaling = self.rope.frequencies(self.cfg.rope)
+        return self.kernels.rotate((k,), positions, inv_freq, scaling)[0], v
+
     def context_rows(self, features: torch.Tensor, step: Step, rings: list[SlidingRing]) -> None:
         """Project committed tokens' target features (T, n*H) into every layer's context ring."""
-        cfg = self.cfg
         ctx = self.project_features(features)
-        inv_freq, scaling = self.rope.frequencies(cfg.rope)
         for layer, ring in enumerate(rings):
-            src = self.norm(ctx, f"layers.{layer}.attn_norm") if cfg.laguna else ctx
-            _, k, v = self.split_qkv(layer, src)
-            ring.write(step, self.kernels.rotate((k,), step.positions, inv_freq, scaling)[0], v)
+            ring.write(step, *self.context_kv(layer, ctx, step.positions))
+
+    def run_layer(self, layer: int, x: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
+        """One drafter layer over block rows x (R, H) at `positions` (R,): the one body the engine's
+        draft (eager and graphed) and training's batched forward run. `attend(layer, q, k, v)` gives
+        the attention output (R, heads, D) of the rotated block queries, keys and values over what
+        the caller's rows see (a context ring, or the training sequences' context under a mask)."""
+        cfg, kern, p = self.cfg, self.kernels, f"layers.{layer}."
+        inv_freq, scaling = self.rope.frequencies(cfg.rope)
+        h = self.norm(x, p + "attn_norm")
+        q, k, v = self.split_qkv(layer, h)
+        q, k = kern.rotate((q, k), positions, inv_freq, scaling)
+        out = attend(layer, q, k, v)
+        if cfg.gate:
+            out = kern.softplus_gate(out, F.linear(h, self.w[p + "wg"]))
+        x = x + F.linear(out.reshape(x.shape[0], -1), self.w[p + "wo"])
+        return x + swiglu(self.norm(x, p + "mlp_norm"), self.w[p + "w_gate_up"], self.w[p + "w_down"], kern.linear)
 
     def draft(self, block_embeddings: torch.Tensor, positions: torch.Tensor, rings: list[SlidingRing],
               step: Step | None = None) -> torch.Tensor:
@@ -265,28 +284,21 @@ class DFlashDrafter:
         ring read whole, its empty slots masked: no host value read)."""
         cfg, kern = self.cfg, self.kernels
         x = block_embeddings.to(self.dtype)
-        inv_freq, scaling = self.rope.frequencies(cfg.rope)
-        B = x.shape[0]
         # Inside a non-causal block every row sees every row: present the block keys as if all
         # queries sat at the block's last position.
         block_end = positions[-1:].expand_as(positions)
-        for layer, ring in enumerate(rings):
-            p = f"layers.{layer}."
-            h = self.norm(x, p + "attn_norm")
-            q, k, v = self.split_qkv(layer, h)
-            q, k = kern.rotate((q, k), positions, inv_freq, scaling)
-            window = cfg.windows[layer]
-            causal = cfg.causal or window is not None
-            block_q_positions = positions if causal else block_end
+
+        def attend(layer: int, q, k, v):  # the layer's context ring, then the block itself
+            window, ring = cfg.windows[layer], rings[layer]
+            block_q_positions = positions if cfg.causal or window is not None else block_end
             ring_block = ring.static_block(q) if step is None else next(iter(ring.blocks(q, step)))
-            out = merge_partials([
+            return merge_partials([
                 kern.attention_partial(q, ring_block.k, ring_block.v, positions, ring_block.positions, self.scale,
                                        window),
                 kern.attention_partial(q, k.transpose(0, 1), v.transpose(0, 1), block_q_positions, positions,
                                        self.scale, window),
             ])
-            if cfg.gate:
-                out = kern.softplus_gate(out, F.linear(h, self.w[p + "wg"]))
-            x = x + F.linear(out.reshape(B, -1), self.w[p + "wo"])
-            x = x + swiglu(self.norm(x, p + "mlp_norm"), self.w[p + "w_gate_up"], self.w[p + "w_down"], kern.linear)
+
+        for layer in range(len(rings)):
+            x = self.run_layer(layer, x, positions, attend)
         return self.norm(x, "norm")

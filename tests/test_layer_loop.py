@@ -58,3 +58,30 @@ def test_every_forward_runs_its_layers_through_the_one_loop(reference_models, la
         layer_calls.clear()
         forward()
         assert layer_calls == one_pass, f"{name}: {layer_calls}"
+
+
+def test_the_drafter_s_layers_are_written_once_too(monkeypatch):
+    """The DFlash drafter's layer body (`DFlashDrafter.run_layer`) serves the engine's draft and
+    training's batched forward (`draft_hidden`): each runs every drafter layer through it, in order."""
+    from lucebox.models.dflash import DFlashDrafter
+
+    from lucebox.training.distill import target_signals
+    from lucebox.training.drafter_forward import draft_hidden
+
+    calls: list[int] = []
+    run_layer = DFlashDrafter.run_layer
+
+    def counted(self, layer, *args):
+        calls.append(layer)
+        return run_layer(self, layer, *args)
+
+    monkeypatch.setattr(DFlashDrafter, "run_layer", counted)
+    llm = lucebox.LLM(adaptive=False)  # the built-in model and its DFlash drafter, drafting every round
+    drafter = llm.proposer.drafter
+    layers = list(range(drafter.cfg.num_layers))
+    llm.generate("def mean(xs):\n", max_tokens=8, speculate=True, ignore_eos=True)
+    assert calls and len(calls) % len(layers) == 0 and calls == layers * (len(calls) // len(layers))
+    calls.clear()
+    _, features = target_signals(llm.decoder, PROMPT[:1], drafter.cfg.target_layer_ids)
+    draft_hidden(drafter, llm.decoder, features, PROMPT[:1], torch.tensor([[2, 5]]))
+    assert calls == layers

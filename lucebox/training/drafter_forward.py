@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lucebox.kernels.moe import swiglu
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashDrafter
 from lucebox.training.forward import batch_attention
@@ -42,7 +41,7 @@ def draft_hidden(drafter: DFlashDrafter, target: Decoder, features: torch.Tensor
                  anchors: torch.Tensor) -> torch.Tensor:
     """features (B, T, n*H) and tokens (B, T) of whole sequences, anchors (B, M) ->
     the drafter's hidden states of every block row (B, M, block, H), after its final norm."""
-    cfg, kern = drafter.cfg, drafter.kernels
+    cfg = drafter.cfg
     B, T = tokens.shape
     M, bs = anchors.shape[1], cfg.block_size
     device = tokens.device
@@ -52,24 +51,16 @@ def draft_hidden(drafter: DFlashDrafter, target: Decoder, features: torch.Tensor
     ids[:, :, 0] = tokens.gather(1, anchors)
     x = F.embedding(ids.reshape(-1), target.w["embed"]).to(drafter.dtype) * cfg.embedding_scale  # (B*M*bs, H)
     q_pos = (anchors[:, :, None] + torch.arange(bs, device=device)).reshape(-1)
-    inv_freq, scaling = drafter.rope.frequencies(cfg.rope)
     R = M * bs
-    for layer in range(cfg.num_layers):
-        p = f"layers.{layer}."
-        h = drafter.norm(x, p + "attn_norm")
-        q, k, v = drafter.split_qkv(layer, h)
-        q, k = kern.rotate((q, k), q_pos, inv_freq, scaling)
-        src = drafter.norm(ctx, p + "attn_norm") if cfg.laguna else ctx
-        _, kc, vc = drafter.split_qkv(layer, src)
-        kc = kern.rotate((kc,), ctx_pos, inv_freq, scaling)[0]
+
+    def attend(layer: int, q, k, v):  # every sequence's context, then the blocks, under the block mask
+        kc, vc = drafter.context_kv(layer, ctx, ctx_pos)
         keys = torch.cat([kc.view(B, T, *kc.shape[1:]), k.view(B, R, *k.shape[1:])], dim=1)
         values = torch.cat([vc.view(B, T, *vc.shape[1:]), v.view(B, R, *v.shape[1:])], dim=1)
         mask = block_mask(anchors, T, bs, cfg.windows[layer], cfg.causal)
         out = batch_attention(q.view(B, R, *q.shape[1:]), keys, values, mask, drafter.scale)
-        out = out.reshape(B * R, *q.shape[1:])
-        if cfg.gate:
-            out = kern.softplus_gate(out, F.linear(h, drafter.w[p + "wg"]))
-        x = x + F.linear(out.reshape(B * R, -1), drafter.w[p + "wo"])
-        x = x + swiglu(drafter.norm(x, p + "mlp_norm"), drafter.w[p + "w_gate_up"], drafter.w[p + "w_down"],
-                       kern.linear)
+        return out.reshape(B * R, *q.shape[1:])
+
+    for layer in range(cfg.num_layers):
+        x = drafter.run_layer(layer, x, q_pos, attend)
     return drafter.norm(x, "norm").view(B, M, bs, -1)
