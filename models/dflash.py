@@ -262,10 +262,9 @@ class DFlashDrafter:
             ring.write(step, *self.context_kv(layer, ctx, step.positions))
 
     def run_layer(self, layer: int, x: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
-        """One drafter layer over block rows x (R, H) at `positions` (R,): the one body the engine's
-        draft (eager and graphed) and training's batched forward run. `attend(layer, q, k, v)` gives
-        the attention output (R, heads, D) of the rotated block queries, keys and values over what
-        the caller's rows see (a context ring, or the training sequences' context under a mask)."""
+        """One layer over block rows x (R, H) at `positions` (R,), for the engine's draft and training's
+        forward alike; `attend(layer, q, k, v)`: the attention output (R, heads, D) over what the
+        rows see (a context ring, or the training sequences' context under a mask)."""
         cfg, kern, p = self.cfg, self.kernels, f"layers.{layer}."
         inv_freq, scaling = self.rope.frequencies(cfg.rope)
         h = self.norm(x, p + "attn_norm")
@@ -282,8 +281,7 @@ class DFlashDrafter:
         """Hidden states (B, H) of the block at `positions` (B,), after the final norm. `step`: the
         block's step, eagerly (each ring read up to its highest row); None in a graph's body (each
         ring read whole, its empty slots masked: no host value read)."""
-        cfg, kern = self.cfg, self.kernels
-        x = block_embeddings.to(self.dtype)
+        cfg, kern, x = self.cfg, self.kernels, block_embeddings.to(self.dtype)
         # Inside a non-causal block every row sees every row: present the block keys as if all
         # queries sat at the block's last position.
         block_end = positions[-1:].expand_as(positions)
@@ -292,12 +290,10 @@ class DFlashDrafter:
             window, ring = cfg.windows[layer], rings[layer]
             block_q_positions = positions if cfg.causal or window is not None else block_end
             ring_block = ring.static_block(q) if step is None else next(iter(ring.blocks(q, step)))
-            return merge_partials([
-                kern.attention_partial(q, ring_block.k, ring_block.v, positions, ring_block.positions, self.scale,
-                                       window),
-                kern.attention_partial(q, k.transpose(0, 1), v.transpose(0, 1), block_q_positions, positions,
-                                       self.scale, window),
-            ])
+            return merge_partials([kern.attention_partial(q, ring_block.k, ring_block.v, positions,
+                                                          ring_block.positions, self.scale, window),
+                                   kern.attention_partial(q, k.transpose(0, 1), v.transpose(0, 1), block_q_positions,
+                                                          positions, self.scale, window)])
 
         for layer in range(len(rings)):
             x = self.run_layer(layer, x, positions, attend)
