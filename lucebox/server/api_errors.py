@@ -16,6 +16,7 @@ class APIError(Exception):
         self.kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                      404: "not_found_error", 408: "invalid_request_error", 413: "invalid_request_error",
                      415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+                     431: "invalid_request_error",
                      503: "service_unavailable"}.get(status, "server_error")
 
     def body(self) -> dict:

@@ -19,6 +19,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from lucebox.server.api_errors import APIError
 from lucebox.server.settings import ServerSettings
 
 KEEP_ALIVE_SECONDS = 5  # an idle connection between two requests (uvicorn's default)
@@ -80,8 +81,7 @@ class HeaderDeadlineProtocol(H11Protocol):
         if not self.conn.head_too_large:
             return super().send_400_response(msg)
         message = f"the request's line and headers are over {self.conn.limit} bytes, the most this server reads"
-        body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                     "code": "request_header_fields_too_large"}}).encode()
+        body = json.dumps(APIError(431, message, code="request_header_fields_too_large").body()).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                    (b"connection", b"close")]
         for event in (h11.Response(status_code=431, headers=headers, reason=b"Request Header Fields Too Large"),
