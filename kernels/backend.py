@@ -17,8 +17,8 @@ from functools import cache
 
 import torch
 
-from lucebox.engine.config import BACKENDS
 from lucebox.errors import BackendError, InvalidArgumentError
+from lucebox.limits import BACKENDS
 
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 

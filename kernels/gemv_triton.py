@@ -16,10 +16,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from lucebox.kernels.step_rows import DECODE_STEP_ROWS
+
+from lucebox.limits import DECODE_ROWS
 
 # The most rows a step may have to take the GEMV; wider steps take tl.dot tiles.
-GEMV_ROWS = DECODE_STEP_ROWS
+GEMV_ROWS = DECODE_ROWS
 
 
 @triton.jit

@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from lucebox.kernels.casts import as_dtype
 from lucebox.kernels.quant import QuantizedTensor, Weight, kept_dense, linear
-from lucebox.kernels.step_rows import DECODE_STEP_ROWS
 
 from lucebox.config import MoESpec
+from lucebox.limits import DECODE_ROWS
 
 # Steps of at most this many rows (a decode or verify step) route without reading the device: see
 # `_routed_experts`. The engine's widest step (`DECODE_ROWS`) fits under it, which a test checks.
-SMALL_STEP_ROWS = DECODE_STEP_ROWS
+SMALL_STEP_ROWS = DECODE_ROWS
 # On the CPU a step choosing at most this many (row, expert) pairs runs each pair through its
 # expert in place, as a one-row step does: below it the expert loop's sort and gathers cost more
 # than what rows sharing an expert save (the built-in model's layer, float32, 1 thread: 2 rows

@@ -28,10 +28,11 @@ from lucebox.kernels.gemv_triton import (
     tile_shape,
     word_args,
 )
-from lucebox.kernels.step_rows import DECODE_STEP_ROWS
+
+from lucebox.limits import DECODE_ROWS
 
 # The most rows a step may have for this layout; wider steps take the sorted (prefill) layout.
-DEDUP_ROWS = DECODE_STEP_ROWS
+DEDUP_ROWS = DECODE_ROWS
 
 
 @triton.jit

@@ -16,13 +16,14 @@ from lucebox.arguments import callback, flag, integer, stops, token_biases, toke
 from lucebox.constrained import GrammarState, constraint_from
 from lucebox.constrained.spec import refuse_stops
 from lucebox.engine.build import Engine, build_engine
-from lucebox.engine.config import DRAFT_WIDTH, EngineConfig
+from lucebox.engine.config import EngineConfig
 from lucebox.engine.request import Request, run_request
 from lucebox.engine.session import Session
 from lucebox.engine.setup import EngineSetup, plan_engine
 from lucebox.errors import ContextLengthError, GrammarError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.kernels.quant import kept_dense_bytes
+from lucebox.limits import DRAFT_WIDTH
 from lucebox.logprobs import MAX_TOP_LOGPROBS
 from lucebox.sampling import SamplingParams
 from lucebox.speculative.proposer import tensor_bytes

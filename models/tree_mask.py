@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from lucebox.engine.config import DECODE_ROWS
+from lucebox.limits import DECODE_ROWS
 
 
 class TreeMask:

@@ -19,9 +19,9 @@ from tiny_models import VOCAB
 
 import lucebox
 from lucebox.caches import Step
-from lucebox.engine.config import DECODE_ROWS
 from lucebox.engine.runner import StepGraph, StepRunner
 from lucebox.errors import InvalidArgumentError
+from lucebox.limits import DECODE_ROWS
 
 PROMPT = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(4)).tolist()
 CUDA = torch.cuda.is_available()

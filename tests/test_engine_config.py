@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 
 import lucebox
+from lucebox import limits
 from lucebox.cli import build_parser, main
-from lucebox.cli.engine_flags import engine_config
 from lucebox.cli.help import help_text
-from lucebox.engine import config as engine
-from lucebox.engine.config import DECODE_ROWS, DRAFT_CTX, DRAFT_WIDTH, KV_RESELECT_EVERY, EngineConfig
+from lucebox.engine.config import EngineConfig
+from lucebox.engine_flags import engine_config
 from lucebox.errors import InvalidArgumentError, LuceboxWarning
+from lucebox.limits import DECODE_ROWS, DRAFT_CTX, DRAFT_WIDTH, KV_RESELECT_EVERY
 
 ROOT = Path(__file__).resolve().parents[1]
-# Settings whose defaults belong to `lucebox.engine.config`: a parameter or field of these names
+# Settings whose defaults belong to `lucebox.limits`: a parameter or field of these names
 # anywhere else may default to one of its constants (or None), never to a number of its own.
 ENGINE_SETTINGS = {"draft_ctx", "reselect_every", "kv_reselect_every", "max_width", "draft_k", "decode_rows",
                    "prefill_chunk", "kv_pool_tokens", "pool_tokens", "tail_tokens", "max_step", "max_context"}
@@ -118,4 +119,4 @@ def test_limits_are_what_the_engine_is_sized_by(reference_models):
     llm = lucebox.LLM(reference_models("llama")[0], device="cpu")
     assert llm.cache_settings.decode_rows == DECODE_ROWS and llm.engine_config == EngineConfig(
         reference_models("llama")[0], device="cpu")
-    assert engine.PREFILL_CHUNK["cpu"] == llm.prefill_chunk
+    assert limits.PREFILL_CHUNK["cpu"] == llm.prefill_chunk

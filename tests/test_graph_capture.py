@@ -4,8 +4,8 @@ output of an engine that captured nothing. On the CPU the graphed body runs eage
 a capture (`StepRunner(capture=False)`), which is what this checks."""
 
 import lucebox
-from lucebox.engine.config import DECODE_ROWS
 from lucebox.engine.runner import StepRunner
+from lucebox.limits import DECODE_ROWS
 
 PROMPT = [5, 9, 3, 17, 2, 11, 30, 8, 1, 4]
 

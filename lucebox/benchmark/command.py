@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from lucebox.cli.engine_flags import add_engine_flags, engine_config
+from lucebox.engine_flags import add_engine_flags, engine_config
 from lucebox.errors import InvalidArgumentError
 
 # 3k, not 4k: 4k + 64 generated tokens would run past the 4096 positions the built-in model was trained for

@@ -235,14 +235,13 @@ def _peak_bytes(device: torch.device) -> int:
 
 def _model_record(llm) -> dict:
     from lucebox.builtin import BUILTIN_MODEL, BUILTIN_NAME
-    from lucebox.cli.info import model_summary
+    from lucebox.models.layout import parameter_counts
 
     folder = llm.description.folder
     builtin = folder.resolve() == BUILTIN_MODEL.resolve()
-    summary = model_summary(llm.config)
+    total, active = parameter_counts(llm.config)
     return {"name": BUILTIN_NAME + " (built-in)" if builtin else folder.name, "path": str(folder),
-            "architecture": summary["architecture"], "parameters_total": summary["parameters_total"],
-            "parameters_active": summary["parameters_active"]}
+            "architecture": llm.config.architecture, "parameters_total": total, "parameters_active": active}
 
 
 def _drafter(plain, draft) -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lucebox.engine.config import (
+from lucebox.errors import InvalidArgumentError
+from lucebox.limits import (
     DECODE_ROWS,
     KV_CHUNK,
     KV_POLICIES,
@@ -18,7 +19,6 @@ from lucebox.engine.config import (
     KV_RESELECT_EVERY,
     SELECT_TAIL_TOKENS,
 )
-from lucebox.errors import InvalidArgumentError
 
 # `exact` streams host chunks to attention in runs of this many (a prefill's; a decode step takes
 # longer ones, `paged_blocks.DECODE_RUN_MULTIPLE`): a cache-internal trade between the number of

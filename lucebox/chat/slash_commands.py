@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lucebox.engine.config import DECODE_ROWS, DRAFT_WIDTH
 from lucebox.errors import LuceboxError
+from lucebox.limits import DECODE_ROWS, DRAFT_WIDTH
 
 HELP = [
     ("/help", "this list"),

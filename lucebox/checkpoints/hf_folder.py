@@ -18,7 +18,6 @@ from lucebox import bounded_json
 from lucebox.checkpoints.safetensors_file import SafetensorsFile, read_header
 from lucebox.checkpoints.source_check import describe_shape, resolve_sources
 from lucebox.errors import (
-    CheckpointError,
     ConfigError,
     JSONInputError,
     ModelNotFoundError,
@@ -26,6 +25,7 @@ from lucebox.errors import (
     TensorDtypeError,
     TensorShapeError,
 )
+from lucebox.model_files import MODEL_JSON_MAX_BYTES, inside_folder
 from lucebox.models.layout import stored_dtype
 from lucebox.models.sources import Cat, Source, Stack, Unloaded, leaf_names
 
@@ -49,9 +49,6 @@ def locate_config(path: str | Path) -> Path:
     return config
 
 
-# config.json, generation_config.json, a weight index: a few KiB to a few MiB (a big index lists
-# ~100k tensor names); anything past this is not one
-MODEL_JSON_MAX_BYTES = 64 * 2**20
 
 
 def read_json(path: Path, required: bool = True) -> dict | None:
@@ -68,29 +65,6 @@ def read_json(path: Path, required: bool = True) -> dict | None:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object")
     return data
-
-
-def inside_folder(folder: Path, name: str, named_by: Path | str) -> Path:
-    """`folder / name`, for a file name read from a config (`named_by`), once it is known to stay
-    inside the model folder: a relative name without `..`, and, following links, a file inside the
-    folder or, when the folder is a Hugging Face cache snapshot (`<repo>/snapshots/<revision>`), a
-    blob of that repository (`<repo>/blobs/`), where the cache's links point. The folder itself may
-    be a link. Anything else is refused: a model folder is untrusted input."""
-    if not isinstance(name, str) or not name:
-        raise CheckpointError(f"{named_by} names a file that is not a non-empty string; re-download the model")
-    parts = Path(name).parts
-    if Path(name).is_absolute() or "\\" in name or ".." in parts:
-        raise CheckpointError(f"{named_by} names {name[:200]!r}, which is outside the model folder {folder}; "
-                              "lucebox only reads files inside the folder")
-    real_folder = Path(folder).resolve()
-    target = (real_folder / name).resolve()
-    allowed = [real_folder]
-    if real_folder.parent.name == "snapshots":
-        allowed.append(real_folder.parent.parent / "blobs")
-    if not any(target.is_relative_to(root) for root in allowed):
-        raise CheckpointError(f"{folder / name} is a link to {target}, outside the model folder {folder}; "
-                              "lucebox only reads files inside the folder (or its Hugging Face cache's blobs/)")
-    return Path(folder) / name
 
 
 def weight_files(folder: Path) -> list[Path]:

@@ -13,10 +13,10 @@ from lucebox.checkpoints.gguf.model import GGUFModel, describe_gguf, gguf_tokeni
 from lucebox.checkpoints.hf_folder import CheckpointIndex, load_weights, locate_config, read_json, weight_files
 from lucebox.checkpoints.quantized import load_quantized, saved_scheme
 from lucebox.config import ModelConfig
-from lucebox.engine.config import LOAD_FORMATS
 from lucebox.errors import InvalidArgumentError
 from lucebox.kernels.backend import Kernels
 from lucebox.kernels.quant import SCHEMES, quantize
+from lucebox.limits import LOAD_FORMATS
 from lucebox.memory.expert_cache import ExpertTraffic, PinnedArena, cache_experts, is_routed_expert, moved
 from lucebox.models import adapter_for, build_model_config
 from lucebox.models.decoder import Decoder

@@ -10,16 +10,15 @@ import sys
 import warnings
 
 from lucebox import __version__
-from lucebox.cli.engine_flags import in_flag_terms
 from lucebox.cli.help import show_defaults
+from lucebox.engine_flags import in_flag_terms
 from lucebox.errors import LuceboxError, LuceboxWarning
 
 
 def _commands() -> dict:
     """Subcommand name -> its module, in the order `--help` lists them (imported on first use)."""
     from lucebox.benchmark import command as bench
-    from lucebox.chat import command as chat
-    from lucebox.cli import generate, info, quantize
+    from lucebox.cli import chat, generate, info, quantize
     from lucebox.server import command as serve
     from lucebox.training import distill_command, train_command
 

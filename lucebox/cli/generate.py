@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from lucebox.cli.engine_flags import add_engine_flags, open_engine
 from lucebox.cli.stats_line import stats_line
+from lucebox.engine_flags import add_engine_flags, open_engine
 
 
 def add_parser(sub) -> None:

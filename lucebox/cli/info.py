@@ -7,7 +7,7 @@ import json
 from collections import Counter
 
 from lucebox.config import RECURRENT_KINDS, ModelConfig
-from lucebox.engine.config import KV_POLICIES
+from lucebox.limits import KV_POLICIES
 from lucebox.models.layout import parameter_counts
 
 _PATTERN = {"full": "F", "sliding": "S", "gdn": "R", "kda": "R"}
@@ -136,8 +136,8 @@ def vram_plan(args, desc):
     from lucebox.checkpoints.loading import resolve_quantization
     from lucebox.device import resolve_dtype
     from lucebox.engine.config import EngineConfig
+    from lucebox.engine.setup import plan_for_config
     from lucebox.memory.plan import DrafterCost
-    from lucebox.memory.vram import plan_for_config
 
     config = EngineConfig(args.model, dtype=args.dtype, max_context=args.ctx, kv_policy=args.kv_policy,
                           quantization=args.quantization, vram_budget=args.vram,

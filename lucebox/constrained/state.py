@@ -26,8 +26,8 @@ from lucebox.constrained.bounds import one_line
 from lucebox.constrained.native import on_compile_stack
 from lucebox.constrained.spec import Constraint, llguidance
 from lucebox.constrained.vocabulary import grammar_tokenizer
+from lucebox.draft import Draft
 from lucebox.errors import GrammarError, LuceboxError
-from lucebox.speculative.proposer import Draft
 
 MASKED = -1e30
 BITS = 32  # llguidance's masks: token t is bit t % 32 of int32 word t // 32

@@ -15,10 +15,10 @@ import torch
 from lucebox.caches import SequenceCache, Step
 from lucebox.checkpoints.loading import load_model
 from lucebox.device import DeviceClock
-from lucebox.engine.config import DRAFT_WIDTH
 from lucebox.engine.runner import StepRunner
 from lucebox.engine.setup import EngineSetup
 from lucebox.kernels.backend import kernels_for
+from lucebox.limits import DRAFT_WIDTH
 from lucebox.memory.expert_cache import ExpertTraffic
 from lucebox.models.decoder import Decoder
 from lucebox.models.hf_config import token_ids

@@ -1,10 +1,10 @@
-"""The engine's one configuration, and its limits and defaults, each defined once.
+"""The engine's one configuration: every argument checked, every default defined once.
 
 `EngineConfig` is what the caller asked for: `LLM(...)`'s keyword arguments, the CLI's engine flags
-(`cli.engine_flags.engine_config`), the server's and `bench`'s, all checked here for type and
+(`engine_flags.engine_config`), the server's and `bench`'s, all checked here for type and
 range. What depends on the machine or the model (the device, the prefill chunk, whether CUDA
-graphs run, the memory plan) is settled from it by `engine.setup`. Limits are sizes the engine is
-built around. This module imports nothing heavy: the caches read its limits.
+graphs run, the memory plan) is settled from it by `engine.setup`. The limits and defaults it
+checks against are in `lucebox.limits`, where the layers below the engine read them too.
 """
 
 from __future__ import annotations
@@ -15,39 +15,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from lucebox.arguments import choice, flag, integer, path, size
-from lucebox.kernels.step_rows import DECODE_STEP_ROWS
-
-# The most rows one decode or verify step forwards: the last token plus up to DRAFT_WIDTH drafts.
-# Rings, the paged pool, CUDA graphs (one per width) and the speculation stage's statistics are
-# sized by it. Kernels choose their own tile sizes (`kernels.moe.SMALL_STEP_ROWS`,
-# `kernels.moe_triton.DEDUP_ROWS`), which a test holds at or above it.
-DECODE_ROWS = DECODE_STEP_ROWS
-# Drafters are built for the widest round a verify step holds; `draft_k` caps each round, and can
-# change between requests.
-DRAFT_WIDTH = DECODE_ROWS - 1
-# Full-attention K/V moves in chunks of this many positions: the paged pool's page, the unit KVFlash
-# offloads, streams and selects, and the granularity of context sizes.
-KV_CHUNK = 64
-
-# Defaults of settings whose default depends on nothing else.
-PREFILL_CHUNK = {"cuda": 2048, "cpu": 512}  # rows per prefill forward, by device type
-KV_POOL_TOKENS = 8192  # the device KV pool of each full-attention layer, at most (less for a short context)
-KV_RESELECT_EVERY = 64  # committed tokens between KVFlash `select` re-selections
-SELECT_TAIL_TOKENS = 256  # `select` always attends to at least this many recent positions
-DRAFT_CTX = 4096  # tokens of context a drafter keeps (its ring)
-
-# The words some settings take.
-KV_POLICIES = ("exact", "select")
-VERIFY_RULES = ("coupled", "tokenwise", "block")
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
-BACKENDS = ("auto", "torch", "triton")
-KV_DTYPES = ("auto", "int8")
+from lucebox.limits import (
+    BACKENDS,
+    DRAFT_CTX,
+    DRAFT_WIDTH,
+    KV_DTYPES,
+    KV_POLICIES,
+    KV_RESELECT_EVERY,
+    LOAD_FORMATS,
+    VERIFY_RULES,
+)
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     """How to open and run a model. None means "decided from the device and the model" where a
-    field says so; every other default is the constant above.
+    field says so; every other default is a constant of `lucebox.limits`.
 
     model: a Hugging Face folder, a config.json, a .gguf file, the built-in model's name
         (`laguna-code-6m`) or None (the built-in model).

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from lucebox.caches import SequenceCache, Step
-from lucebox.engine.config import DECODE_ROWS
-from lucebox.engine.graph_capture import Graphed
+from lucebox.graph_capture import Graphed
+from lucebox.limits import DECODE_ROWS
 from lucebox.models.cache_contexts import CacheContext, StaticCacheContext
 from lucebox.models.tree_mask import TreeMask
 

@@ -17,7 +17,7 @@ import torch
 
 from lucebox.caches import SequenceCache, Step
 from lucebox.engine.build import Engine
-from lucebox.engine.config import DECODE_ROWS
+from lucebox.limits import DECODE_ROWS
 from lucebox.speculative.proposer import Proposer
 from lucebox.speculative.tree import chain
 

@@ -19,7 +19,7 @@ from lucebox.checkpoints.hf_folder import weight_files
 from lucebox.checkpoints.loading import ModelDescription, describe_model, resolve_quantization
 from lucebox.config import ModelConfig
 from lucebox.device import memory_outside_allocator, resolve_device, resolve_dtype
-from lucebox.engine.config import DRAFT_WIDTH, PREFILL_CHUNK, EngineConfig
+from lucebox.engine.config import EngineConfig
 from lucebox.errors import (
     InsufficientMemoryError,
     InvalidArgumentError,
@@ -27,8 +27,9 @@ from lucebox.errors import (
     SpeculationUnsupportedError,
 )
 from lucebox.kernels.backend import resolve_backend
-from lucebox.memory.plan import StoredWeights, check_fits
-from lucebox.memory.vram import VramPlan, plan_for_config
+from lucebox.limits import DRAFT_WIDTH, PREFILL_CHUNK
+from lucebox.memory.plan import DrafterCost, StoredWeights, check_fits
+from lucebox.memory.vram import VramPlan, plan_for_budget
 from lucebox.speculative.drafters import DrafterSpec, drafter_cost, resolve_drafter
 
 
@@ -216,3 +217,15 @@ def expert_slots_for(cfg: ModelConfig, on_host: bool | None, slots: int | None) 
         raise InvalidArgumentError(f"expert_slots={slots} must be between top_k ({moe.top_k}) and the "
                                    f"{moe.num_experts} experts of a layer")
     return slots
+
+
+def plan_for_config(cfg: ModelConfig, config: EngineConfig, device_type: str, dtype: torch.dtype,
+                    quantization: str | None, drafter: DrafterCost, graphs: bool,
+                    stored_weights: StoredWeights | None = None) -> VramPlan:
+    """`plan_for_budget` for an engine configuration (its budget, context, policy, pool, prefill
+    chunk, expert placement and KV dtype), on a device of `device_type`, whose default prefill
+    chunk is the largest tried."""
+    return plan_for_budget(cfg, config.vram_budget, config.max_context or cfg.max_position_embeddings, dtype,
+                           quantization, drafter, config.kv_policy, config.kv_pool_tokens, config.prefill_chunk,
+                           graphs, PREFILL_CHUNK[device_type], config.experts_on_host, config.expert_slots,
+                           config.kv_int8, stored_weights, config.kv_reselect_every)

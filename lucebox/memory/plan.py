@@ -12,9 +12,9 @@ import torch
 from lucebox.caches import CacheSettings
 from lucebox.caches.recurrent import recurrent_slots
 from lucebox.config import ModelConfig
-from lucebox.engine.config import DECODE_ROWS, KV_CHUNK
 from lucebox.errors import ContextLengthError, InsufficientMemoryError
 from lucebox.kernels.quant import quantized_bytes
+from lucebox.limits import DECODE_ROWS, KV_CHUNK
 from lucebox.models.layout import quantizable, stored_dtype, weight_shapes
 
 HEADROOM = 0.9  # leave a tenth of what is free to the allocator, activations and everyone else

@@ -22,7 +22,7 @@ import torch
 
 from lucebox.caches import CacheSettings
 from lucebox.config import ModelConfig
-from lucebox.engine.config import DECODE_ROWS, KV_CHUNK, KV_RESELECT_EVERY, PREFILL_CHUNK, EngineConfig
+from lucebox.limits import DECODE_ROWS, KV_CHUNK, KV_RESELECT_EVERY, PREFILL_CHUNK
 from lucebox.memory.plan import DrafterCost, StoredWeights, plan, routed_expert_bytes
 
 PREFILL_CHUNKS = (2048, 1024, 512, 256)  # tried largest first, from the device's default (PREFILL_CHUNK)
@@ -188,18 +188,6 @@ def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torc
     if experts_on_host is None and cfg.moe is not None:  # the last resort; if it fails too, it says why
         return _with_experts_on_host(request, pairs, expert_slots, first)
     return request.why_not(best)
-
-
-def plan_for_config(cfg: ModelConfig, config: EngineConfig, device_type: str, dtype: torch.dtype,
-                    quantization: str | None, drafter: DrafterCost, graphs: bool,
-                    stored_weights: StoredWeights | None = None) -> VramPlan:
-    """`plan_for_budget` for an engine configuration (its budget, context, policy, pool, prefill
-    chunk, expert placement and KV dtype), on a device of `device_type`, whose default prefill
-    chunk is the largest tried."""
-    return plan_for_budget(cfg, config.vram_budget, config.max_context or cfg.max_position_embeddings, dtype,
-                           quantization, drafter, config.kv_policy, config.kv_pool_tokens, config.prefill_chunk,
-                           graphs, PREFILL_CHUNK[device_type], config.experts_on_host, config.expert_slots,
-                           config.kv_int8, stored_weights, config.kv_reselect_every)
 
 
 def _with_experts_on_host(request: _Request, pairs: list, slots: int | None, first: tuple[int, int]) -> VramPlan:

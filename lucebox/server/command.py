@@ -7,7 +7,7 @@ import signal
 import sys
 import warnings
 
-from lucebox.cli.engine_flags import add_engine_flags, open_engine
+from lucebox.engine_flags import add_engine_flags, open_engine
 from lucebox.errors import LuceboxWarning
 from lucebox.server.settings import ServerSettings
 from lucebox.text.tool_calls import FORMATS

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from lucebox.caches import SlidingRing, Step
-from lucebox.engine.config import DRAFT_CTX, DRAFT_WIDTH
+from lucebox.limits import DRAFT_CTX, DRAFT_WIDTH
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashConfig, DFlashDrafter
 from lucebox.sampling import RaceNoise, SamplingParams, add_bias, draw

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from lucebox.engine.graph_capture import Graphed
+from lucebox.graph_capture import Graphed
 
 
 class DraftGraph(Graphed[tuple[torch.Tensor, torch.Tensor]]):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from lucebox.caches import CacheSettings, SequenceCache, Step
-from lucebox.engine.config import DECODE_ROWS, DRAFT_CTX, DRAFT_WIDTH, KV_CHUNK
+from lucebox.limits import DECODE_ROWS, DRAFT_CTX, DRAFT_WIDTH, KV_CHUNK
 from lucebox.models.decoder import Decoder
 from lucebox.sampling import RaceNoise, SamplingParams, add_bias, distribution, draw
 from lucebox.speculative.proposer import Draft, Noise, Proposer, tensor_bytes, top_probabilities

@@ -14,8 +14,8 @@ from lucebox.checkpoints.hf_folder import CheckpointIndex, load_weights, locate_
 from lucebox.checkpoints.loading import ModelDescription, describe_model, load_model
 from lucebox.config import ModelConfig
 from lucebox.device import DeviceClock
-from lucebox.engine.config import DECODE_ROWS
 from lucebox.errors import DraftModelError
+from lucebox.limits import DECODE_ROWS
 from lucebox.memory.plan import DrafterCost, cache_ring_bytes, ring_bytes, weight_bytes
 from lucebox.models import dflash
 from lucebox.models.decoder import Decoder

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lucebox.engine.config import DRAFT_WIDTH
+from lucebox.limits import DRAFT_WIDTH
 
 STEP = 0.05  # weight of one judged draft in the running means once many were (about the last 20 count)
 PRIOR_COUNT = 4  # judged drafts the starting figures are worth: the first judgements move them fast

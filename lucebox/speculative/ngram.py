@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from lucebox.engine.config import DRAFT_WIDTH
+from lucebox.limits import DRAFT_WIDTH
 from lucebox.sampling import SamplingParams
 from lucebox.speculative.proposer import Draft, Noise, Proposer
 

@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
 
-from lucebox.engine.config import DRAFT_WIDTH
+from lucebox.draft import Draft
+from lucebox.limits import DRAFT_WIDTH
 from lucebox.sampling import RaceNoise, SamplingParams, distribution
-
-
-@dataclass
-class Draft:
-    tokens: list[int]
-    # (k, V) float64: what each draft was drawn from; None for deterministic drafts (one-hot).
-    q: torch.Tensor | None = None
-    # The drafter's own probability of each draft (top-1 mass); feeds the adaptive width. Empty
-    # when the drafter has no such notion (the engine then uses measured keep rates).
-    confidence: list[float] = field(default_factory=list)
-    # Copied from the context (prompt lookup): judged into keep rates of its own, which cut it, so the
-    # drafter's stay its own (a copy of repeating text is kept far more often than a drafted block).
-    copied: bool = False
-
 
 Noise = torch.Generator | RaceNoise | None  # what sampled drafts are drawn with (None: greedy)
 

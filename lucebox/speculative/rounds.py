@@ -28,8 +28,8 @@ import torch
 
 from lucebox.caches import SequenceCache, Step
 from lucebox.device import DeviceClock
-from lucebox.engine.config import DECODE_ROWS
 from lucebox.generation import Chunk
+from lucebox.limits import DECODE_ROWS
 from lucebox.logprobs import token_logprobs
 from lucebox.sampling import RaceNoise, SamplingParams
 from lucebox.speculative.decide import decide

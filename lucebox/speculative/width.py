@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lucebox.engine.config import DECODE_ROWS, DRAFT_WIDTH
+from lucebox.limits import DECODE_ROWS, DRAFT_WIDTH
 from lucebox.speculative.keep_model import KeepModel, expected_tokens
 
 PROBE_EVERY = 8  # plain rounds before a draft the policy did not expect to pay (doubling while none pays)

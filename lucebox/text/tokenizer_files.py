@@ -9,8 +9,8 @@ import sentencepiece
 import tokenizers
 
 from lucebox import bounded_json
-from lucebox.checkpoints.hf_folder import MODEL_JSON_MAX_BYTES, inside_folder
 from lucebox.errors import JSONInputError, ModelNotFoundError, TokenizerError
+from lucebox.model_files import MODEL_JSON_MAX_BYTES, inside_folder
 from lucebox.text.chat_template import folder_chat_templates
 from lucebox.text.tokenizer import Tokenizer
 

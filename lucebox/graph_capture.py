@@ -1,4 +1,4 @@
-"""Device work run as one CUDA graph: the target's decode/verify steps (`runner.StepGraph`) and the
+"""Device work run as one CUDA graph: the target's decode/verify steps (`engine.runner.StepGraph`) and the
 drafter's block pass (`speculative.draft_graph`). `Graphed.body` reads only static inputs and
 buffers with fixed addresses; `run` captures it on its first call (on CUDA) and replays it after,
 or runs it eagerly without CUDA (`capture=False`), which is how the CPU tests check the same body.

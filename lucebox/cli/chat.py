@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from lucebox.chat.slash_commands import ChatCommands
-from lucebox.cli.engine_flags import add_engine_flags, open_engine
 from lucebox.cli.stats_line import stats_line
+from lucebox.engine_flags import add_engine_flags, open_engine
 from lucebox.errors import LuceboxError
 
 HISTORY_FILE = Path.home() / ".local" / "state" / "lucebox" / "chat_history"

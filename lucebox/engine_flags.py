@@ -8,7 +8,7 @@ import argparse
 import re
 import sys
 
-from lucebox.engine import config as engine
+from lucebox import limits
 from lucebox.engine.config import EngineConfig
 
 # flag -> the EngineConfig field it sets (argparse's dest is the flag's name in snake case)
@@ -28,29 +28,29 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="a Hugging Face model folder (config.json + *.safetensors), a .gguf file, or laguna-code-6m "
                         "(default: the built-in model, laguna-code-6m)")
-    p.add_argument("--device", help=f"auto | cpu | cuda (default: {engine.EngineConfig.device}: CUDA when present)")
+    p.add_argument("--device", help=f"auto | cpu | cuda (default: {EngineConfig.device}: CUDA when present)")
     p.add_argument("--dtype", help="auto | bfloat16 | float16 | float32 | float64 (default: auto: bfloat16 on CUDA, "
                                    "float32 on CPU)")
     p.add_argument("--ctx", type=int, help="max context in tokens (default: the model's max_position_embeddings; "
                                            "more is allowed, with a warning)")
     p.add_argument("--kv-pool", type=int,
                    help="full-attention KV tokens kept on the device per layer; the rest lives in host memory "
-                        f"(default: the context, at most {engine.KV_POOL_TOKENS})")
-    p.add_argument("--kv-policy", choices=engine.KV_POLICIES,
+                        f"(default: the context, at most {limits.KV_POOL_TOKENS})")
+    p.add_argument("--kv-policy", choices=limits.KV_POLICIES,
                    help="exact: attend to every chunk; select: sink + recent + top-scoring chunks, bounded cost "
                         "(default: exact when the context fits the pool, else select)")
     p.add_argument("--kv-reselect-every", type=int, help="committed tokens between select's re-selections "
-                                                         f"(default: {engine.KV_RESELECT_EVERY})")
+                                                         f"(default: {limits.KV_RESELECT_EVERY})")
     p.add_argument("--draft",
                    help="speculative decoding: auto (the model's paired drafter, if it ships one; the built-in "
                         "model does) | ngram | none | a drafter folder (DFlash or a small model); the output is "
-                        f"the target's own either way (default: {engine.EngineConfig.draft})")
+                        f"the target's own either way (default: {EngineConfig.draft})")
     p.add_argument("--no-draft", dest="draft", action="store_const", const="none",
                    help="decode without a drafter (the same as --draft none)")
-    p.add_argument("--draft-k", type=int, help=f"most drafts per round, 1..{engine.DRAFT_WIDTH} (default: "
-                                               f"{engine.DRAFT_WIDTH}; with --adaptive the width adapts below it)")
-    p.add_argument("--draft-ctx", type=int, help=f"tokens of context a drafter keeps (default: {engine.DRAFT_CTX})")
-    p.add_argument("--verify", choices=engine.VERIFY_RULES,
+    p.add_argument("--draft-k", type=int, help=f"most drafts per round, 1..{limits.DRAFT_WIDTH} (default: "
+                                               f"{limits.DRAFT_WIDTH}; with --adaptive the width adapts below it)")
+    p.add_argument("--draft-ctx", type=int, help=f"tokens of context a drafter keeps (default: {limits.DRAFT_CTX})")
+    p.add_argument("--verify", choices=limits.VERIFY_RULES,
                    help="how sampled rounds are verified, each keeping the target's distribution: coupled (the target "
                         "and the drafter race against noise keyed by seed and position, so a seed gives the tokens "
                         "plain decoding gives), tokenwise or block (drawn outcomes) (default: coupled)")
@@ -58,10 +58,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="choose each round's width by measured cost, and stop drafting when it does not pay; "
                         "--no-adaptive always verifies --draft-k drafts (default: on)")
     p.add_argument("--tree-budget", type=int,
-                   help=f"draft rows of a draft tree verified per round, 0..{engine.DRAFT_WIDTH}, with a DFlash "
+                   help=f"draft rows of a draft tree verified per round, 0..{limits.DRAFT_WIDTH}, with a DFlash "
                         "drafter (other drafters draft chains); 0: chains "
-                        f"(default: {engine.DRAFT_WIDTH}, chains on models with recurrent layers)")
-    cpu, cuda = engine.PREFILL_CHUNK["cpu"], engine.PREFILL_CHUNK["cuda"]
+                        f"(default: {limits.DRAFT_WIDTH}, chains on models with recurrent layers)")
+    cpu, cuda = limits.PREFILL_CHUNK["cpu"], limits.PREFILL_CHUNK["cuda"]
     p.add_argument("--prefill-chunk", type=int,
                    help=f"rows per prefill forward (default: {cuda} on CUDA, {cpu} on CPU)")
     p.add_argument("--load-format", help="auto | safetensors | dummy (random weights at the real shapes) "
@@ -75,7 +75,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vram", help="device memory budget, e.g. 24GiB: the planner chooses pool size and prefill chunk "
                                   "to fit it (moving an MoE model's experts to host memory if nothing else fits), or "
                                   "refuses saying what does not fit (default: no budget)")
-    p.add_argument("--kv-dtype", choices=engine.KV_DTYPES,
+    p.add_argument("--kv-dtype", choices=limits.KV_DTYPES,
                    help="int8: the full-attention KV pool and its host copies as int8 rows with per-token scales "
                         "(half the host memory and PCIe traffic of bfloat16) (default: auto, the model dtype)")
     p.add_argument("--experts-on-host", action=argparse.BooleanOptionalAction,
