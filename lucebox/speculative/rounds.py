@@ -92,7 +92,7 @@ class Speculation:
         # unless the width is fixed: a tree keeps only exact matches of the target's sample, a chain
         # keeps min(1, p/q) of each draft, which under those rules keeps more. Coupled trees hold the
         # likeliest winners of the very race the target runs.
-        self.trees = (context.tree_budget > 0 and hasattr(proposer, "propose_tree") and grammar is None
+        self.trees = (context.tree_budget > 0 and proposer is not None and proposer.drafts_trees and grammar is None
                       and (params.greedy or context.verify_rule == "coupled" or not context.adaptive))
         # Adaptive timed rounds choose chain or tree by the rates each delivered; else always the tree.
         timed = self.width.adaptive and self.width.timed and context.learned is not None
