@@ -14,7 +14,9 @@ from lucebox.generation import Chunk
 
 @dataclass(frozen=True)
 class RoundResult:
-    chunk: Chunk  # the new tokens the text stage took (n + 1, or fewer at a stop): all are committed
+    # The new tokens the text stage took (n + 1, or fewer at a stop): all are committed, and they are
+    # what the judges learn from (each pending drafted block is judged against them).
+    chunk: Chunk
     rows: list[int]  # the ids of the rows kept, [last, d1, ...]: one per token of `chunk`
     written: int  # rows the step wrote: `last` and every draft row it verified
     # The kept rows below the root, in step order (a tree's accepted path), which the caches move to
