@@ -110,15 +110,21 @@ def patched(owner, name: str, make):
         setattr(owner, name, original)
 
 
-def loop_module():
-    """The module whose decode loop calls `decide` once per round (the speculation stage; before
-    it existed, `lucebox.llm`), so that rounds can be timed and counted on older commits too."""
+def loop_modules() -> list:
+    """The modules whose decode loop calls `decide` once per round (the speculation stage: its first
+    token, then, since a round returns its verdict, each chain round's in a module of its own;
+    before the stage existed, `lucebox.llm`), so that rounds can be timed and counted on older
+    commits too."""
     try:
         from lucebox.speculative import rounds
-        return rounds
     except ImportError:
         import lucebox.llm
-        return lucebox.llm
+        return [lucebox.llm]
+    try:
+        from lucebox.speculative import chain_round
+    except ImportError:
+        return [rounds]
+    return [rounds, chain_round]
 
 
 def graphed_path(llm):
@@ -182,9 +188,9 @@ def instruments(counters: Counters, llm, graph_class) -> ExitStack:
                 counters.round_ends.append((time.process_time(), counters.c["eager_kernels"]))
         return f
 
-    loop = loop_module()
-    stack.enter_context(patched(loop, "decide", each_round))
-    stack.enter_context(patched(loop, "decide", phase("decide")))
+    for loop in loop_modules():
+        stack.enter_context(patched(loop, "decide", each_round))
+        stack.enter_context(patched(loop, "decide", phase("decide")))
     stack.enter_context(patched(SequenceCache, "commit", phase("commit_and_reselect")))
     stack.enter_context(patched(SequenceCache, "rollback", phase("rollback")))
     runner = sys.modules.get("lucebox.engine.runner")

@@ -79,7 +79,7 @@ def _decode(engine: Engine, session: Session, request: Request, private: bool) -
             yield chunk
             chunk = rounds.round(text.remaining, text.feed)
     finally:
-        session.keep(cache, rounds.tokens)
+        session.keep(cache, rounds.state.tokens)
         if prefill_done is not None:  # also when the request is cut short (its reader stopped, Ctrl-C)
             timing = timing_stats(len(prompt_ids), reused, len(text.generated), start, prefill_done, engine.clock())
             experts = engine.expert_traffic.since(traffic) if setup.expert_slots is not None else {}

@@ -63,7 +63,7 @@ class Session:
         room = engine.setup.cache.max_context
         prefix = min(8, max(room - DECODE_ROWS, 1))  # a real prefix before each step, and room for the widest
         widest = min(DECODE_ROWS, room - prefix)  # a request never steps wider than its context
-        trees = engine.setup.tree_budget if hasattr(proposer, "propose_tree") else 0
+        trees = engine.setup.tree_budget if proposer is not None and proposer.drafts_trees else 0
         keys = ([(width, layers, False) for width in range(widest, 0, -1)]
                 + ([(1, (), False)] if layers and widest else [])
                 + [(width, layers, True) for width in range(min(trees + 1, widest), 1, -1)])
@@ -74,7 +74,7 @@ class Session:
         engine.decoder.forward(torch.tensor(rows[:prefix], device=device), Step.span(0, prefix, device, prefill=True),
                                cache)
         cache.commit(prefix)
-        draft_graph = getattr(proposer, "graph", None)
+        draft_graph = proposer.graph if proposer is not None else None
         total = len(keys) + (draft_graph is not None)
         for done, (width, captured, tree) in enumerate(keys, 1):
             engine.runner.step(rows[prefix : prefix + width], Step.span(prefix, width, device), cache, captured,

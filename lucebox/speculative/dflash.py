@@ -29,7 +29,7 @@ from lucebox.speculative.ngram import NgramProposer
 from lucebox.speculative.proposer import (
     Draft,
     Noise,
-    Proposer,
+    TreeProposer,
     confidence,
     draft_distribution,
     greedy_draft,
@@ -48,7 +48,7 @@ def ring_step(cfg: DFlashConfig, prefill_chunk: int) -> int:
     return max(prefill_chunk, cfg.block_size)
 
 
-class DFlashProposer(Proposer):
+class DFlashProposer(TreeProposer):
     def __init__(self, drafter: DFlashDrafter, target: Decoder, prefill_chunk: int, draft_ctx: int = DRAFT_CTX):
         self.drafter, self.target = drafter, target
         self.feature_layers = drafter.cfg.target_layer_ids
@@ -61,7 +61,6 @@ class DFlashProposer(Proposer):
         self.rings = [SlidingRing(draft_ctx, self.max_step, cfg.num_kv_heads, cfg.head_dim, drafter.dtype,
                                   drafter.device, reads_ahead=True) for _ in range(cfg.num_layers)]
         self.started = False
-        self.graph = None  # `draft_graph.DraftGraph` once `graph_with` is called
         self.length = 0  # committed tokens: their context rows are in the rings, or waiting
         self.waiting: list[torch.Tensor] = []  # features (T, n*H) of the last committed tokens, oldest first
         self.waiting_rows = 0

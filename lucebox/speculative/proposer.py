@@ -10,6 +10,7 @@ import torch
 from lucebox.draft import Draft
 from lucebox.limits import DRAFT_WIDTH
 from lucebox.sampling import RaceNoise, SamplingParams, distribution
+from lucebox.speculative.tree import DraftTree
 
 Noise = torch.Generator | RaceNoise | None  # what sampled drafts are drawn with (None: greedy)
 
@@ -20,10 +21,15 @@ class Proposer(ABC):
     The engine calls `start` with the prompt once its rows are in the target cache, then per round
     `propose` (committed tokens and the newest token `last`, which the target has not seen yet)
     and, after verification, `commit` with the tokens now committed and, if `feature_layers` is
-    set, the target's outputs of those layers for them (from the verifying forward itself)."""
+    set, the target's outputs of those layers for them (from the verifying forward itself).
+
+    Abilities are declared, never probed: `drafts_trees` (a `TreeProposer`), and `graph`, the
+    drafter's pass as one CUDA graph (`draft_graph.DraftGraph`) once `graph_with` made it."""
 
     feature_layers: tuple[int, ...] = ()
     max_width: int = DRAFT_WIDTH
+    drafts_trees: bool = False
+    graph = None  # None: the drafter's passes run eagerly (or it has none of fixed shape to graph)
 
     def start(self, prompt: list[int], features: torch.Tensor | None) -> None:  # noqa: B027 - optional
         """A new request begins with `prompt` committed."""
@@ -57,6 +63,29 @@ class Proposer(ABC):
     def device_bytes(self) -> int:
         """Weights and caches the drafter holds (0 for weightless drafters)."""
         return 0
+
+    def graph_with(self, capture: bool, pool=None) -> None:  # noqa: B027 - optional
+        """Run the drafter's passes as one graph from now on (captured on the first when `capture`),
+        in the target steps' memory `pool`; a drafter with no pass of fixed shape keeps running eagerly."""
+
+
+class TreeProposer(Proposer):
+    """A drafter that also drafts trees (`speculative.tree`): several continuations of `last`, which
+    one target step verifies at once (`tree_round.TreeRound`)."""
+
+    drafts_trees = True
+
+    @abstractmethod
+    def propose_tree(self, context: list[int], budget: int, params: SamplingParams | None = None,
+                     noise: RaceNoise | None = None) -> DraftTree:
+        """A tree of up to `budget` draft rows after `last` (context[-1]), or a copy of earlier text
+        as a chain (`DraftTree.copied`). Sampled coupled trees (`noise` given) rank each position's
+        tokens by their race against it."""
+
+    @abstractmethod
+    def own_tree(self, context: list[int], budget: int, params: SamplingParams | None = None,
+                 noise: RaceNoise | None = None) -> DraftTree:
+        """`propose_tree` never copying (as `own_draft` is `propose`)."""
 
 
 def tensor_bytes(tensors) -> int:

@@ -1,21 +1,21 @@
 """The speculation stage of a request: rounds of draft, verify, commit.
 
 Contract: the stage works only with what its `DecodeContext` hands it (runner, cache, clock,
-verify-cost table, limits, rules) and owns `tokens`, the ids whose rows the cache holds (the
-prompt, then every committed token). `first(logits)` chooses the token after the prompt (from
-the prefill's last row). Each `round(remaining, take)` drafts d1..dk after the newest token (k = 0
-without a drafter, or when the width policy says drafting does not pay), runs one target step
-over [last, d1..dk] through the runner, decides, and offers the new tokens to `take` (the text
-stage), which returns the chunk of those it accepts: all of them, or the ones up to a stop. Only
-the accepted tokens are committed, to the cache and the drafter; every other row is rolled back.
-So nothing past a stop is ever committed. Host reads of device values per round: the verdict
-(one list), plus the drafts when the drafter makes them on the device (DFlash, a draft model).
+verify-cost table, limits, rules) and owns its `RoundState`: `tokens`, the ids whose rows the
+cache holds (the prompt, then every committed token), the newest token and the penalties'
+history. `first(logits)` chooses the token after the prompt (from the prefill's last row). Each
+`round(remaining, take)` runs a chain round (`chain_round.ChainRound`) or, for drafters that make
+trees, a tree round (`tree_round.TreeRound`): it drafts after the newest token, runs one target
+step through the runner, decides, and offers the new tokens to `take` (the text stage), which
+returns the chunk of those it accepts: all of them, or the ones up to a stop. The round returns
+its verdict (`round_result.RoundResult`) and `apply`, the one ending of every round, commits it:
+only the accepted tokens' rows, to the cache and the drafter; every other row is rolled back. So
+nothing past a stop is ever committed. Host reads of device values per round: the verdict (one
+list), plus the drafts when the drafter makes them on the device (DFlash, a draft model).
 `stats()` sums the rounds for `Generation.stats`.
 
-Under a grammar (`constrained.GrammarState`) a round verifies only the drafts up to the first one
-the grammar forbids, decides on the logits masked row by row, and the grammar commits with the
-cache; rounds are chains (a tree's rows would each need their own mask). A speculating round
-whose next bytes the grammar forces drafts the tokens that write them (`GrammarState.forced`).
+Under a grammar (`constrained.GrammarState`) rounds are chains (a tree's rows would each need their
+own mask) and the grammar commits with the cache.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -32,19 +33,39 @@ from lucebox.generation import Chunk
 from lucebox.limits import DECODE_ROWS
 from lucebox.logprobs import token_logprobs
 from lucebox.sampling import RaceNoise, SamplingParams
+from lucebox.speculative.chain_round import ChainRound
 from lucebox.speculative.decide import decide
 from lucebox.speculative.keep_model import DraftJudge, KeepModel
 from lucebox.speculative.learned import Learned
 from lucebox.speculative.proposer import Draft, Proposer
-from lucebox.speculative.tree_round import tree_round
+from lucebox.speculative.round_result import RoundResult
+from lucebox.speculative.round_state import RoundState
+from lucebox.speculative.tree import DraftTree
+from lucebox.speculative.tree_round import TreeRound
 from lucebox.speculative.width import ProbeSchedule, WidthPolicy, fixed_costs
+
+
+class TargetOutput(Protocol):
+    """What one target step returns (`engine.runner.StepOutput`)."""
+
+    logits: torch.Tensor  # (T, V)
+    choices: torch.Tensor  # (T,) each row's argmax, or -1 everywhere if a logit is not finite
+    features: torch.Tensor | None  # (T, len(layers) * H): the outputs of the decoder layers asked for
+
+
+class TargetRunner(Protocol):
+    """One target step of any width over `rows` at the positions of `step`, writing their K/V into
+    `cache` (`engine.runner.StepRunner`); `tree`: the rows are a draft tree."""
+
+    def step(self, rows: list[int], step: Step, cache: SequenceCache, layers: tuple[int, ...] = (),
+             tree: DraftTree | None = None) -> TargetOutput: ...
 
 
 @dataclass(frozen=True)
 class DecodeContext:
     """What one request's speculation stage works with, handed to it by the engine."""
 
-    runner: object  # `engine.runner.StepRunner`: one target step of any width
+    runner: TargetRunner
     cache: SequenceCache
     clock: DeviceClock
     learned: Learned | None  # costs and keep rates the engine's requests share; None: fixed width
@@ -62,7 +83,7 @@ class Speculation:
         self.context, self.params, self.proposer = context, params, proposer
         self.grammar = grammar  # a `constrained.GrammarState`, or None
         self.top_logprobs = logprobs  # None: no logprobs; k: each token's and the k likeliest
-        self.tokens = list(prompt_ids)  # the ids whose rows the cache holds, in order
+        self.state = RoundState(prompt_ids, params, context.vocab_size, context.device)
         device = context.device
         self.verify_gen = self.draft_gen = None
         if not params.greedy:
@@ -73,91 +94,73 @@ class Speculation:
             else:
                 self.verify_gen = torch.Generator(device=device).manual_seed(seed)
                 self.draft_gen = torch.Generator(device=device).manual_seed(seed ^ 0x5DEECE66D)  # its own stream
-        # Tokens so far, for the repetition penalty, and how often each was generated, for the presence
-        # and frequency penalties (each kept up to date only when its penalty is on).
-        self.seen = torch.zeros(context.vocab_size, dtype=torch.bool, device=device)
-        self.counts = (torch.zeros(context.vocab_size, dtype=torch.float32, device=device)
-                       if params.counts_generated else None)
         self.penalized = params.penalized
-        self._mark_seen(prompt_ids, generated=False)
         self.width = _policy(context, params, proposer is not None)
         self.judge = DraftJudge(self.width.keep)
         # Prompt-lookup copies have keep rates of their own (repeating text is kept far more often than a
         # drafted block, and under sampling far less than when greedy), learned by their own judge.
         self.copy_width = _policy(context, params, proposer is not None, copies=True)
         self.copy_judge = DraftJudge(self.copy_width.keep)
-        self.last: int | None = None  # the newest token: chosen, not yet forwarded
+        # Rounds are timed (a synchronized clock) only where the policy learns from the times; the
+        # wait is short, since every round reads its verdict (and its drafts) on the host anyway.
+        self.timed = self.width.has_drafter and self.width.timed and self.width.adaptive
         self.totals = RoundTotals()
+        self.chain = ChainRound(self)
         # Trees from drafters that make them (DFlash). Sampled rounds of the other rules keep chains
         # unless the width is fixed: a tree keeps only exact matches of the target's sample, a chain
         # keeps min(1, p/q) of each draft, which under those rules keeps more. Coupled trees hold the
         # likeliest winners of the very race the target runs.
-        self.trees = (context.tree_budget > 0 and hasattr(proposer, "propose_tree") and grammar is None
-                      and (params.greedy or context.verify_rule == "coupled" or not context.adaptive))
+        trees = (context.tree_budget > 0 and proposer is not None and proposer.drafts_trees and grammar is None
+                 and (params.greedy or context.verify_rule == "coupled" or not context.adaptive))
+        self.tree = TreeRound(self) if trees else None
         # Adaptive timed rounds choose chain or tree by the rates each delivered; else always the tree.
-        timed = self.width.adaptive and self.width.timed and context.learned is not None
         mode = "greedy" if params.greedy else "sampled"
-        self.shapes = context.learned.shapes[mode] if self.trees and timed else None
+        self.shapes = context.learned.shapes[mode] if trees and self.timed and context.learned is not None else None
 
     def first(self, logits: torch.Tensor) -> int:
         if self.grammar is not None:
             logits, _ = self.grammar.constrain(logits, Draft([]))
-        verdict = decide(logits, Draft([]), self.params, self.seen, self.context.verify_rule, self.verify_gen,
-                         position=len(self.tokens), counts=self.counts)
-        self.last = verdict.next_token
+        verdict = decide(logits, Draft([]), self.params, self.state.seen, self.context.verify_rule, self.verify_gen,
+                         position=len(self.state.tokens), counts=self.state.counts)
         if self.grammar is not None:
-            self.grammar.commit([self.last])
-        self._mark_seen([self.last])
-        return self.last
+            self.grammar.commit([verdict.next_token])
+        self.state.advance([verdict.next_token])
+        return verdict.next_token
 
     def round(self, remaining: int, take: Callable[[list[int]], Chunk]) -> Chunk:
         """One round; `remaining`: tokens the request may still produce."""
-        if self.trees and (self.shapes is None or self.shapes.choose() == "tree"):
-            return tree_round(self, remaining, take)
-        ctx, cache, width = self.context, self.context.cache, self.width
-        c = cache.length
-        limit = self.draft_limit(remaining)
-        # Rounds are timed (a synchronized clock) only where the policy learns from the times; the
-        # wait is short, since every round reads its verdict (and its drafts) on the host anyway.
-        timed = width.has_drafter and width.timed and width.adaptive
-        t0 = ctx.clock(timed)
-        context = self.tokens + [self.last] if self.proposer is not None else []  # once a round: it is long
-        forced = self.grammar.forced(limit) if self.grammar is not None and self.proposer is not None else []
-        if forced:  # what the grammar forces (a JSON key, punctuation) is drafted instead of the drafter's guess
-            self.to_judge([], [], [])
-            draft = Draft(forced, copied=True)
-        else:
-            draft = self._draft(limit, context) if self._drafting(limit, context) else None
-        t1 = ctx.clock(timed)
-        verified = Draft([]) if draft is None else draft
+        tree = self.tree is not None and (self.shapes is None or self.shapes.choose() == "tree")
+        result = (self.tree if tree else self.chain).run(remaining, take)
+        self.apply(result)
+        return result.chunk
+
+    def apply(self, result: RoundResult) -> None:
+        """Carry out a round's verdict, the one ending of every round: the kept rows stay (a tree's
+        path moved into place first) and the rest of the step's rows are rolled back, in every cache;
+        the grammar and the drafter commit the same tokens; then the judges learn from them, and the
+        totals, the width policy and the shape rates take the round's times (its step's measured
+        through the commit)."""
+        cache, state, new = self.context.cache, self.state, result.chunk.token_ids
+        if result.path is not None:
+            cache.accept_path(cache.length, result.path)
         if self.grammar is not None:
-            verified = self.grammar.cut(verified)
-        rows = [self.last, *verified.tokens]
-        layers = self.proposer.feature_layers if self.proposer is not None else ()
-        out = ctx.runner.step(rows, Step.span(c, len(rows), ctx.device), cache, layers)
-        # The step's own argmax (computed with it, in its graph) serves greedy decoding unless a
-        # penalty or the logit bias changes the logits first.
-        choices, logits = None if self.penalized else out.choices, out.logits
-        if self.grammar is not None:  # the step's own argmax is the unmasked one
-            (logits, verified), choices = self.grammar.constrain(logits, verified), None
-        verdict = decide(logits, verified, self.params, self.seen, ctx.verify_rule, self.verify_gen, choices,
-                         position=c + 1, counts=self.counts)
-        n = verdict.accepted
-        chunk = self.attach_logprobs(take([*verified.tokens[:n], verdict.next_token]), out.logits)
-        kept = len(chunk.token_ids)  # n + 1, or fewer when a stop ends the request inside the round
-        if self.grammar is not None:
-            self.grammar.commit(chunk.token_ids)
-        self._commit(rows[:kept], len(rows), None if out.features is None else out.features[:kept])
-        t2 = ctx.clock(timed)
-        self.judged(chunk.token_ids)
-        self.totals.add(verified, n, t1 - t0 if draft is not None else 0.0, t2 - t1)
+            self.grammar.commit(new)
+        end = cache.length + len(result.rows)
+        cache.commit(end)
+        if len(result.rows) < result.written:
+            cache.rollback(end)  # rejected drafts' rows (and any past a stop) leave every cache
+        state.commit(result.rows)
+        if self.proposer is not None:
+            self.proposer.commit(state.tokens, len(result.rows), result.features)
+        done = self.context.clock(self.timed)
+        self.judged(new)
+        drafting, step = result.stepped - result.began, done - result.stepped
+        self.totals.add(result, drafting if result.drafted else 0.0, step)
         # A copy's lookup is not the drafter's pass: its time would price the drafter at next to nothing.
-        width.record(len(rows), t2 - t1, None if draft is None or draft.copied else t1 - t0)
-        if self.shapes is not None and draft is not None and not draft.copied:  # copies: the same either shape
-            self.shapes.record("chain", len(chunk.token_ids), t2 - t0)
-        self.last = chunk.token_ids[-1]
-        self._mark_seen(chunk.token_ids)
-        return chunk
+        self.width.record(result.written, step, drafting if result.own_drafts else None)
+        if self.shapes is not None and result.own_drafts:  # a copy is a chain, whatever the shape
+            self.shapes.record(result.shape, len(new), done - result.began)
+        state.advance(new)
 
     def draft_limit(self, remaining: int) -> int:
         """The most drafts (or draft rows of a tree) this round may verify."""
@@ -165,30 +168,13 @@ class Speculation:
         return min(remaining - 1, cache.rows_before_reselect(cache.length) - 1, cache.settings.max_step - 1,
                    cache.settings.decode_rows - 1, self.context.draft_k)
 
-    def _drafting(self, limit: int, context: list[int]) -> bool:
+    def drafting(self, limit: int, context: list[int]) -> bool:
         """Whether this round drafts: always when the proposer has a copy of earlier text to offer
         (it costs next to nothing; the copies' keep rates cut it), else as the width policy expects
         the drafter to pay."""
         if limit > 0 and self.proposer is not None and self.proposer.copies(context):
             return True
         return self.width.should_draft(limit)
-
-    def _draft(self, limit: int, context: list[int]) -> Draft:
-        """Up to `limit` drafts after `last`, cut to the width the policy chooses; the whole block
-        goes to the judge, which learns from every draft whether verified or not."""
-        proposer, most = self.proposer, min(limit, self.proposer.max_width)
-        draft = proposer.propose(context, most, self.params, self.draft_gen)
-        copy: list[int] = []
-        if draft.copied:
-            kept = self.cut_copy(draft.tokens, limit)
-            if kept or not self.width.should_draft(limit):
-                return Draft(kept, copied=True)
-            # No copied token pays, the drafter's drafts may (or their probe is due): they are drafted
-            # instead, so text that offers copies at every round still drafts, measures and probes.
-            copy, draft = draft.tokens, proposer.own_draft(context, most, self.params, self.draft_gen)
-        self.to_judge(draft.tokens, draft.confidence, copy)
-        k = self.width.choose(draft.confidence, len(draft.tokens), limit)
-        return Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k])
 
     def cut_copy(self, copied: list[int], limit: int) -> list[int]:
         """A copy's first tokens, as many as the copies' keep rates pay to verify (none: a plain round);
@@ -206,17 +192,6 @@ class Speculation:
         self.judge.committed(committed)
         self.copy_judge.committed(committed)
 
-    def _commit(self, kept_rows: list[int], written: int, features: torch.Tensor | None) -> None:
-        """The kept rows ([last, d1..]) into the cache and the drafter; the rest of the `written` rolled back."""
-        cache = self.context.cache
-        end = cache.length + len(kept_rows)
-        cache.commit(end)
-        if len(kept_rows) < written:
-            cache.rollback(end)  # rejected drafts' rows (and any past a stop) leave every cache
-        self.tokens.extend(kept_rows)
-        if self.proposer is not None:
-            self.proposer.commit(self.tokens, len(kept_rows), features)
-
     def attach_logprobs(self, chunk: Chunk, logits: torch.Tensor, rows: list[int] | None = None) -> Chunk:
         """`chunk` with its tokens' logprobs when the request asked for them: token i was chosen by
         row i of `logits` (T, V) (or by row rows[i]), the target's raw logits (`lucebox.logprobs`)."""
@@ -224,14 +199,6 @@ class Speculation:
             chunk.logprobs = token_logprobs(logits if rows is None else logits[rows], chunk.token_ids,
                                             self.top_logprobs)
         return chunk
-
-    def _mark_seen(self, ids: list[int], generated: bool = True) -> None:
-        if not self.params.reads_history:  # without a penalty that reads them, nothing does
-            return
-        index = torch.tensor(ids, dtype=torch.long, device=self.seen.device)
-        self.seen[index] = True
-        if generated and self.counts is not None:
-            self.counts.index_put_((index,), torch.ones(len(ids), device=self.counts.device), accumulate=True)
 
     def stats(self) -> dict:
         return {**self.totals.as_stats(), **({} if self.grammar is None else self.grammar.stats())}
@@ -264,20 +231,20 @@ class RoundTotals:
         self.drafted, self.accepted, self.widths, self.kept, self.confident = ([0] * DECODE_ROWS for _ in range(5))
         self.confidence = [0.0] * DECODE_ROWS
 
-    def add(self, draft: Draft, n: int, draft_s: float, verify_s: float, width: int | None = None) -> None:
-        """A round that verified `draft` and accepted its first `n` drafts (`width`: the draft rows
-        verified, when a tree's are more than its deepest path)."""
-        k = len(draft.tokens)
-        for i, c in enumerate(draft.confidence):
+    def add(self, result: RoundResult, draft_s: float, verify_s: float) -> None:
+        """A round that verified `result.depth` drafts deep (`written` - 1 draft rows: more than its
+        deepest path when a tree) and accepted the first `accepted`."""
+        n = result.accepted
+        for i, c in enumerate(result.confidence):
             self.confidence[i] += c
             self.confident[i] += 1
         self.rounds += 1
         self.committed += n + 1
         self.draft_time_s += draft_s
         self.verify_time_s += verify_s
-        self.widths[k if width is None else width] += 1
+        self.widths[result.written - 1] += 1
         self.kept[n] += 1
-        for i in range(k):
+        for i in range(result.depth):
             self.drafted[i] += 1
             self.accepted[i] += int(i < n)
 

@@ -1,0 +1,85 @@
+"""One speculation round over a chain of drafts: d1..dk after `last` (k = 0 without a drafter, or
+when the width policy says drafting does not pay), one target step over [last, d1..dk], the
+decision (`decide`), and the new tokens offered to the text stage. It returns its verdict
+(`round_result.RoundResult`); `rounds.Speculation.apply` commits it.
+
+Under a grammar the round verifies only the drafts up to the first one the grammar forbids and
+decides on the logits masked row by row; where the grammar forces the next bytes, the tokens that
+write them are the drafts (`GrammarState.forced`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from lucebox.caches import Step
+from lucebox.generation import Chunk
+from lucebox.speculative.decide import decide
+from lucebox.speculative.proposer import Draft
+from lucebox.speculative.round_result import RoundResult
+
+if TYPE_CHECKING:
+    from lucebox.speculative.rounds import Speculation
+
+
+class ChainRound:
+    def __init__(self, spec: Speculation):
+        self.spec = spec
+
+    def run(self, remaining: int, take: Callable[[list[int]], Chunk]) -> RoundResult:
+        """One round; `remaining`: tokens the request may still produce."""
+        spec = self.spec
+        ctx, state, grammar = spec.context, spec.state, spec.grammar
+        c = ctx.cache.length
+        limit = spec.draft_limit(remaining)
+        began = ctx.clock(spec.timed)
+        draft = self._drafts(limit)
+        stepped = ctx.clock(spec.timed)
+        verified = Draft([]) if draft is None else draft
+        if grammar is not None:
+            verified = grammar.cut(verified)
+        rows = [state.last, *verified.tokens]
+        layers = spec.proposer.feature_layers if spec.proposer is not None else ()
+        out = ctx.runner.step(rows, Step.span(c, len(rows), ctx.device), ctx.cache, layers)
+        # The step's own argmax (computed with it, in its graph) serves greedy decoding unless a
+        # penalty or the logit bias changes the logits first.
+        choices, logits = None if spec.penalized else out.choices, out.logits
+        if grammar is not None:  # the step's own argmax is the unmasked one
+            (logits, verified), choices = grammar.constrain(logits, verified), None
+        verdict = decide(logits, verified, spec.params, state.seen, ctx.verify_rule, spec.verify_gen, choices,
+                         position=c + 1, counts=state.counts)
+        n = verdict.accepted
+        chunk = spec.attach_logprobs(take([*verified.tokens[:n], verdict.next_token]), out.logits)
+        kept = len(chunk.token_ids)  # n + 1, or fewer when a stop ends the request inside the round
+        return RoundResult(chunk, rows[:kept], len(rows), None, None if out.features is None else out.features[:kept],
+                           n, len(verified.tokens), verified.confidence, "chain", draft is not None,
+                           draft is not None and not draft.copied, began, stepped)
+
+    def _drafts(self, limit: int) -> Draft | None:
+        """This round's drafts, or None for a plain round."""
+        spec = self.spec
+        context = spec.state.tokens + [spec.state.last] if spec.proposer is not None else []  # once a round: it is long
+        forced = spec.grammar.forced(limit) if spec.grammar is not None and spec.proposer is not None else []
+        if forced:  # what the grammar forces (a JSON key, punctuation) is drafted instead of the drafter's guess
+            spec.to_judge([], [], [])
+            return Draft(forced, copied=True)
+        return self._draft(limit, context) if spec.drafting(limit, context) else None
+
+    def _draft(self, limit: int, context: list[int]) -> Draft:
+        """Up to `limit` drafts after `last`, cut to the width the policy chooses; the whole block
+        goes to the judge, which learns from every draft whether verified or not."""
+        spec = self.spec
+        proposer, most = spec.proposer, min(limit, spec.proposer.max_width)
+        draft = proposer.propose(context, most, spec.params, spec.draft_gen)
+        copy: list[int] = []
+        if draft.copied:
+            kept = spec.cut_copy(draft.tokens, limit)
+            if kept or not spec.width.should_draft(limit):
+                return Draft(kept, copied=True)
+            # No copied token pays, the drafter's drafts may (or their probe is due): they are drafted
+            # instead, so text that offers copies at every round still drafts, measures and probes.
+            copy, draft = draft.tokens, proposer.own_draft(context, most, spec.params, spec.draft_gen)
+        spec.to_judge(draft.tokens, draft.confidence, copy)
+        k = spec.width.choose(draft.confidence, len(draft.tokens), limit)
+        return Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k])
