@@ -1,4 +1,4 @@
-"""The DFlash drafter's block pass as one CUDA graph (`engine.graph_capture.Graphed`).
+"""The DFlash drafter's block pass as one CUDA graph (`graph_capture.Graphed`).
 
 A pass reads the block's token ids (`last`, then mask tokens) and positions, uploaded together as
 the graph's one static input, and the drafter's context rings, which live as long as the

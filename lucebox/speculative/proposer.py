@@ -10,6 +10,7 @@ import torch
 from lucebox.draft import Draft
 from lucebox.limits import DRAFT_WIDTH
 from lucebox.sampling import RaceNoise, SamplingParams, distribution
+from lucebox.speculative.draft_graph import DraftGraph
 from lucebox.speculative.tree import DraftTree
 
 Noise = torch.Generator | RaceNoise | None  # what sampled drafts are drawn with (None: greedy)
@@ -29,7 +30,7 @@ class Proposer(ABC):
     feature_layers: tuple[int, ...] = ()
     max_width: int = DRAFT_WIDTH
     drafts_trees: bool = False
-    graph = None  # None: the drafter's passes run eagerly (or it has none of fixed shape to graph)
+    graph: DraftGraph | None = None  # None: the drafter's passes run eagerly (or it has none of fixed shape to graph)
 
     def start(self, prompt: list[int], features: torch.Tensor | None) -> None:  # noqa: B027 - optional
         """A new request begins with `prompt` committed."""
