@@ -5,7 +5,7 @@ Layout: the device pool has `pool_chunks` slots of one chunk each; chunk j holds
 outgrow the pool, a chunk leaving the pool is copied to host memory (`HostChunks`) and comes back
 by a copy. The first chunk (the attention sink) and the recent tail always stay resident.
 
-A write is split in two (`LayerCache.reserve` / `store`): the host makes the chunks a step
+A write is split in two (`KVCache.reserve` / `store`): the host makes the chunks a step
 touches resident and keeps its bookkeeping in host integers; the device stores the rows at slots
 it computes from the positions and the page table. So a decode step's device work is the same
 at every position, and a CUDA graph of it reads the pool's tables as they are at each replay.
@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 import torch
 
-from lucebox.caches.base import KVBlock, LayerCache, RowTable, Step, move_slots, path_moves
+from lucebox.caches.base import KVBlock, KVCache, RowTable, Step, move_slots, path_moves
 from lucebox.caches.chunk_selection import ChunkSelection
 from lucebox.caches.paged_blocks import PagedBlocks
 from lucebox.caches.planes import KVPlanes
@@ -38,7 +38,7 @@ from lucebox.caches.residency import ChunkResidency
 from lucebox.caches.settings import KVFlashSettings
 
 
-class PagedKV(LayerCache):
+class PagedKV(KVCache):
     """One full-attention layer's K/V in a paged pool, with `settings.policy` deciding what a
     decode/verify step attends to. With `int8`, K and V rows are stored as int8 codes with a
     float32 scale per (token, head) (`kernels.kv_int8`), in the pool and on the host alike."""
@@ -63,7 +63,7 @@ class PagedKV(LayerCache):
     def selected(self) -> list[int]:
         return self.selection.selected if self.select else []
 
-    # -- LayerCache -----------------------------------------------------------------------------
+    # -- KVCache -----------------------------------------------------------------------------
 
     def reserve(self, step: Step) -> None:
         start, end = step.start, step.end
