@@ -36,7 +36,7 @@ class CacheContext:
 
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor:
-        layer_cache = self.cache.layers[layer]
+        layer_cache = self.cache.kv[layer]
         layer_cache.write(self.step, key, value)
         return attention_over_blocks(q, self.positions, layer_cache.blocks(q, self.step), self.scale, window,
                                      self.kernels.attention_partial, **_tree_args(self.tree, window))
@@ -45,7 +45,7 @@ class CacheContext:
         if self.tree is not None:
             raise InvalidArgumentError("tree verification is not supported on recurrent (Gated DeltaNet) layers: each "
                                        "node would need its state built from its parent's; verify chains instead")
-        state = self.cache.layers[layer]
+        state = self.cache.states[layer]
         state.reserve(self.step)  # refuses a step that does not continue the state
         stepped = state.step_state(self.step.positions, self.step.prefill, self.state_slots)
         self.state_slots = stepped.slots
@@ -65,19 +65,18 @@ class StaticCacheContext:
         self.state_slots: StateSlots | None = None  # computed by the first recurrent layer, shared by the others
 
     def row_table(self, layer: int) -> RowTable | None:
-        return self.cache.layers[layer].row_table()
+        return self.cache.kv[layer].row_table()
 
     def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                window: int | None) -> torch.Tensor:
-        self.cache.layers[layer].store(self.slots, key, value)
+        self.cache.kv[layer].store(self.slots, key, value)
         return self.attend_stored(layer, q, window)
 
     def attend_stored(self, layer: int, q: torch.Tensor, window: int | None,
                       gate: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of q over layer `layer`'s static block, its rows already stored; with `gate`
         (softplus gate logits), gated inside attention's merge step rather than by a launch of its own."""
-        layer_cache = self.cache.layers[layer]
-        block = layer_cache.static_block(q)
+        block = self.cache.kv[layer].static_block(q)
         # Kernels without a gate or ring hint keep their signature.
         hints = ({} if gate is None else {"gate": gate}) | ({"ring": True} if block.ring else {})
         return self.kernels.attention_partial(q, block.k, block.v, self.positions, block.positions, self.scale,
@@ -89,6 +88,6 @@ class StaticCacheContext:
         """After the runner's `reserve`: ring slots computed on the device from the static positions."""
         if self.tree is not None:  # the engine never graphs one (trees are refused on hybrids)
             raise InvalidArgumentError("tree verification is not supported on recurrent (Gated DeltaNet) layers")
-        stepped = self.cache.layers[layer].step_state(self.slots, prefill=False, slots=self.state_slots)
+        stepped = self.cache.states[layer].step_state(self.slots, prefill=False, slots=self.state_slots)
         self.state_slots = stepped.slots
         return stepped

@@ -52,8 +52,8 @@ class ForwardContext(Protocol):
         ...
 
     def recurrent_state(self, layer: int):
-        """Recurrent layer `layer`'s state (`lucebox.caches.recurrent.RecurrentState`: `current()`,
-        `every_row`, `update(conv, recurrent)`), positioned where this forward's rows start; the
+        """Recurrent layer `layer`'s state as this forward sees it (a `StateCache.step_state`:
+        `current()`, `every_row`, `update(conv, recurrent)`), positioned where this forward's rows start; the
         mixer reads it and stores the state after each row (or after the last, in a prefill). A
         forward over B sequences (rows sequence-major) hands B states side by side, conv
         (K - 1, B*C) and recurrent (B*Hv, Dk, Dv) (`lucebox.training.forward.SideBySideState`).

@@ -1,4 +1,5 @@
-"""The contract every per-layer KV cache keeps, and the step object a forward carries.
+"""The contract every per-layer cache keeps (`LayerCache`), its two kinds (`KVCache`, `StateCache`),
+and the step object a forward carries.
 
 Vocabulary: a row is the K and V of one token in one layer, RoPE already applied, so where a row
 sits never matters. `written` rows may include drafts; `commit(n)` says positions < n are final;
@@ -11,8 +12,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # the one state cache's step view; its module builds on this one
+    from lucebox.caches.recurrent import StateSlots, StepState
 
 
 class Step:
@@ -100,63 +105,35 @@ class RowTable:
 
 
 class LayerCache(ABC):
-    """One decoder layer's K/V for one sequence.
+    """What every cache of one decoder layer for one sequence keeps, whatever its kind: the
+    host's bookkeeping of a step (`reserve`), commits and rollbacks, what it allows (rewinds,
+    step lengths, graphs) and its memory. Two kinds keep it: `KVCache` (rows of keys and values
+    an attention layer reads) and `StateCache` (a recurrent layer's state); `SequenceCache` holds
+    each layer's by its kind, so nothing asks which kind a cache is.
 
-    Interrupt safety: a `write` sets `dirty` before it changes anything, and the `SequenceCache`
-    clears it once the step's commit completes, so a step cut short by an exception (Ctrl-C
-    included) marks the cache as not to be reused. Each bookkeeping update is also ordered
+    Interrupt safety: a step's `reserve` sets `dirty` before it changes anything, and the
+    `SequenceCache` clears it once the step's commit completes, so a step cut short by an exception
+    (Ctrl-C included) marks the cache as not to be reused. Each bookkeeping update is also ordered
     compute-then-assign, so an interrupt between two lines leaves the old state, the new one, or
     a safe one in between (a choice marked due again, a slot left free), never fields that
     disagree."""
 
     dirty = False
 
-    def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store rows (T, KV, D) at `step.positions`; may overwrite rolled-back positions."""
-        self.reserve(step)
-        self.store(step.positions, k, v)
-
     @abstractmethod
     def reserve(self, step: Step) -> None:
-        """The host's half of a write, run before `store`: bookkeeping in host integers, and any
-        irregular device work the rows need first (a chunk brought back from the host). Reads no
-        device value."""
-
-    @abstractmethod
-    def store(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """The device's half of a write, after `reserve`: rows (T, KV, D) go to slots computed on
-        the device from `positions`, by the same launches at every position (a CUDA graph
-        captures it once and replays it at any position)."""
-
-    def row_table(self) -> RowTable | None:
-        """After `reserve`: where `store` would put the step's rows, for a kernel that stores them
-        itself (same slots, the position written last), or None when only `store` can (int8 rows)."""
-        return None
-
-    @abstractmethod
-    def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
-        """The key blocks queries q (T, Hq, D) of this step attend over (after `write`)."""
+        """The host's half of a step, run before its device work: bookkeeping in host integers, and
+        any irregular device work the step needs first (a chunk brought back from the host). Reads
+        no device value."""
 
     def graphable(self, step: Step) -> bool:
-        """Whether this decode/verify step can attend over `static_block` alone (inside a graph)."""
+        """Whether this decode/verify step's device work is the same at every position, so a CUDA
+        graph captured once can run it (a `KVCache` attends over its `static_block`)."""
         return False
-
-    def static_block(self, q: torch.Tensor) -> KVBlock:
-        """The one block a graphed decode/verify step attends over, after `reserve` and `store`:
-        whole buffers with their device positions and masks, the same tensors at every step, so
-        a graph captured once reads what the host's bookkeeping (in `reserve`, `commit`) wrote."""
-        raise NotImplementedError(f"{type(self).__name__} has no static block")
 
     @abstractmethod
     def rollback(self, to_position: int) -> None:
         """Forget positions >= to_position."""
-
-    def accept_path(self, start: int, rows: list[int]) -> None:
-        """After a tree-verify step wrote its rows at positions start, start + 1, ...: the rows at
-        start + rows[j] move to start + 1 + j (rows increasing, rows[j] >= j + 1, so the moves
-        done in order never overwrite a row still to move). Then commit and rollback as after a
-        chain step; the rows left past the path are rolled back. Runs no host read."""
-        raise NotImplementedError(f"{type(self).__name__} cannot verify draft trees")
 
     def commit(self, length: int) -> None:
         """Positions < length are final: no rollback will go below it. In three parts, so that
@@ -194,3 +171,72 @@ class LayerCache(ABC):
     def memory(self) -> dict[str, int]:
         """Bytes by kind (the keys of `SequenceCache.memory`), summed over the layers there."""
         return {"kv_pool_device": self.device_bytes(), "kv_host": self.host_bytes()}
+
+
+class KVCache(LayerCache):
+    """An attention layer's K/V rows: a step writes its rows (`reserve` + `store`) and attends over
+    the key blocks the cache hands back (`blocks`, or `static_block` inside a graph)."""
+
+    def write(self, step: Step, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store rows (T, KV, D) at `step.positions`; may overwrite rolled-back positions."""
+        self.reserve(step)
+        self.store(step.positions, k, v)
+
+    @abstractmethod
+    def store(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The device's half of a write, after `reserve`: rows (T, KV, D) go to slots computed on
+        the device from `positions`, by the same launches at every position (a CUDA graph
+        captures it once and replays it at any position)."""
+
+    def row_table(self) -> RowTable | None:
+        """After `reserve`: where `store` would put the step's rows, for a kernel that stores them
+        itself (same slots, the position written last), or None when only `store` can (int8 rows)."""
+        return None
+
+    @abstractmethod
+    def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
+        """The key blocks queries q (T, Hq, D) of this step attend over (after `write`)."""
+
+    def static_block(self, q: torch.Tensor) -> KVBlock:
+        """The one block a graphed decode/verify step attends over, after `reserve` and `store`:
+        whole buffers with their device positions and masks, the same tensors at every step, so
+        a graph captured once reads what the host's bookkeeping (in `reserve`, `commit`) wrote."""
+        raise NotImplementedError(f"{type(self).__name__} has no static block")
+
+    @abstractmethod
+    def accept_path(self, start: int, rows: list[int]) -> None:
+        """After a tree-verify step wrote its rows at positions start, start + 1, ...: the rows at
+        start + rows[j] move to start + 1 + j (rows increasing, rows[j] >= j + 1, so the moves
+        done in order never overwrite a row still to move). Then commit and rollback as after a
+        chain step; the rows left past the path are rolled back. Runs no host read."""
+
+
+class StateCache(LayerCache):
+    """A recurrent layer's state: it keeps no rows, only the state after each position it holds,
+    so it returns exactly only to the positions whose states it kept (`returnable`). A step reads
+    and writes it through `step_state`; `pin` keeps a state past later steps (prefix reuse)."""
+
+    def memory(self) -> dict[str, int]:
+        return {"recurrent_states": self.device_bytes()}
+
+    @abstractmethod
+    def step_state(self, positions: torch.Tensor, prefill: bool, slots: StateSlots | None = None) -> StepState:
+        """The state a step at `positions` reads and writes, after `reserve` (`slots`: those another
+        state cache of the same step computed)."""
+
+    @abstractmethod
+    def pin(self, position: int) -> None:
+        """Keep the state at `position` (one held now) across later steps, commits and rollbacks
+        above it."""
+
+    @abstractmethod
+    def returnable(self) -> set[int]:
+        """The positions a rollback returns to exactly."""
+
+    def can_rewind_to(self, position: int) -> bool:
+        return position in self.returnable()
+
+    @abstractmethod
+    def check_rollback(self, to_position: int) -> None:
+        """`CacheRewindError` unless `rollback(to_position)` is exact; changes nothing (so
+        `SequenceCache` refuses a rollback before any layer moves)."""

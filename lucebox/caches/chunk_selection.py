@@ -74,8 +74,8 @@ def pick_chunks(candidates: list[int], ranking: list[int], k: int) -> list[int]:
 class ChunkSelection:
     """KVFlash `select`'s state for one full-attention layer: chunk summaries, the chosen chunks,
     whether a choice is due, and the queries it chooses with. It chooses from committed tokens
-    only, every `reselect_every` of them, with the query of the last committed token; the pool
-    (`PagedKV`) makes the chosen chunks resident and pins their rows.
+    only, every `reselect_every` of them, with the query of the last committed token; its policy
+    (`SelectPolicy`) makes the chosen chunks resident and pins their rows.
 
     A choice is one commit in three parts, so that every layer's ranking is read back at once:
     `begin_commit` (summaries of completed chunks; a crossed boundary makes a choice due),

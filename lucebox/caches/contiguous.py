@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import torch
 
-from lucebox.caches.base import KVBlock, LayerCache, Step, move_slots, path_moves
+from lucebox.caches.base import KVBlock, KVCache, Step, move_slots, path_moves
 
 
-class ContiguousCache(LayerCache):
+class ContiguousCache(KVCache):
     def __init__(self, kv_heads: int, head_dim: int, max_tokens: int, dtype: torch.dtype, device: torch.device):
         self.kv_heads, self.head_dim = kv_heads, head_dim
         self.max_tokens = max_tokens

@@ -5,7 +5,7 @@ Layout: the device pool has `pool_chunks` slots of one chunk each; chunk j holds
 outgrow the pool, a chunk leaving the pool is copied to host memory (`HostChunks`) and comes back
 by a copy. The first chunk (the attention sink) and the recent tail always stay resident.
 
-A write is split in two (`LayerCache.reserve` / `store`): the host makes the chunks a step
+A write is split in two (`KVCache.reserve` / `store`): the host makes the chunks a step
 touches resident and keeps its bookkeeping in host integers; the device stores the rows at slots
 it computes from the positions and the page table. So a decode step's device work is the same
 at every position, and a CUDA graph of it reads the pool's tables as they are at each replay.
@@ -20,8 +20,8 @@ Policies (what a decode/verify step attends to; a prompt prefill is always exact
   a reselect boundary (`rows_before_reselect`). Bounded work and bytes per token at any context.
 
 The parts: `KVPlanes` (storage), `ChunkResidency` (which chunk is in which slot, host copies),
-`PagedBlocks` (what attention reads), `ChunkSelection` (`select`'s choice). `PagedKV` composes
-them and orders their updates.
+`PagedBlocks` (what attention reads), the policy (`ExactPolicy` or `SelectPolicy`, which keeps
+`select`'s `ChunkSelection`). `PagedKV` composes them and orders their updates.
 """
 
 from __future__ import annotations
@@ -30,15 +30,16 @@ from collections.abc import Iterator
 
 import torch
 
-from lucebox.caches.base import KVBlock, LayerCache, RowTable, Step, move_slots, path_moves
+from lucebox.caches.base import KVBlock, KVCache, RowTable, Step, move_slots, path_moves
 from lucebox.caches.chunk_selection import ChunkSelection
+from lucebox.caches.kvflash_policy import kvflash_policy
 from lucebox.caches.paged_blocks import PagedBlocks
 from lucebox.caches.planes import KVPlanes
 from lucebox.caches.residency import ChunkResidency
 from lucebox.caches.settings import KVFlashSettings
 
 
-class PagedKV(LayerCache):
+class PagedKV(KVCache):
     """One full-attention layer's K/V in a paged pool, with `settings.policy` deciding what a
     decode/verify step attends to. With `int8`, K and V rows are stored as int8 codes with a
     float32 scale per (token, head) (`kernels.kv_int8`), in the pool and on the host alike."""
@@ -49,9 +50,9 @@ class PagedKV(LayerCache):
         self.s = settings
         self.storage = KVPlanes(kv_heads, settings.pool_chunks * settings.chunk, head_dim, dtype, device, int8)
         self.residency = ChunkResidency(settings, self.storage, device)
-        self.select = settings.policy == "select"
-        self.attention = PagedBlocks(settings, self.storage, self.residency, self.select)
-        self.selection = ChunkSelection(settings, kv_heads, head_dim, dtype, device) if self.select else None
+        self.policy = kvflash_policy(settings, self.residency, kv_heads, head_dim, dtype)
+        self.select = settings.policy == "select"  # for whoever inspects the pool: nothing here branches on it
+        self.attention = PagedBlocks(settings, self.storage, self.residency, self.policy)
         self.committed = 0
 
     @property
@@ -60,10 +61,15 @@ class PagedKV(LayerCache):
         return self.residency.length
 
     @property
-    def selected(self) -> list[int]:
-        return self.selection.selected if self.select else []
+    def selection(self) -> ChunkSelection | None:
+        """`select`'s choice (summaries, chosen chunks, kept queries); None with `exact`."""
+        return self.policy.selection
 
-    # -- LayerCache -----------------------------------------------------------------------------
+    @property
+    def selected(self) -> list[int]:
+        return self.policy.selected
+
+    # -- KVCache -----------------------------------------------------------------------------
 
     def reserve(self, step: Step) -> None:
         start, end = step.start, step.end
@@ -73,9 +79,7 @@ class PagedKV(LayerCache):
             raise ValueError(f"cache write up to position {end} passes max_context {self.s.max_context}")
         self.dirty = True
         self.residency.prepare_write(start, end, self.committed, self.selected)
-        if self.select:
-            self.attention.refresh_pinned(self.selected)
-            self.selection.note_step(start, end)
+        self.policy.prepare_step(start, end)
         self.residency.wrote_until(end)
 
     def store(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -92,61 +96,33 @@ class PagedKV(LayerCache):
 
     def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
         self.residency.wait_for_loads()
-        if self.select:
-            self.selection.keep_queries(q)  # now, not when the blocks are consumed
+        self.policy.keep_queries(q)
         return self.attention.blocks(step)
 
     def graphable(self, step: Step) -> bool:
-        """`select` always (its block is the pool); `exact` when no chunk can be on the host."""
-        return not step.prefill and (self.select or self.residency.host is None)
+        return not step.prefill and self.policy.graphable()
 
     def static_block(self, q: torch.Tensor) -> KVBlock:
-        if self.select:
-            self.selection.keep_queries(q)
+        self.policy.keep_queries(q)
         return self.attention.static_block()
 
     def begin_commit(self, length: int) -> None:
         # `committed` moves after the selection's part: a crossed boundary is marked due first, so
         # the next commit finishes whatever an interrupted one left (summaries resume from their count).
-        if self.select:
-            self.selection.begin_commit(length, self.committed, self.residency.chunk_keys)
+        self.policy.begin_commit(length, self.committed)
         self.committed = length
 
     def ranking(self, length: int) -> torch.Tensor | None:
-        return self.selection.ranking(length, self.length) if self.select else None
+        return self.policy.ranking(length)
 
     def finish_commit(self, length: int, ranking: list[int] | None) -> None:
-        if not self.select:
-            return
-        if ranking is not None:
-            self._reselect(length, self.selection.choose(ranking))
-        self._ensure_tail_resident(length)
-
-    def _reselect(self, length: int, selected: list[int]) -> None:
-        C = self.s.chunk
-        keep = set(selected) | {0} | set(range(self.s.tail_start(length), -(-length // C)))
-        stream = self.residency.copy_stream_after_queued_work()
-        self.attention.mark_pinned_stale()
-        self.selection.selected = selected
-        for chunk in selected:
-            self.residency.make_resident(chunk, keep, self.committed, selected, stream)
-        self.selection.due = False  # last: an interrupt above leaves the choice due again
-
-    def _ensure_tail_resident(self, length: int) -> None:
-        """Tail and chosen chunks back on the device (a prefill may have evicted them)."""
-        C = self.s.chunk
-        tail = set(range(self.s.tail_start(length), -(-length // C)))
-        keep = tail | set(self.selected) | {0}
-        for chunk in sorted(keep - self.residency.chunk_slot.keys()):
-            self.residency.make_resident(chunk, keep, self.committed, self.selected)
+        self.policy.finish_commit(length, ranking)
 
     def rollback(self, to_position: int) -> None:
         self.residency.forget_from(to_position, drafts_only=to_position >= self.committed)
         if to_position < self.committed:  # a rewind of committed tokens (prefix reuse): choose again later
             # `committed` moves last, so an interrupted rewind is done again by the next rollback.
-            self.attention.mark_pinned_stale()
-            if self.select:
-                self.selection.rewind(to_position)
+            self.policy.rewind(to_position)
             self.committed = to_position
 
     def accept_path(self, start: int, rows: list[int]) -> None:
@@ -163,11 +139,10 @@ class PagedKV(LayerCache):
         # row holding it already carries that position (`row_positions`).
         src_rows, dst_rows = (self.residency.pool_rows(torch.tensor(p, device=device)) for p in (src, dst))
         move_slots(*self.storage.planes, src_rows, dst_rows)
-        if self.select:
-            self.selection.accept_path(src, dst)
+        self.policy.accept_path(src, dst)
 
     def rows_before_reselect(self, position: int) -> int | None:
-        return self.selection.rows_before_reselect(position) if self.select else None
+        return self.policy.rows_before_reselect(position)
 
     def device_bytes(self) -> int:
         return self.pool_bytes() + self.summary_bytes()
@@ -176,7 +151,7 @@ class PagedKV(LayerCache):
         return self.storage.nbytes()
 
     def summary_bytes(self) -> int:
-        return self.selection.summaries.nbytes() if self.select else 0
+        return self.policy.summary_bytes()
 
     def host_bytes(self) -> int:
         return self.residency.host_bytes()

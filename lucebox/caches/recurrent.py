@@ -19,12 +19,11 @@ of from 0. The newest `SNAPSHOTS` pins are kept; a rollback forgets those past i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from lucebox.caches.base import KVBlock, LayerCache, Step
+from lucebox.caches.base import StateCache, Step
 from lucebox.config import LinearAttentionSpec
 from lucebox.errors import CacheRewindError
 
@@ -71,7 +70,10 @@ class StepState:
         s.recurrent.index_copy_(0, write, recurrent.reshape(len(write), *s.recurrent.shape[1:]))
 
 
-class RecurrentState(LayerCache):
+class RecurrentState(StateCache):
+    """A Gated DeltaNet (or KDA) layer's conv and recurrent states, in a ring of `decode_rows + 1`
+    slots and `SNAPSHOTS` pinned ones (the module docstring)."""
+
     def __init__(self, spec: LinearAttentionSpec, decode_rows: int, dtype: torch.dtype, device: torch.device):
         self.ring = decode_rows + 1
         slots = recurrent_slots(decode_rows)
@@ -102,18 +104,10 @@ class RecurrentState(LayerCache):
         self.held, self.rows = kept | set(written), step.end
 
     def step_state(self, positions: torch.Tensor, prefill: bool, slots: StateSlots | None = None) -> StepState:
-        """The state a step at `positions` reads and writes, after `reserve` (`slots`: those another
-        recurrent layer of the same step computed)."""
         return StepState(self, slots or StateSlots.of(positions, self.ring, every_row=not prefill))
 
     def graphable(self, step: Step) -> bool:
         return not step.prefill and step.count < self.ring
-
-    def store(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        raise TypeError("a recurrent layer keeps no K/V rows: its mixer updates its state (`StepState.update`)")
-
-    def blocks(self, q: torch.Tensor, step: Step) -> Iterator[KVBlock]:
-        raise TypeError("a recurrent layer has no key blocks to attend over")
 
     def pin(self, position: int) -> None:
         """Copy the state at `position` (one the ring holds) to a snapshot slot that later steps
@@ -155,7 +149,7 @@ class RecurrentState(LayerCache):
         self.recurrent[target].copy_(self.recurrent[source])
 
     def check_rollback(self, to_position: int) -> None:
-        """CacheRewindError unless `rollback(to_position)` is exact: `rows`, a held or pinned state, or 0."""
+        """Exact rollbacks: to `rows`, a held or pinned state, or 0."""
         if to_position < self.rows and not self.can_rewind_to(to_position):
             raise CacheRewindError(
                 f"cannot roll a recurrent layer's state back from {self.rows} to {to_position} positions: it keeps "
@@ -164,14 +158,7 @@ class RecurrentState(LayerCache):
             )
 
     def returnable(self) -> set[int]:
-        """The positions a rollback returns to exactly."""
         return self.held | set(self.pinned) | {0}
-
-    def can_rewind_to(self, position: int) -> bool:
-        return position in self.returnable()
 
     def device_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.conv, self.recurrent))
-
-    def memory(self) -> dict[str, int]:
-        return {"recurrent_states": self.device_bytes()}

@@ -30,10 +30,10 @@ from collections.abc import Iterator
 
 import torch
 
-from lucebox.caches.base import KVBlock, LayerCache, RowTable, Step, move_slots, path_moves
+from lucebox.caches.base import KVBlock, KVCache, RowTable, Step, move_slots, path_moves
 
 
-class SlidingRing(LayerCache):
+class SlidingRing(KVCache):
     def __init__(self, window: int, max_step: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device, reads_ahead: bool = False, windowed: bool = False):
         """`windowed`: every query that reads the ring attends with the ring's own window (a sliding

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import torch
 
-from lucebox.caches.base import LayerCache
+from lucebox.caches.base import KVCache, LayerCache, StateCache
 from lucebox.caches.contiguous import ContiguousCache
 from lucebox.caches.paged import PagedKV
 from lucebox.caches.recurrent import RecurrentState
 from lucebox.caches.ring import SlidingRing
 from lucebox.caches.settings import CacheSettings
-from lucebox.config import ModelConfig
+from lucebox.config import LayerSpec, ModelConfig
+
+
+def kv_cache(cfg: ModelConfig, layer: LayerSpec, settings: CacheSettings, dtype: torch.dtype,
+             device: torch.device) -> KVCache:
+    """An attention layer's cache: the contiguous reference when asked for, a ring for a sliding
+    layer (or every layer of a draft model that keeps a window), else the paged pool."""
+    kv, d = cfg.num_kv_heads, cfg.head_dim
+    if settings.reference:
+        return ContiguousCache(kv, d, settings.max_context, dtype, device)
+    if layer.is_sliding or settings.full_attention_window:
+        window = layer.window if layer.is_sliding else settings.full_attention_window
+        return SlidingRing(window, settings.max_step, kv, d, dtype, device, windowed=layer.is_sliding)
+    return PagedKV(settings.kvflash(), kv, d, dtype, device, settings.kv_int8)
 
 
 class SequenceCache:
@@ -23,19 +36,16 @@ class SequenceCache:
 
     def __init__(self, cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, device: torch.device):
         self.settings = settings
-        kv, d = cfg.num_kv_heads, cfg.head_dim
-        self.layers: list[LayerCache] = []
-        for layer in cfg.layers:
+        self.layers: list[LayerCache] = []  # every layer's, in layer order: what their shared contract serves
+        # The same caches by kind and layer index: attention reaches a `KVCache`, a recurrent mixer a `StateCache`.
+        self.kv: dict[int, KVCache] = {}
+        self.states: dict[int, StateCache] = {}
+        for i, layer in enumerate(cfg.layers):
             if layer.is_recurrent:
-                self.layers.append(RecurrentState(cfg.linear_attention, settings.decode_rows, dtype, device))
-            elif settings.reference:
-                self.layers.append(ContiguousCache(kv, d, settings.max_context, dtype, device))
-            elif layer.is_sliding or settings.full_attention_window:
-                window = layer.window if layer.is_sliding else settings.full_attention_window
-                self.layers.append(SlidingRing(window, settings.max_step, kv, d, dtype, device,
-                                               windowed=layer.is_sliding))
+                cache = self.states[i] = RecurrentState(cfg.linear_attention, settings.decode_rows, dtype, device)
             else:
-                self.layers.append(PagedKV(settings.kvflash(), kv, d, dtype, device, settings.kv_int8))
+                cache = self.kv[i] = kv_cache(cfg, layer, settings, dtype, device)
+            self.layers.append(cache)
         self.length = 0
         self._unfinished = 0  # commits and rollbacks begun and not finished: an interrupted one stays counted
 
@@ -71,9 +81,8 @@ class SequenceCache:
         return parts
 
     def rollback(self, to_position: int) -> None:
-        for layer in self.layers:  # a refused rollback (a recurrent state) changes nothing, not even `dirty`
-            if isinstance(layer, RecurrentState):
-                layer.check_rollback(to_position)
+        for state in self.states.values():  # a refused rollback changes nothing, not even `dirty`
+            state.check_rollback(to_position)
         self._unfinished += 1
         for layer in self.layers:
             layer.rollback(to_position)
@@ -81,9 +90,12 @@ class SequenceCache:
         self._unfinished -= 1
 
     def accept_path(self, start: int, rows: list[int]) -> None:
-        """Every layer moves a verified tree's accepted path into place (`LayerCache.accept_path`)."""
+        """Every layer moves a verified tree's accepted path into place (`KVCache.accept_path`)."""
+        if self.states:  # refused before any layer moves (the engine refuses trees on such models first)
+            raise NotImplementedError("recurrent layers cannot verify draft trees: each node would need its state "
+                                      "built from its parent's")
         self._unfinished += 1  # an interrupt midway leaves layers that disagree: never reused
-        for layer in self.layers:
+        for layer in self.kv.values():
             layer.accept_path(start, rows)
         self._unfinished -= 1
 
@@ -99,21 +111,19 @@ class SequenceCache:
     def rewind_point(self, limit: int) -> int:
         """The longest position <= `limit` that every layer can roll back to exactly: `limit`
         itself, or a state the recurrent layers kept (a pinned snapshot); 0 when there is none."""
-        states = [layer for layer in self.layers if isinstance(layer, RecurrentState)]
-        kept = {p for layer in states for p in layer.returnable() if p <= limit}
+        kept = {p for state in self.states.values() for p in state.returnable() if p <= limit}
         return next((p for p in sorted({limit} | kept, reverse=True) if self.can_rewind_to(p)), 0)
 
     def pin(self, position: int) -> None:
         """Recurrent layers keep their state at `position` (the committed length) across later
         commits, so a later prompt sharing only this prefix can return to it."""
-        for layer in self.layers:
-            if isinstance(layer, RecurrentState):
-                layer.pin(position)
+        for state in self.states.values():
+            state.pin(position)
 
     @property
     def has_states(self) -> bool:
         """Whether some layer keeps a recurrent state, which returns only to positions it kept."""
-        return any(isinstance(layer, RecurrentState) for layer in self.layers)
+        return bool(self.states)
 
     def rows_before_reselect(self, position: int) -> int:
         limits = [layer.rows_before_reselect(position) for layer in self.layers]

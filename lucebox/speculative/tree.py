@@ -6,7 +6,7 @@ position), so node i continues `last` by the tokens on its root-to-node *path*. 
 breadth-first order (by depth, then by how likely the drafter found them), so a parent's row is
 always before its children's and a path's rows increase with depth: row a_j of a path's j-th node
 has a_j >= j, which is what lets the caches move an accepted path into place in order
-(`LayerCache.accept_path`). The row *budget* counts the draft rows (the root excluded); budget 0 is
+(`KVCache.accept_path`). The row *budget* counts the draft rows (the root excluded); budget 0 is
 a chain of no drafts, today's plain step.
 
 `build_tree` grows the tree best first by path probability (the product of the drafter's
