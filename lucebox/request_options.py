@@ -23,27 +23,32 @@ SAMPLING_KEYWORDS = tuple(f.name for f in fields(SamplingParams) if not f.name.s
 class RequestOptions:
     """One request's options; `LLM.stream(prompt, options)` runs them, and its keywords build one.
 
-    `max_tokens`: the most tokens to generate. `sampling`: a `SamplingParams` (greedy by default;
-    `presence_penalty`, `frequency_penalty` and `logit_bias` as OpenAI's: each token's logit is lowered
-    by count * frequency_penalty + (count > 0) * presence_penalty, count = the times this completion has
-    generated it; a bias, -100..100 for at most 300 tokens, is added to its logit before the penalties and
-    everything else). `seed` makes a sampled output reproducible: the same seed and request give the same
-    tokens, whatever the cache held before.
-    `stop`: stop strings (never emitted) and/or stop token ids (emitted, like EOS), as one string, one
-    id or a sequence; kept as the strings in order, then the ids sorted. `ignore_eos`: go on past EOS.
+    `max_tokens`: the most tokens to generate. `sampling`: a `SamplingParams` (greedy by default).
+    Its `presence_penalty`, `frequency_penalty` (-2..2, OpenAI's): each token's logit is lowered by
+    count * frequency_penalty + (count > 0) * presence_penalty, count = the times this completion has
+    generated it so far (the prompt is not counted). Its `logit_bias` ({token id: bias}, OpenAI's): each
+    bias (-100..100; at most 300 tokens) is added to its token's logit before the penalties and
+    everything else (-100 in effect bans the token, 100 in effect forces it); speculation stays lossless
+    with it, and logprobs stay the raw ones. Its `seed` makes a sampled output reproducible: the same
+    seed and request give the same tokens, whatever the cache held before.
+    `stop` holds stop strings (never emitted) and/or stop token ids (emitted, like EOS): one string, one
+    id or a sequence, kept as the strings in order, then the ids sorted. `ignore_eos`: go on past EOS.
     `speculate=False` decodes this request without the engine's drafter (to compare the two on one set
-    of weights): greedy output is the same token for token, sampled output has the same distribution.
+    of weights): greedy output is the same token for token, sampled output has the same distribution
+    (the draws differ).
     `snapshot_at`: prompt positions (a chat's turn boundary: where the template's generation prompt
     starts) whose states a hybrid model's recurrent layers keep, so that a later prompt sharing only
-    that prefix prefills from there (the prompt's second-to-last position is always kept).
+    that prefix prefills from there (the prompt's second-to-last position is always kept; attention
+    layers return to any prefix without help).
     Constrained output (at most one; `lucebox.constrained`): `json_schema` (a JSON Schema, as a dict or
     JSON text), `json_object=True` (any JSON object) or `grammar` (Lark, llguidance's syntax, or
     llama.cpp's GBNF). Every token is chosen from the tokens the grammar allows (with or without
     speculation), and the output ends with EOS once the grammar is complete; `max_tokens` can still cut
-    it short. Stats then add `grammar_masks` (rows masked) and `grammar_mask_time_s`.
+    it short (finish_reason "length"). Stats then add `grammar_masks` (rows masked) and
+    `grammar_mask_time_s` (host time computing them).
     `logprobs=k` (0..20): every chunk carries `logprobs`, one `lucebox.logprobs.TokenLogprob` per
-    token: its log-probability and the k likeliest tokens' under the model's raw logits (before the
-    bias, penalties, temperature, truncation and grammar).
+    token: its log-probability and the k likeliest tokens' under the model's raw logits (before
+    penalties, temperature, truncation and grammar), equal to log_softmax(`LLM.logits`) at its position.
     """
 
     max_tokens: int
