@@ -12,7 +12,8 @@ map_checkout_packages()  # before anything imports lucebox.models or lucebox.ker
 from lucebox.errors import LuceboxError  # noqa: E402
 from lucebox.generation import Chunk, Generation  # noqa: E402
 from lucebox.llm import LLM  # noqa: E402
+from lucebox.request_options import RequestOptions  # noqa: E402
 from lucebox.sampling import SamplingParams  # noqa: E402
 
-__all__ = ["LLM", "Chunk", "Generation", "LuceboxError", "SamplingParams"]
+__all__ = ["LLM", "Chunk", "Generation", "LuceboxError", "RequestOptions", "SamplingParams"]
 __version__ = "0.1.0"

@@ -151,8 +151,9 @@ def token_biases(name: str, value: Any, vocab_size: int | None = None) -> tuple[
     return tuple(sorted((t, b) for t, b in biases.items() if b != 0))
 
 
-def stops(value: Any, vocab_size: int) -> tuple[list[str], set[int]]:
-    """Stop strings and stop token ids from `stop`: None, a string, a token id, or a list of both."""
+def stops(value: Any, vocab_size: int | None = None) -> tuple[list[str], set[int]]:
+    """Stop strings and stop token ids from `stop`: None, a string, a token id, or a list of both; ids in
+    the vocabulary, when `vocab_size` is given."""
     if value is None:
         return [], set()
     items = [value] if isinstance(value, (str, *_BYTES)) or not isinstance(value, Iterable) else value
@@ -163,7 +164,7 @@ def stops(value: Any, vocab_size: int) -> tuple[list[str], set[int]]:
         elif isinstance(item, _BYTES):
             raise InvalidArgumentError(f"stop strings must be str, not bytes (got {_shown(item)}); decode them first")
         else:
-            ids.add(integer("stop token id", item, 0, vocab_size - 1))
+            ids.add(integer("stop token id", item, 0, None if vocab_size is None else vocab_size - 1))
     return strings, ids
 
 

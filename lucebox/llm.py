@@ -3,16 +3,17 @@
 Opening one is three steps, each a function with one job: the configuration (`EngineConfig`, every
 argument checked and every default defined there), the setup (`engine.setup.plan_engine`: device,
 model, drafter, memory plan) and the build (`engine.build.build_engine`: weights, runner,
-drafter). A request runs in `engine.request`.
+drafter). A request's options are one checked `RequestOptions` (`lucebox.request_options`), whether
+given whole or as keywords; the request runs in `engine.request`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from lucebox.arguments import callback, flag, integer, stops, token_biases, token_id_list
+from lucebox.arguments import callback, integer, token_id_list
 from lucebox.constrained import GrammarState, constraint_from
 from lucebox.constrained.spec import refuse_stops
 from lucebox.engine.build import Engine, build_engine
@@ -20,12 +21,11 @@ from lucebox.engine.config import EngineConfig
 from lucebox.engine.request import Request, run_request
 from lucebox.engine.session import Session
 from lucebox.engine.setup import EngineSetup, plan_engine
-from lucebox.errors import ContextLengthError, GrammarError, InvalidArgumentError
+from lucebox.errors import ContextLengthError, InvalidArgumentError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.kernels.quant import kept_dense_bytes
 from lucebox.limits import DRAFT_WIDTH
-from lucebox.logprobs import MAX_TOP_LOGPROBS
-from lucebox.sampling import SamplingParams
+from lucebox.request_options import RequestOptions
 from lucebox.speculative.proposer import tensor_bytes
 from lucebox.text.tokenizer import require_tokenizer
 
@@ -77,7 +77,7 @@ class LLM:
         if self.engine.proposer is not None and config.adaptive:
             self.session.warm()  # the adaptive width's start-up cost table, on the cache the first request reuses
 
-    # The engine's parts and settings, by the names callers have always used.
+    # What callers of an engine read most (tests, bench, the server); the rest through `setup`, `engine`.
     engine_config = property(lambda self: self.setup.config, doc="The `EngineConfig` this engine was opened with.")
     config = property(lambda self: self.setup.model, doc="The model's normalized `ModelConfig`.")
     description = property(lambda self: self.setup.description)
@@ -90,13 +90,9 @@ class LLM:
     prefill_chunk = property(lambda self: self.setup.prefill_chunk)
     cache_settings = property(lambda self: self.setup.cache)
     max_context = property(lambda self: self.setup.cache.max_context)
-    kv_dtype = property(lambda self: self.setup.config.kv_dtype)
-    verify_rule = property(lambda self: self.setup.config.verify)
-    adaptive = property(lambda self: self.setup.config.adaptive)
     decoder = property(lambda self: self.engine.decoder)
     runner = property(lambda self: self.engine.runner)
     proposer = property(lambda self: self.engine.proposer)
-    expert_traffic = property(lambda self: self.engine.expert_traffic)
     eos_token_ids = property(lambda self: self.engine.eos_token_ids)
 
     @property
@@ -115,9 +111,9 @@ class LLM:
 
     # -- public API -------------------------------------------------------------------------------
 
-    def generate(self, prompt: Prompt, *, max_tokens: int, **options) -> Generation:
-        """Generate up to `max_tokens` tokens; options as in `stream`."""
-        return collect(self.stream(prompt, max_tokens=max_tokens, **options), self.engine.tokenizer is not None)
+    def generate(self, prompt: Prompt, options: RequestOptions | None = None, **keywords) -> Generation:
+        """The whole output of `stream(prompt, options, **keywords)`."""
+        return collect(self.stream(prompt, options, **keywords), self.engine.tokenizer is not None)
 
     def chat(self, system: str | None = None, tools: list[dict] | None = None, tool_choice=None,
              parallel_tool_calls: bool | None = None, tool_parser: str | None = None, **sampling):
@@ -158,64 +154,41 @@ class LLM:
         keeps its own buffers): the next request prefills from scratch."""
         self.session.drop()
 
-    def stream(self, prompt: Prompt, *, max_tokens: int, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, min_p: float = 0.0, repetition_penalty: float = 1.0, seed: int | None = None,
-               stop: str | Sequence[str | int] | None = None, ignore_eos: bool = False,
-               speculate: bool = True, snapshot_at: Sequence[int] = (), json_schema: dict | str | None = None,
-               grammar: str | None = None, json_object: bool = False, presence_penalty: float = 0.0,
-               frequency_penalty: float = 0.0, logprobs: int | None = None,
-               logit_bias: Mapping[int, float] | None = None) -> Iterator[Chunk]:
+    def stream(self, prompt: Prompt, options: RequestOptions | None = None, **keywords) -> Iterator[Chunk]:
         """Yield chunks of new tokens as they are produced; the last one carries finish_reason and stats.
 
-        `stop` holds stop strings (never emitted) and/or stop token ids (emitted, like EOS).
-        `speculate=False` decodes this request without the engine's drafter (to compare the two
-        on one set of weights): greedy output is the same token for token, sampled output has the
-        same distribution (the draws differ).
-        `snapshot_at`: prompt positions (a chat's turn boundary: where the template's generation
-        prompt starts) whose states a hybrid model's recurrent layers keep, so that a later prompt
-        sharing only that prefix prefills from there (the prompt's second-to-last position is always
-        kept; attention layers return to any prefix without help).
-        Constrained output (at most one; `lucebox.constrained`): `json_schema` (a JSON Schema, as a
-        dict or JSON text), `json_object=True` (any JSON object) or `grammar` (Lark, llguidance's
-        syntax, or llama.cpp's GBNF). Every token is chosen from the tokens the grammar allows (with or without
-        speculation), and the output ends with EOS once the grammar is complete; `max_tokens` can
-        still cut it short (finish_reason "length"). What the engine cannot compile: GrammarError.
-        Stats then add `grammar_masks` (rows masked) and `grammar_mask_time_s` (host time computing them).
-        `presence_penalty`, `frequency_penalty` (-2..2, OpenAI's): each token's logit is lowered by
-        count * frequency_penalty + (count > 0) * presence_penalty, count = the times this completion
-        has generated it so far (the prompt is not counted).
-        `logit_bias` ({token id: bias}, OpenAI's): each bias (-100..100; at most 300 tokens) is added to
-        its token's logit before the penalties and everything else (-100 in effect bans the token, 100
-        in effect forces it); speculation stays lossless with it, and logprobs stay the raw ones.
-        `logprobs=k` (0..20): every chunk carries `logprobs`, one `lucebox.logprobs.TokenLogprob` per
-        token: its log-probability and the k likeliest tokens' under the model's raw logits (before
-        penalties, temperature, truncation and grammar), equal to log_softmax(`logits`) at its position.
-        `seed` makes a sampled output reproducible: the same seed and request give the same tokens,
-        whatever the cache held before.
+        `options`: a `lucebox.request_options.RequestOptions` (what each option does), or its fields as
+        keywords, SamplingParams' among them: `stream(prompt, max_tokens=64, temperature=0.8)` is
+        `stream(prompt, RequestOptions(max_tokens=64, sampling=SamplingParams(temperature=0.8)))`.
+        What the engine cannot compile of a constraint: GrammarError naming its field.
         """
-        params = SamplingParams(temperature, top_k, top_p, min_p, repetition_penalty, seed, presence_penalty,
-                                frequency_penalty, token_biases("logit_bias", logit_bias, self.config.vocab_size))
-        logprobs = integer("logprobs", logprobs, 0, MAX_TOP_LOGPROBS, optional=True)
-        constraint = constraint_from(json_schema, grammar, json_object)
+        if options is None:
+            options = RequestOptions.from_keywords(self.config.vocab_size, **keywords)
+        elif keywords or not isinstance(options, RequestOptions):
+            raise InvalidArgumentError("stream and generate take a RequestOptions or its fields as keywords, got "
+                                       f"{type(options).__name__}{' and keywords' if keywords else ''}")
+        else:
+            options.check_token_ids(self.config.vocab_size)
+        return run_request(self.engine, self.session, self._request(prompt, options))
+
+    def _request(self, prompt: Prompt, options: RequestOptions) -> Request:
+        """`options` on `prompt`, checked against this model: the constraint compiled, the context the
+        prompt leaves, stop strings (which need a tokenizer), the snapshot positions."""
+        constraint = constraint_from(options.json_schema, options.grammar, options.json_object)
         prompt_ids = self._prompt_ids(prompt)
-        max_tokens = integer("max_tokens", max_tokens, 1)
-        ignore_eos, speculate = flag("ignore_eos", ignore_eos), flag("speculate", speculate)
-        self._check_context(len(prompt_ids) + max_tokens, f"{len(prompt_ids)} prompt tokens + max_tokens {max_tokens}")
-        stop_strings, stop_ids = self._split_stops(stop)
-        if json_schema is not None or json_object is True:  # a stop string could end the output inside its JSON
-            refuse_stops(stop_strings, "json_schema" if json_schema is not None else "json_object",
-                         json_schema if json_schema is not None else {"type": "object"})
-        stop_ids |= set() if ignore_eos else set(self.eos_token_ids)
-        if isinstance(snapshot_at, str) or not isinstance(snapshot_at, Sequence):
-            raise InvalidArgumentError(f"snapshot_at is a list of prompt positions, got {type(snapshot_at).__name__}")
-        snapshots = tuple(integer("snapshot_at", p, 1, len(prompt_ids)) for p in snapshot_at)
-        if constraint is not None and ignore_eos:
-            raise GrammarError(constraint.field, "a constrained output ends with EOS; it cannot take ignore_eos=True")
+        self._check_context(len(prompt_ids) + options.max_tokens,
+                            f"{len(prompt_ids)} prompt tokens + max_tokens {options.max_tokens}")
+        if options.stop_strings and self.engine.tokenizer is None:
+            require_tokenizer(None, self.description.folder)
+        if options.makes_json:  # a stop string could end the output inside its JSON
+            refuse_stops(options.stop_strings, "json_schema" if options.json_schema is not None else "json_object",
+                         options.json_schema if options.json_schema is not None else {"type": "object"})
+        for position in options.snapshot_at:
+            integer("snapshot_at", position, 1, len(prompt_ids))
+        stop_ids = set(options.stop_ids) | (set() if options.ignore_eos else set(self.eos_token_ids))
         state = None if constraint is None else GrammarState(constraint, self.engine.tokenizer, self.config.vocab_size,
                                                                tuple(self.eos_token_ids), self.device)
-        request = Request(prompt_ids, params, max_tokens, stop_strings, stop_ids, speculate, self.draft_k, snapshots,
-                          state, logprobs)
-        return run_request(self.engine, self.session, request)
+        return Request(prompt_ids, options, stop_ids, self.draft_k, state)
 
     @torch.inference_mode()
     def logits(self, token_ids: Sequence[int]) -> torch.Tensor:
@@ -260,9 +233,3 @@ class LLM:
                 f"{what} need {needed} tokens of context but max_context is {self.max_context}; "
                 "shorten the prompt, lower max_tokens, or open the model with a larger max_context"
             )
-
-    def _split_stops(self, stop) -> tuple[list[str], set[int]]:
-        strings, ids = stops(stop, self.config.vocab_size)
-        if strings and self.engine.tokenizer is None:
-            require_tokenizer(None, self.description.folder)
-        return strings, ids

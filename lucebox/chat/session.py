@@ -25,6 +25,7 @@ from lucebox.constrained.spec import refuse_stops
 from lucebox.errors import ContextLengthError, InvalidArgumentError, ToolError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.output import write_new_file
+from lucebox.request_options import RequestOptions
 from lucebox.text.tool_calls import FORMATS
 from lucebox.tools import ToolCall, ToolCallStream, ToolRequest, check_tools, model_tool_format, prompt_parts
 
@@ -137,12 +138,12 @@ class ChatSession:
         except BaseException:
             del self.messages[-len(new_messages):]
             raise
-        settings["max_tokens"] = min(settings["max_tokens"], room)
-        settings["snapshot_at"] = snapshots
+        options = RequestOptions.from_keywords(**{**settings, "max_tokens": min(settings["max_tokens"], room),
+                                                  "snapshot_at": snapshots})
         self.last_prompt_ids = prompt_ids
         calls = None if request is None or not request.parses else ToolCallStream(
-            self.tokenizer, request, self.llm.eos_token_ids, settings["stop"] or [], prompt_ids)
-        return self._answer(prompt_text, prompt_ids, settings, calls)
+            self.tokenizer, request, self.llm.eos_token_ids, list(options.stop_strings), prompt_ids)
+        return self._answer(prompt_text, prompt_ids, options, calls)
 
     def _tool_request(self, settings: dict, **choice) -> ToolRequest | None:
         """The tools as this turn asks for them (`choice`: its tool_choice / parallel_tool_calls)."""
@@ -164,7 +165,7 @@ class ChatSession:
             return answer
         return replace(answer, _text=self.messages[-1]["content"] or "", tool_calls=self.last_tool_calls)
 
-    def _answer(self, prompt_text: str, prompt_ids: list[int], settings: dict,
+    def _answer(self, prompt_text: str, prompt_ids: list[int], options: RequestOptions,
                 calls: ToolCallStream | None) -> Iterator[Chunk]:
         self.last_tool_calls = ()
         generated: list[int] = []
@@ -172,7 +173,7 @@ class ChatSession:
         last: Chunk | None = None
         finished = False
         try:
-            with closing(self.llm.stream(prompt_ids, **settings)) as chunks:
+            with closing(self.llm.stream(prompt_ids, options)) as chunks:
                 for chunk in chunks:
                     generated += chunk.token_ids
                     if calls is not None:

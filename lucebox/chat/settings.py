@@ -1,14 +1,13 @@
-"""A chat session's per-turn settings (`LLM.stream`'s keywords): their defaults, the model's own
-(generation_config.json), and the one check every way of setting them goes through (`LLM.chat`'s
-keywords, `/set`, a loaded chat file)."""
+"""A chat session's per-turn settings (`RequestOptions`' fields, as `LLM.stream`'s keywords): their
+defaults, the model's own (generation_config.json), and the one check every way of setting them goes
+through (`LLM.chat`'s keywords, `/set`, a loaded chat file)."""
 
 from __future__ import annotations
 
-from lucebox.arguments import integer
 from lucebox.constrained import constraint_from
 from lucebox.constrained.spec import refuse_stops
 from lucebox.errors import InvalidArgumentError
-from lucebox.sampling import SamplingParams
+from lucebox.request_options import RequestOptions
 
 PLAIN_STOP = ["\n\n\n"]
 # Per-turn settings a session keeps, with their defaults (`LLM.stream`'s keywords).
@@ -37,9 +36,9 @@ def check_settings(settings: dict) -> None:
     unknown = sorted(set(settings) - set(DEFAULTS))
     if unknown:
         raise InvalidArgumentError(f"unknown chat setting {unknown[0]!r}; settings are {', '.join(DEFAULTS)}")
-    SamplingParams(*(settings[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed")))
-    integer("max_tokens", settings["max_tokens"], 1)
-    constraint_from(settings["json_schema"], settings["grammar"], settings["json_object"])
+    # every field as a request checks it; the stop list by the chat's own, stricter rule below
+    RequestOptions.from_keywords(**{**settings, "stop": None})
+    constraint_from(settings["json_schema"], settings["grammar"], settings["json_object"])  # compiled: refused now
     stop = settings["stop"]
     if stop is not None and not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
         raise InvalidArgumentError(f"stop must be a list of non-empty strings or None, got {stop!r}")

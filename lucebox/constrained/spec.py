@@ -10,6 +10,7 @@ from lucebox import bounded_json
 from lucebox.constrained.bounds import check_grammar, check_schema, one_line
 from lucebox.constrained.native import on_compile_stack
 from lucebox.errors import GrammarError, JSONInputError
+from lucebox.request_options import chosen_constraint
 
 # Compact JSON unless a schema's own "x-guidance" says otherwise: free whitespace lets a small model
 # fill max_tokens with newlines between two keys, and no reader needs it.
@@ -121,15 +122,10 @@ def _has_control(text: str) -> bool:
 
 
 def constraint_from(json_schema=None, grammar=None, json_object=False) -> Constraint | None:
-    """The one constraint `LLM.stream`'s arguments ask for, or None."""
-    if not isinstance(json_object, bool):
-        raise GrammarError("json_object", f"must be True or False, got {json_object!r}")
-    given = [name for name, value in (("json_schema", json_schema), ("grammar", grammar),
-                                      ("json_object", json_object or None)) if value is not None]
-    if len(given) > 1:
-        raise GrammarError(given[1], f"give one of json_schema, grammar, json_object, not {' and '.join(given)}")
-    if json_schema is not None:
+    """The one constraint `LLM.stream`'s arguments ask for (`RequestOptions`' constraint fields), or None."""
+    given = chosen_constraint(json_schema, grammar, json_object)
+    if given == "json_schema":
         return Constraint.json_schema(json_schema)
-    if grammar is not None:
+    if given == "grammar":
         return Constraint.lark(grammar)
-    return Constraint.json_object() if json_object else None
+    return Constraint.json_object() if given else None

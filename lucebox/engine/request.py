@@ -21,24 +21,19 @@ from lucebox.engine.build import Engine
 from lucebox.engine.session import Session
 from lucebox.engine.text_stage import TextStage, timing_stats
 from lucebox.generation import Chunk
-from lucebox.sampling import SamplingParams
+from lucebox.request_options import RequestOptions
 from lucebox.speculative.rounds import DecodeContext, Speculation
 
 
 @dataclass(frozen=True)
 class Request:
+    """A request as the engine runs it: `options` checked against the model and the prompt (`LLM.stream`)."""
+
     prompt_ids: list[int]
-    params: SamplingParams
-    max_tokens: int
-    stop_strings: list[str]
-    stop_ids: set[int]
-    speculate: bool  # False: this request leaves the engine's drafter out
+    options: RequestOptions
+    stop_ids: set[int]  # the options' stop ids and, unless they ignore EOS, the model's EOS ids
     draft_k: int  # most drafts per round
-    # Prompt positions (a chat's turn boundary) whose recurrent states a hybrid model keeps for a
-    # later prompt that shares only that prefix; its second-to-last position is always kept.
-    snapshots: tuple[int, ...] = ()
-    grammar: GrammarState | None = None  # constrained output: this request's matcher
-    logprobs: int | None = None  # None: none; k: each token's logprob and the k likeliest (`lucebox.logprobs`)
+    grammar: GrammarState | None = None  # the options' constraint: this request's matcher
 
 
 @torch.inference_mode()
@@ -54,9 +49,9 @@ def run_request(engine: Engine, session: Session, request: Request) -> Iterator[
 
 
 def _decode(engine: Engine, session: Session, request: Request, private: bool) -> Iterator[Chunk]:
-    prompt_ids = request.prompt_ids
+    prompt_ids, options = request.prompt_ids, request.options
     session.last_stats = stats = None
-    cache, proposer = session.open(prompt_ids, private, request.speculate)
+    cache, proposer = session.open(prompt_ids, private, options.speculate)
     reused = cache.length
     setup = engine.setup
     # Under a grammar a draft can end early (at a token the grammar forbids), which block verification
@@ -65,12 +60,12 @@ def _decode(engine: Engine, session: Session, request: Request, private: bool) -
     context = DecodeContext(engine.runner, cache, engine.clock, engine.learned, request.draft_k,
                             rule, setup.config.adaptive, setup.model.vocab_size, setup.device,
                             setup.tree_budget)
-    rounds = Speculation(context, request.params, proposer, prompt_ids, request.grammar, request.logprobs)
-    text = TextStage(engine.tokenizer, prompt_ids, request.stop_strings, request.stop_ids, request.max_tokens)
+    rounds = Speculation(context, options.sampling, proposer, prompt_ids, request.grammar, options.logprobs)
+    text = TextStage(engine.tokenizer, prompt_ids, list(options.stop_strings), request.stop_ids, options.max_tokens)
     traffic = dataclasses.replace(engine.expert_traffic)  # this request's expert cache traffic is counted from here
     start, prefill_done = engine.clock(), None
     try:
-        *_, hidden = engine.prefill(prompt_ids, cache, proposer, {*request.snapshots, len(prompt_ids) - 1})
+        *_, hidden = engine.prefill(prompt_ids, cache, proposer, {*options.snapshot_at, len(prompt_ids) - 1})
         logits = engine.decoder.logits(hidden[-1:])
         first = rounds.first(logits)
         prefill_done = engine.clock()

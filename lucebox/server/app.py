@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from dataclasses import replace
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -130,7 +131,7 @@ class _State:
     async def _complete(self, request: Request, kind: str):
         check_key(request, self.settings.api_key)
         body = await read_json(request, self.settings)
-        req = api.parse_request(body, kind, self.llm.config.vocab_size)
+        req = api.parse_request(body, kind, self.llm.config.vocab_size, self.defaults)
         req.tools = tool_request(body, kind, self.tool_format, self._token_id, self.mistral_args)
         if req.echo:
             req.echo_text = api.echo_text(req.prompt, self.llm.engine.tokenizer)
@@ -143,13 +144,10 @@ class _State:
             raise api.APIError(400, f"the prompt has {len(prompt_ids)} tokens; this server's context is "
                                     f"{self.llm.max_context} tokens (prompt + answer)", "messages" if
                                kind == "chat" else "prompt", "context_length_exceeded")
-        max_tokens = min(req.max_tokens or room, room)
-        stop = req.stop or (list(PLAIN_STOP) if kind == "chat" and not self.llm.tokenizer.has_chat_template else [])
-        options = {"max_tokens": max_tokens, **{"temperature": 1.0, **self.defaults, **req.sampling},
-                   "stop": stop or None, "snapshot_at": snapshots, **req.constraint,
-                   **(req.tools.constraint if req.tools else {})}
-        if req.logprobs is not None:
-            options["logprobs"] = req.logprobs
+        stop = list(req.options.stop_strings) or (
+            list(PLAIN_STOP) if kind == "chat" and not self.llm.tokenizer.has_chat_template else [])
+        options = replace(req.options, max_tokens=min(req.options.max_tokens, room), stop=stop, snapshot_at=snapshots,
+                          **(req.tools.constraint if req.tools else {}))
         job = Job(prompt_ids, options, asyncio.get_running_loop(), req.n)
         self.worker.submit(job)
         rid = api.new_id(kind)
@@ -227,7 +225,7 @@ class _State:
         bodies = [api.completion(req, rid, self.model_name, req.echo_text + a.text, a.finish_reason, a.stats)
                   for a in answers]
         for body, answer in zip(bodies, answers, strict=True):
-            if req.logprobs is not None:
+            if req.options.logprobs is not None:
                 body["choices"][0]["logprobs"] = logprobs_json(req.kind, answer.logprobs, self.token_text)
             if calls is not None:
                 whole_choice(body["choices"][0], answer, calls())
@@ -248,7 +246,7 @@ class _State:
                     yield _sse(choice.event("", None, first=True))
                 while chunk is not None and not stats[index:]:
                     text = chunk.text if parse is None else parse.push(chunk.token_ids)
-                    if text or (req.logprobs is not None and chunk.token_ids):
+                    if text or (req.options.logprobs is not None and chunk.token_ids):
                         yield _sse(choice.event(text, None, chunk.logprobs))
                     if chunk.finish_reason is not None:
                         closing = [choice.event(None, chunk.finish_reason)] if parse is None else \

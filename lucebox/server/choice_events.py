@@ -17,7 +17,7 @@ class ChoiceEvents:
     def event(self, text: str | None, finish: str | None, logprobs=None, first: bool = False) -> dict:
         event = api.chunk(self.req, self.rid, self.model, text, finish, first)
         event["choices"][0]["index"] = self.index
-        if logprobs is not None and self.req.logprobs is not None:
+        if logprobs is not None and self.req.options.logprobs is not None:
             event["choices"][0]["logprobs"] = logprobs_json(self.req.kind, logprobs, self.token_text, self.offset)
         self.offset += len(text or "")
         return event

@@ -8,8 +8,10 @@ completion tokens. Streamed, each event names its choice's `index`; the choices 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 from lucebox.arguments import SEED_MAX
+from lucebox.request_options import RequestOptions
 from lucebox.server.api_errors import invalid
 
 MAX_CHOICES = 16  # each choice is a whole generation: more would hold the one engine for long
@@ -24,13 +26,14 @@ def choices_field(body: dict) -> int:
     return n
 
 
-def choice_options(options: dict, index: int) -> dict:
-    """`LLM.stream` options of choice `index`: a seeded request's choice i > 0 gets a seed of its own."""
-    seed = options.get("seed")
+def choice_options(options: RequestOptions, index: int) -> RequestOptions:
+    """The options of choice `index`: a seeded request's choice i > 0 gets a seed of its own."""
+    seed = options.sampling.seed
     if index == 0 or seed is None:
         return options
     digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
-    return {**options, "seed": int.from_bytes(digest[:8], "little") % (SEED_MAX + 1)}
+    own_seed = int.from_bytes(digest[:8], "little") % (SEED_MAX + 1)
+    return replace(options, sampling=replace(options.sampling, seed=own_seed))
 
 
 def total_stats(stats: list[dict]) -> dict:

@@ -1,24 +1,25 @@
-"""The OpenAI API's request and response shapes: requests checked field by field into what
-`LLM.stream` takes (errors in OpenAI's JSON: `api_errors`), and the completion objects and stream chunks."""
+"""The OpenAI API's request and response shapes: requests checked field by field into the
+`RequestOptions` `LLM.stream` takes (errors in OpenAI's JSON: `api_errors`), and the completion objects
+and stream chunks."""
 
 from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from lucebox import arguments
 from lucebox.errors import GrammarError, InvalidArgumentError
-from lucebox.server.api_errors import APIError, invalid
+from lucebox.request_options import RequestOptions
+from lucebox.sampling import SamplingParams
+from lucebox.server.api_errors import APIError, invalid, mid_output_error
 from lucebox.server.choices import choices_field
 from lucebox.server.logprobs_format import logprobs_field
 from lucebox.server.request_fields import check_fields
+from lucebox.server.sampling_fields import SAMPLING_DEFAULTS, max_tokens_field, sampling_fields, stop_field
 from lucebox.server.structured import constraint_options
 from lucebox.server.tools import tool_message
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_STOPS = 4  # as OpenAI's API
-SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
 @dataclass
@@ -29,42 +30,14 @@ class GenerationRequest:
     model: str | None
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
-    max_tokens: int | None = None  # None: what the context leaves
     stream: bool = False
     include_usage: bool = False
     echo: bool = False
     echo_text: str = ""  # what an echo puts before the answer: the prompt, as text (`app`)
-    # temperature, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty, seed, logit_bias
-    sampling: dict = field(default_factory=dict)
     n: int = 1  # choices (`server.choices`)
-    logprobs: int | None = None  # None: none; k: each token's logprob and the k likeliest (`server.logprobs_format`)
-    stop: list[str] = field(default_factory=list)
-    constraint: dict = field(default_factory=dict)  # json_schema | json_object | grammar (`server.structured`)
+    # `LLM.stream`'s options as the body asks (`app` adds what the prompt decides: the room left, snapshot_at)
+    options: RequestOptions | None = None
     tools: object = None  # a `lucebox.tools.ToolRequest`, or None
-
-
-def _number(body: dict, name: str, low: float, high: float, integer: bool = False, low_open: bool = False):
-    """The field checked by the engine's own argument checks; their error as a 422 naming the field."""
-    value = body.get(name)
-    if value is None:
-        return None
-    try:
-        if integer:
-            return arguments.integer(name, value, low, high)
-        return arguments.number(name, value, low, high, low_open=low_open)
-    except InvalidArgumentError as e:
-        raise APIError(422, str(e), name) from None
-
-
-def _stops(value) -> list[str]:
-    if value is None:
-        return []
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise invalid("stop", "must be a non-empty string or a list of them")
-    if len(stops) > MAX_STOPS:
-        raise invalid("stop", f"at most {MAX_STOPS} stop strings, got {len(stops)}")
-    return stops
 
 
 def _content(message: dict, i: int) -> str:
@@ -96,26 +69,6 @@ def _messages(value) -> list[dict]:
         else:
             messages.append({"role": role, "content": _content(m, i)})
     return messages
-
-
-def _logit_bias(value, vocab_size: int) -> tuple[tuple[int, float], ...]:
-    """OpenAI's {"token id": bias} (JSON keys are strings), checked as `LLM.stream` checks it."""
-    if value is None:
-        return ()
-    if not isinstance(value, dict):
-        raise invalid("logit_bias", 'must be an object of token ids to biases, like {"50256": -100}')
-    biases = {}
-    for key, bias in value.items():
-        # ten digits: past any vocabulary, and int() of them is cheap (of 4,300 and more, it raises)
-        if not (key.isascii() and key.isdigit() and len(key) <= 10):
-            raise invalid("logit_bias", f"key {key[:20]!r} is not a token id (a non-negative integer)")
-        if not isinstance(bias, (int, float)) or isinstance(bias, bool):
-            raise invalid("logit_bias", f"the bias of {key} must be a number in -100..100, got {bias!r}")
-        biases[int(key)] = bias
-    try:
-        return arguments.token_biases("logit_bias", biases, vocab_size)
-    except InvalidArgumentError as e:
-        raise APIError(422, str(e), "logit_bias") from None
 
 
 def _check_text(body: dict) -> None:
@@ -157,8 +110,10 @@ def echo_text(prompt: str | list[int], tokenizer) -> str:
     return tokenizer.decode(prompt, skip_special_tokens=False)
 
 
-def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
-    """A checked request from a decoded JSON body (`kind`: "chat" or "completion")."""
+def parse_request(body, kind: str, vocab_size: int, model_defaults: dict | None = None) -> GenerationRequest:
+    """A checked request from a decoded JSON body (`kind`: "chat" or "completion"); `model_defaults`: the
+    sampling fields of the model's generation_config.json (`chat.settings.model_defaults`), for those the
+    request leaves out."""
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     _check_text(body)
@@ -179,39 +134,24 @@ def parse_request(body, kind: str, vocab_size: int) -> GenerationRequest:
         if not isinstance(echo, bool):
             raise invalid("echo", "must be true or false")
         request.echo = echo
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = _number(body, name, 1, 2**31, integer=True)
-        if value is not None:
-            request.max_tokens = value
-            break
-    if request.max_tokens is None and kind == "completion":
-        request.max_tokens = 16  # OpenAI's default for completions
+    max_tokens = max_tokens_field(body, kind)
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise invalid("stream", "must be true or false")
     request.stream = stream
     request.include_usage = _stream_options(body.get("stream_options"))
-    # (low, high, integer, low bound excluded)
-    limits = {"temperature": (0, 2, False, False), "top_p": (0, 1, False, True), "top_k": (-1, 2**31, True, False),
-              "min_p": (0, 1, False, False), "repetition_penalty": (0, 10, False, True),
-              "presence_penalty": (-2, 2, False, False), "frequency_penalty": (-2, 2, False, False),
-              "seed": (*SEED_RANGE, True, False)}
-    for name, (low, high, integer, low_open) in limits.items():
-        value = _number(body, name, low, high, integer, low_open)
-        if value is not None:
-            request.sampling[name] = value
-    if request.sampling.get("top_k") == -1:
-        request.sampling["top_k"] = 0  # vLLM's "off"
-    if "seed" in request.sampling:
-        request.sampling["seed"] %= 2**63  # the engine's generators take non-negative seeds
-    if logit_bias := _logit_bias(body.get("logit_bias"), vocab_size):
-        request.sampling["logit_bias"] = logit_bias
-    request.stop = _stops(body.get("stop"))
-    request.n, request.logprobs = choices_field(body), logprobs_field(body, kind)
+    sampling = {**SAMPLING_DEFAULTS, **(model_defaults or {}), **sampling_fields(body, vocab_size)}
+    stop = stop_field(body.get("stop"))
+    request.n, logprobs = choices_field(body), logprobs_field(body, kind)
     try:
-        request.constraint = constraint_options(body)
+        constraint = constraint_options(body)
     except GrammarError as e:
         raise APIError(400, str(e), e.field, "invalid_constraint") from None
+    try:
+        request.options = RequestOptions(max_tokens=max_tokens, sampling=SamplingParams(**sampling), stop=stop,
+                                         logprobs=logprobs, **constraint)
+    except InvalidArgumentError as e:  # what passes the API's ranges but not the engine's (a temperature of 1e-6)
+        raise mid_output_error(e, request) from None
     return request
 
 

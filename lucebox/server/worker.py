@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lucebox.request_options import RequestOptions
 from lucebox.server.choices import choice_options
 from lucebox.server.openai_api import APIError
 
@@ -26,7 +27,7 @@ class Job:
     loop through `events`."""
 
     prompt_ids: list[int]
-    options: dict  # LLM.stream keywords
+    options: RequestOptions  # what LLM.stream runs on prompt_ids
     loop: asyncio.AbstractEventLoop
     n: int = 1  # choices, run one after another (`server.choices`)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -154,7 +155,7 @@ class EngineWorker:
 
     def _generate(self, job: Job) -> None:
         for index in range(job.n):  # each choice reuses the prompt's rows the one before left cached
-            with closing(self.llm.stream(job.prompt_ids, **choice_options(job.options, index))) as chunks:
+            with closing(self.llm.stream(job.prompt_ids, choice_options(job.options, index))) as chunks:
                 for chunk in chunks:
                     job.send(chunk)
                     if chunk.stats is not None:
