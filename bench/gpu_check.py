@@ -105,7 +105,7 @@ def laguna_xs2(check: Check) -> dict:
     first_prompt = list(range(3, 131))
     start = time.perf_counter()
     llm = contexts_llm(folder, dtype, device, max(*contexts, len(first_prompt) + 8) + tokens + 1, vram)
-    check.record("laguna_xs2", load_s=time.perf_counter() - start, backend=llm.backend)
+    check.record("laguna_xs2", load_s=time.perf_counter() - start, backend=llm.setup.backend)
     start = time.perf_counter()
     llm.generate(first_prompt, max_tokens=8, ignore_eos=True)
     check.record("laguna_xs2", first_request_s=time.perf_counter() - start)

@@ -28,7 +28,7 @@ def step_seconds(llm, cache, width: int, position: int, reps: int) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        llm.runner.step(rows, Step.span(position, width, device), cache)
+        llm.engine.runner.step(rows, Step.span(position, width, device), cache)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
@@ -47,7 +47,7 @@ def _device_kernels(llm, cache, position: int) -> int | None:
         return None
     for layer in cache.layers:  # the host's half of the step, as `StepRunner.step` does it
         layer.reserve(Step.span(position, 1, llm.device))
-    graph = llm.runner._graph(1, (), cache, False)
+    graph = llm.engine.runner._graph(1, (), cache, False)
     graph.inputs[0].fill_(1)
     graph.inputs[1].fill_(position)
     torch.cuda.synchronize(llm.device)
@@ -78,7 +78,7 @@ def step_profile(check) -> dict:
     llm = lucebox.LLM(str(folder), load_format="dummy", device=device.type, dtype=str(dtype).split(".")[-1],
                       quantization="int4", max_context=4096)
     cache = llm.engine.new_cache()
-    llm.runner.bind(cache)
+    llm.engine.runner.bind(cache)
     prompt = [(i * 7919) % llm.config.vocab_size for i in range(512 if cuda else 16)]
     for _ in llm.engine.prefill(prompt, cache):
         pass
@@ -88,7 +88,7 @@ def step_profile(check) -> dict:
     verify = step_seconds(llm, cache, 8, len(prompt), reps)
     check.record("step_profile", device_kernels_per_step_5_layers=_device_kernels(llm, cache, len(prompt)),
                  decode1_ms=decode * 1e3, verify8_ms=verify * 1e3, verify8_over_decode1=verify / decode,
-                 graphed=llm.runner.capture)
+                 graphed=llm.engine.runner.capture)
     shapes = XS2_SHAPES if cuda else TINY_SHAPES
     timer = Timer(device, 20 if cuda else 1)
     peak = peak_bandwidth(device, shapes["copy_bytes"], timer)

@@ -67,7 +67,7 @@ def main() -> None:
     llm = lucebox.LLM()
     steps: list[float] = []
     masks: list[float] = []
-    llm.runner.step = _timing(steps, llm.runner.step)
+    llm.engine.runner.step = _timing(steps, llm.engine.runner.step)
     constrain = GrammarState.constrain
     GrammarState.constrain = lambda self, *a: _timing(masks, constrain)(self, *a)
     llm.generate(PROMPTS[0], max_tokens=8, json_schema=NESTED, speculate=False)  # warm-up

@@ -134,10 +134,10 @@ def graphed_path(llm):
         from lucebox.engine.runner import StepGraph, StepRunner
     except ImportError:
         from lucebox.models.graphs import DecodeGraphs, _Segment
-        llm.decoder.graphs = DecodeGraphs(llm.decoder, capture=False)
+        llm.engine.decoder.graphs = DecodeGraphs(llm.engine.decoder, capture=False)
         return _Segment
     engine = getattr(llm, "engine", llm)  # the engine's parts moved out of `LLM` itself
-    engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    engine.runner = StepRunner(llm.engine.decoder, graphs=True, capture=False)
     return StepGraph
 
 

@@ -123,7 +123,7 @@ def main() -> None:
         (Path(tmp) / "config.json").write_text(json.dumps(config))
         llm = lucebox.LLM(tmp, load_format="dummy", device="cpu", dtype="float32", kv_policy=args.kv_policy,
                           max_context=max(contexts) + args.decode_tokens)
-        clock = MixerClock(llm.decoder)
+        clock = MixerClock(llm.engine.decoder)
         generator = torch.Generator().manual_seed(args.seed)
         llm.generate(torch.randint(0, config["vocab_size"], (64,), generator=generator).tolist(),
                      max_tokens=args.decode_tokens, ignore_eos=True, temperature=0.0)  # warm-up, not recorded
@@ -135,7 +135,7 @@ def main() -> None:
                 print(f"round {r + 1}/{args.repeats} ctx {ctx:>6}: decode {samples[ctx][-1]['decode']:7.2f} tok/s",
                       flush=True)
         rows = [row_of(ctx, samples[ctx]) for ctx in contexts]
-        cache = llm.cache_settings
+        cache = llm.setup.cache
 
     rates = [r["decode_tokens_per_s"] for r in rows]
     summary = {

@@ -78,7 +78,7 @@ def count(args) -> dict:
     llm = lucebox.LLM(str(folder), load_format="dummy", device=args.device, dtype=dtype, backend=args.backend,
                       quantization=None if args.quantization == "none" else args.quantization, kv_dtype=args.kv_dtype,
                       max_context=2048, kv_pool_tokens=640, kv_policy="select", prefill_chunk=64)
-    llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    llm.engine.runner = StepRunner(llm.engine.decoder, graphs=True, capture=False)
     parts = count_step_launches(llm, list(range(1, 21)), tokens=2)
     kinds: dict[str, dict] = {}
     for i, (layer_type, mlp_type) in enumerate(zip(config["layer_types"], config["mlp_layer_types"], strict=True)):

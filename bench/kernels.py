@@ -233,7 +233,7 @@ def decode_bytes_per_token(llm, context: int) -> int:
     from lucebox.memory.expert_cache import is_routed_expert
     from lucebox.speculative.proposer import tensor_bytes
 
-    cfg, w = llm.config, llm.decoder.w
+    cfg, w = llm.config, llm.engine.decoder.w
     total = tensor_bytes(w.values()) - tensor_bytes([w["embed"]]) + w["embed"][0].numel() * w["embed"].element_size()
     if cfg.moe is not None:
         for name, t in w.items():
@@ -265,7 +265,7 @@ def bench_model(folder, dtype, device, peak, tokens: int, dry: bool) -> list[dic
         if not dry:
             from lucebox.speculative.drafters import measure_verify_seconds
 
-            verify = measure_verify_seconds(llm.runner, llm.engine.new_cache(), llm.engine.clock, widths=(1, 8))
+            verify = measure_verify_seconds(llm.engine.runner, llm.engine.new_cache(), llm.engine.clock, widths=(1, 8))
         rate = stats["decode_tokens_per_s"]
         rows.append({"backend": backend, "weights": scheme or str(dtype).split(".")[-1], "cuda_graphs": graphs,
                      "decode_tokens_per_s": rate, "bytes_per_token": per_token,
@@ -302,8 +302,8 @@ def bench_contexts(folder, dtype, device, contexts: list[int], tokens: int, vram
             torch.cuda.reset_peak_memory_stats(device)
         llm.prefill(prompt[:context])
         stats = llm.generate(prompt[:context], max_tokens=tokens, ignore_eos=True).stats
-        rows.append({"context": context, "weights": "int4", "kv_policy": llm.cache_settings.kv_policy,
-                     "kv_pool_tokens": llm.cache_settings.kv_pool_tokens, "cuda_graphs": llm.runner.graphs,
+        rows.append({"context": context, "weights": "int4", "kv_policy": llm.setup.cache.kv_policy,
+                     "kv_pool_tokens": llm.setup.cache.kv_pool_tokens, "cuda_graphs": llm.engine.runner.graphs,
                      "decode_tokens_per_s": stats["decode_tokens_per_s"], "generated_tokens": stats["generated_tokens"],
                      "peak_device_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
                      "memory": llm.memory(), "vram_budget": vram, "kv_dtype": kv_dtype,

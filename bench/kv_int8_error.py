@@ -46,13 +46,13 @@ def teacher_forced(llm, tokens: list[int], prefill: int) -> tuple[torch.Tensor, 
     from lucebox.caches import Step
 
     cache = llm.engine.new_cache()
-    first = torch.cat([llm.decoder.logits(h) for h in llm.engine.prefill(tokens[:prefill], cache)])
+    first = torch.cat([llm.engine.decoder.logits(h) for h in llm.engine.prefill(tokens[:prefill], cache)])
     ids = torch.tensor(tokens)
     steps = []
     for position in range(prefill, len(tokens)):
-        hidden, _ = llm.decoder.forward_capturing(ids[position : position + 1], Step.span(position, 1, llm.device),
-                                                  cache, ())
-        steps.append(llm.decoder.logits(hidden))
+        step = Step.span(position, 1, llm.device)
+        hidden, _ = llm.engine.decoder.forward_capturing(ids[position : position + 1], step, cache, ())
+        steps.append(llm.engine.decoder.logits(hidden))
         cache.commit(position + 1)
     return first.float(), torch.cat(steps).float(), cache.memory()
 

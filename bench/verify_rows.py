@@ -55,7 +55,7 @@ def main() -> None:
     llm = lucebox.LLM(device="cpu", dtype="float32")
     name, prompt = prompts_from_held_out(llm.tokenizer, 1, args.prompt_tokens)[0]
     cache = llm.engine.new_cache()
-    llm.runner.bind(cache)
+    llm.engine.runner.bind(cache)
     for _ in llm.engine.prefill(prompt, cache):
         pass
     cache.commit(len(prompt))

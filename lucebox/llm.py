@@ -72,26 +72,20 @@ class LLM:
         self.engine: Engine = build_engine(self.setup, load_progress)
         self.session = Session(self.engine)
         self.draft_k = config.draft_k
-        if self.runner.graphs and self.runner.capture:  # a GPU: no request waits for a capture
+        if self.engine.runner.graphs and self.engine.runner.capture:  # a GPU: no request waits for a capture
             self.session.capture_graphs(capture_progress)
         if self.engine.proposer is not None and config.adaptive:
             self.session.warm()  # the adaptive width's start-up cost table, on the cache the first request reuses
 
-    # What callers of an engine read most (tests, bench, the server); the rest through `setup`, `engine`.
+    # What users of a model read; the rest through `setup` (what was settled: backend, quantization,
+    # cache settings, prefill chunk...) and `engine` (the built parts: decoder, runner...).
     engine_config = property(lambda self: self.setup.config, doc="The `EngineConfig` this engine was opened with.")
     config = property(lambda self: self.setup.model, doc="The model's normalized `ModelConfig`.")
     description = property(lambda self: self.setup.description)
     device = property(lambda self: self.setup.device)
     dtype = property(lambda self: self.setup.dtype)
-    backend = property(lambda self: self.setup.backend)
-    quantization = property(lambda self: self.setup.quantization)
     vram_plan = property(lambda self: self.setup.vram_plan)
-    expert_slots = property(lambda self: self.setup.expert_slots)
-    prefill_chunk = property(lambda self: self.setup.prefill_chunk)
-    cache_settings = property(lambda self: self.setup.cache)
     max_context = property(lambda self: self.setup.cache.max_context)
-    decoder = property(lambda self: self.engine.decoder)
-    runner = property(lambda self: self.engine.runner)
     proposer = property(lambda self: self.engine.proposer)
     eos_token_ids = property(lambda self: self.engine.eos_token_ids)
 
@@ -144,7 +138,7 @@ class LLM:
         try:
             for done, _ in enumerate(self.engine.prefill(ids, cache, proposer, (len(ids) - 1, len(ids))), 1):
                 if on_progress is not None:
-                    on_progress(min(reused + done * self.prefill_chunk, len(ids)), len(ids))
+                    on_progress(min(reused + done * self.setup.prefill_chunk, len(ids)), len(ids))
         finally:
             self.session.keep(cache, ids)
         return len(ids) - reused
@@ -198,7 +192,7 @@ class LLM:
             raise InvalidArgumentError("token_ids is empty; give at least one token")
         self._check_context(len(ids), f"{len(ids)} tokens")
         hidden = self.engine.prefill(ids, self.engine.new_cache())
-        return torch.cat([self.decoder.logits(h) for h in hidden]).to(self.engine.logits_dtype)
+        return torch.cat([self.engine.decoder.logits(h) for h in hidden]).to(self.engine.logits_dtype)
 
     def memory(self) -> dict[str, int]:
         """Bytes: weights, ring caches, device KV pool, KVFlash chunk summaries, host KV now and
@@ -211,9 +205,9 @@ class LLM:
         drafter = planned["drafter"]
         if self.session.drafter_follows:  # a request has started the drafter (allocating its rings)
             drafter = self.proposer.device_bytes()
-        weights = tensor_bytes(self.decoder.w.values())
+        weights = tensor_bytes(self.engine.decoder.w.values())
         return {"weights": weights, **now, "kv_host_max": planned["kv_host_max"], "drafter": drafter,
-                "dense_copies_cpu": kept_dense_bytes(self.decoder.w.values()),
+                "dense_copies_cpu": kept_dense_bytes(self.engine.decoder.w.values()),
                 "dense_copies_cpu_max": planned["dense_copies_cpu_max"]}
 
     # -- checks -----------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def test_builtin_compresses_held_out_code_better_than_xz(builtin):
     assert "heapq.py" in HELD_OUT and path in stdlib_files("held_out")
     text = path.read_text()
     ids = builtin.tokenizer.encode(text) + [builtin.tokenizer.eos_token_ids[0]]
-    model_bpc = evaluate_bits(builtin.decoder, [ids], 512) / len(text)
+    model_bpc = evaluate_bits(builtin.engine.decoder, [ids], 512) / len(text)
     xz_bpc = 8 * len(lzma.compress(text.encode(), preset=9 | lzma.PRESET_EXTREME)) / len(text)
     print(f"heapq.py: model {model_bpc:.3f} bits/char, xz -9e {xz_bpc:.3f}")
     assert model_bpc < xz_bpc

@@ -75,7 +75,7 @@ def test_a_step_cut_short_outside_the_caches_is_never_reused(scenario, monkeypat
     """An interrupt in the model between two layers' writes: the cache is dirty, so the next
     request prefills afresh instead of trusting rows some layers hold and others lack."""
     llm = scenario.after_first_request()
-    real, calls = llm.decoder.run_layer, []
+    real, calls = llm.engine.decoder.run_layer, []
 
     def cut(i, *args):
         calls.append(i)
@@ -83,7 +83,7 @@ def test_a_step_cut_short_outside_the_caches_is_never_reused(scenario, monkeypat
             raise KeyboardInterrupt
         return real(i, *args)
 
-    monkeypatch.setattr(llm.decoder, "run_layer", cut)
+    monkeypatch.setattr(llm.engine.decoder, "run_layer", cut)
     with pytest.raises(KeyboardInterrupt):
         scenario.run(llm, scenario.second)
     monkeypatch.undo()

@@ -23,11 +23,11 @@ def test_kept_dequantized_weights_give_the_per_step_path_s_logits_and_tokens(tmp
         return llm, logits, llm.generate(prefill, max_tokens=12, ignore_eos=True, temperature=0.0).token_ids
 
     kept, kept_logits, kept_tokens = run()
-    experts = kept.decoder.w["layers.1.experts_gate_up"]
+    experts = kept.engine.decoder.w["layers.1.experts_gate_up"]
     assert isinstance(experts, quant.QuantizedTensor) and experts.dense is not None  # the codes stay too
     monkeypatch.setattr(quant, "_free_host_bytes", lambda: 0)  # no room: every step dequantizes again
     per_step, per_step_logits, per_step_tokens = run()
-    assert per_step.decoder.w["layers.1.experts_gate_up"].dense is None
+    assert per_step.engine.decoder.w["layers.1.experts_gate_up"].dense is None
     for got, want in zip(kept_logits, per_step_logits, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert kept_tokens == per_step_tokens

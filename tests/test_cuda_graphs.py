@@ -40,14 +40,14 @@ def test_graphed_steps_equal_the_plain_forward(reference_models, kv):
     prompt = PROMPT * (32 if kv.startswith("select-offload") else 1)  # 960 tokens: past the pool
     plain = lucebox.LLM(folder, **options)
     graphed = lucebox.LLM(folder, draft=str(folder), draft_k=6, adaptive=False, **options)
-    graphed.engine.runner = StepRunner(graphed.decoder, graphs=True, capture=False)
+    graphed.engine.runner = StepRunner(graphed.engine.decoder, graphs=True, capture=False)
     want = plain.generate(prompt, max_tokens=70, ignore_eos=True).token_ids
     got = graphed.generate(prompt, max_tokens=70, ignore_eos=True)
     assert got.token_ids == want
-    assert {w for w, *_ in graphed.runner.widths} >= {7}  # verify blocks of 1 + 6 drafts ran through it
-    plain.engine.runner = StepRunner(plain.decoder, graphs=True, capture=False)
+    assert {w for w, *_ in graphed.engine.runner.widths} >= {7}  # verify blocks of 1 + 6 drafts ran through it
+    plain.engine.runner = StepRunner(plain.engine.decoder, graphs=True, capture=False)
     assert plain.generate(prompt, max_tokens=70, ignore_eos=True).token_ids == want
-    assert {w for w, *_ in plain.runner.widths} == {1}
+    assert {w for w, *_ in plain.engine.runner.widths} == {1}
 
 
 def test_graphed_hybrid_steps_equal_the_plain_forward(reference_models):
@@ -57,17 +57,17 @@ def test_graphed_hybrid_steps_equal_the_plain_forward(reference_models):
     options = dict(device="cpu", dtype="float64")
     want = lucebox.LLM(folder, **options).generate(PROMPT, max_tokens=40, ignore_eos=True).token_ids
     graphed = lucebox.LLM(folder, draft=str(drafter), draft_k=6, adaptive=False, **options)
-    graphed.engine.runner = StepRunner(graphed.decoder, graphs=True, capture=False)
+    graphed.engine.runner = StepRunner(graphed.engine.decoder, graphs=True, capture=False)
     got = graphed.generate(PROMPT, max_tokens=40, ignore_eos=True)
     assert got.token_ids == want and any(a < 1 for a in got.stats["acceptance_by_position"])
-    assert {w for w, *_ in graphed.runner.widths} >= {7}
+    assert {w for w, *_ in graphed.engine.runner.widths} >= {7}
 
 
 def test_cuda_graphs_need_cuda_and_triton(reference_models):
     folder, _ = reference_models("laguna")
     with pytest.raises(InvalidArgumentError, match="cuda_graphs=True needs device='cuda'"):
         lucebox.LLM(folder, device="cpu", cuda_graphs=True)
-    assert lucebox.LLM(folder, device="cpu").runner.graphs is False
+    assert lucebox.LLM(folder, device="cpu").engine.runner.graphs is False
 
 
 def laguna_tiny(tmp_path, dtype: str, capture: bool = True, **options) -> lucebox.LLM:
@@ -79,7 +79,7 @@ def laguna_tiny(tmp_path, dtype: str, capture: bool = True, **options) -> lucebo
     llm = lucebox.LLM(folder, device="cuda", dtype=dtype, backend="triton", load_format="dummy", cuda_graphs=True,
                       **{"max_context": 2048, **options})
     if not capture:
-        llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+        llm.engine.runner = StepRunner(llm.engine.decoder, graphs=True, capture=False)
     return llm
 
 
@@ -104,7 +104,7 @@ def test_replayed_graphs_equal_the_uncaptured_step_on_cuda(tmp_path, dtype, kv):
     if dtype == "float32":  # a verify block rounds differently from single rows: compare where rounding is small
         assert (speculative.generate(repetitive, max_tokens=40, ignore_eos=True).token_ids
                 == uncaptured.generate(repetitive, max_tokens=40, ignore_eos=True).token_ids)
-        assert len(speculative.runner.widths) >= 2
+        assert len(speculative.engine.runner.widths) >= 2
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -122,15 +122,15 @@ def test_every_width_replays_the_uncaptured_steps_logits_on_cuda(tmp_path):
     for _ in range(3):
         for width in range(1, DECODE_ROWS + 1):
             rows = [(position * 31 + i * 7) % VOCAB for i in range(width)]
-            outs = [llm.runner.step(rows, Step.span(position, width, llm.device), cache)
+            outs = [llm.engine.runner.step(rows, Step.span(position, width, llm.device), cache)
                     for llm, cache in zip(engines, caches, strict=True)]
             assert torch.equal(outs[0].logits, outs[1].logits), (width, position)
             for cache in caches:  # a verify that kept its first row
                 cache.commit(position + 1)
                 cache.rollback(position + 1)
             position += 1
-    assert {w for w, *_ in engines[0].runner.widths} == set(range(1, DECODE_ROWS + 1))
-    assert len({graph.pool for graph in engines[0].runner.widths.values()}) == 1  # one memory pool for all
+    assert {w for w, *_ in engines[0].engine.runner.widths} == set(range(1, DECODE_ROWS + 1))
+    assert len({graph.pool for graph in engines[0].engine.runner.widths.values()}) == 1  # one memory pool for all
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -143,7 +143,7 @@ def test_the_drafters_replayed_block_pass_equals_its_eager_pass_on_cuda(tmp_path
     llm = laguna_tiny(tmp_path, "float32", draft=str(drafter), adaptive=False, tree_budget=0)
     proposer = llm.proposer
     proposer.lookup = None
-    assert proposer.graph.graph is not None and proposer.graph.pool is llm.runner.pool  # captured when opened
+    assert proposer.graph.graph is not None and proposer.graph.pool is llm.engine.runner.pool  # captured when opened
     out = llm.generate(PROMPT, max_tokens=40, ignore_eos=True)
     assert out.token_ids == plain
     context = PROMPT + out.token_ids[:-1]
@@ -165,12 +165,12 @@ def test_the_graphed_step_never_syncs_with_the_host(reference_models, arch):
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", backend="triton", max_context=1024,
                       kv_pool_tokens=640, kv_policy="select")
     cache = llm.engine.new_cache()
-    llm.runner.step(PROMPT, Step.span(0, len(PROMPT), llm.device, prefill=True), cache)
+    llm.engine.runner.step(PROMPT, Step.span(0, len(PROMPT), llm.device, prefill=True), cache)
     cache.commit(len(PROMPT))
     step = Step.span(len(PROMPT), 5, llm.device)
     for layer in cache.layers:
         layer.reserve(step)
-    graph = StepGraph(llm.decoder, cache, width=5, layers=(), capture=False)
+    graph = StepGraph(llm.engine.decoder, cache, width=5, layers=(), capture=False)
     graph.inputs.copy_(torch.stack([torch.tensor(PROMPT[:5]), step.positions]))
     with no_host_sync():
         out = graph.body()
@@ -184,11 +184,11 @@ def test_graphs_follow_the_session_cache_and_let_dropped_ones_go(reference_model
     folder, _ = reference_models("laguna")
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", draft="ngram")
     cache = llm.session.cache
-    assert llm.runner._bound is cache and not cache.dirty  # timed at start-up, left clean
+    assert llm.engine.runner._bound is cache and not cache.dirty  # timed at start-up, left clean
     llm.generate(PROMPT, max_tokens=4, ignore_eos=True)
     llm.generate(PROMPT[::-1], max_tokens=4, ignore_eos=True)  # shares nothing: emptied, not replaced
-    assert llm.session.cache is cache and llm.runner._bound is cache
+    assert llm.session.cache is cache and llm.engine.runner._bound is cache
     llm.drop_cache()
-    assert llm.runner._bound is None
+    assert llm.engine.runner._bound is None
     llm.generate(PROMPT, max_tokens=4, ignore_eos=True)
-    assert llm.runner._bound is llm.session.cache is not cache
+    assert llm.engine.runner._bound is llm.session.cache is not cache

@@ -32,7 +32,7 @@ def test_the_graphed_block_pass_drafts_as_the_eager_one_and_decoding_stays_plain
     llm = lucebox.LLM(laguna, draft=str(drafter), adaptive=False, tree_budget=0, draft_ctx=48, **COMMON)
     proposer = llm.proposer
     proposer.lookup = None  # every draft from the drafter's own pass
-    llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    llm.engine.runner = StepRunner(llm.engine.decoder, graphs=True, capture=False)
     proposer.graph_with(capture=False)
     llm.session.capture_graphs()  # the drafter's pass too, over its empty rings
     out = llm.generate(PROMPT, max_tokens=40, ignore_eos=True)

@@ -67,12 +67,12 @@ def test_markov_head_reads_the_draft_before_each_position(laguna, dspark):
     drafter = llm.proposer.drafter
     assert drafter.heads is not None
     tokens = TOKENS[0].tolist()
-    _, features = target_signals(llm.decoder, TOKENS, drafter.cfg.target_layer_ids)
+    _, features = target_signals(llm.engine.decoder, TOKENS, drafter.cfg.target_layer_ids)
     anchors = torch.tensor([[5, 17, 30]])
-    hidden = draft_hidden(drafter, llm.decoder, features, TOKENS, anchors)[0, :, 1:]  # (3, bs-1, H)
+    hidden = draft_hidden(drafter, llm.engine.decoder, features, TOKENS, anchors)[0, :, 1:]  # (3, bs-1, H)
     moved = 0
     for m, anchor in enumerate(anchors[0].tolist()):
-        base = drafter.logits(llm.decoder, hidden[m])
+        base = drafter.logits(llm.engine.decoder, hidden[m])
         greedy = engine_draft(llm, tokens, anchor, 0.0)
         ref, confidence = reference_chain(drafter, base, hidden[m], [tokens[anchor], *greedy.tokens[:-1]])
         assert greedy.tokens == ref.argmax(-1).tolist(), f"anchor {anchor}"
@@ -141,7 +141,7 @@ def test_a_frozen_backbone_gets_no_gradient_and_the_heads_do(laguna, dspark):
     for frozen in (True, False):
         for w in drafter.w.values():
             w.grad = None
-        loss, agree = distill_loss(drafter, llm.decoder, TOKENS, anchors, position_weights(DistillSettings()),
+        loss, agree = distill_loss(drafter, llm.engine.decoder, TOKENS, anchors, position_weights(DistillSettings()),
                                    frozen=frozen)
         loss.backward()
         assert agree.shape == (drafter.cfg.block_size - 1,)
@@ -251,12 +251,12 @@ def test_training_feeds_each_row_the_token_before_it_as_inference_does(laguna, d
 
     llm = lucebox.LLM(laguna, draft=str(dspark), adaptive=False, **COMMON)
     drafter = llm.proposer.drafter
-    _, features = target_signals(llm.decoder, TOKENS, drafter.cfg.target_layer_ids)
+    _, features = target_signals(llm.engine.decoder, TOKENS, drafter.cfg.target_layer_ids)
     anchors = torch.tensor([[5, 17]])
-    logits, hidden, _ = drafted_logits(drafter, llm.decoder, features, TOKENS, anchors)
+    logits, hidden, _ = drafted_logits(drafter, llm.engine.decoder, features, TOKENS, anchors)
     J = drafter.cfg.block_size - 1
     for m, a in enumerate(anchors[0].tolist()):
-        base = drafter.logits(llm.decoder, hidden[0, m])  # the backbone's own logits
+        base = drafter.logits(llm.engine.decoder, hidden[0, m])  # the backbone's own logits
         ref, _ = reference_chain(drafter, base, hidden[0, m], TOKENS[0, a : a + J].tolist())
         assert torch.allclose(logits[0, m], ref.float(), atol=1e-5)
 

@@ -117,6 +117,6 @@ def test_a_context_past_the_trained_length_is_warned_about(reference_models, cap
 
 def test_limits_are_what_the_engine_is_sized_by(reference_models):
     llm = lucebox.LLM(reference_models("llama")[0], device="cpu")
-    assert llm.cache_settings.decode_rows == DECODE_ROWS and llm.engine_config == EngineConfig(
+    assert llm.setup.cache.decode_rows == DECODE_ROWS and llm.engine_config == EngineConfig(
         reference_models("llama")[0], device="cpu")
-    assert limits.PREFILL_CHUNK["cpu"] == llm.prefill_chunk
+    assert limits.PREFILL_CHUNK["cpu"] == llm.setup.prefill_chunk

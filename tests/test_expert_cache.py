@@ -29,7 +29,8 @@ def test_experts_in_host_memory_give_the_all_on_device_output(reference_models, 
     top_k, experts = plain.config.moe.top_k, plain.config.moe.num_experts
     count = top_k if slots == "fewest" else experts
     cached = _engine(folder, experts_on_host=True, expert_slots=count)
-    assert all(name not in cached.decoder.w for name in plain.decoder.w if name.endswith("experts_gate_up"))
+    routed = [name for name in plain.engine.decoder.w if name.endswith("experts_gate_up")]
+    assert all(name not in cached.engine.decoder.w for name in routed)
     want = plain.generate(PROMPT, max_tokens=8, ignore_eos=True)
     got = cached.generate(PROMPT, max_tokens=8, ignore_eos=True)
     assert got.token_ids == want.token_ids
@@ -92,7 +93,7 @@ def test_bad_expert_options_are_refused(reference_models):
         _engine(folder, experts_on_host=True, expert_slots=1)
     with pytest.raises(InvalidArgumentError, match="expert_slots needs the experts in host memory"):
         _engine(folder, experts_on_host=False, expert_slots=4)
-    assert _engine(folder, expert_slots=4).expert_slots == 4  # a cache size asks for the cache
+    assert _engine(folder, expert_slots=4).setup.expert_slots == 4  # a cache size asks for the cache
     dense, _ = reference_models("llama")
     with pytest.raises(InvalidArgumentError, match="needs a mixture-of-experts model"):
         _engine(dense, experts_on_host=True)
@@ -139,7 +140,7 @@ def test_a_budget_too_small_for_every_expert_moves_them_to_host_memory(reference
     chosen = plan_for_budget(cfg, budget, **plan)
     assert chosen.fits and chosen.choices["experts_on_host"]
     llm = _engine(folder, **fixed, vram_budget=budget)
-    assert llm.expert_slots == chosen.choices["expert_slots"] < cfg.moe.num_experts
+    assert llm.setup.expert_slots == chosen.choices["expert_slots"] < cfg.moe.num_experts
     assert llm.memory()["weights"] < on_device
     want = _engine(folder, max_context=1024).generate(PROMPT, max_tokens=5, ignore_eos=True).token_ids
     assert llm.generate(PROMPT, max_tokens=5, ignore_eos=True).token_ids == want

@@ -108,7 +108,7 @@ def test_attention_projections_load_as_one_weight_whose_rows_are_the_originals(r
     """Laguna (q, k, v and the softplus gate's wg): one fused weight, the originals views of its
     rows, so the bytes are held once."""
     folder, _ = reference_models("laguna")
-    w = lucebox.LLM(folder, device="cpu", dtype="float32", quantization=quantization).decoder.w
+    w = lucebox.LLM(folder, device="cpu", dtype="float32", quantization=quantization).engine.decoder.w
     fused, parts = w["layers.0.wqkv"], [w[f"layers.0.{n}"] for n in ("wq", "wk", "wv", "wg")]
     codes = (lambda t: t.codes) if quantization else (lambda t: t)
     assert isinstance(fused, QuantizedTensor) == (quantization is not None)
@@ -156,12 +156,12 @@ def test_the_graphed_decode_step_runs_the_attention_half_in_few_operators(refere
     attention with the gate inside; no separate rotate, QK norm or gate."""
     folder, _ = reference_models("laguna")
     llm = lucebox.LLM(folder, device="cpu", dtype="float32")
-    llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    llm.engine.runner = StepRunner(llm.engine.decoder, graphs=True, capture=False)
     cache = llm.engine.new_cache()
     prompt = list(range(3, 40))
     for _ in llm.engine.prefill(prompt, cache):
         pass
-    calls, w = defaultdict(list), llm.decoder.w
+    calls, w = defaultdict(list), llm.engine.decoder.w
 
     def spied(name, real):
         def spy(*args, **kwargs):
@@ -169,10 +169,10 @@ def test_the_graphed_decode_step_runs_the_attention_half_in_few_operators(refere
             return real(*args, **kwargs)
         return spy
 
-    table = llm.decoder.kernels
+    table = llm.engine.decoder.kernels
     names = ("linear", "rotate", "rms_norm", "softplus_gate", "norm_rope_store", "attention_partial")
-    llm.decoder.kernels = dataclasses.replace(table, **{n: spied(n, getattr(table, n)) for n in names})
-    llm.runner.step([5], Step.span(len(prompt), 1, llm.device), cache)
+    llm.engine.decoder.kernels = dataclasses.replace(table, **{n: spied(n, getattr(table, n)) for n in names})
+    llm.engine.runner.step([5], Step.span(len(prompt), 1, llm.device), cache)
     layers = len(llm.config.layers)
     fused = {id(w[f"layers.{i}.wqkv"]) for i in range(layers)}
     parts = {id(w[f"layers.{i}.{n}"]) for i in range(layers) for n in ("wq", "wk", "wv", "wg")}

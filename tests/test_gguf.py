@@ -101,7 +101,7 @@ def test_laguna_model_exercises_every_feature(tmp_path):
 
 def test_linear_weights_stay_quantized_and_the_rest_is_in_the_model_dtype(tmp_path):
     write_tiny_gguf("qwen3moe", "Q4_K", tmp_path / "model.gguf")
-    w = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32").decoder.w
+    w = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32").engine.decoder.w
     for name in ("layers.0.wq", "layers.0.w_gate_up", "layers.1.experts_gate_up", "layers.1.experts_down"):
         assert isinstance(w[name], QuantizedTensor) and w[name].bits == 4 and w[name].mins is not None, name
     for name in ("embed", "lm_head", "layers.1.router", "norm"):
@@ -128,10 +128,10 @@ def test_a_file_mixing_every_block_type_matches_its_dequantized_twin(tmp_path, m
     assert relative_error(llm.logits(PROMPT), reference_logits(ref, PROMPT)) <= 1e-6
     # On the CPU q, k, v of mixed types fuse as one dense weight of their kept dense copies
     # (`models/fused_projections.py`); with no host room for those, IQ4_XS stays in codes.
-    assert type(llm.decoder.w["layers.1.wqkv"]) is torch.Tensor
+    assert type(llm.engine.decoder.w["layers.1.wqkv"]) is torch.Tensor
     monkeypatch.setattr(quant, "_free_host_bytes", lambda: 0)
     llm = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype=torch.float64)
-    assert isinstance(llm.decoder.w["layers.1.wq"], QuantizedTensor)
+    assert isinstance(llm.engine.decoder.w["layers.1.wq"], QuantizedTensor)
 
 
 @pytest.mark.parametrize("block_type", KERNEL_LAYOUTS)
@@ -256,7 +256,7 @@ def test_memory_plan_counts_the_weights_as_they_are_held(qtype, tmp_path, capsys
     llm = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32")
     # The fused attention projections (`wqkv`) are the bytes their rows' views wq, wk, wv already count.
     held = sum(w.nbytes() if isinstance(w, QuantizedTensor) else w.numel() * w.element_size()
-               for name, w in llm.decoder.w.items() if not name.endswith(".wqkv"))
+               for name, w in llm.engine.decoder.w.items() if not name.endswith(".wqkv"))
     assert llm.setup.memory["weights"] == held
     # The VRAM planner and `lucebox info --vram` count them so too, and the expert cache from them.
     assert main(["info", str(tmp_path / "model.gguf"), "--vram", "1GiB", "--dtype", "float32", "--json"]) == 0
@@ -264,7 +264,7 @@ def test_memory_plan_counts_the_weights_as_they_are_held(qtype, tmp_path, capsys
     on_host = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32", experts_on_host=True,
                           expert_slots=2)
     routed = sum(w.nbytes() if isinstance(w, QuantizedTensor) else w.numel() * w.element_size()
-                 for name, w in llm.decoder.w.items() if name.endswith(("experts_gate_up", "experts_down")))
+                 for name, w in llm.engine.decoder.w.items() if name.endswith(("experts_gate_up", "experts_down")))
     assert on_host.setup.memory["experts_host"] == routed
     assert on_host.setup.memory["weights"] == held - routed + routed * 2 // llm.config.moe.num_experts
     assert on_host.generate([1, 2, 3], max_tokens=4, ignore_eos=True).token_ids == \

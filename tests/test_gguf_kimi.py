@@ -48,10 +48,10 @@ def test_a_gguf_gets_the_config_and_weights_of_its_hugging_face_original(tmp_pat
     # GGUF keeps eps as float32, and has no checkpoint dtype
     assert dataclasses.replace(from_gguf, rms_norm_eps=from_hf.rms_norm_eps, checkpoint_dtype="float64") == from_hf
     llm = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype=torch.float64)
-    gguf_w = llm.decoder.w
+    gguf_w = llm.engine.decoder.w
     held = tensor_bytes(gguf_w.values())  # views of a fused projection share its bytes
     assert llm.setup.memory["weights"] == held  # the memory plan counts the blocks kept
-    hf_w = lucebox.LLM(tmp_path / "hf", device="cpu", dtype=torch.float64).decoder.w
+    hf_w = lucebox.LLM(tmp_path / "hf", device="cpu", dtype=torch.float64).engine.decoder.w
     assert gguf_w.keys() == hf_w.keys()
     for name in hf_w:
         assert torch.allclose(_plain(gguf_w[name]), hf_w[name].double(), rtol=1e-12, atol=1e-15), name

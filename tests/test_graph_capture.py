@@ -15,15 +15,15 @@ def test_graphs_are_captured_at_start_up_and_the_first_request_reuses_them(refer
     plain = lucebox.LLM(folder, device="cpu", dtype="float32")
     expected = plain.generate(PROMPT, max_tokens=12, ignore_eos=True).token_ids
     llm = lucebox.LLM(folder, device="cpu", dtype="float32")
-    llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    llm.engine.runner = StepRunner(llm.engine.decoder, graphs=True, capture=False)
     reported = []
     llm.session.capture_graphs(lambda done, total: reported.append((done, total)))
     assert reported == [(i, DECODE_ROWS) for i in range(1, DECODE_ROWS + 1)]
-    graphs = dict(llm.runner.widths)
+    graphs = dict(llm.engine.runner.widths)
     assert set(graphs) == {(width, (), False) for width in range(1, DECODE_ROWS + 1)}
     cache = llm.session.cache
-    assert cache.length == 0 and not cache.dirty and llm.runner._bound is cache
+    assert cache.length == 0 and not cache.dirty and llm.engine.runner._bound is cache
     llm.session.warm()  # what opening does next with a drafter: it replays the graphs, keeping them
-    assert llm.runner.widths == graphs and llm.session.cache is cache
+    assert llm.engine.runner.widths == graphs and llm.session.cache is cache
     assert llm.generate(PROMPT, max_tokens=12, ignore_eos=True).token_ids == expected
-    assert llm.session.cache is cache and llm.runner.widths[(1, (), False)] is graphs[(1, (), False)]
+    assert llm.session.cache is cache and llm.engine.runner.widths[(1, (), False)] is graphs[(1, (), False)]

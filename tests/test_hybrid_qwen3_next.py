@@ -151,7 +151,7 @@ def test_the_training_forward_is_differentiable_through_recurrent_layers(llm, fl
     differences (float64 throughout)."""
     from lucebox.training.forward import forward_batch
 
-    decoder = llm.decoder
+    decoder = llm.engine.decoder
     ids = torch.tensor([PROMPT[:20], PROMPT[20:]])
     probe = torch.randn(2, 20, llm.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
 

@@ -40,19 +40,20 @@ def layer_calls(monkeypatch):
 def test_every_forward_runs_its_layers_through_the_one_loop(reference_models, layer_calls):
     folder, _ = reference_models("laguna")
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", max_context=256)
-    llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    llm.engine.runner = StepRunner(llm.engine.decoder, graphs=True, capture=False)
     cache, prompt = llm.engine.new_cache(), PROMPT[0].tolist()
     one_pass = ["loop", *range(len(llm.config.layers))]
 
     def graphed_step():
-        llm.runner.step(prompt[:3], Step.span(len(prompt), 3, llm.device), cache)
-        assert llm.runner.widths  # the step took the graphed path
+        llm.engine.runner.step(prompt[:3], Step.span(len(prompt), 3, llm.device), cache)
+        assert llm.engine.runner.widths  # the step took the graphed path
 
     forwards = {
-        "eager prefill": lambda: llm.runner.step(prompt, Step.span(0, len(prompt), llm.device, prefill=True), cache),
+        "eager prefill": lambda: llm.engine.runner.step(prompt, Step.span(0, len(prompt), llm.device, prefill=True),
+                                                        cache),
         "graphed step": graphed_step,
-        "training": lambda: forward_batch(llm.decoder, PROMPT, (0, 2)),
-        "batched generation": lambda: forward_cached(llm.decoder, PROMPT, BatchCache(len(llm.config.layers))),
+        "training": lambda: forward_batch(llm.engine.decoder, PROMPT, (0, 2)),
+        "batched generation": lambda: forward_cached(llm.engine.decoder, PROMPT, BatchCache(len(llm.config.layers))),
     }
     for name, forward in forwards.items():
         layer_calls.clear()
@@ -82,6 +83,6 @@ def test_the_drafter_s_layers_are_written_once_too(monkeypatch):
     llm.generate("def mean(xs):\n", max_tokens=8, speculate=True, ignore_eos=True)
     assert calls and len(calls) % len(layers) == 0 and calls == layers * (len(calls) // len(layers))
     calls.clear()
-    _, features = target_signals(llm.decoder, PROMPT[:1], drafter.cfg.target_layer_ids)
-    draft_hidden(drafter, llm.decoder, features, PROMPT[:1], torch.tensor([[2, 5]]))
+    _, features = target_signals(llm.engine.decoder, PROMPT[:1], drafter.cfg.target_layer_ids)
+    draft_hidden(drafter, llm.engine.decoder, features, PROMPT[:1], torch.tensor([[2, 5]]))
     assert calls == layers

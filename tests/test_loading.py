@@ -28,8 +28,8 @@ def test_half_precision_checkpoints_are_converted_to_the_requested_dtype(llama_c
     rewrite_weights(llama_copy, lambda t: t.update({k: v.to(torch.bfloat16) for k, v in t.items()}))
     stored = load_file(llama_copy / "model.safetensors")["model.embed_tokens.weight"]
     llm = lucebox.LLM(llama_copy, device="cpu", dtype="float32")
-    assert llm.decoder.w["embed"].dtype == torch.float32
-    assert torch.equal(llm.decoder.w["embed"], stored.to(torch.float32))
+    assert llm.engine.decoder.w["embed"].dtype == torch.float32
+    assert torch.equal(llm.engine.decoder.w["embed"], stored.to(torch.float32))
 
 
 def test_dummy_load_needs_only_config_json(tmp_path, reference_models):
@@ -38,7 +38,7 @@ def test_dummy_load_needs_only_config_json(tmp_path, reference_models):
     llm = lucebox.LLM(tmp_path, device="cpu", dtype="float32", load_format="dummy")
     out = llm.generate([1, 2, 3], max_tokens=5, ignore_eos=True)
     assert len(out.token_ids) == 5
-    assert llm.decoder.w["layers.1.experts_gate_up"].std().item() == pytest.approx(0.02, rel=0.1)
+    assert llm.engine.decoder.w["layers.1.experts_gate_up"].std().item() == pytest.approx(0.02, rel=0.1)
 
 
 def test_missing_folder_and_missing_config(tmp_path):

@@ -16,13 +16,13 @@ PROMPT = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(
 
 def stepwise_logits(llm, ids, n_prefill, reference=False):
     """Logits of every position: a chunked prefill of ids[:n_prefill], then one decode step per token."""
-    settings = dataclasses.replace(llm.cache_settings, reference=reference)
+    settings = dataclasses.replace(llm.setup.cache, reference=reference)
     cache = SequenceCache(llm.config, settings, llm.dtype, llm.device)
-    out = [llm.decoder.logits(h) for h in llm.engine.prefill(ids[:n_prefill], cache)]
+    out = [llm.engine.decoder.logits(h) for h in llm.engine.prefill(ids[:n_prefill], cache)]
     for i in range(n_prefill, len(ids)):
-        hidden = llm.decoder.forward(torch.tensor([ids[i]]), Step(torch.tensor([i])), cache)
+        hidden = llm.engine.decoder.forward(torch.tensor([ids[i]]), Step(torch.tensor([i])), cache)
         cache.commit(i + 1)
-        out.append(llm.decoder.logits(hidden))
+        out.append(llm.engine.decoder.logits(hidden))
     return torch.cat(out), cache
 
 
@@ -65,7 +65,7 @@ def test_generation_with_offload_matches_full_cache_tokens(reference_models):
     small = lucebox.LLM(folder, kv_pool_tokens=256, kv_policy="exact", **kwargs)
     big = lucebox.LLM(folder, kv_pool_tokens=1024, **kwargs)
     prompt = torch.randint(0, VOCAB, (500,), generator=torch.Generator().manual_seed(4)).tolist()
-    assert big.cache_settings.kv_policy == "exact"  # the default when the context fits the pool
+    assert big.setup.cache.kv_policy == "exact"  # the default when the context fits the pool
     a = small.generate(prompt, max_tokens=100, ignore_eos=True).token_ids
     assert a == big.generate(prompt, max_tokens=100, ignore_eos=True).token_ids
 
@@ -90,15 +90,15 @@ def test_no_score_matrix_is_wider_than_the_pool_or_a_streamed_block(reference_mo
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", max_context=4096, kv_pool_tokens=256,
                       kv_policy="exact", prefill_chunk=64)
     widths = []
-    real = llm.decoder.kernels.attention_partial
+    real = llm.engine.decoder.kernels.attention_partial
 
     def spy(q, k, *args, **kwargs):
         widths.append((q.shape[0], k.shape[0]))
         return real(q, k, *args, **kwargs)
 
-    llm.decoder.kernels = dataclasses.replace(llm.decoder.kernels, attention_partial=spy)
+    llm.engine.decoder.kernels = dataclasses.replace(llm.engine.decoder.kernels, attention_partial=spy)
     llm.logits(torch.randint(0, VOCAB, (3000,), generator=torch.Generator().manual_seed(5)).tolist())
-    stream_block = llm.cache_settings.kvflash().stream_chunks * 64
+    stream_block = llm.setup.cache.kvflash().stream_chunks * 64
     assert max(w for _, w in widths) <= max(256, stream_block, WINDOW + 64)
     assert max(t for t, _ in widths) <= 64
 

@@ -20,7 +20,7 @@ with open("/proc/self/clear_refs", "w") as f:
 before = status("VmRSS")
 llm = lucebox.LLM(sys.argv[1], device="cpu", dtype="float32")
 # Views counted once: an attention layer's wq, wk, wv are views of its fused projection.
-weights = tensor_bytes(llm.decoder.w.values())
+weights = tensor_bytes(llm.engine.decoder.w.values())
 print(before, status("VmHWM"), weights)
 """
 

@@ -69,4 +69,4 @@ def test_sharded_checkpoint_is_read(reference_models):
 def test_tied_embeddings_have_no_lm_head(reference_models):
     folder, _ = reference_models("qwen3")
     llm = lucebox.LLM(folder, device="cpu", dtype="float32")
-    assert llm.config.tie_word_embeddings and "lm_head" not in llm.decoder.w
+    assert llm.config.tie_word_embeddings and "lm_head" not in llm.engine.decoder.w

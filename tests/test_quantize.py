@@ -47,10 +47,10 @@ def test_a_saved_checkpoint_loads_exactly_what_was_quantized(reference_models, t
     summary = quantize_checkpoint(folder, out, bits, group, shard_bytes=SMALL_SHARDS)
     assert summary["shards"] > 1 and (out / "config.json").is_file()
     saved = _engine(out)
-    assert saved.quantization == f"int{bits}"
-    plain = _engine(folder).decoder.w
+    assert saved.setup.quantization == f"int{bits}"
+    plain = _engine(folder).engine.decoder.w
     expected = {name: quantize(w, f"int{bits}", group) if quantizable(name) else w for name, w in plain.items()}
-    _assert_same_weights(saved.decoder.w, expected)
+    _assert_same_weights(saved.engine.decoder.w, expected)
     if group is None:  # the same codes as quantizing on load, so the same tokens
         on_load = _engine(folder, quantization=f"int{bits}")
         prompt = [3, 17, 5, 9]

@@ -106,9 +106,9 @@ def test_routers_are_kept_in_float32_at_load_and_counted_so(tmp_path, reference_
     folder, _ = reference_models("laguna")
     shutil.copy(folder / "config.json", tmp_path / "config.json")
     llm = lucebox.LLM(tmp_path, device="cpu", dtype="bfloat16", backend="torch", load_format="dummy")
-    routers = [name for name in llm.decoder.w if name.endswith((".router", ".router_bias"))]
-    assert routers and all(llm.decoder.w[name].dtype == torch.float32 for name in routers)
-    assert all(w.dtype == torch.bfloat16 for name, w in llm.decoder.w.items() if name not in routers)
+    routers = [name for name in llm.engine.decoder.w if name.endswith((".router", ".router_bias"))]
+    assert routers and all(llm.engine.decoder.w[name].dtype == torch.float32 for name in routers)
+    assert all(w.dtype == torch.bfloat16 for name, w in llm.engine.decoder.w.items() if name not in routers)
     assert llm.memory()["weights"] == lucebox.memory.plan.weight_bytes(llm.config, torch.bfloat16)
 
 
@@ -117,8 +117,8 @@ def test_a_float32_router_keeps_its_bits_in_a_bfloat16_model(reference_models):
     folder, _ = reference_models("laguna")
     wide = lucebox.LLM(folder, device="cpu", dtype="float32", backend="torch")
     narrow = lucebox.LLM(folder, device="cpu", dtype="bfloat16", backend="torch")
-    routers = [name for name in wide.decoder.w if name.endswith(".router")]
-    assert routers and all(torch.equal(narrow.decoder.w[name], wide.decoder.w[name]) for name in routers)
+    routers = [name for name in wide.engine.decoder.w if name.endswith(".router")]
+    assert routers and all(torch.equal(narrow.engine.decoder.w[name], wide.engine.decoder.w[name]) for name in routers)
 
 
 def test_a_gguf_router_is_read_in_float32_whatever_the_model_dtype(tmp_path):
@@ -130,7 +130,7 @@ def test_a_gguf_router_is_read_in_float32_whatever_the_model_dtype(tmp_path):
     write_tiny_gguf("qwen3moe", "Q4_K", tmp_path / "model.gguf")
     half = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float16")
     full = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype="float32")
-    assert half.decoder.w["embed"].dtype == torch.float16
-    assert torch.equal(half.decoder.w["layers.1.router"], full.decoder.w["layers.1.router"])
-    held = tensor_bytes(half.decoder.w.values())  # views of a fused projection share its bytes
+    assert half.engine.decoder.w["embed"].dtype == torch.float16
+    assert torch.equal(half.engine.decoder.w["layers.1.router"], full.engine.decoder.w["layers.1.router"])
+    held = tensor_bytes(half.engine.decoder.w.values())  # views of a fused projection share its bytes
     assert half.setup.memory["weights"] == held

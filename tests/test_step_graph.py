@@ -85,7 +85,7 @@ def step_and_keep(llm, cache, position: int, width: int, gen: torch.Generator) -
     """One step of `width` random rows, all but one kept when width > 1 (a verify that rejected
     its last draft); the position after what was kept."""
     rows = torch.randint(0, VOCAB, (width,), generator=gen).tolist()
-    llm.runner.step(rows, Step.span(position, width, llm.device), cache)
+    llm.engine.runner.step(rows, Step.span(position, width, llm.device), cache)
     kept = 1 if width == 1 else width - 1
     cache.commit(position + kept)
     if kept < width:
@@ -99,7 +99,7 @@ def recorded_steps(reference_models, monkeypatch):
     folder, _ = reference_models("laguna")
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", max_context=1024, kv_pool_tokens=640,
                       kv_policy="select", kv_reselect_every=16, prefill_chunk=64)
-    llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    llm.engine.runner = StepRunner(llm.engine.decoder, graphs=True, capture=False)
     events = defaultdict(int)
     recordings = record_bodies(monkeypatch)
     prompt = torch.randint(0, VOCAB, (700,), generator=torch.Generator().manual_seed(5)).tolist()
@@ -137,7 +137,7 @@ def test_a_hybrid_step_records_the_same_ops_at_every_position(reference_models, 
     device: the same launches wherever the step is, around the ring several times."""
     folder, _ = reference_models("qwen3_next")
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", prefill_chunk=16)
-    llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    llm.engine.runner = StepRunner(llm.engine.decoder, graphs=True, capture=False)
     recordings = record_bodies(monkeypatch)
     gen = torch.Generator().manual_seed(7)
     cache = llm.engine.new_cache()

@@ -35,10 +35,11 @@ TARGETS = ["laguna", "qwen3_next", "qwen3_5", "kimi_linear"]
 @pytest.mark.parametrize("name", TARGETS)
 def test_batched_training_forward_equals_the_engine(reference_models, name):
     llm = lucebox.LLM(reference_models(name)[0], prefill_chunk=16, **COMMON)
-    hidden, features = forward_batch(llm.decoder, TOKENS, (0, 2))
+    hidden, features = forward_batch(llm.engine.decoder, TOKENS, (0, 2))
     for row in range(len(TOKENS)):
         ids = TOKENS[row].tolist()
-        assert torch.allclose(llm.decoder.logits(hidden[row]), llm.logits(ids), atol=1e-9)  # 16-row prefill chunks
+        # 16-row prefill chunks
+        assert torch.allclose(llm.engine.decoder.logits(hidden[row]), llm.logits(ids), atol=1e-9)
         assert torch.allclose(features[row], _prefill_features(llm, TOKENS[row], (0, 2)), atol=1e-9)
 
 
@@ -47,7 +48,7 @@ def _prefill_features(llm, ids: torch.Tensor, layers: tuple[int, ...]) -> torch.
     cache, chunk, out = llm.engine.new_cache(), llm.setup.prefill_chunk, []
     for begin in range(0, len(ids), chunk):
         step = Step.span(begin, min(chunk, len(ids) - begin), llm.device, prefill=True)
-        out.append(llm.decoder.forward_capturing(ids[step.start:step.end], step, cache, layers)[1])
+        out.append(llm.engine.decoder.forward_capturing(ids[step.start:step.end], step, cache, layers)[1])
         cache.commit(step.end)
     return torch.cat(out)
 
@@ -55,7 +56,7 @@ def _prefill_features(llm, ids: torch.Tensor, layers: tuple[int, ...]) -> torch.
 @pytest.mark.parametrize("name", TARGETS)
 def test_batched_greedy_generation_equals_the_engine(reference_models, name):
     llm = lucebox.LLM(reference_models(name)[0], **COMMON)
-    out = greedy_continuations(llm.decoder, TOKENS[:, :12], 30)  # crosses the window (8) many times
+    out = greedy_continuations(llm.engine.decoder, TOKENS[:, :12], 30)  # crosses the window (8) many times
     for row in range(len(TOKENS)):
         assert out[row, 12:].tolist() == llm.generate(TOKENS[row, :12].tolist(), max_tokens=30,
                                                       ignore_eos=True).token_ids
@@ -80,11 +81,11 @@ def test_drafter_training_forward_is_the_engines_drafter(laguna, tmp_path, layou
     llm = lucebox.LLM(laguna, draft=str(folder), adaptive=False, prefill_chunk=16, **COMMON)
     drafter: DFlashDrafter = llm.proposer.drafter
     tokens = TOKENS[:1]
-    _, features = target_signals(llm.decoder, tokens, drafter.cfg.target_layer_ids)
+    _, features = target_signals(llm.engine.decoder, tokens, drafter.cfg.target_layer_ids)
     anchors = torch.tensor([[5, 17, 30]])
-    hidden = draft_hidden(drafter, llm.decoder, features, tokens, anchors)  # (1, 3, block, H)
+    hidden = draft_hidden(drafter, llm.engine.decoder, features, tokens, anchors)  # (1, 3, block, H)
     for m, anchor in enumerate(anchors[0].tolist()):
-        trained = torch.softmax(drafter.logits(llm.decoder, hidden[0, m, 1:]).double(), dim=-1)
+        trained = torch.softmax(drafter.logits(llm.engine.decoder, hidden[0, m, 1:]).double(), dim=-1)
         engine = _engine_draft(llm, tokens[0].tolist(), anchor).q
         assert torch.allclose(trained, engine, atol=1e-9), f"anchor {anchor}"
         greedy = _engine_draft(llm, tokens[0].tolist(), anchor, temperature=0.0)

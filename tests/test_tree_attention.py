@@ -95,7 +95,7 @@ def test_tree_step_logits_equal_chain_steps_along_each_path(laguna_llm, policy, 
     """Prompt of 100 tokens: the window-8 rings have wrapped many times; row by row, a tree step's
     logits equal those of a plain step over [last, path...] at the same place."""
     llm = laguna_llm[policy]
-    runner = StepRunner(llm.decoder, graphs=graphed, capture=False)
+    runner = StepRunner(llm.engine.decoder, graphs=graphed, capture=False)
     prompt = torch.randint(0, VOCAB, (100,), generator=torch.Generator().manual_seed(7)).tolist()
     cache = llm.engine.new_cache()
     for _ in llm.engine.prefill(prompt[:-1], cache):
@@ -103,12 +103,12 @@ def test_tree_step_logits_equal_chain_steps_along_each_path(laguna_llm, policy, 
     c = cache.length
     tree = small_tree(budget=12, seed=int(graphed))
     tree = type(tree)([prompt[-1], *tree.tokens[1:]], tree.parents, tree.depths, tree.probabilities)
-    got = runner.step(tree.tokens, Step.span(c, len(tree), llm.decoder.device), cache, (), tree).logits.clone()
+    got = runner.step(tree.tokens, Step.span(c, len(tree), llm.engine.decoder.device), cache, (), tree).logits.clone()
     assert graphed == bool(runner.widths)
     for i in range(len(tree)):
         cache.rollback(c)
         rows = [tree.tokens[r] for r in [0, *tree.path(i)]]
-        want = runner.step(rows, Step.span(c, len(rows), llm.decoder.device), cache).logits[-1]
+        want = runner.step(rows, Step.span(c, len(rows), llm.engine.decoder.device), cache).logits[-1]
         # RoPE angles are float32 (as the references compute them), and their vectorized cos/sin can
         # differ by an ulp with a row's place in the step: chain steps of two widths differ by ~5e-8 too.
         assert torch.allclose(got[i], want, rtol=0, atol=1e-6), (i, float((got[i] - want).abs().max()))

@@ -67,9 +67,9 @@ def test_greedy_tree_speculation_equals_plain_decoding(laguna, dflash, case, mon
     plain = lucebox.LLM(laguna, draft=None, **options).generate(PROMPT, max_tokens=N, ignore_eos=True).token_ids
     llm = lucebox.LLM(laguna, draft=dflash, adaptive=False, tree_budget=15, **options)
     if case.endswith("graphed"):
-        llm.engine.runner = StepRunner(llm.decoder, graphs=True, capture=False)
+        llm.engine.runner = StepRunner(llm.engine.decoder, graphs=True, capture=False)
         llm.session.capture_graphs()  # what opening does on a GPU: every graph, the trees' too
-        captured = set(llm.runner.widths)
+        captured = set(llm.engine.runner.widths)
     oracle_trees(llm, plain, len(PROMPT))
     paths = []
     accept_path = SequenceCache.accept_path
@@ -86,8 +86,8 @@ def test_greedy_tree_speculation_equals_plain_decoding(laguna, dflash, case, mon
     assert max(stats["width_histogram"]) == 15
     assert sum(rows != list(range(1, len(rows) + 1)) for rows in paths) > 10  # rows moved into place
     if case.endswith("graphed"):
-        assert any(tree for _, _, tree in llm.runner.widths)  # tree steps ran through the graphed body
-        assert set(llm.runner.widths) == captured  # and no step waited for a graph of its own
+        assert any(tree for _, _, tree in llm.engine.runner.widths)  # tree steps ran through the graphed body
+        assert set(llm.engine.runner.widths) == captured  # and no step waited for a graph of its own
 
 
 def test_greedy_trees_of_the_drafter_itself_equal_plain_decoding(laguna, dflash):

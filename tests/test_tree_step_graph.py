@@ -18,7 +18,7 @@ def test_tree_steps_record_the_same_ops_whatever_the_tree_and_position(reference
     folder, _ = reference_models("laguna")
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", max_context=512, kv_pool_tokens=512,
                       kv_policy="select", prefill_chunk=64, draft=None)
-    llm.engine.runner = runner = StepRunner(llm.decoder, graphs=True, capture=False)
+    llm.engine.runner = runner = StepRunner(llm.engine.decoder, graphs=True, capture=False)
     recordings = []
     body = StepGraph.body
 

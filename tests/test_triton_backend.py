@@ -37,9 +37,9 @@ def test_triton_engine_matches_the_torch_engine(reference_models, quantization):
     logits within 1e-3, and the same greedy tokens where the logits' margins are clear."""
     folder, _ = reference_models("laguna")
     torch_llm, triton_llm = _pair(folder, quantization=quantization)
-    assert triton_llm.backend == "triton" and torch_llm.backend == "torch"
+    assert triton_llm.setup.backend == "triton" and torch_llm.setup.backend == "torch"
     if quantization:
-        assert isinstance(triton_llm.decoder.w["layers.1.experts_gate_up"], QuantizedTensor)
+        assert isinstance(triton_llm.engine.decoder.w["layers.1.experts_gate_up"], QuantizedTensor)
     _assert_same_greedy_tokens_and_close_logits(torch_llm, triton_llm, PROMPT, 10)
 
 
@@ -68,9 +68,9 @@ def test_triton_gated_deltanet_engine_matches_the_torch_engine(reference_models)
         rows.append((q.shape[0], args[-1]))
         return delta_rule_triton.recurrent_gated_delta_rule(q, *args)
 
-    kernels = triton_llm.decoder.kernels
+    kernels = triton_llm.engine.decoder.kernels
     assert kernels.causal_conv1d is delta_rule_triton.causal_conv1d
-    triton_llm.decoder.kernels = dataclasses.replace(kernels, recurrent_gated_delta_rule=spy)
+    triton_llm.engine.decoder.kernels = dataclasses.replace(kernels, recurrent_gated_delta_rule=spy)
     prompt = (PROMPT[:8] * 3)[:20]  # repeats, so the n-gram drafter proposes
     out = _assert_same_greedy_tokens_and_close_logits(torch_llm, triton_llm, prompt, 8)
     assert any(count > 1 and every_row for count, every_row in rows)  # verify steps of several rows

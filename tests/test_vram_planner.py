@@ -133,9 +133,9 @@ def test_the_engine_takes_the_planners_choices_and_refuses_what_cannot_fit(refer
     tight = (roomy.device_total + smallest.device_total) // 2
     llm = lucebox.LLM(folder, device="cpu", dtype="float32", max_context=4096, vram_budget=tight)
     assert llm.vram_plan.fits and llm.vram_plan.notes
-    assert llm.cache_settings.kv_pool_tokens == llm.vram_plan.choices["kv_pool_tokens"]
-    assert llm.prefill_chunk == llm.vram_plan.choices["prefill_chunk"]
-    assert (llm.prefill_chunk, llm.cache_settings.kv_pool_tokens) != (512, 4096)  # something gave way
+    assert llm.setup.cache.kv_pool_tokens == llm.vram_plan.choices["kv_pool_tokens"]
+    assert llm.setup.prefill_chunk == llm.vram_plan.choices["prefill_chunk"]
+    assert (llm.setup.prefill_chunk, llm.setup.cache.kv_pool_tokens) != (512, 4096)  # something gave way
     assert llm.generate([1, 2, 3], max_tokens=3, ignore_eos=True).token_ids  # and it runs
 
 

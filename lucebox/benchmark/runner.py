@@ -255,15 +255,15 @@ def _drafter(plain, draft) -> str:
 
 def _settings_record(plain, spec, engine: EngineConfig, settings: BenchSettings, depths: list[int]) -> dict:
     drafter = _drafter(plain, engine.draft) if spec is not None else None
-    cache = plain.cache_settings
+    cache, setup = plain.setup.cache, plain.setup
     return {
         "depths": depths, "gen": settings.gen, "repeat": settings.repeat, "seed": settings.seed,
         "prompt": {"file": f"file {settings.prompt_file}, tiled", "random": "random token ids",
                    "code": "held-out standard-library modules, concatenated"}[prompt_kind(plain, settings)],
-        "device": str(plain.device), "dtype": str(plain.dtype).removeprefix("torch."), "backend": plain.backend,
-        "quantization": plain.quantization, "max_context": plain.max_context, "prefill_chunk": plain.prefill_chunk,
+        "device": str(plain.device), "dtype": str(plain.dtype).removeprefix("torch."), "backend": setup.backend,
+        "quantization": setup.quantization, "max_context": plain.max_context, "prefill_chunk": setup.prefill_chunk,
         "kv_policy": cache.kv_policy, "kv_pool_tokens": cache.kv_pool_tokens,
-        "cuda_graphs": plain.runner.graphs,
+        "cuda_graphs": plain.engine.runner.graphs,
         "draft": None if engine.draft is None else str(engine.draft), "drafter": drafter, "draft_k": engine.draft_k,
         "verify": engine.verify,
     }

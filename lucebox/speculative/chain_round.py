@@ -52,9 +52,11 @@ class ChainRound:
         n = verdict.accepted
         chunk = spec.attach_logprobs(take([*verified.tokens[:n], verdict.next_token]), out.logits)
         kept = len(chunk.token_ids)  # n + 1, or fewer when a stop ends the request inside the round
-        return RoundResult(chunk, rows[:kept], len(rows), None, None if out.features is None else out.features[:kept],
-                           n, len(verified.tokens), verified.confidence, "chain", draft is not None,
-                           draft is not None and not draft.copied, began, stepped)
+        return RoundResult(chunk=chunk, rows=rows[:kept], written=len(rows), path=None,
+                           features=None if out.features is None else out.features[:kept], accepted=n,
+                           depth=len(verified.tokens), confidence=verified.confidence, shape="chain",
+                           drafted=draft is not None, own_drafts=draft is not None and not draft.copied,
+                           began=began, stepped=stepped)
 
     def _drafts(self, limit: int) -> Draft | None:
         """This round's drafts, or None for a plain round."""

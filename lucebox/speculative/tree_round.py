@@ -51,8 +51,10 @@ class TreeRound:
         rows = [0, *verdict.path][: len(chunk.token_ids)]  # fewer when a stop ends the request inside the round
         spec.attach_logprobs(chunk, out.logits, rows)  # row rows[i] chose the chunk's token i
         features = None if out.features is None else out.features[rows]
-        return RoundResult(chunk, [tree.tokens[r] for r in rows], len(tree), rows[1:], features, verdict.accepted,
-                           tree.depth, [], "tree", drafting, drafting and not tree.copied, began, stepped)
+        return RoundResult(chunk=chunk, rows=[tree.tokens[r] for r in rows], written=len(tree), path=rows[1:],
+                           features=features, accepted=verdict.accepted, depth=tree.depth, confidence=[],
+                           shape="tree", drafted=drafting, own_drafts=drafting and not tree.copied,
+                           began=began, stepped=stepped)
 
     def _drafted_tree(self, context: list[int], budget: int) -> DraftTree:
         """The drafter's tree of up to `budget` rows; its first-choice path goes to the judge, so the
