@@ -170,6 +170,15 @@ def test_only_the_drafter_s_own_passes_price_drafting(builtin_llm, monkeypatch):
     record = WidthPolicy.record
     monkeypatch.setattr(WidthPolicy, "record", lambda self, rows, step_s, draft_s: (
         drafting_times.append(draft_s), record(self, rows, step_s, draft_s))[1])
+    # Every other copy is cut to nothing (the round then drafts with the drafter) and the rest kept in
+    # part, under rows priced by a fixed line: both kinds of round happen, whatever earlier requests'
+    # times taught the shared engine (which once left every copy kept and the drafter idle).
+    from lucebox.speculative.rounds import Speculation
+
+    cuts = []
+    monkeypatch.setattr(Speculation, "cut_copy", lambda self, copied, limit: (
+        cuts.append(copied), copied[:2] if len(cuts) % 2 else [])[1])
+    monkeypatch.setattr(builtin_llm.engine.learned, "costs", RoundCosts({1: 1.0, 8: 1.7}))
     builtin_llm.generate("def f(x):\n    return x\n" * 4, max_tokens=48, ignore_eos=True)
     assert any(copies) and passes  # lookups copied, and the drafter ran too
     assert len([t for t in drafting_times if t is not None]) == len(passes)
