@@ -53,10 +53,6 @@ class KVFlashPolicy(Protocol):
     def finish_commit(self, length: int, ranking: list[int] | None) -> None:
         """The commit's end, given `ranking` read back as a flat list."""
 
-    def _tail(self, length: int) -> set[int]:
-        """The chunks of the tail of a query at `length`, up to the last one written."""
-        return set(range(self.s.tail_start(length), -(-length // self.s.chunk)))
-
     def rewind(self, to_position: int) -> None:
         """Committed positions >= to_position are gone (prefix reuse)."""
 
@@ -111,10 +107,6 @@ class ExactPolicy:
 
     def finish_commit(self, length: int, ranking: list[int] | None) -> None:
         pass
-
-    def _tail(self, length: int) -> set[int]:
-        """The chunks of the tail of a query at `length`, up to the last one written."""
-        return set(range(self.s.tail_start(length), -(-length // self.s.chunk)))
 
     def rewind(self, to_position: int) -> None:
         pass
