@@ -12,9 +12,11 @@ time per token = max(bytes moved per token / bandwidth,
 Bytes per token come from the model config (`lucebox.models.layout.weight_shapes`, the shapes the
 engine loads): every weight but the unchosen routed experts (top_k / num_experts of each stack),
 one embedding row, and the KV read at the context (sliding layers min(window, context) tokens,
-full layers the context, or the KVFlash pool's selected tokens with --kvflash-tokens). int4 weights
-are the engine's codes and float16 group scales (`quantized_bytes`); the output head, router,
-embedding and norms stay bf16, as `quantization=` leaves them. The issue rate is SMs x warp
+full layers what the engine's pool makes the attention kernel load: the context under `exact`, the
+whole `select` pool past it, as `CacheSettings.for_engine` sizes it, or --kvflash-tokens' pool).
+int4 weights are the engine's codes and float16 group scales (`quantized_bytes`); the output head,
+embedding and norms stay bf16, as `quantization=` leaves them, and routers float32 (their stored
+dtype, kernels/moe.py `routing_dtype`). Per kernel: bench/roofline_kernels.py. The issue rate is SMs x warp
 schedulers x clock warp instructions a second (one issue a scheduler a cycle, every SM busy).
 Instructions per byte (by kind: "linear" quantized projections, "experts" MoE weights, "kv"
 attention) come from `bench/kernel_specs.py` output; kinds without one (plain bf16 projections on
@@ -40,6 +42,8 @@ class Hardware:
     schedulers_per_sm: int
     memory_bytes: int
     source: str
+    warps_per_sm: int = 48  # resident warps an SM holds (sm_86/sm_89: 48, sm_90: 64)
+    shared_per_sm: int = 100 * 1024  # shared memory an SM gives its blocks (sm_86/sm_89: 100 KB, sm_90: 228 KB)
 
     @property
     def issue_rate(self) -> float:
@@ -51,8 +55,12 @@ class Hardware:
 HARDWARE = {
     "rtx3090": Hardware(936e9, 82, 1.695e9, 4, 24 << 30, "NVIDIA GeForce RTX 3090 spec: 936 GB/s GDDR6X, 82 SMs, "
                         "1.695 GHz boost, 4 warp schedulers per SM (GA102 whitepaper), 24 GiB"),
+    "rtx4090": Hardware(1008e9, 128, 2.52e9, 4, 24 << 30, "NVIDIA GeForce RTX 4090 spec: 1008 GB/s GDDR6X, 128 SMs, "
+                        "2.52 GHz boost, 4 warp schedulers per SM (Ada whitepaper), 24 GiB"),
+    "h100": Hardware(3.35e12, 132, 1.98e9, 4, 80 * 10**9, "NVIDIA H100 SXM spec: 3.35 TB/s HBM3, 132 SMs, "
+                     "1.98 GHz boost, 4 warp schedulers per SM (Hopper whitepaper), 80 GB", 64, 228 * 1024),
     "h200": Hardware(4.8e12, 132, 1.98e9, 4, 141 * 10**9, "NVIDIA H200 SXM spec: 4.8 TB/s HBM3e, 132 SMs, "
-                     "1.98 GHz boost, 4 warp schedulers per SM (Hopper whitepaper), 141 GB"),
+                     "1.98 GHz boost, 4 warp schedulers per SM (Hopper whitepaper), 141 GB", 64, 228 * 1024),
 }
 CONTEXTS = (1024, 32768, 131072)
 LAUNCH_SECONDS = 2.0e-6
@@ -68,6 +76,17 @@ def parameter_bytes(shape: tuple[int, ...], fmt: str, quantized: bool) -> int:
     for size in shape:
         n *= size
     return quantized_bytes(shape, fmt) if fmt != "bf16" and quantized else 2 * n
+
+
+def full_layer_kv_tokens(context: int, kv_pool_tokens: int | None = None) -> int:
+    """KV rows a full-attention layer's decode step reads at `context`: the whole context when the
+    engine's pool holds it (`exact`), else the `select` pool, whose every live row the attention
+    kernel loads (the pinned mask applies after the load). The engine's own settings decide."""
+    from lucebox.caches.settings import CacheSettings
+    from lucebox.limits import PREFILL_CHUNK
+
+    settings = CacheSettings.for_engine(context, PREFILL_CHUNK["cuda"], kv_pool_tokens=kv_pool_tokens).kvflash()
+    return min(context, settings.pool_chunks * settings.chunk) if settings.policy == "select" else context
 
 
 def bytes_per_token(cfg, fmt: str, context: int, kvflash_tokens: int | None = None) -> dict:
@@ -90,6 +109,8 @@ def bytes_per_token(cfg, fmt: str, context: int, kvflash_tokens: int | None = No
             add("experts", bits, size * moe.top_k / moe.num_experts)
         elif part in ("shared_gate_up", "shared_down"):  # rides in the MoE kernels' launches
             add("experts", bits, size)
+        elif part in ("router", "router_bias"):  # stored in float32 (kernels/moe.py routing_dtype)
+            add("vendor_gemv" if part == "router" else "norms", 32, size * 2)
         elif part == "embed":
             add("embedding_row", 16, size / shape[0])
         elif len(shape) >= 2:
@@ -98,7 +119,7 @@ def bytes_per_token(cfg, fmt: str, context: int, kvflash_tokens: int | None = No
             add("norms", 16, size)
     row = cfg.kv_bytes_per_token(2)  # one layer's bf16 K and V of one token
     for layer in cfg.layers:
-        tokens = min(context, layer.window) if layer.window else min(context, kvflash_tokens or context)
+        tokens = min(context, layer.window) if layer.window else full_layer_kv_tokens(context, kvflash_tokens)
         add("kv", 16, tokens * row)
     return kinds
 
@@ -187,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--specs", default=None, help="bench/kernel_specs.py JSON: instructions per byte by kind")
     p.add_argument("--kernels-per-token", type=int, default=KERNELS_PER_TOKEN)
     p.add_argument("--launch-us", type=float, default=LAUNCH_SECONDS * 1e6, help="per dependent graph node")
-    p.add_argument("--kvflash-tokens", type=int, default=None, help="tokens full layers read (default: all)")
+    p.add_argument("--kvflash-tokens", type=int, default=None, help="the select pool's tokens (default: the engine's)")
     p.add_argument("--out", default=None, help="write the JSON here (default: print it)")
     args = p.parse_args(argv)
     cfg = build_model_config(json.loads((Path(args.config) / "config.json").read_text()))
@@ -214,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
                     "the fusions, per the issue)",
                     "issue_rate": "SMs x schedulers x clock warp instructions/s; sm_86 instructions per byte are "
                                   "used for the H200 too (its sm_90 SASS may differ)",
-                    "kv": "bf16 K and V; full layers read " + (f"{args.kvflash_tokens} KVFlash tokens"
-                                                               if args.kvflash_tokens else "the whole context")},
+                    "kv": "bf16 K and V; full layers read the context, or past the pool the whole select pool of "
+                          + (f"{args.kvflash_tokens} tokens" if args.kvflash_tokens else "the engine's size")},
         "model": {"config": config_name, "layers": len(cfg.layers), "experts": cfg.moe.num_experts,
                   "top_k": cfg.moe.top_k},
         "method": __doc__.split("\n\n", 2)[2].strip(),

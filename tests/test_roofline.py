@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from lucebox.limits import KV_POOL_TOKENS
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("bench_roofline", ROOT / "bench" / "roofline.py")
 roofline = sys.modules["bench_roofline"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up
@@ -57,10 +59,15 @@ def test_laguna_bytes_per_token_match_a_hand_count():
     assert kinds["experts"]["bytes"] == 39 * (8 + 1) * (gate_up + down)  # 8 routed + the shared, 39 MoE layers
     row = 2 * 8 * 128 * 2  # bf16 K and V of 8 heads of 128
     assert kinds["kv"]["bytes"] == (30 * 512 + 10 * 1024) * row
-    assert roofline.bytes_per_token(cfg, "int4", 131072)["kv"]["bytes"] == (30 * 512 + 10 * 131072) * row
+    # Past the pool, a full layer's attention loads the whole select pool the engine sizes (8,192 tokens).
+    pool = roofline.full_layer_kv_tokens(131072)
+    assert pool == KV_POOL_TOKENS == roofline.full_layer_kv_tokens(32768)
+    assert roofline.full_layer_kv_tokens(1024) == 1024
+    assert roofline.bytes_per_token(cfg, "int4", 131072)["kv"]["bytes"] == (30 * 512 + 10 * pool) * row
     assert roofline.bytes_per_token(cfg, "int4", 131072, kvflash_tokens=4096)["kv"]["bytes"] == (
         (30 * 512 + 10 * 4096) * row)
-    assert kinds["vendor_gemv"]["bytes"] == 100352 * 2048 * 2 + 39 * 256 * 2048 * 2  # bf16 output head, routers
+    # The bf16 output head, and the routers in float32 (their stored dtype, kernels/moe.py routing_dtype).
+    assert kinds["vendor_gemv"]["bytes"] == 100352 * 2048 * 2 + 39 * 256 * 2048 * 4
 
 
 def test_cli_writes_every_prediction_with_its_inputs(tmp_path):
@@ -73,7 +80,8 @@ def test_cli_writes_every_prediction_with_its_inputs(tmp_path):
     assert "none" in record["gpu_measurements"]
     rows = record["predictions"]
     assert {(r["hardware"], r["weights"], r["context"]) for r in rows} == {
-        (hw, fmt, ctx) for hw in ("rtx3090", "h200") for fmt in ("int4", "bf16") for ctx in (1024, 32768, 131072)}
-    assert not any(r["fits"] for r in rows if r["hardware"] == "rtx3090" and r["weights"] == "bf16")
+        (hw, fmt, ctx) for hw in ("rtx3090", "rtx4090", "h100", "h200") for fmt in ("int4", "bf16")
+        for ctx in (1024, 32768, 131072)}
+    assert not any(r["fits"] for r in rows if r["hardware"] in ("rtx3090", "rtx4090") and r["weights"] == "bf16")
     int4 = [r for r in rows if r["weights"] == "int4"]
     assert all(r["fits"] and r["instructions_per_byte"]["experts"] == 1.0 and r["tokens_per_s"] > 0 for r in int4)
