@@ -1,16 +1,20 @@
-"""The first ten minutes on a GPU: what must hold, and what the card does, in one JSON record.
+"""The first minutes on a GPU: what must hold, and what the card does, in one JSON record.
 
-    bench/gpu_check.sh                              # on the GPU: each section in its own process, time-boxed
-    python bench/gpu_check.py --dry-run --out DIR   # every section on the CPU at tiny shapes
+    bash bench/gpu_check.sh                         # on the GPU: each section in its own process, time-boxed
+    bash bench/gpu_check.sh --dry-run               # every section on the CPU at tiny shapes
 
-Sections, in order (`SECTIONS`): the environment; the graph capture/replay and kernel tests;
-Laguna XS.2 int4 with dummy weights under a 24 GiB budget (load, first request, decode tokens/s at
-1K/32K/128K of context, peak memory); a stream race check (the same greedy tokens with and without
-CUDA_LAUNCH_BLOCKING=1); a drafter check (speculation gives plain decoding's output, its acceptance
-and speed); the step's profile (`bench/gpu_step_profile.py`: kernels per step, verify-8 over
-decode-1 on the bound cache, per-kernel bandwidth). Each section merges its result into one JSON
-file (`gpu-check.json`) as soon as it has one, partial results included, so a section cut short
-by its time box keeps what it measured.
+Sections, in order (`SECTIONS`): the environment (and whether the carried Triton cache can hit,
+bench/triton_cache.py); correctness, about a minute (Laguna XS.2 cut to four layers, int4, over a
+select pool that offloads: graphed == eager, n-gram speculation == plain, and the same tokens with
+CUDA_LAUNCH_BLOCKING=1, so a race between the copy stream and compute shows); the CUDA graph tests
+(each its own pytest process and time-out); Laguna XS.2 int4 with dummy weights under a 24 GiB
+budget (load, first request, decode tokens/s at 1K/32K/128K, peak memory); the kernel table (every
+Triton call of the XS.2 decode step timed beside its prediction in bench/results/roofline-kernels.json);
+a drafter check (the built-in model's speculation gives plain decoding's output, its acceptance and
+speed); the step's profile (`bench/gpu_step_profile.py`). Each section merges its result into one
+JSON file (`gpu-check.json`) as soon as it has one and prints it to its log, so a section cut short
+by its time box keeps what it measured and its log; each records `cache_misses`, the kernels it
+compiled that the carried cache did not hold.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 XS2 = ROOT / "examples" / "laguna-xs2"
 
+from bench import triton_cache  # noqa: E402
 from bench.gpu_step_profile import step_profile  # noqa: E402
 
 
@@ -45,6 +50,7 @@ class Check:
         data = json.loads(self.path.read_text()) if self.path.exists() else {}
         data.setdefault("sections", {}).setdefault(section, {}).update(fields)
         self.path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        print(json.dumps({section: fields}, default=str)[:2000], flush=True)  # the section's log, as it goes
 
     @property
     def cuda(self) -> bool:
@@ -52,12 +58,31 @@ class Check:
 
         return not self.dry and torch.cuda.is_available()
 
-    def python(self, args: list[str], log: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        """This Python on `args` from the checkout's root, its output kept in logs/`log`."""
-        done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                              env={**os.environ, **(env or {})})
-        (self.logs / log).write_text(done.stdout + done.stderr)
-        return done
+    def python(self, args: list[str], log: str, env: dict | None = None, timeout: float | None = None) -> Ran:
+        """This Python on `args` from the checkout's root, its output streamed into logs/`log` as it
+        runs (a child killed at `timeout` seconds, or with its parent, leaves what it had printed)."""
+        path = self.logs / log
+        with path.open("w") as out:
+            child = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+            try:
+                returncode = child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+                returncode = None
+        return Ran(returncode, path.read_text(errors="replace"))
+
+
+class Ran:
+    """A child's exit status (None: killed at its time-out) and its whole log."""
+
+    def __init__(self, returncode: int | None, output: str):
+        self.returncode, self.output = returncode, output
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
 
 
 def environment(check: Check) -> dict:
@@ -67,7 +92,8 @@ def environment(check: Check) -> dict:
     from lucebox.benchmark.record import commit
 
     info = {"torch": torch.__version__, "triton": triton.__version__, "cuda_runtime": torch.version.cuda,
-            "python": sys.version.split()[0], "commit": commit(), "cuda_available": torch.cuda.is_available()}
+            "python": sys.version.split()[0], "commit": commit(), "cuda_available": torch.cuda.is_available(),
+            "triton_cache": cache_check()}
     if not check.cuda:
         return {**info, "gpu": None, "note": "no CUDA device (dry run)" if check.dry else "no CUDA device"}
     props = torch.cuda.get_device_properties(0)
@@ -77,18 +103,44 @@ def environment(check: Check) -> dict:
             "multiprocessors": props.multi_processor_count, "driver": smi.stdout.strip() or smi.stderr.strip()}
 
 
+# The graph tests of tests/test_cuda_graphs.py, each its own pytest process under its own time-out
+# (seconds), recorded as it finishes. tests/test_kernels.py is left out: its shapes are not in the
+# carried cache, and compiling them cold takes longer than this run has.
+GRAPH_TESTS = {
+    "test_every_width_replays_the_uncaptured_steps_logits_on_cuda": 20,
+    "test_replayed_graphs_equal_the_uncaptured_step_on_cuda": 30,
+    "test_the_drafters_replayed_block_pass_equals_its_eager_pass_on_cuda": 15,
+}
+
+
+def cache_check() -> dict:
+    """Whether this machine's Triton hits TRITON_CACHE_DIR's kernels (bench/triton_cache.py)."""
+    folder = os.environ.get("TRITON_CACHE_DIR")
+    if not folder:
+        return {"usable": False, "reason": "TRITON_CACHE_DIR is not set"}
+    return {"folder": folder, **triton_cache.check(Path(folder))}
+
+
+def cache_entries() -> int | None:
+    folder = os.environ.get("TRITON_CACHE_DIR")
+    return len(triton_cache.entries(Path(folder))) if folder and Path(folder).is_dir() else None
+
+
 def graph_tests(check: Check) -> dict:
+    import importlib.util
+
     if not check.cuda:
         return {"status": "skipped", "reason": "needs CUDA: real graph capture and the bf16 kernels"}
-    junit = check.logs / "graph_tests.xml"
-    done = check.python(["-m", "pytest", "-q", "tests/test_kernels.py", "tests/test_cuda_graphs.py",
-                         "-k", "test_kernels or on_cuda", "--junitxml", str(junit)], "graph_tests.log")
-    from xml.etree import ElementTree
-
-    suite = ElementTree.parse(junit).getroot().find("testsuite") if junit.exists() else None
-    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")} if suite is not None else {}
-    return {"status": "ok" if done.returncode == 0 else "failed", "returncode": done.returncode, **counts,
-            "summary": done.stdout.strip().splitlines()[-1:] or done.stderr[-500:]}
+    if importlib.util.find_spec("pytest") is None:
+        return {"status": "skipped", "reason": "pytest is not installed on this machine"}
+    results = {}
+    for name, seconds in GRAPH_TESTS.items():
+        ran = check.python(["-m", "pytest", "-q", "-x", f"tests/test_cuda_graphs.py::{name}"],
+                           f"graph_tests-{name}.log", timeout=seconds)
+        results[name] = {"status": "timed_out" if ran.timed_out else "ok" if ran.returncode == 0 else "failed",
+                         "timeout_s": seconds, "summary": ran.output.strip().splitlines()[-1:]}
+        check.record("graph_tests", tests=results)
+    return {"status": "ok" if all(r["status"] == "ok" for r in results.values()) else "failed"}
 
 
 def laguna_xs2(check: Check) -> dict:
@@ -120,6 +172,45 @@ def laguna_xs2(check: Check) -> dict:
     return {"status": "ok", "peak_device_bytes": peak}
 
 
+ROOFLINE_KERNELS = ROOT / "bench" / "results" / "roofline-kernels.json"
+CARDS = {"3090": "rtx3090", "4090": "rtx4090", "H100": "h100", "H200": "h200"}  # device name part -> table key
+
+
+def kernel_table(check: Check) -> dict:
+    """Each Triton kernel call of the XS.2 int4 decode step (`bench/roofline_kernels.py` decode_calls)
+    timed at 1, 4 and 16 rows, beside the committed roofline table's prediction for this card: one
+    row recorded as soon as it is measured. Inputs rotate over copies beyond the L2 cache (CUDA)."""
+    import torch
+
+    from bench.kernels import Timer
+    from bench.roofline_kernels import decode_calls
+
+    table = json.loads(ROOFLINE_KERNELS.read_text())["kernels"]
+    name = torch.cuda.get_device_name(0) if check.cuda else ""
+    card = next((key for part, key in CARDS.items() if part in name), None)
+    device = torch.device("cuda" if check.cuda else "cpu")
+    dtype = torch.bfloat16 if check.cuda else torch.float32
+    # The dry run times one cheap call through the interpreter: it checks the code path, not the card.
+    rows_list, contexts, copies = ((1, 4, 16), (1024, 32768, 131072), 8) if check.cuda else ((1,), (1024,), 1)
+    timer, measured = Timer(device, 10 if check.cuda else 1), []
+    for rows in rows_list:
+        sets = [decode_calls(device, dtype, rows, contexts, None if check.cuda else 8) for _ in range(copies)]
+        for position, call in enumerate(sets[0]):
+            if not check.cuda and call.name != "route":
+                continue
+            seconds = timer([calls[position].run for calls in sets])
+            same = [r for r in table if (r["call"], r["rows"], r["context"]) == (call.name, rows, call.context)]
+            predicted = [r.get("predicted", {}).get(card or "rtx3090", {}).get("seconds") for r in same]
+            model = sum(predicted) if predicted and None not in predicted else None
+            measured.append({"call": call.name, "rows": rows, "context": call.context, "measured_us": seconds * 1e6,
+                             "predicted_us": model * 1e6 if model else None, "launches": len(predicted),
+                             "measured_over_predicted": seconds / model if model else None})
+            check.record("kernel_table", card=card, rows=measured)
+        del sets
+    return {"status": "ok", "card": card, "table": str(ROOFLINE_KERNELS.relative_to(ROOT)),
+            **({} if check.cuda else {"note": "no CUDA: one call through the interpreter, against the rtx3090 row"})}
+
+
 def race_model(check: Check) -> Path:
     """Laguna XS.2 cut to four layers (every width real, one load in seconds); the dry run's tiny model."""
     from bench.kernels import dry_run_model
@@ -135,37 +226,63 @@ def race_model(check: Check) -> Path:
     return folder
 
 
-def greedy_tokens(folder: str, tokens: int) -> list[int]:
-    """The greedy tokens of a seeded prompt (int4, the default backend and graphs): what a race
-    between streams would change."""
+# The correctness runs' cache: a select pool of 640 tokens under a 1,400-token prompt, so chunks leave
+# the pool for the host and come back (the copy stream runs) while graphs replay.
+OFFLOADING = dict(max_context=2048, kv_policy="select", kv_pool_tokens=640, prefill_chunk=256)
+PROMPT_TOKENS = 1400
+# name -> LLM options of one greedy run; every run must give the "graphs" run's tokens.
+GREEDY_RUNS = {
+    "graphs": {},  # the default: graphed steps on CUDA
+    "eager": {"cuda_graphs": False},
+    "speculative": {"draft": "ngram", "draft_k": 7, "adaptive": False},  # verify blocks of up to 8 rows
+}
+
+
+def greedy_runs(folder: str, tokens: int, names: list[str]) -> None:
+    """Print one JSON line per run as it finishes (int4, the default backend, the offloading pool):
+    a run cut short by its time-out keeps the lines before it."""
     import torch
 
     import lucebox
 
     cuda = torch.cuda.is_available()
-    llm = lucebox.LLM(folder, device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
-                      load_format="dummy", quantization="int4", max_context=1024)
-    prompt = torch.randint(3, llm.config.vocab_size, (200,), generator=torch.Generator().manual_seed(0)).tolist()
-    return llm.generate(prompt, max_tokens=tokens, ignore_eos=True).token_ids
-
-
-def stream_race(check: Check) -> dict:
-    folder, tokens = str(race_model(check)), (64 if check.cuda else 4)
-    runs = {}
-    for blocking in ("0", "1"):
+    for name in names:
         start = time.perf_counter()
-        done = check.python([__file__, "--greedy-tokens", folder, str(tokens)], f"stream_race_blocking{blocking}.log",
-                            {"CUDA_LAUNCH_BLOCKING": blocking, **({"CUDA_VISIBLE_DEVICES": ""} if check.dry else {})})
-        if done.returncode != 0:
-            return {"status": "failed", "blocking": blocking, "error": done.stderr[-1500:]}
-        runs[blocking] = {"tokens": json.loads(done.stdout.strip().splitlines()[-1]),
-                          "seconds": time.perf_counter() - start}
-    same = runs["0"]["tokens"] == runs["1"]["tokens"]
-    pairs = zip(runs["0"]["tokens"], runs["1"]["tokens"], strict=False)
-    first = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
-    return {"status": "ok" if same else "failed", "identical": same, "first_difference": first, "tokens": tokens,
-            "run_seconds": {f"blocking={k}": v["seconds"] for k, v in runs.items()},
-            **({} if check.cuda else {"note": "no CUDA: the two runs cannot race; checks the code path only"})}
+        llm = lucebox.LLM(folder, device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
+                          load_format="dummy", quantization="int4", **OFFLOADING, **GREEDY_RUNS[name])
+        # A repeated stretch: n-gram drafts find matches, so verify blocks wider than one row run.
+        stretch = torch.randint(3, llm.config.vocab_size, (200,), generator=torch.Generator().manual_seed(0))
+        prompt = stretch.repeat(PROMPT_TOKENS // 200).tolist()
+        out = llm.generate(prompt, max_tokens=tokens, ignore_eos=True)
+        print(json.dumps({"run": name, "tokens": out.token_ids, "seconds": time.perf_counter() - start,
+                          "graphed": bool(llm.engine.runner.graphs), "rounds": out.stats.get("rounds"),
+                          "acceptance_length": out.stats.get("acceptance_length")}), flush=True)
+
+
+def correctness(check: Check) -> dict:
+    """The first minute: graphed == eager, speculation == plain (int4, compiled kernels), and the
+    same tokens with CUDA_LAUNCH_BLOCKING=1 (a race between the copy stream and compute would change
+    them), all over a pool that offloads. Each child has its own time-out; each run is recorded as it ends."""
+    folder, tokens = str(race_model(check)), (48 if check.cuda else 4)
+    children = {"blocking0": ("0", list(GREEDY_RUNS), 40), "blocking1": ("1", ["graphs"], 20)}
+    runs = {}
+    for child, (blocking, names, seconds) in children.items():
+        env = {"CUDA_LAUNCH_BLOCKING": blocking, **({"CUDA_VISIBLE_DEVICES": ""} if check.dry else {})}
+        ran = check.python([__file__, "--greedy-runs", folder, str(tokens), *names], f"correctness-{child}.log", env,
+                           timeout=seconds * (1 if check.cuda else 6))  # the CPU's interpreter is slower
+        for line in ran.output.splitlines():
+            if line.startswith('{"run"'):
+                row = json.loads(line)
+                runs[f"{row.pop('run')}-{child}"] = row
+        missing = [name for name in names if f"{name}-{child}" not in runs]
+        runs.update({f"{name}-{child}": {"status": "timed_out" if ran.timed_out else "failed"} for name in missing})
+        check.record("correctness", runs=runs)
+    want = runs["graphs-blocking0"].get("tokens")
+    same = {name: want is not None and run.get("tokens") == want for name, run in runs.items()}
+    return {"status": "ok" if all(same.values()) else "failed", "identical_to_graphs": same, "tokens": tokens,
+            "cache": {**OFFLOADING, "prompt_tokens": PROMPT_TOKENS,
+                      "offloads": PROMPT_TOKENS > OFFLOADING["kv_pool_tokens"]},
+            **({} if check.cuda else {"note": "no CUDA: eager runs, nothing races; checks the code path only"})}
 
 
 def drafter(check: Check) -> dict:
@@ -203,22 +320,26 @@ FALLBACK_PROMPT = "def mean(values):\n    total = 0\n    for value in values:\n 
 # name -> (section, seconds its process may run on the GPU). The .sh runs them in this order.
 SECTIONS = {
     "environment": (environment, 15),
-    "graph_tests": (graph_tests, 75),
-    "laguna_xs2": (laguna_xs2, 200),
-    "stream_race": (stream_race, 50),
-    "drafter": (drafter, 50),
-    "step_profile": (step_profile, 70),
+    "correctness": (correctness, 70),
+    "graph_tests": (graph_tests, 70),
+    "laguna_xs2": (laguna_xs2, 165),
+    "kernel_table": (kernel_table, 60),
+    "drafter": (drafter, 40),
+    "step_profile": (step_profile, 40),
 }
 
 
 def run_section(check: Check, name: str) -> bool:
     check.record(name, status="started", dry_run=check.dry)
-    start = time.perf_counter()
+    start, compiled = time.perf_counter(), cache_entries()
     try:
         result = SECTIONS[name][0](check)
     except Exception as e:  # noqa: BLE001 - the record says what failed; later sections still run
         result = {"status": "failed", "error": f"{type(e).__name__}: {e}"}
-    result = {"status": "ok", **result, "seconds": time.perf_counter() - start}
+    after = cache_entries()
+    # Kernels compiled here, not found in the carried cache (misses); None without a cache folder.
+    misses = after - compiled if compiled is not None and after is not None else None
+    result = {"status": "ok", **result, "seconds": time.perf_counter() - start, "cache_misses": misses}
     check.record(name, **result)
     return result["status"] in ("ok", "skipped")
 
@@ -229,16 +350,22 @@ def main() -> None:
     p.add_argument("--section", choices=list(SECTIONS), help="run this section only (default: all, in order)")
     p.add_argument("--dry-run", action="store_true", help="every section on the CPU at tiny shapes")
     p.add_argument("--list", action="store_true", help="print each section's name and time box, for the .sh")
+    p.add_argument("--only", default=None, help="with --list: these sections (comma-separated)")
     p.add_argument("--timed-out", metavar="SECTION", help="record that SECTION's process ran out of time")
-    p.add_argument("--greedy-tokens", nargs=2, metavar=("FOLDER", "N"), help=argparse.SUPPRESS)
+    p.add_argument("--greedy-runs", nargs="+", metavar="FOLDER N RUN", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.list:
-        print("\n".join(f"{name} {seconds}" for name, (_, seconds) in SECTIONS.items()))
+        names = args.only.split(",") if args.only else list(SECTIONS)
+        unknown = [name for name in names if name not in SECTIONS]
+        if unknown:
+            p.error(f"unknown sections {unknown}; there are {list(SECTIONS)}")
+        seconds = {name: int(os.environ.get("TIME_BOX", SECTIONS[name][1])) for name in names}  # TIME_BOX: tests
+        print("\n".join(f"{name} {seconds[name]}" for name in names))
         return
     if args.dry_run or not _has_cuda():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
-    if args.greedy_tokens:
-        print(json.dumps(greedy_tokens(args.greedy_tokens[0], int(args.greedy_tokens[1]))))
+    if args.greedy_runs:
+        greedy_runs(args.greedy_runs[0], int(args.greedy_runs[1]), args.greedy_runs[2:])
         return
     check = Check(Path(args.out), args.dry_run)
     if args.timed_out:
