@@ -1,5 +1,5 @@
-"""A roofline model of decode tokens/s: Laguna XS.2 (int4 and bf16 weights) on an RTX 3090 and an
-H200 at 1K / 32K / 128K of context, from CPU-side figures only (no GPU was used).
+"""A roofline model of decode tokens/s: Laguna XS.2 (int4 and bf16 weights) on an RTX 3090, an RTX
+4090, an H100 and an H200 at 1K / 32K / 128K of context, from CPU-side figures only (no GPU was used).
 
     python bench/roofline.py                                    # prints the table and the JSON
     python bench/roofline.py --specs bench/results/kernel-specs-sm86-before.json \\

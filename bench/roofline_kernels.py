@@ -18,8 +18,10 @@ streamed byte). Then, per hardware:
     issue_s = streamed bytes x instructions per byte / (active SMs x min(4, warps per SM) x clock)
     seconds = max(bandwidth_s, issue_s) + launch gap   (one dependent graph node)
 
-Bytes are what the call must move: its weights (int4 codes and scales; a MoE call the experts its
-rows chose, expected over uniform routing, plus the shared expert), the router in float32 (its
+Bytes are what the call must move: its weights (int4 codes and scales; a MoE call the distinct
+experts its rows chose, expected over uniform routing, plus the shared expert: today's kernels read
+an expert once per (row, expert) pair, so at 16 rows they move up to 129/101 of that unless the L2
+cache holds what another row read), the router in float32 (its
 stored dtype, kernels/moe.py `routing_dtype`), the KV it reads (a sliding layer its window; a full
 layer at 32K/128K the `select` pool, whose every live row the attention kernel loads before masking:
 `CacheSettings.for_engine` decides the pool, not a constant here), and activations. sm_86 SASS
