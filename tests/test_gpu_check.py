@@ -149,7 +149,7 @@ def test_the_shell_script_runs_the_sections_in_the_table_order():
     listed = run_python("bench/gpu_check.py", "--list").stdout.split()
     assert listed[0::2] == list(SECTIONS)
     assert sum(int(seconds) for seconds in listed[1::2]) <= 8 * 60 - 20  # under 8 minutes with the install
-    assert listed[:4] == ["environment", "15", "correctness", "70"]  # the correctness subset comes first
+    assert listed[:4] == ["environment", "20", "correctness", "70"]  # the correctness subset comes first
     script = (ROOT / "bench" / "gpu_check.sh").read_text()
     assert "PY=${PYTHON:-python3}" in script and " python " not in script
 
@@ -166,3 +166,26 @@ def test_the_graphed_step_at_the_xs2_pattern_launches_at_most_12_kernels_per_lay
     assert step["most_per_layer"] <= 12, step["ops_per_kind"]
     assert step["launches_per_token_xs2"] <= 500
     assert sum(step["head"].values()) <= 2, step["head"]  # LM head + greedy choice
+
+
+def test_the_correctness_runs_pool_offloads(tmp_path):
+    """The correctness section's cache settings under its prompt send chunks of the full layer's pool
+    to the host (the stream race it checks needs the copy stream to run)."""
+    probe = """
+import json, sys, torch
+sys.path.insert(0, ".")
+import lucebox
+from bench.gpu_check import OFFLOADING, PROMPT_TOKENS
+from bench.kernels import dry_run_model
+llm = lucebox.LLM(str(dry_run_model()), device="cpu", dtype="float32", load_format="dummy", quantization="int4",
+                  **OFFLOADING)
+cache = llm.engine.new_cache()
+for _ in llm.engine.prefill([3 + i % 400 for i in range(PROMPT_TOKENS)], cache):
+    pass
+cache.commit(PROMPT_TOKENS)
+print(json.dumps([len(layer.residency.non_resident()) for layer in cache.layers if hasattr(layer, "residency")]))
+"""
+    done = run_python("-c", probe, TRITON_INTERPRET="1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    on_host = json.loads(done.stdout.strip().splitlines()[-1])
+    assert on_host and all(chunks > 0 for chunks in on_host), on_host
