@@ -5,7 +5,7 @@ float head and with the int8 one (codes with a float16 scale per vocabulary row)
 the head is the same, so the difference is the head's alone. Per position: the KL divergence of the
 int8 head's next-token distribution from the float head's, whether the greedy token agrees, and the
 mean log-likelihood of the text. Bytes: what one step's logits read from each head, for the built-in
-model and, from its config alone, at the shapes of a larger model.
+model and, from its config alone (examples/laguna-xs2), for Laguna XS.2.
 
     python bench/int8_head_kl.py                       # bench/results/local/
     python bench/int8_head_kl.py --out bench/results   # replaces the committed result
@@ -63,11 +63,14 @@ def main() -> None:
     tokens = held_out_tokens(float_head.tokenizer, args.tokens)
     figures = head_figures(float_head.logits(tokens), int8_head.logits(tokens), tokens)
     print({k: round(v, 8) for k, v in figures.items()})
-    cfg = float_head.config
+    from lucebox.checkpoints.loading import describe_model
+
+    cfg, xs2 = float_head.config, describe_model(Path(__file__).resolve().parents[1] / "examples" / "laguna-xs2").cfg
     payload = {"model": "built-in laguna-code-6m (float32 activations)", "text": "held-out standard-library files",
                "head": "int8 codes, one float16 scale per vocabulary row", "quality": figures,
                "bytes": {"built_in_float32": bytes_figures(cfg, torch.float32),
-                         "built_in_bfloat16": bytes_figures(cfg, torch.bfloat16)}}
+                         "built_in_bfloat16": bytes_figures(cfg, torch.bfloat16),
+                         "laguna_xs2_bfloat16_from_config": bytes_figures(xs2, torch.bfloat16)}}
     print(payload["bytes"])
     print(write_result("int8_head_kl", payload, args.out))
 
