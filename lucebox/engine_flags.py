@@ -20,6 +20,7 @@ FIELDS = {
     "--prefill-chunk": "prefill_chunk", "--load-format": "load_format", "--backend": "backend",
     "--cuda-graphs": "cuda_graphs", "--quantization": "quantization", "--vram": "vram_budget",
     "--kv-dtype": "kv_dtype", "--experts-on-host": "experts_on_host", "--expert-slots": "expert_slots",
+    "--lm-head": "lm_head",
 }
 
 
@@ -70,6 +71,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction,
                    help="run decode steps as CUDA graphs; --no-cuda-graphs runs them eagerly, for debugging "
                         "(default: wherever they can run: CUDA, Triton, experts on the device)")
+    _add_memory_flags(p)
+
+
+def _add_memory_flags(p: argparse.ArgumentParser) -> None:
+    """How the weights and caches are held: quantization, the output head, the budget, KV dtype, experts."""
     p.add_argument("--quantization", help="int8 | int4: quantize the linear layers' weights as they load "
                                           "(default: none)")
     p.add_argument("--vram", help="device memory budget, e.g. 24GiB: the planner chooses pool size and prefill chunk "
@@ -78,6 +84,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", choices=limits.KV_DTYPES,
                    help="int8: the full-attention KV pool and its host copies as int8 rows with per-token scales "
                         "(half the host memory and PCIe traffic of bfloat16) (default: auto, the model dtype)")
+    p.add_argument("--lm-head", choices=limits.LM_HEADS,
+                   help="the output head: float keeps the model dtype's table; int8 reads int8 codes with a "
+                        "scale per row (fewer bytes per token); auto: int8 for --quantization on the Triton "
+                        "kernels, else float (default: auto)")
     p.add_argument("--experts-on-host", action=argparse.BooleanOptionalAction,
                    help="keep the routed experts in host memory with a device cache of them (default: only when "
                         "--vram needs it)")

@@ -29,3 +29,4 @@ VERIFY_RULES = ("coupled", "tokenwise", "block")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 BACKENDS = ("auto", "torch", "triton")
 KV_DTYPES = ("auto", "int8")
+LM_HEADS = ("auto", "float", "int8")  # the output head: the planner's choice, the float table, int8 codes

@@ -39,7 +39,7 @@ class LLM:
     one and its default: `draft`, `device`, `dtype`, `load_format`, `max_context`, `kv_policy`,
     `kv_pool_tokens`, `kv_reselect_every`, `prefill_chunk`, `draft_k`, `verify`, `draft_ctx`,
     `adaptive`, `tree_budget`, `backend`, `quantization`, `cuda_graphs`, `vram_budget`, `experts_on_host`,
-    `expert_slots`, `kv_dtype`. A whole configuration can be given instead (`config=`, `LLM.from_config`).
+    `expert_slots`, `kv_dtype`, `lm_head`. A whole configuration can be given instead (`config=`, `LLM.from_config`).
     `load_progress(done, total)` is called with bytes of weights read as they load; on a GPU every
     decode/verify step graph is then captured before the first request, `capture_progress(done,
     total)` called after each.

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from lucebox.kernels.backend import Kernels, kernels_for
 from lucebox.kernels.moe import swiglu
+from lucebox.kernels.quant import QuantizedTensor
 from lucebox.kernels.rope import RotaryTables
 from lucebox.models.cache_contexts import CacheContext
 from lucebox.models.token_mixers import ForwardContext, token_mixer
@@ -72,7 +73,10 @@ class Decoder:
         return self.run(token_ids, CacheContext(step, cache, self.kernels, self.scale), layers)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (T, V)
-        head = self.w["embed"] if self.cfg.tie_word_embeddings else self.w["lm_head"]
+        # An "lm_head" beside a tied table is its int8 copy (`lucebox.memory.lm_head`): the lookup keeps the floats.
+        head = self.w.get("lm_head", self.w["embed"])
+        if isinstance(head, QuantizedTensor):  # the backend's kernels read the codes
+            return self.kernels.linear(hidden, head)
         return F.linear(hidden, head)
 
     # -- the one layer loop, for every kind of forward --------------------------------------------------------

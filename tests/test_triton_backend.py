@@ -34,12 +34,14 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("quantization", [None, "int4"])
 def test_triton_engine_matches_the_torch_engine(reference_models, quantization):
     """Laguna-shaped model (YaRN partial rotary, gating, sliding rings, MoE with a shared expert):
-    logits within 1e-3, and the same greedy tokens where the logits' margins are clear."""
+    logits within 1e-3, and the same greedy tokens where the logits' margins are clear. Quantized,
+    both hold the int8 LM head (Triton's choice for quantized weights), so its kernel is compared too."""
     folder, _ = reference_models("laguna")
-    torch_llm, triton_llm = _pair(folder, quantization=quantization)
+    torch_llm, triton_llm = _pair(folder, quantization=quantization, lm_head="int8" if quantization else "auto")
     assert triton_llm.setup.backend == "triton" and torch_llm.setup.backend == "torch"
     if quantization:
         assert isinstance(triton_llm.engine.decoder.w["layers.1.experts_gate_up"], QuantizedTensor)
+        assert isinstance(triton_llm.engine.decoder.w["lm_head"], QuantizedTensor)
     _assert_same_greedy_tokens_and_close_logits(torch_llm, triton_llm, PROMPT, 10)
 
 

@@ -18,6 +18,7 @@ from lucebox.kernels.backend import Kernels
 from lucebox.kernels.quant import SCHEMES, quantize
 from lucebox.limits import LOAD_FORMATS
 from lucebox.memory.expert_cache import ExpertTraffic, PinnedArena, cache_experts, is_routed_expert, moved
+from lucebox.memory.lm_head import quantize_head
 from lucebox.models import adapter_for, build_model_config
 from lucebox.models.decoder import Decoder
 from lucebox.models.fused_projections import fuse_attention_projections
@@ -141,12 +142,13 @@ def placement(device: torch.device, experts_on_host: bool, quantization: str | N
 def load_model(
     desc: ModelDescription, dtype: torch.dtype, device: torch.device, load_format: str = "auto",
     kernels: Kernels | None = None, quantization: str | None = None, progress=None,
-    expert_slots: int | None = None, expert_traffic: ExpertTraffic | None = None,
+    expert_slots: int | None = None, expert_traffic: ExpertTraffic | None = None, lm_head: str | None = None,
 ) -> LoadedModel:
     """Weights (quantized as they are read, with `quantization`), tokenizer and a `Decoder` that
     runs on `kernels` (the torch references by default); `progress(done, total)` in bytes read.
     With `expert_slots`, the routed experts stay in host memory and each MoE layer caches that
-    many of them on the device, counting its traffic in `expert_traffic` (`lucebox.memory.expert_cache`)."""
+    many of them on the device, counting its traffic in `expert_traffic` (`lucebox.memory.expert_cache`).
+    `lm_head` "int8": the output head as int8 codes (`lucebox.memory.lm_head`)."""
     check_load_format(load_format)
     shapes = weight_shapes(desc.cfg)
     quantization = resolve_quantization(quantization, desc)
@@ -168,6 +170,7 @@ def load_model(
     for name in weights:  # routers read in the model dtype are held wider (exactly: a widening cast)
         if stored_dtype(name, dtype) != dtype:
             weights[name] = weights[name].to(stored_dtype(name, dtype))
+    quantize_head(weights, desc.cfg, lm_head)
     if on_host:
         cache_experts(weights, len(desc.cfg.layers), expert_slots, device, expert_traffic or ExpertTraffic())
     if desc.gguf is not None:

@@ -7,7 +7,7 @@ import json
 from collections import Counter
 
 from lucebox.config import RECURRENT_KINDS, ModelConfig
-from lucebox.limits import KV_POLICIES
+from lucebox.limits import KV_POLICIES, LM_HEADS
 from lucebox.models.layout import parameter_counts
 
 _PATTERN = {"full": "F", "sliding": "S", "gdn": "R", "kda": "R"}
@@ -26,6 +26,9 @@ def add_parser(sub) -> None:
                         "gains a top-level `fits` and `vram_plan` with the bytes of each part (default: no plan)")
     p.add_argument("--quantization", default=None,
                    help="int8 | int4: weights as the engine would quantize them (default: none)")
+    p.add_argument("--lm-head", choices=LM_HEADS, default="auto",
+                   help="the output head the plan holds: int8 codes with per-row scales, the float table, or "
+                        "auto: int8 with --quantization (the Triton kernels read codes) (default: auto)")
     p.add_argument("--ctx", type=int, default=None, help="context to plan for (default: the model's)")
     p.add_argument("--dtype", default="bfloat16", help="activation and unquantized weight dtype for the plan")
     p.add_argument("--kv-policy", choices=KV_POLICIES,
@@ -137,12 +140,14 @@ def vram_plan(args, desc):
     from lucebox.device import resolve_dtype
     from lucebox.engine.config import EngineConfig
     from lucebox.engine.setup import plan_for_config
+    from lucebox.memory.lm_head import choose_lm_head
     from lucebox.memory.plan import DrafterCost
 
     config = EngineConfig(args.model, dtype=args.dtype, max_context=args.ctx, kv_policy=args.kv_policy,
                           quantization=args.quantization, vram_budget=args.vram,
-                          kv_dtype="int8" if args.kv_dtype == "int8" else "auto")
+                          kv_dtype="int8" if args.kv_dtype == "int8" else "auto", lm_head=args.lm_head)
     cfg, quantization = desc.cfg, resolve_quantization(config.quantization, desc)
     dtype = resolve_dtype(config.dtype, torch.device("cpu"))
     stored = desc.gguf.device_bytes(cfg, dtype) if desc.gguf is not None else None  # a GGUF's own block types
-    return plan_for_config(cfg, config, "cuda", dtype, quantization, DrafterCost(), True, stored)
+    lm_head = choose_lm_head(config.lm_head, quantization, "triton", cfg, dtype, stored is not None)  # CUDA's kernels
+    return plan_for_config(cfg, config, "cuda", dtype, quantization, DrafterCost(), True, stored, lm_head)

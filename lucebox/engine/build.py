@@ -83,7 +83,7 @@ def build_engine(setup: EngineSetup, load_progress: Callable[[int, int], None] |
     in bytes of weights read)."""
     config, traffic = setup.config, ExpertTraffic()
     loaded = load_model(setup.description, setup.dtype, setup.device, config.load_format, kernels_for(setup.backend),
-                        setup.quantization, load_progress, setup.expert_slots, traffic)
+                        setup.quantization, load_progress, setup.expert_slots, traffic, setup.lm_head)
     runner = StepRunner(loaded.decoder, graphs=setup.cuda_graphs)
     proposer = make_proposer(setup.drafter, loaded.decoder, setup.cache.max_context, setup.prefill_chunk,
                              config.draft_ctx, DRAFT_WIDTH)

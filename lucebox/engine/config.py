@@ -22,6 +22,7 @@ from lucebox.limits import (
     KV_DTYPES,
     KV_POLICIES,
     KV_RESELECT_EVERY,
+    LM_HEADS,
     LOAD_FORMATS,
     VERIFY_RULES,
 )
@@ -63,6 +64,8 @@ class EngineConfig:
     experts_on_host: keep routed experts in host memory behind a device cache (None: only when the
         budget needs it); expert_slots: that cache's experts per layer (giving it implies True).
     kv_dtype: "auto" (the model dtype) | "int8" (the pool's rows as int8 with per-token scales).
+    lm_head: "auto" (int8 codes with per-row scales for quantized weights where the kernels read
+        codes, else the float head) | "float" (keep the float head) | "int8" (codes regardless).
     """
 
     model: str | os.PathLike | None = None
@@ -87,6 +90,7 @@ class EngineConfig:
     experts_on_host: bool | None = None
     expert_slots: int | None = None
     kv_dtype: str = "auto"
+    lm_head: str = "auto"
 
     def __post_init__(self) -> None:
         checked = {
@@ -109,6 +113,7 @@ class EngineConfig:
             "experts_on_host": flag("experts_on_host", self.experts_on_host, optional=True),
             "expert_slots": integer("expert_slots", self.expert_slots, 1, optional=True),
             "kv_dtype": choice("kv_dtype", "auto" if self.kv_dtype is None else self.kv_dtype, KV_DTYPES),
+            "lm_head": choice("lm_head", self.lm_head, LM_HEADS),
         }
         if checked["expert_slots"] is not None and checked["experts_on_host"] is None:
             checked["experts_on_host"] = True  # asking for a cache size asks for the cache

@@ -28,6 +28,7 @@ from lucebox.errors import (
 )
 from lucebox.kernels.backend import resolve_backend
 from lucebox.limits import DRAFT_WIDTH, PREFILL_CHUNK
+from lucebox.memory.lm_head import choose_lm_head
 from lucebox.memory.plan import DrafterCost, StoredWeights, check_fits
 from lucebox.memory.vram import VramPlan, plan_for_budget
 from lucebox.speculative.drafters import DrafterSpec, drafter_cost, resolve_drafter
@@ -52,6 +53,7 @@ class EngineSetup:
     vram_plan: VramPlan | None  # the planner's, when a budget was given
     memory: dict[str, int]  # bytes of each part (`memory.plan.check_fits`)
     stored_weights: StoredWeights | None  # a GGUF file's own weight bytes
+    lm_head: str | None = None  # "int8": the output head as int8 codes (`memory.lm_head`); None: the float head
 
     @property
     def model(self) -> ModelConfig:
@@ -79,10 +81,11 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
     refuse_speculation_on_hybrid(drafter, config.draft, description.cfg)
     tree_budget = settle_tree_budget(config.tree_budget, drafter, description.cfg)
     stored = stored_weights(description, dtype, config.load_format)
+    lm_head = choose_lm_head(config.lm_head, quantization, backend, description.cfg, dtype, stored is not None)
     max_context = config.max_context or description.cfg.max_position_embeddings
     vram_plan = None
     if config.vram_budget is not None:
-        vram_plan = plan_vram(config, description.cfg, device, dtype, backend, quantization, drafter, stored)
+        vram_plan = plan_vram(config, description.cfg, device, dtype, backend, quantization, drafter, stored, lm_head)
     choices = memory_choices(config, description.cfg, device, vram_plan)
     cache = CacheSettings.for_engine(max_context, choices.prefill_chunk, config.kv_policy, choices.kv_pool_tokens,
                                      config.kv_reselect_every, kv_int8=config.kv_int8)
@@ -90,11 +93,12 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
     if config.load_format != "dummy" and description.gguf is None:
         weight_files(description.folder)  # a folder without weights says so before any memory figure
     cost = drafter_cost(drafter, dtype, max_context, choices.prefill_chunk, config.draft_ctx, DRAFT_WIDTH)
-    memory = check_fits(description.cfg, cache, dtype, device, quantization, cost, choices.expert_slots, stored)
+    memory = check_fits(description.cfg, cache, dtype, device, quantization, cost, choices.expert_slots, stored,
+                        lm_head)
     graphs = use_cuda_graphs(config.cuda_graphs, device, backend, choices.expert_slots)
     warn_past_training(max_context, description.cfg)  # once the engine is known to open: no warning before an error
     return EngineSetup(config, device, dtype, backend, description, quantization, drafter, tree_budget,
-                       choices.prefill_chunk, cache, graphs, choices.expert_slots, vram_plan, memory, stored)
+                       choices.prefill_chunk, cache, graphs, choices.expert_slots, vram_plan, memory, stored, lm_head)
 
 
 def stored_weights(description: ModelDescription, dtype: torch.dtype, load_format: str) -> StoredWeights | None:
@@ -164,7 +168,8 @@ def use_cuda_graphs(asked: bool | None, device: torch.device, backend: str, expe
 
 
 def plan_vram(config: EngineConfig, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, backend: str,
-              quantization: str | None, drafter: DrafterSpec | None, stored: StoredWeights | None) -> VramPlan:
+              quantization: str | None, drafter: DrafterSpec | None, stored: StoredWeights | None,
+              lm_head: str | None = None) -> VramPlan:
     """The planner's choices under `config.vram_budget`, or InsufficientMemoryError saying what does
     not fit; on CUDA the allocator is held to the budget from here on."""
     context = config.max_context or cfg.max_position_embeddings
@@ -177,7 +182,7 @@ def plan_vram(config: EngineConfig, cfg: ModelConfig, device: torch.device, dtyp
         raise InsufficientMemoryError(f"vram_budget={asked / 2**30:.1f}GiB: the CUDA context, loaded modules and "
                                       f"other processes already take {outside / 2**30:.1f} GiB of this card")
     config = config.replace(vram_budget=asked - outside)
-    planned = plan_for_config(cfg, config, device.type, dtype, quantization, cost, graphs, stored)
+    planned = plan_for_config(cfg, config, device.type, dtype, quantization, cost, graphs, stored, lm_head)
     if outside:
         planned.notes.insert(0, f"{outside / 2**30:.2f} GiB of the budget is outside torch's allocator (the CUDA "
                                 "context, modules, other processes): the plan uses the rest")
@@ -221,11 +226,11 @@ def expert_slots_for(cfg: ModelConfig, on_host: bool | None, slots: int | None) 
 
 def plan_for_config(cfg: ModelConfig, config: EngineConfig, device_type: str, dtype: torch.dtype,
                     quantization: str | None, drafter: DrafterCost, graphs: bool,
-                    stored_weights: StoredWeights | None = None) -> VramPlan:
+                    stored_weights: StoredWeights | None = None, lm_head: str | None = None) -> VramPlan:
     """`plan_for_budget` for an engine configuration (its budget, context, policy, pool, prefill
-    chunk, expert placement and KV dtype), on a device of `device_type`, whose default prefill
-    chunk is the largest tried."""
+    chunk, expert placement and KV dtype) and the chosen output head, on a device of `device_type`,
+    whose default prefill chunk is the largest tried."""
     return plan_for_budget(cfg, config.vram_budget, config.max_context or cfg.max_position_embeddings, dtype,
                            quantization, drafter, config.kv_policy, config.kv_pool_tokens, config.prefill_chunk,
                            graphs, PREFILL_CHUNK[device_type], config.experts_on_host, config.expert_slots,
-                           config.kv_int8, stored_weights, config.kv_reselect_every)
+                           config.kv_int8, stored_weights, config.kv_reselect_every, lm_head)

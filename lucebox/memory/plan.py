@@ -15,6 +15,7 @@ from lucebox.config import ModelConfig
 from lucebox.errors import ContextLengthError, InsufficientMemoryError
 from lucebox.kernels.quant import quantized_bytes
 from lucebox.limits import DECODE_ROWS, KV_CHUNK
+from lucebox.memory.lm_head import head_dense_copy_bytes, head_weight_bytes
 from lucebox.models.layout import quantizable, stored_dtype, weight_shapes
 
 HEADROOM = 0.9  # leave a tenth of what is free to the allocator, activations and everyone else
@@ -95,20 +96,24 @@ def cache_ring_bytes(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dty
 
 def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
          quantization: str | None = None, drafter: DrafterCost = DrafterCost(),
-         expert_slots: int | None = None, stored_weights: StoredWeights | None = None) -> dict[str, int]:
+         expert_slots: int | None = None, stored_weights: StoredWeights | None = None,
+         lm_head: str | None = None) -> dict[str, int]:
     """Bytes of weights, ring caches, device KV pool (+ chunk summaries), the most host KV, drafter.
     With `expert_slots` (experts in host memory) the routed experts count in host memory and the
     device holds that many of each MoE layer's experts (`lucebox.memory.expert_cache`). `stored_weights`:
-    the weights' bytes when the checkpoint fixes them (a GGUF file's own quants)."""
+    the weights' bytes when the checkpoint fixes them (a GGUF file's own quants). `lm_head`: "int8"
+    for an int8 output head (`lucebox.memory.lm_head`)."""
     size = dtype.itemsize
     row = cfg.kv_bytes_per_token(size, settings.kv_int8)  # the paged pool's rows
     full = sum(1 for layer in cfg.layers if layer.attention == "full")
     kvf = settings.kvflash()
     chunks = -(-settings.max_context // kvf.chunk)
     summaries = full * chunks * 3 * cfg.num_kv_heads * cfg.head_dim * size if kvf.policy == "select" else 0
-    stored = stored_weights or StoredWeights(weight_bytes(cfg, dtype, quantization),
+    stored = stored_weights or StoredWeights(weight_bytes(cfg, dtype, quantization)
+                                             + head_weight_bytes(cfg, dtype, lm_head),
                                              routed_expert_bytes(cfg, dtype, quantization),
-                                             dense_copy_bytes(cfg, dtype, quantization))
+                                             dense_copy_bytes(cfg, dtype, quantization)
+                                             + head_dense_copy_bytes(cfg, dtype, lm_head))
     weights, experts_host = stored.total, 0
     if expert_slots is not None and cfg.moe is not None:
         experts_host = stored.routed_experts
@@ -153,14 +158,15 @@ def _gib(n: float) -> str:
 
 def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, device: torch.device,
                quantization: str | None = None, drafter: DrafterCost = DrafterCost(),
-               expert_slots: int | None = None, stored_weights: StoredWeights | None = None) -> dict[str, int]:
+               expert_slots: int | None = None, stored_weights: StoredWeights | None = None,
+               lm_head: str | None = None) -> dict[str, int]:
     """The plan, or the first thing that does not fit: InsufficientMemoryError for the weights or
     the fixed-size caches (naming the largest `draft_ctx` that fits when the drafter's rings are
     what overflows), ContextLengthError naming the largest context whose offloaded KV fits.
 
     Weights, rings, the pool and the drafter are fixed costs on the device; host KV and chunk
     summaries grow with max_context (on the CPU, device and host are the same memory)."""
-    need = plan(cfg, settings, dtype, quantization, drafter, expert_slots, stored_weights)
+    need = plan(cfg, settings, dtype, quantization, drafter, expert_slots, stored_weights, lm_head)
     fixed = need["weights"] + need["ring_caches"] + need["kv_pool_device"] + need["drafter"] + need["recurrent_states"]
     per_token_summary = need["kv_chunk_summaries_max"] / settings.max_context
     per_token_host = need["kv_host_max"] / settings.max_context

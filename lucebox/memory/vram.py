@@ -23,6 +23,7 @@ import torch
 from lucebox.caches import CacheSettings
 from lucebox.config import ModelConfig
 from lucebox.limits import DECODE_ROWS, KV_CHUNK, KV_RESELECT_EVERY, PREFILL_CHUNK
+from lucebox.memory.lm_head import float_head_bytes, int8_head_bytes
 from lucebox.memory.plan import DrafterCost, StoredWeights, plan, routed_expert_bytes
 
 PREFILL_CHUNKS = (2048, 1024, 512, 256)  # tried largest first, from the device's default (PREFILL_CHUNK)
@@ -79,7 +80,8 @@ class VramPlan:
             lines.append(f"  experts in host      {self.host['experts_host'] / gib:8.2f} GiB")
         slots = f", expert_slots {c['expert_slots']}" if c["experts_on_host"] else ""
         lines.append(f"  chosen: kv_policy {c['kv_policy']}, kv_pool_tokens {c['kv_pool_tokens']}, "
-                     f"prefill_chunk {c['prefill_chunk']}, kv_dtype {c['kv_dtype']}{slots}")
+                     f"prefill_chunk {c['prefill_chunk']}, kv_dtype {c['kv_dtype']}{slots}, lm_head {c['lm_head']} "
+                     f"({c['lm_head_bytes_per_token'] / 2**20:.1f} MiB read per token)")
         return lines + [f"  {note}" for note in self.notes]
 
     def as_json(self) -> dict:
@@ -101,8 +103,8 @@ def _min_pool(prefill: int, policy: str | None, max_context: int, reselect: int)
 
 
 def _parts(cfg, settings, dtype, quantization, drafter, graphs: bool, slots: int | None = None,
-           stored: StoredWeights | None = None) -> tuple[dict, dict]:
-    need = plan(cfg, settings, dtype, quantization, drafter, slots, stored)
+           stored: StoredWeights | None = None, lm_head: str | None = None) -> tuple[dict, dict]:
+    need = plan(cfg, settings, dtype, quantization, drafter, slots, stored, lm_head)
     cache = 0 if slots is None else slots * _routed_bytes(cfg, dtype, quantization, stored) // cfg.moe.num_experts
     device = {
         "weights": need["weights"] - cache,
@@ -131,6 +133,7 @@ class _Request:
     kv_int8: bool
     kv_reselect_every: int
     stored: StoredWeights | None  # the weights as a GGUF file fixes them, else from the config
+    lm_head: str | None = None  # "int8": the output head as int8 codes (`lucebox.memory.lm_head`)
 
     @property
     def routed_expert_bytes(self) -> int:
@@ -141,12 +144,14 @@ class _Request:
         settings = CacheSettings.for_engine(self.max_context, prefill, self.kv_policy, pool, self.kv_reselect_every,
                                             kv_int8=self.kv_int8)
         device, host = _parts(self.cfg, settings, self.dtype, self.quantization, self.drafter,
-                              graphs and slots is None, slots, self.stored)
+                              graphs and slots is None, slots, self.stored, self.lm_head)
         choices = {"kv_pool_tokens": pool, "prefill_chunk": prefill, "kv_policy": settings.kv_policy,
                    "max_context": self.max_context,
                    "quantization": "gguf" if self.stored is not None else self.quantization,  # the file's blocks
                    "dtype": str(self.dtype).split(".")[-1], "kv_dtype": "int8" if self.kv_int8 else "auto",
-                   "experts_on_host": slots is not None, "expert_slots": slots}
+                   "experts_on_host": slots is not None, "expert_slots": slots, "lm_head": self.lm_head or "float",
+                   "lm_head_bytes_per_token": int8_head_bytes(self.cfg) if self.lm_head
+                   else float_head_bytes(self.cfg, self.dtype)}
         return VramPlan(sum(device.values()) <= self.budget, self.budget, device, host, choices)
 
     def why_not(self, best: VramPlan) -> VramPlan:
@@ -161,15 +166,16 @@ def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torc
                     largest_prefill: int = PREFILL_CHUNK["cuda"], experts_on_host: bool | None = None,
                     expert_slots: int | None = None, kv_int8: bool = False,
                     stored_weights: StoredWeights | None = None,
-                    kv_reselect_every: int = KV_RESELECT_EVERY) -> VramPlan:
+                    kv_reselect_every: int = KV_RESELECT_EVERY, lm_head: str | None = None) -> VramPlan:
     """The plan under `budget` device bytes. Values the caller gives are kept; the planner
     chooses the others from the defaults down: the prefill chunk first (from `largest_prefill`,
     the device's default), then the pool, then (`experts_on_host` None: when nothing else fits;
     True: always) the routed experts go to host memory with as many device slots per layer as fit
     (or `expert_slots`). Experts in host memory make steps eager: `graphs` is then ignored.
-    `stored_weights`: the weights' bytes when the checkpoint fixes them (a GGUF file's blocks)."""
+    `stored_weights`: the weights' bytes when the checkpoint fixes them (a GGUF file's blocks).
+    `lm_head`: "int8" for an int8 output head (`lucebox.memory.lm_head.choose_lm_head`)."""
     request = _Request(cfg, budget, max_context, dtype, quantization, drafter or DrafterCost(), kv_policy, kv_int8,
-                       kv_reselect_every, stored_weights)
+                       kv_reselect_every, stored_weights, lm_head)
     prefills = [prefill_chunk] if prefill_chunk else [p for p in PREFILL_CHUNKS if p <= largest_prefill]
     pools = [kv_pool_tokens] if kv_pool_tokens else _pool_sizes(prefills[-1], kv_policy, max_context, kv_reselect_every)
     # A pool must hold what one prefill chunk writes: pairs the engine would refuse are skipped
