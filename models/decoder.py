@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from lucebox.kernels.backend import Kernels, kernels_for
+from lucebox.kernels.cpu_rows import PackedWeight
 from lucebox.kernels.moe import swiglu
 from lucebox.kernels.rope import RotaryTables
 from lucebox.models.cache_contexts import CacheContext
@@ -42,6 +43,7 @@ class Decoder:
         self.rope = RotaryTables(self.device)
         self.scale = cfg.head_dim**-0.5
         self.kernels = kernels or kernels_for("torch")
+        self._packed_head: PackedWeight | None = None
         layers = len(cfg.layers)
         self._mlp_norm = [f"layers.{i}.mlp_norm" for i in range(layers)]
         # Each residual add is fused with the norm that reads its result: the next layer's, or the final one.
@@ -73,7 +75,11 @@ class Decoder:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (T, V)
         head = self.w["embed"] if self.cfg.tie_word_embeddings else self.w["lm_head"]
-        return F.linear(hidden, head)
+        if self.device.type != "cpu":
+            return F.linear(hidden, head)
+        if self._packed_head is None or self._packed_head.weight is not head:
+            self._packed_head = PackedWeight(head)  # a step's rows: the same bits at any width (`cpu_rows`)
+        return self._packed_head(hidden)
 
     # -- the one layer loop, for every kind of forward --------------------------------------------------------
 
