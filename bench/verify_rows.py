@@ -56,6 +56,8 @@ def main() -> None:
     p.add_argument("--out", default=None, help="directory for the JSON (default bench/results/local; "
                                                "bench/results replaces the committed result)")
     args = p.parse_args()
+    if args.cpu_time and args.sampled is not None:  # its rounds are timed by the wall clock: one unit per figure
+        p.error("--sampled prices rounds timed by the wall clock: run it without --cpu-time")
     torch.set_num_threads(args.threads)
     clock = time.thread_time if args.cpu_time else time.perf_counter
     llm = lucebox.LLM(device="cpu", dtype="float32")
