@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 
 
-def step_seconds(llm, cache, width: int, position: int, reps: int) -> float:
+def step_seconds(llm, cache, width: int, position: int, reps: int, clock=time.perf_counter) -> float:
     """Median seconds of `width`-row steps at `position` through the engine's runner (a graph
-    replay on CUDA after the first, which captures), each rolled back after."""
+    replay on CUDA after the first, which captures), each rolled back after; `clock` times them."""
     import torch
 
     from lucebox.caches import Step
@@ -27,11 +27,11 @@ def step_seconds(llm, cache, width: int, position: int, reps: int) -> float:
     for _ in range(reps + 1):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        start = time.perf_counter()
+        start = clock()
         llm.engine.runner.step(rows, Step.span(position, width, device), cache)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
         cache.rollback(position)
     return sorted(times[1:])[reps // 2]
 

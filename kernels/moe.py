@@ -19,11 +19,12 @@ from lucebox.limits import DECODE_ROWS
 # `_routed_experts`. The engine's widest step (`DECODE_ROWS`) fits under it, which a test checks.
 SMALL_STEP_ROWS = DECODE_ROWS
 # On the CPU a step choosing at most this many (row, expert) pairs runs each pair through its
-# expert in place, as a one-row step does: below it the expert loop's sort and gathers cost more
-# than what rows sharing an expert save (the built-in model's layer, float32, 1 thread: 2 rows
-# 60 against 91 us, 4 rows 117 against 124, 8 rows 237 against 173). A row then gets the very
-# ops it gets alone.
-IN_PLACE_PAIRS = 8
+# expert in place, as a one-row step does; a wider one runs all its pairs as one batched one-row
+# product against its experts' gathered weights (`_gathered_experts`), the same bits for ~10 ops a
+# layer instead of ~10 a pair (the built-in model's layer, float32, 1 thread, CPU time on a busy
+# host: 2 rows 98 us in place against 111 gathered, 4 rows 222 against 137, 8 rows 461 against
+# 266, 16 rows 448 (then the expert loop, whose GEMMs round a row by its step) against 397).
+IN_PLACE_PAIRS = 4
 
 
 def routing_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -136,10 +137,9 @@ def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: tor
     and a few small batched ops cost less than a loop of ~10 ops per expert. A step that chooses
     at least one (row, expert) pair per expert touches most experts anyway and runs every expert
     densely; a sparser one gathers its chosen experts' weights. Prefill chunks loop over the
-    experts they use: there each expert's GEMM has many rows. On the CPU, where a read waits for
-    nothing, every step loops so, but a one-row step, or one of at most `IN_PLACE_PAIRS` pairs,
-    runs each chosen expert where its weights lie: gathering them for a batched GEMV costs about 3x
-    that."""
+    experts they use: there each expert's GEMM has many rows. On the CPU a one-row step, or one of
+    at most `IN_PLACE_PAIRS` pairs, runs each chosen expert where its weights lie; a wider decode or
+    verify step gathers them, every row with its one-row bits either way."""
     rows, experts = layout_of
     small = rows <= SMALL_STEP_ROWS and isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)
     if not small:
@@ -147,7 +147,7 @@ def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: tor
     if reads_wait_for_nothing(x.device):  # no weights copied: each chosen expert where it lies
         # the whole step's pairs (a group takes the step's path); a one-row step's, however many
         few = rows == 1 or rows * ids.shape[1] <= IN_PLACE_PAIRS
-        return (_chosen_experts_in_place if few else _expert_loop)(x, gate_up, down, weights, ids)
+        return (_chosen_experts_in_place if few else _gathered_experts)(x, gate_up, down, weights, ids)
     if rows * ids.shape[1] >= experts:
         return _all_experts(x, gate_up, down, weights, ids)
     return _gathered_experts(x, gate_up, down, weights, ids)
@@ -169,12 +169,14 @@ def _all_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, wei
 
 def _gathered_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
                       ids: torch.Tensor) -> torch.Tensor:
-    """Each (row, choice) pair against a copy of its expert's weights, as batched matrix-vector products."""
+    """Each (row, choice) pair against a copy of its expert's weights, as batched one-row products
+    (row times transposed weight, as `F.linear` of one row: on the CPU MKL's batched GEMM runs each
+    as it runs that one row, so a pair has the in-place path's bits, `tests/test_cpu_rows.py`)."""
     T, k = ids.shape
     chosen = ids.reshape(-1)
-    rows = x.repeat_interleave(k, dim=0)[:, :, None]  # (T*k, H, 1)
-    gate, up = (gate_up.index_select(0, chosen) @ rows).chunk(2, dim=1)  # (T*k, I, 1) each
-    y = (down.index_select(0, chosen) @ (F.silu(gate) * up))[..., 0]  # (T*k, H)
+    rows = x.repeat_interleave(k, dim=0)[:, None, :]  # (T*k, 1, H)
+    gate, up = (rows @ gate_up.index_select(0, chosen).transpose(1, 2)).chunk(2, dim=-1)  # (T*k, 1, I) each
+    y = (F.silu(gate) * up @ down.index_select(0, chosen).transpose(1, 2))[:, 0]  # (T*k, H)
     return (y * weights.reshape(-1, 1)).view(T, k, -1).sum(1).to(x.dtype)  # weighed in the wider dtype
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from lucebox.kernels.backend import Kernels, kernels_for
+from lucebox.kernels.cpu_rows import PackedWeight
 from lucebox.kernels.moe import swiglu
 from lucebox.kernels.quant import QuantizedTensor
 from lucebox.kernels.rope import RotaryTables
@@ -43,6 +44,7 @@ class Decoder:
         self.rope = RotaryTables(self.device)
         self.scale = cfg.head_dim**-0.5
         self.kernels = kernels or kernels_for("torch")
+        self._packed_head: PackedWeight | None = None
         layers = len(cfg.layers)
         self._mlp_norm = [f"layers.{i}.mlp_norm" for i in range(layers)]
         # Each residual add is fused with the norm that reads its result: the next layer's, or the final one.
@@ -77,7 +79,11 @@ class Decoder:
         head = self.w.get("lm_head", self.w["embed"])
         if isinstance(head, QuantizedTensor):  # the backend's kernels read the codes
             return self.kernels.linear(hidden, head)
-        return F.linear(hidden, head)
+        if self.device.type != "cpu":
+            return F.linear(hidden, head)
+        if self._packed_head is None or self._packed_head.weight is not head:
+            self._packed_head = PackedWeight(head)  # a step's rows: the same bits at any width (`cpu_rows`)
+        return self._packed_head(hidden)
 
     # -- the one layer loop, for every kind of forward --------------------------------------------------------
 

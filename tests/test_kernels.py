@@ -240,10 +240,10 @@ def test_moe_reference_decode_steps_read_no_device_value_and_equal_the_expert_lo
     torch.testing.assert_close(got, loop, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("M", [2, moe.IN_PLACE_PAIRS // 2])
-def test_cpu_steps_of_few_pairs_give_each_row_its_one_row_bits(M):
-    """On the CPU a verify step of at most `IN_PLACE_PAIRS` (row, expert) pairs runs each row through
-    the ops a one-row step runs, so a verified row's MoE output is the plain step's bit for bit in
+@pytest.mark.parametrize("M", [2, moe.IN_PLACE_PAIRS, 8, 16])
+def test_cpu_verify_steps_give_each_row_its_one_row_bits(M):
+    """On the CPU a verify step runs each row's pairs in place (at most `IN_PLACE_PAIRS` pairs) or as
+    batched one-row products, so a verified row's MoE output is the plain step's bit for bit in
     float32 (where a GEMM of several rows rounds otherwise than one row's)."""
     H, E, F, K = 256, 8, 64, 2
     gate_up = random(E, 2 * F, H, dtype=torch.float32, seed=7, scale=0.2).cpu()
