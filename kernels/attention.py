@@ -168,13 +168,32 @@ def _tree_visible(visible: torch.Tensor, bits: torch.Tensor, q_positions: torch.
 
 
 def merge_partials(parts: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """Combine per-block (out, lse) into attention over the union of the blocks."""
-    parts = list(parts)
-    if len(parts) == 1:
-        return parts[0][0]
-    lses = torch.stack([lse for _, lse in parts])  # (B, T, Hq)
-    outs = torch.stack([o.to(lses.dtype) for o, _ in parts])  # (B, T, Hq, D)
-    return merge_stacked(outs, lses)[0].to(parts[0][0].dtype)
+    """Combine per-block (out, lse) into attention over the union of the blocks, consuming them one
+    at a time: a running log-sum-exp merge into one float32/64 accumulator, so the extra memory is
+    one block's partial beside it however many blocks a long prefill streams (stacking them all
+    would hold every block's). One block is returned as it is."""
+    parts = iter(parts)
+    out, total = next(parts)  # (T, Hq, D), (T, Hq)
+    following = next(parts, None)
+    if following is None:
+        return out
+    dtype = out.dtype
+    out = out.to(total.dtype, copy=True)  # written in place from here on
+    while following is not None:
+        block_out, block_lse = following
+        merged = torch.logaddexp(total, block_lse)
+        # A row no block has seen yet stays at zeros and -inf: weights of nothing are 0, not NaN.
+        out.mul_(_weight(total, merged)[..., None]).addcmul_(block_out, _weight(block_lse, merged)[..., None])
+        total = merged
+        # Nothing keeps this block's partial while the next one is computed.
+        del following, block_out, block_lse
+        following = next(parts, None)
+    return out.to(dtype)
+
+
+def _weight(lse: torch.Tensor, merged: torch.Tensor) -> torch.Tensor:
+    """exp(lse - merged): a block's share of the merged softmax, 0 where neither saw a key."""
+    return torch.exp(lse - merged).nan_to_num_(0.0)
 
 
 def merge_stacked(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,12 +6,25 @@ The body's outputs are the graph's static tensors: each replay overwrites them."
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import torch
 
 Out = TypeVar("Out")
+
+# One side stream per device for every capture: a graph's private allocations are tagged with the
+# stream it was captured on, and the shared pool hands a block freed by one graph to another only
+# on the same stream, so graphs captured on streams of their own would barely share the pool.
+_capture_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream every graph on `device` is captured on (made on first use)."""
+    if device not in _capture_streams:
+        _capture_streams[device] = torch.cuda.Stream(device)
+    return _capture_streams[device]
 
 
 def capture(body: Callable[[], Out], device: torch.device, pool) -> tuple[torch.cuda.CUDAGraph, Out]:
@@ -24,12 +37,15 @@ def capture(body: Callable[[], Out], device: torch.device, pool) -> tuple[torch.
     (`pool`): they replay one at a time on one stream, so one set of intermediates serves them
     all, and each graph's outputs stay allocated. The capture watches only this thread for
     forbidden calls ("thread_local"), so the server's worker thread capturing does not fail on
-    what another thread does meanwhile."""
-    side = torch.cuda.Stream(device)
+    what another thread does meanwhile. Every capture runs on one side stream (`capture_stream`),
+    after a garbage collection: a tensor collected during the capture would free its block into
+    the graph's pool mid-capture, and unreachable tensors still holding memory would only crowd it."""
+    side = capture_stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         body()
         side.synchronize()
+        gc.collect()
         graph = torch.cuda.CUDAGraph()
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")
         try:

@@ -133,10 +133,10 @@ def test_nothing_past_a_stop_is_ever_committed(laguna, plain, monkeypatch):
     lengths = []  # what the target's cache commits (the draft model's own cache commits its drafts)
     commit = SequenceCache.commit
 
-    def watched(cache, length):
+    def watched(cache, length, **options):  # options: a prefill chunk's `choose`
         if cache is llm.session.cache:
             lengths.append(length)
-        commit(cache, length)
+        commit(cache, length, **options)
 
     monkeypatch.setattr(SequenceCache, "commit", watched)
     reference = plain["exact"]

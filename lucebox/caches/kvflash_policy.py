@@ -167,8 +167,7 @@ class SelectPolicy:
         stream = self.residency.copy_stream_after_queued_work()
         self._pinned_stale = True
         self.selection.selected = selected
-        for chunk in selected:
-            self.residency.make_resident(chunk, keep, length, selected, stream)
+        self.residency.load_chunks(selected, keep, length, selected, stream)  # one batch, whatever their number
         self.selection.due = False  # last: an interrupt above leaves the choice due again
 
     def _ensure_tail_resident(self, length: int) -> None:

@@ -2,8 +2,9 @@
 
 Layout: the device pool has `pool_chunks` slots of one chunk each; chunk j holds positions
 [64 j, 64 j + 64), and the device `page_table` says which slot holds it. When the context can
-outgrow the pool, a chunk leaving the pool is copied to host memory (`HostChunks`) and comes back
-by a copy. The first chunk (the attention sink) and the recent tail always stay resident.
+outgrow the pool, a chunk is copied to host memory (`HostChunks`, in the sequence's one
+`HostArena`) once its rows are committed, leaves the pool without a copy, and comes back by one.
+The first chunk (the attention sink) and the recent tail always stay resident.
 
 A write is split in two (`KVCache.reserve` / `store`): the host makes the chunks a step
 touches resident and keeps its bookkeeping in host integers; the device stores the rows at slots
@@ -32,6 +33,7 @@ import torch
 
 from lucebox.caches.base import KVBlock, KVCache, RowTable, Step, move_slots, path_moves
 from lucebox.caches.chunk_selection import ChunkSelection
+from lucebox.caches.host_arena import HostArena
 from lucebox.caches.kvflash_policy import kvflash_policy
 from lucebox.caches.paged_blocks import PagedBlocks
 from lucebox.caches.planes import KVPlanes
@@ -42,14 +44,16 @@ from lucebox.caches.settings import KVFlashSettings
 class PagedKV(KVCache):
     """One full-attention layer's K/V in a paged pool, with `settings.policy` deciding what a
     decode/verify step attends to. With `int8`, K and V rows are stored as int8 codes with a
-    float32 scale per (token, head) (`kernels.kv_int8`), in the pool and on the host alike."""
+    float32 scale per (token, head) (`kernels.kv_int8`), in the pool and on the host alike. Host
+    chunks take their region of `arena` (the sequence's one block of host memory), or an arena of
+    their own."""
 
     def __init__(self, settings: KVFlashSettings, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, int8: bool = False):
+                 dtype: torch.dtype, device: torch.device, int8: bool = False, arena: HostArena | None = None):
         settings.validate()
         self.s = settings
         self.storage = KVPlanes(kv_heads, settings.pool_chunks * settings.chunk, head_dim, dtype, device, int8)
-        self.residency = ChunkResidency(settings, self.storage, device)
+        self.residency = ChunkResidency(settings, self.storage, device, arena)
         self.policy = kvflash_policy(settings, self.residency, kv_heads, head_dim, dtype)
         self.select = settings.policy == "select"  # for whoever inspects the pool: nothing here branches on it
         self.attention = PagedBlocks(settings, self.storage, self.residency, self.policy)
@@ -109,6 +113,7 @@ class PagedKV(KVCache):
     def begin_commit(self, length: int) -> None:
         # `committed` moves after the selection's part: a crossed boundary is marked due first, so
         # the next commit finishes whatever an interrupted one left (summaries resume from their count).
+        self.residency.copy_completed(self.committed, length)
         self.policy.begin_commit(length, self.committed)
         self.committed = length
 

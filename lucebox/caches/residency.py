@@ -2,10 +2,11 @@
 that move chunks between the pool and host memory.
 
 Layout: the pool has `pool_chunks` slots of one chunk each; chunk j holds positions
-[chunk j, chunk (j + 1)). When the context can outgrow the pool, a chunk leaving it is copied to
-host memory (`HostChunks`), unless its host copy is current, and comes back by a copy. A chunk is
-copied when it leaves the pool, not row by row as it is written, which a graphed step could not do
-at a position-dependent offset.
+[chunk j, chunk (j + 1)). When the context can outgrow the pool, a chunk is copied to host memory
+(`HostChunks`) at the commit that completes it (or, if its host copy is not current then, when it
+leaves the pool), and comes back by a copy. A chunk is copied whole, not row by row as it is
+written, which a graphed step could not do at a position-dependent offset; copied at its commit,
+leaving the pool later is bookkeeping alone, so a re-selection only loads.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from contextlib import nullcontext
 
 import torch
 
-from lucebox.caches.host_chunks import HostChunks
+from lucebox.caches.host_arena import HostArena
+from lucebox.caches.host_chunks import HostChunks, staging_chunks
 from lucebox.caches.planes import KVPlanes
 from lucebox.caches.settings import KVFlashSettings
 
@@ -40,9 +42,13 @@ class ChunkResidency:
     - On CUDA, loads may run on `copy_stream`; `wait_for_loads` orders the current stream after
       them, and must run before anything reads the pool.
     - `length` counts rows written (drafts included); `wrote_until` and `forget_from` move it.
+    - A chunk whose rows are all committed is copied to the host at that commit
+      (`copy_completed`), so leaving the pool later costs no copy; `load_chunks` brings any number
+      of chunks back in a fixed number of operations.
     """
 
-    def __init__(self, settings: KVFlashSettings, planes: KVPlanes, device: torch.device):
+    def __init__(self, settings: KVFlashSettings, planes: KVPlanes, device: torch.device,
+                 arena: HostArena | None = None):
         self.s, self.planes, self.device = settings, planes, device
         C = settings.chunk
         self.row_positions = torch.full((settings.pool_chunks * C,), -1, dtype=torch.int64, device=device)
@@ -53,7 +59,7 @@ class ChunkResidency:
         max_chunks = -(-settings.max_context // C)
         self.page_table = torch.zeros(max_chunks, dtype=torch.int64, device=device)
         self.host = HostChunks(C, planes.kv_heads, planes.head_dim, max_chunks, planes.dtype, device,
-                               planes.int8) if settings.offload else None
+                               planes.int8, arena, staging_chunks(settings)) if settings.offload else None
         # Chunks whose host copy holds every row written to them: current until a step writes to them again.
         self._on_host: set[int] = set()
         self.length = 0
@@ -134,6 +140,64 @@ class ChunkResidency:
         self.chunk_slot[chunk] = slot
         self._moving -= 1
         return slot
+
+    def load_chunks(self, chunks: list[int], keep: set[int], committed: int, selected: list[int],
+                    stream: torch.cuda.Stream | None = None) -> None:
+        """`make_resident` for every chunk of `chunks` (on the host) at once: victims chosen on the
+        host, then one gather of the chunks from host memory, one copy to the device (on `stream`
+        when given), one scatter per plane, and one update each of `row_positions` and
+        `page_table`, however many chunks move. Evicted chunks need no copy when their host copy
+        is current (`copy_completed` made it so); any that is not is copied first, one by one."""
+        chunks = [c for c in chunks if c not in self.chunk_slot]
+        if not chunks:
+            return
+        slot_chunk, slots = self.slot_chunk, []
+        self._moving += 1
+        self.changes += 1  # before residency changes: nothing derived from it outlives an interrupt
+        for chunk in chunks:
+            slot = self._victim(slot_chunk, keep | set(chunks), committed, selected)
+            if slot_chunk[slot] >= 0:
+                with torch.cuda.stream(stream) if stream is not None else nullcontext():
+                    self._copy_to_host(slot_chunk[slot], self.rows(slot))
+                del self.chunk_slot[slot_chunk[slot]]
+            slot_chunk[slot] = chunk
+            slots.append(slot)
+        C, P = self.s.chunk, self.s.pool_chunks
+        index = torch.tensor([chunks, slots], device=self.device)  # (2, n): chunk, slot
+        if stream is not None:
+            index.record_stream(stream)  # read on `stream` too: not reused before it is done there
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            for plane, part in zip(self.planes.planes, self.host.unpack(self.host.gather(chunks)), strict=True):
+                plane.view(plane.shape[0], P, C, *plane.shape[2:]).index_copy_(1, index[1], part.transpose(0, 1))
+        if stream is not None:
+            self._loads_done = stream.record_event()  # what attention waits for (`wait_for_loads`)
+        positions = index[0, :, None] * C + torch.arange(C, device=self.device)  # (n, C)
+        self.row_positions.view(P, C).index_copy_(0, index[1], positions.masked_fill_(positions >= self.length, -1))
+        self.page_table.index_copy_(0, index[0], index[1])
+        self.chunk_slot.update(zip(chunks, slots, strict=True))
+        self._moving -= 1
+
+    def copy_completed(self, before: int, length: int) -> None:
+        """Chunks that committing positions [before, length) completed, copied to the host if
+        resident and not there already: each run of them one gather and one copy."""
+        if self.host is None:
+            return
+        done = [c for c in range(before // self.s.chunk, length // self.s.chunk)
+                if c in self.chunk_slot and c not in self._on_host]
+        runs: list[list[int]] = []
+        for c in done:
+            if runs and c == runs[-1][-1] + 1:
+                runs[-1].append(c)
+            else:
+                runs.append([c])
+        C, P = self.s.chunk, self.s.pool_chunks
+        for run in runs:
+            slots = torch.tensor([self.chunk_slot[c] for c in run], device=self.device)
+            packed = torch.empty((len(run), self.host.chunk_bytes), dtype=torch.uint8, device=self.device)
+            for plane, part in zip(self.planes.planes, self.host.unpack(packed), strict=True):
+                part.copy_(plane.view(plane.shape[0], P, C, *plane.shape[2:]).index_select(1, slots).transpose(0, 1))
+            self.host.store_run(run[0], packed)
+            self._on_host.update(run)
 
     def _copy_to_host(self, chunk: int, rows: slice) -> None:
         """The rows written to `chunk` (resident in pool `rows`) onto the host, unless already there."""

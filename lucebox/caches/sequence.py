@@ -6,6 +6,8 @@ import torch
 
 from lucebox.caches.base import KVCache, LayerCache, StateCache
 from lucebox.caches.contiguous import ContiguousCache
+from lucebox.caches.host_arena import HostArena, aligned
+from lucebox.caches.host_chunks import host_chunk_bytes, host_region_bytes
 from lucebox.caches.paged import PagedKV
 from lucebox.caches.recurrent import RecurrentState
 from lucebox.caches.ring import SlidingRing
@@ -14,16 +16,40 @@ from lucebox.config import LayerSpec, ModelConfig
 
 
 def kv_cache(cfg: ModelConfig, layer: LayerSpec, settings: CacheSettings, dtype: torch.dtype,
-             device: torch.device) -> KVCache:
+             device: torch.device, arena: HostArena | None = None) -> KVCache:
     """An attention layer's cache: the contiguous reference when asked for, a ring for a sliding
-    layer (or every layer of a draft model that keeps a window), else the paged pool."""
+    layer (or every layer of a draft model that keeps a window), else the paged pool (its host
+    chunks in `arena`)."""
     kv, d = cfg.num_kv_heads, cfg.head_dim
     if settings.reference:
         return ContiguousCache(kv, d, settings.max_context, dtype, device)
     if layer.is_sliding or settings.full_attention_window:
         window = layer.window if layer.is_sliding else settings.full_attention_window
         return SlidingRing(window, settings.max_step, kv, d, dtype, device, windowed=layer.is_sliding)
-    return PagedKV(settings.kvflash(), kv, d, dtype, device, settings.kv_int8)
+    return PagedKV(settings.kvflash(), kv, d, dtype, device, settings.kv_int8, arena)
+
+
+def paged_layers(cfg: ModelConfig, settings: CacheSettings) -> int:
+    """How many layers `kv_cache` gives a paged pool."""
+    if settings.reference or settings.full_attention_window:
+        return 0
+    return sum(not layer.is_recurrent and not layer.is_sliding for layer in cfg.layers)
+
+
+def host_kv_bytes(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype) -> int:
+    """Host bytes of every paged layer's offloaded K/V (0 when the pools hold the whole context):
+    the one arena a `SequenceCache` allocates, which the memory plan counts (`kv_host_max`)."""
+    region = host_region_bytes(settings.kvflash(), cfg.num_kv_heads, cfg.head_dim, dtype, settings.kv_int8)
+    return paged_layers(cfg, settings) * aligned(region)
+
+
+def host_staging_bytes(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype) -> int:
+    """The part of `host_kv_bytes` that does not grow with the context: each layer's staging rows
+    for a re-selection's loads, and the alignment of its region."""
+    kvf = settings.kvflash()
+    chunks = -(-kvf.max_context // kvf.chunk) * host_chunk_bytes(kvf, cfg.num_kv_heads, cfg.head_dim, dtype,
+                                                                 settings.kv_int8)
+    return host_kv_bytes(cfg, settings, dtype) - paged_layers(cfg, settings) * chunks if kvf.offload else 0
 
 
 class SequenceCache:
@@ -40,11 +66,14 @@ class SequenceCache:
         # The same caches by kind and layer index: attention reaches a `KVCache`, a recurrent mixer a `StateCache`.
         self.kv: dict[int, KVCache] = {}
         self.states: dict[int, StateCache] = {}
+        # Every paged layer's host chunks in one allocation of the planned size (`host_arena`).
+        host = host_kv_bytes(cfg, settings, dtype)
+        self.host_arena = HostArena(host, pin=device.type == "cuda") if host else None
         for i, layer in enumerate(cfg.layers):
             if layer.is_recurrent:
                 cache = self.states[i] = RecurrentState(cfg.linear_attention, settings.decode_rows, dtype, device)
             else:
-                cache = self.kv[i] = kv_cache(cfg, layer, settings, dtype, device)
+                cache = self.kv[i] = kv_cache(cfg, layer, settings, dtype, device, self.host_arena)
             self.layers.append(cache)
         self.length = 0
         self._unfinished = 0  # commits and rollbacks begun and not finished: an interrupted one stays counted
@@ -53,13 +82,15 @@ class SequenceCache:
     def dirty(self) -> bool:
         return self._unfinished > 0 or any(layer.dirty for layer in self.layers)
 
-    def commit(self, length: int) -> None:
+    def commit(self, length: int, choose: bool = True) -> None:
         """Every layer commits; what their commits must read back from the device (KVFlash
-        re-selection's rankings, every `kv_reselect_every` tokens) is read in one transfer."""
+        re-selection's rankings, every `kv_reselect_every` tokens) is read in one transfer.
+        `choose=False` (a prefill chunk before the prompt's last) leaves a due re-selection due:
+        prefill attention is exact, so the choice is made once, at the prompt's last chunk."""
         self._unfinished += 1
         for layer in self.layers:
             layer.begin_commit(length)
-        rankings = [layer.ranking(length) for layer in self.layers]
+        rankings = [layer.ranking(length) if choose else None for layer in self.layers]
         values = self._read_back([r for r in rankings if r is not None])
         for layer, ranking in zip(self.layers, rankings, strict=True):
             layer.finish_commit(length, None if ranking is None else values.pop(0))

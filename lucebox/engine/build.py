@@ -57,7 +57,7 @@ class Engine:
         for begin, end in prefill_spans(cache.length, len(ids), self.setup.prefill_chunk, pins):
             step = Step.span(begin, end - begin, device, prefill=True)
             hidden, features = self.decoder.forward_capturing(all_ids[begin:end], step, cache, layers)
-            cache.commit(end)
+            cache.commit(end, choose=end == len(ids))  # KVFlash chooses once, when the prompt is in
             if end in pins:
                 cache.pin(end)
             if proposer is not None:

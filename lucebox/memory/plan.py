@@ -11,6 +11,7 @@ import torch
 
 from lucebox.caches import CacheSettings
 from lucebox.caches.recurrent import recurrent_slots
+from lucebox.caches.sequence import host_kv_bytes, host_staging_bytes
 from lucebox.config import ModelConfig
 from lucebox.errors import ContextLengthError, InsufficientMemoryError
 from lucebox.kernels.quant import quantized_bytes
@@ -123,7 +124,7 @@ def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
         "ring_caches": cache_ring_bytes(cfg, settings, dtype),
         "kv_pool_device": full * kvf.pool_chunks * kvf.chunk * row,
         "kv_chunk_summaries_max": summaries,
-        "kv_host_max": full * chunks * kvf.chunk * row if kvf.offload else 0,
+        "kv_host_max": host_kv_bytes(cfg, settings, dtype),  # the cache's one arena (staging rows included)
         "drafter": drafter.total,
         "experts_host": experts_host,
         "recurrent_states": recurrent_state_bytes(cfg, dtype, settings.decode_rows),
@@ -169,8 +170,9 @@ def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, de
     need = plan(cfg, settings, dtype, quantization, drafter, expert_slots, stored_weights, lm_head)
     fixed = need["weights"] + need["ring_caches"] + need["kv_pool_device"] + need["drafter"] + need["recurrent_states"]
     per_token_summary = need["kv_chunk_summaries_max"] / settings.max_context
-    per_token_host = need["kv_host_max"] / settings.max_context
-    host = HEADROOM * _host_available() - need["experts_host"]
+    staging = host_staging_bytes(cfg, settings, dtype)  # host KV that does not grow with the context
+    per_token_host = (need["kv_host_max"] - staging) / settings.max_context
+    host = HEADROOM * _host_available() - need["experts_host"] - staging
     if host < 0:
         raise InsufficientMemoryError(f"the routed experts need {_gib(need['experts_host'])} of host memory "
                                       f"but about {_gib(host + need['experts_host'])} is available")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lucebox.caches import CacheSettings
+from lucebox.caches.settings import STREAM_CHUNKS
 from lucebox.config import ModelConfig
 from lucebox.limits import DECODE_ROWS, KV_CHUNK, KV_RESELECT_EVERY, PREFILL_CHUNK
 from lucebox.memory.lm_head import float_head_bytes, int8_head_bytes
@@ -36,7 +37,7 @@ def activation_bytes(cfg: ModelConfig, rows: int, dtype: torch.dtype) -> int:
     the allocator's rounding, which the budget's headroom covers."""
     size = dtype.itemsize
     heads = max(layer.num_heads for layer in cfg.layers)
-    attention = rows * (2 * heads + 2 * cfg.num_kv_heads) * cfg.head_dim * size
+    attention = rows * (2 * heads + 2 * cfg.num_kv_heads) * cfg.head_dim * size + merge_bytes(cfg, rows, dtype)
     if cfg.moe is not None:
         mlp = rows * cfg.moe.top_k * 3 * cfg.moe.expert_size * 4  # float32 accumulation in the fused kernel
     else:
@@ -44,6 +45,17 @@ def activation_bytes(cfg: ModelConfig, rows: int, dtype: torch.dtype) -> int:
     residual = rows * 4 * cfg.hidden_size * 4
     logits = min(rows, DECODE_ROWS) * cfg.vocab_size * 4
     return attention + mlp + residual + logits
+
+
+def merge_bytes(cfg: ModelConfig, rows: int, dtype: torch.dtype) -> int:
+    """What attention over several key blocks (a long prefill: the pool, then runs of chunks
+    streamed from the host) holds beside q/k/v and its output, whatever the context: the running
+    log-sum-exp merge's float32 accumulator, one block's partial (float32 as the kernel writes it,
+    then cast to `dtype`), their log-sum-exps, and one streamed run of K/V
+    (`kernels.attention.merge_partials`; measured in tests/test_host_path.py)."""
+    heads = max(layer.num_heads for layer in cfg.layers)
+    partials = rows * heads * (cfg.head_dim * (4 + 4 + dtype.itemsize) + 3 * 4)
+    return partials + STREAM_CHUNKS * KV_CHUNK * cfg.kv_bytes_per_token(dtype.itemsize)
 
 
 def graph_pool_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
