@@ -21,10 +21,11 @@ import torch
 import triton
 import triton.language as tl
 from lucebox.kernels.gemv_triton import (
+    DOT_ROWS,
+    dequantized_tile,
+    dot_tile,
     fixed_order_sum,
-    fma_weight_tile,
-    load_inputs,
-    tile_accumulator,
+    load_input_tile,
     tile_shape,
     word_args,
 )
@@ -62,19 +63,16 @@ def _gate_up(x_ptr, inter_ptr, pair, valid, w_ptr, s_ptr, z_ptr, stride_w, strid
     rows = tl.minimum(tl.arange(0, BLOCK_M), M - 1).to(tl.int64)
     i = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     loaded_i = tl.minimum(i, width - 1).to(tl.int64)
-    gate = tile_accumulator(BLOCK_M, BLOCK_I, BLOCK_R, BITS)
-    up = tile_accumulator(BLOCK_M, BLOCK_I, BLOCK_R, BITS)
+    gate = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_I), dtype=tl.float32)
     for h0 in tl.range(0, H, BLOCK_R * SUB_R, num_stages=STAGES):
         for sub in tl.static_range(SUB_R):
             h = h0 + sub * BLOCK_R
-            xs = load_inputs(x_ptr, rows, H, h, H, BLOCK_R, EVEN_R, BITS)
-            gate = fma_weight_tile(gate, xs, w_ptr, s_ptr, z_ptr, loaded_i, h, H, stride_w, stride_s,
-                                   BITS, GROUP, OFFSET, BLOCK_I, BLOCK_R, TILE_GROUPS, EVEN_R)
-            up = fma_weight_tile(up, xs, w_ptr, s_ptr, z_ptr, width + loaded_i, h, H, stride_w, stride_s,
-                                 BITS, GROUP, OFFSET, BLOCK_I, BLOCK_R, TILE_GROUPS, EVEN_R)
-    LANES: tl.constexpr = BLOCK_R // (8 if BITS == 4 else 1)
-    gate = fixed_order_sum(gate, LANES)
-    up = fixed_order_sum(up, LANES)
+            x = load_input_tile(x_ptr, rows, H, h, H, BLOCK_R, EVEN_R)
+            gate = dot_tile(x, dequantized_tile(w_ptr, s_ptr, z_ptr, loaded_i, h, H, stride_w, stride_s, BITS, GROUP,
+                                                OFFSET, BLOCK_I, BLOCK_R, TILE_GROUPS, EVEN_R, x.dtype), gate)
+            up = dot_tile(x, dequantized_tile(w_ptr, s_ptr, z_ptr, width + loaded_i, h, H, stride_w, stride_s, BITS,
+                                              GROUP, OFFSET, BLOCK_I, BLOCK_R, TILE_GROUPS, EVEN_R, x.dtype), up)
     act = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(inter_ptr + pair[:, None] * stride_inter + i[None, :], act.to(inter_ptr.dtype.element_ty),
              mask=valid[:, None] & (i < width)[None, :])
@@ -115,14 +113,14 @@ def _down(inter_ptr, pair, w_ptr, s_ptr, z_ptr, stride_w, stride_s, width, strid
           SUB_R: tl.constexpr, TILE_GROUPS: tl.constexpr, EVEN_R: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, STAGES: tl.constexpr):
     """inter[pair] @ w[loaded_h].T: (BLOCK_M, BLOCK_H) float32, one matrix's hidden tile."""
-    acc = tile_accumulator(BLOCK_M, BLOCK_H, BLOCK_R, BITS)
+    acc = tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32)
     for i0 in tl.range(0, width, BLOCK_R * SUB_R, num_stages=STAGES):
         for sub in tl.static_range(SUB_R):
             i = i0 + sub * BLOCK_R
-            a = load_inputs(inter_ptr, pair, stride_inter, i, width, BLOCK_R, EVEN_R, BITS)
-            acc = fma_weight_tile(acc, a, w_ptr, s_ptr, z_ptr, loaded_h, i, width, stride_w, stride_s,
-                                  BITS, GROUP, OFFSET, BLOCK_H, BLOCK_R, TILE_GROUPS, EVEN_R)
-    return fixed_order_sum(acc, BLOCK_R // (8 if BITS == 4 else 1))
+            a = load_input_tile(inter_ptr, pair, stride_inter, i, width, BLOCK_R, EVEN_R)
+            acc = dot_tile(a, dequantized_tile(w_ptr, s_ptr, z_ptr, loaded_h, i, width, stride_w, stride_s, BITS,
+                                               GROUP, OFFSET, BLOCK_H, BLOCK_R, TILE_GROUPS, EVEN_R, a.dtype), acc)
+    return acc
 
 
 @triton.jit
@@ -164,47 +162,34 @@ def _down_decode_kernel(
              mask=(rows[:, None] < M) & (h < H)[None, :])
 
 
-# The most weight bytes a program streams per K-loop iteration: the pipeline keeps about four
-# iterations in shared memory, and sm_86 has 99 KiB (16-bit gate + up tiles of 512 inputs for 16
-# outputs need 132 KiB there).
-STREAM_BYTES = 16384
+def _streaming_tile(width: int, group: int, bits: int) -> tuple:
+    """(BLOCK_R, SUB_R, TILE_GROUPS, EVEN_R) of a reduction over `width` inputs (`tile_shape`; SUB_R
+    only unrolls the loop)."""
+    block_r, tile_groups, even = tile_shape(width, group, bits)
+    return block_r, 1, tile_groups, even
 
 
-def _streaming_tile(rows: int, width: int, weights: torch.Tensor, group: int, bits: int, products: int,
-                    weights_per_input: int) -> tuple:
-    """tile_shape's (BLOCK_R, SUB_R, TILE_GROUPS, EVEN_R), with fewer tiles per iteration where
-    one iteration would stream more than STREAM_BYTES. SUB_R only unrolls the loop: each output's
-    sum keeps its order, so the bits do not change."""
-    block_r, sub, tile_groups, _ = tile_shape(rows, width, group, bits, products)
-    per_input = weights_per_input * (bits / 8 if bits else weights.element_size())
-    while sub > 1 and block_r * sub * per_input > STREAM_BYTES:
-        sub //= 2
-    return block_r, sub, tile_groups, width % (block_r * sub) == 0
-
-
-def _matrix_args(routed: tuple, alone: tuple | None, width: int, s_width: int, rows: int, products: int,
-                 weights_per_input: int):
+def _matrix_args(routed: tuple, alone: tuple | None, width: int, s_width: int):
     """(pointers and strides, formats) of an expert stack and of the shared expert's matrix, for
-    reductions over `width` (routed) and `s_width` (shared) inputs; each loop iteration reads
-    `weights_per_input` weights per input (outputs x matrices). Formats: (BITS, GROUP, OFFSET,
+    reductions over `width` (routed) and `s_width` (shared) inputs. Formats: (BITS, GROUP, OFFSET,
     BLOCK_R, SUB_R, TILE_GROUPS, EVEN_R) each. Without a shared expert its slots take the stack's own
     arguments: placeholders never read."""
     w_args, expert_strides = word_args(*routed)
     s_args = word_args(alone)[0] if alone is not None else w_args
     bits, group, offset = w_args[5:]
     s_bits, s_group, s_offset = s_args[5:]
-    formats = (bits, group, offset, *_streaming_tile(rows, width, w_args[0], group, bits, products, weights_per_input),
-               s_bits, s_group, s_offset,
-               *_streaming_tile(rows, s_width, s_args[0], s_group, s_bits, products, weights_per_input))
+    formats = (bits, group, offset, *_streaming_tile(width, group, bits),
+               s_bits, s_group, s_offset, *_streaming_tile(s_width, s_group, s_bits))
     return (*w_args[:3], *expert_strides, *w_args[3:5], *s_args[:5]), formats
 
 
 def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tuple | None,
                shared_down: tuple | None, weights: torch.Tensor, ids: torch.Tensor, scaling: float,
-               sizes: tuple[int, int, int], block_m: int) -> torch.Tensor:
+               sizes: tuple[int, int, int]) -> torch.Tensor:
     """The MoE layer's output (M, H) in x's dtype. Weights are given as (`weight_args`, expert
     strides) for the stacks and `weight_args` for the shared expert's matrices (None without one);
-    sizes: (E, F, Fs); block_m: the row tile (the whole step's rows, for row groups)."""
+    sizes: (E, F, Fs). Rows are padded to DOT_ROWS whatever the step's rows (a row's bits do not
+    depend on them)."""
     M, H = x.shape
     if M == 0:  # no rows: nothing to launch (the shared expert's program would read row -1)
         return torch.empty((0, H), dtype=x.dtype, device=x.device)
@@ -212,22 +197,16 @@ def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tup
     _, F, f_shared = sizes
     shared = shared_gate_up is not None
     P = M * K
-    # Outputs a program: 512 / 16 * 9 up and 2048 / 16 down programs at Laguna XS.2; 16 outputs share
-    # each input load: 0.32 (up) and 0.41 (down) SASS instructions per int4 byte at one row on sm_86
-    # (bench/kernel_specs.py). A step of 9-16 rows gives the up kernel 8 (16 spill there). The tiles'
-    # width does not follow the outputs (a budget of 512 products for 16 outputs, whatever they are),
-    # so each output's sum takes the same order at every width.
-    up_i, down_h = 16 if block_m < DEDUP_ROWS else 8, 16
+    # Outputs a program (tl.dot's least): 512 / 16 * 9 up and 2048 / 16 down programs at Laguna XS.2.
+    up_i, down_h = 16, 16
     inter = torch.empty((P + M * shared, max(F, f_shared)), dtype=x.dtype, device=x.device)
     out = torch.empty((M, H), dtype=x.dtype, device=x.device)
     sizes = (M, K, H, F, f_shared, inter.stride(0))
-    shape = dict(BLOCK_M=block_m, BLOCK_P=triton.next_power_of_2(P), BLOCK_C=triton.next_power_of_2(K), STAGES=3)
-    # Multiplies a program's registers hold per row: gate and up share the up kernel's budget, the
-    # down kernel's also holds each choice's results. Sized so no specialization spills (sm_86).
-    pointers, formats = _matrix_args(gate_up, shared_gate_up, H, H, block_m, 8192 // 16, 2 * up_i)
+    shape = dict(BLOCK_M=DOT_ROWS, BLOCK_P=triton.next_power_of_2(P), BLOCK_C=triton.next_power_of_2(K), STAGES=3)
+    pointers, formats = _matrix_args(gate_up, shared_gate_up, H, H)
     _up_decode_kernel[(P + shared, triton.cdiv(max(F, f_shared), up_i))](
         x, inter, ids, *pointers, *sizes, *formats, BLOCK_I=up_i, **shape)
-    pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1), block_m, 8192 // 16, down_h)
+    pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1))
     _down_decode_kernel[(triton.cdiv(H, down_h),)](
         inter, out, weights, ids, *pointers, *sizes, scaling, *formats, BLOCK_H=down_h, SHARED=shared, **shape)
     return out
