@@ -177,8 +177,8 @@ def _gemv_kernel(
     x_ptr, y_ptr, bias_ptr, w_ptr, scale_ptr, offset_ptr,
     M, N, K, stride_x, stride_y, stride_w, stride_scale,
     BITS: tl.constexpr, GROUP: tl.constexpr, OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SUB: tl.constexpr,
-    TILE_GROUPS: tl.constexpr, EVEN_K: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILE_GROUPS: tl.constexpr,
+    EVEN_K: tl.constexpr, STAGES: tl.constexpr,
 ):
     """y[:, BLOCK_N outputs] for all M rows (padded to BLOCK_M = DOT_ROWS); rows and outputs past
     the ends are clamped for the loads (no masks in the loop) and masked only at the store."""
@@ -187,13 +187,11 @@ def _gemv_kernel(
     loaded_rows = tl.minimum(rows, M - 1).to(tl.int64)
     loaded_outs = tl.minimum(outs, N - 1).to(tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K * SUB, num_stages=STAGES):
-        for sub in tl.static_range(SUB):
-            k = k0 + sub * BLOCK_K
-            x = load_input_tile(x_ptr, loaded_rows, stride_x, k, K, BLOCK_K, EVEN_K)
-            w = dequantized_tile(w_ptr, scale_ptr, offset_ptr, loaded_outs, k, K, stride_w, stride_scale,
-                                 BITS, GROUP, OFFSET, BLOCK_N, BLOCK_K, TILE_GROUPS, EVEN_K, x.dtype)
-            acc = dot_tile(x, w, acc)
+    for k in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+        x = load_input_tile(x_ptr, loaded_rows, stride_x, k, K, BLOCK_K, EVEN_K)
+        w = dequantized_tile(w_ptr, scale_ptr, offset_ptr, loaded_outs, k, K, stride_w, stride_scale,
+                             BITS, GROUP, OFFSET, BLOCK_N, BLOCK_K, TILE_GROUPS, EVEN_K, x.dtype)
+        acc = dot_tile(x, w, acc)
     if HAS_BIAS:  # by `outs`, masked: `loaded_outs` then dies with the loop (one register fewer in it)
         acc += tl.load(bias_ptr + outs, mask=outs < N, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * stride_y + outs[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -244,13 +242,12 @@ def gemv(x: torch.Tensor, w_args: tuple, N: int, bias: torch.Tensor | None) -> t
     # 16 outputs a program (tl.dot's least): 128 programs at N = 2048, about 1.6 per SM on an 82-SM
     # RTX 3090.
     block_n = 16
-    block_k, tile_groups, _ = tile_shape(K, group, bits)
-    sub = 1
+    block_k, tile_groups, even_k = tile_shape(K, group, bits)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(N, block_n),)](
         x, y, bias if bias is not None else y, w_ptr, s_ptr, z_ptr, M, N, K, x.stride(0), y.stride(0),
         stride_w, stride_s, bits, group, offset, bias is not None, BLOCK_M=DOT_ROWS, BLOCK_N=block_n,
-        BLOCK_K=block_k, SUB=sub, TILE_GROUPS=tile_groups, EVEN_K=K % (block_k * sub) == 0, STAGES=3)
+        BLOCK_K=block_k, TILE_GROUPS=tile_groups, EVEN_K=even_k, STAGES=3)
     return y
 
 
