@@ -7,13 +7,14 @@ launches on the tensor cores, weight tiles dequantized in registers as the GEMV 
   the others gather every row that chose their expert, so each chosen expert is read once for all
   of them. silu(gate) * up * the row's routing weight -> `inter[pair]` (pair m * K + j; the shared
   expert's rows, weight 1, at M * K + m). The expert's first pair also files it in the step's slot
-  table (`_slot`): the distinct experts in ascending id, and per slot each row's pair (-1: none).
+  table (`_slot`): the distinct experts in ascending id, and per slot each row's pair (or inter's
+  last row, zeros, for rows that did not choose it).
 - `_down_decode_kernel`: one program per tile of hidden features, one flat loop over every
   (slot, tile of intermediate features), so the pipeline streams the next expert's tiles while
   it multiplies the current one's (each expert read once per hidden tile, never a round per
   expert); then the shared expert. Every row's sum runs into one accumulator in a fixed order:
   its experts in ascending id, then the shared expert; a slot a row did not choose adds exact
-  zeros (its inputs load as 0), so a row's bits do not depend on the step's other rows. It writes
+  zeros (its inputs are the zero row), so a row's bits do not depend on the step's other rows. It writes
   the layer's output (M, H) in the activation dtype.
 
 Shapes: M rows, H hidden features, E experts of F intermediate features (Fs for the shared
@@ -102,11 +103,15 @@ def _up_decode_kernel(
     S_BITS: tl.constexpr, S_GROUP: tl.constexpr, S_OFFSET: tl.constexpr, S_BLOCK_R: tl.constexpr,
     S_TILE_GROUPS: tl.constexpr, S_EVEN_R: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_I: tl.constexpr,
-    STAGES: tl.constexpr,
+    SHARED: tl.constexpr, STAGES: tl.constexpr,
 ):
     b = tl.program_id(0)
     P = M * K
     tile_start = tl.program_id(1) * BLOCK_I
+    if b == 0:  # inter's zero row (see the module doc), a tile a program
+        i = tile_start + tl.arange(0, BLOCK_I)
+        tl.store(inter_ptr + (P + M * SHARED) * stride_inter + i, tl.zeros((BLOCK_I,), tl.float32).to(
+            inter_ptr.dtype.element_ty), mask=i < stride_inter)
     # The matrix is chosen before the K loop: each branch runs one loop, in its own weight format.
     if b < P:
         expert, pair, valid, first = _expert_rows(b, ids_ptr, M, K, BLOCK_M, BLOCK_P, BLOCK_C)
@@ -115,7 +120,8 @@ def _up_decode_kernel(
             tl.store(slots_ptr, slots, mask=b == 0)
             tl.store(slots_ptr + 1 + slot, expert.to(tl.int32))
             r = tl.arange(0, BLOCK_M)
-            tl.store(slots_ptr + 1 + BLOCK_P + slot * BLOCK_M + r, tl.where(valid, pair, -1).to(tl.int32))
+            zero_row = P + M * SHARED
+            tl.store(slots_ptr + 1 + BLOCK_P + slot * BLOCK_M + r, tl.where(valid, pair, zero_row).to(tl.int32))
         if first & (tile_start < F):
             row_weight = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32) * scaling
             _gate_up(x_ptr, inter_ptr, pair, valid, row_weight, w_ptr + expert * stride_we,
@@ -126,18 +132,6 @@ def _up_decode_kernel(
         _gate_up(x_ptr, inter_ptr, P + rows.to(tl.int64), rows < M, tl.full((BLOCK_M,), 1.0, tl.float32), sw_ptr,
                  ss_ptr, sz_ptr, stride_sw, stride_ss, M, H, F_SHARED, stride_inter, S_BITS, S_GROUP, S_OFFSET,
                  S_BLOCK_R, S_TILE_GROUPS, S_EVEN_R, BLOCK_M, BLOCK_I, STAGES)
-
-
-@triton.jit
-def _chosen_inputs(inter_ptr, pair, stride_inter, i0, F, BLOCK_R: tl.constexpr, EVEN_R: tl.constexpr):
-    """inter[pair, i0:i0 + BLOCK_R], 0 for rows whose pair is -1 (they did not choose the expert)."""
-    i = i0 + tl.arange(0, BLOCK_R)
-    ptrs = inter_ptr + tl.maximum(pair, 0).to(tl.int64)[:, None] * stride_inter + i[None, :]
-    if EVEN_R:
-        a = tl.load(ptrs, mask=(pair >= 0)[:, None], other=0.0)
-    else:
-        a = tl.load(ptrs, mask=(pair >= 0)[:, None] & (i < F)[None, :], other=0.0)
-    return a
 
 
 @triton.jit
@@ -160,8 +154,8 @@ def _down_decode_kernel(
         slot = t // TILES_R
         i = (t % TILES_R) * BLOCK_R
         expert = tl.load(slots_ptr + 1 + slot).to(tl.int64)
-        a = _chosen_inputs(inter_ptr, tl.load(slots_ptr + 1 + BLOCK_P + slot * BLOCK_M + rows), stride_inter, i, F,
-                           BLOCK_R, EVEN_R)
+        a = load_input_tile(inter_ptr, tl.load(slots_ptr + 1 + BLOCK_P + slot * BLOCK_M + rows), stride_inter, i, F,
+                            BLOCK_R, EVEN_R)
         acc = dot_tile(a, dequantized_tile(w_ptr + expert * stride_we, s_ptr + expert * stride_se,
                                            z_ptr + expert * stride_se, loaded_h, i, F, stride_w, stride_s, BITS, GROUP,
                                            OFFSET, BLOCK_H, BLOCK_R, TILE_GROUPS, EVEN_R, a.dtype), acc)
@@ -176,7 +170,13 @@ def _down_decode_kernel(
              mask=(rows[:, None] < M) & (h < H)[None, :])
 
 
-def _matrix_args(routed: tuple, alone: tuple | None, width: int, s_width: int):
+# The down kernel's int4 tiles are twice the GEMV's: its loop also gathers each slot's rows, a cost
+# per iteration that wider tiles spread over more bytes.
+DOWN_TILE_INPUTS = {4: 512}
+
+
+def _matrix_args(routed: tuple, alone: tuple | None, width: int, s_width: int,
+                 inputs: dict[int, int] | None = None):
     """(pointers and strides, formats) of an expert stack and of the shared expert's matrix, for
     reductions over `width` (routed) and `s_width` (shared) inputs. Formats: (BITS, GROUP, OFFSET,
     BLOCK_R, TILE_GROUPS, EVEN_R) each (`tile_shape`). Without a shared expert its slots take the
@@ -185,8 +185,8 @@ def _matrix_args(routed: tuple, alone: tuple | None, width: int, s_width: int):
     s_args = word_args(alone)[0] if alone is not None else w_args
     bits, group, offset = w_args[5:]
     s_bits, s_group, s_offset = s_args[5:]
-    formats = (bits, group, offset, *tile_shape(width, group, bits),
-               s_bits, s_group, s_offset, *tile_shape(s_width, s_group, s_bits))
+    formats = (bits, group, offset, *tile_shape(width, group, bits, inputs),
+               s_bits, s_group, s_offset, *tile_shape(s_width, s_group, s_bits, inputs))
     return (*w_args[:3], *expert_strides, *w_args[3:5], *s_args[:5]), formats
 
 
@@ -206,7 +206,7 @@ def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tup
     block_p = triton.next_power_of_2(P)
     # Outputs a program (tl.dot's least): 512 / 16 * 9 up and 2048 / 16 down programs at Laguna XS.2.
     up_i, down_h = 16, 16
-    inter = torch.empty((P + M * shared, max(F, f_shared)), dtype=x.dtype, device=x.device)
+    inter = torch.empty((P + M * shared + 1, max(F, f_shared)), dtype=x.dtype, device=x.device)  # + the zero row
     slots = torch.empty(1 + block_p * (1 + DOT_ROWS), dtype=torch.int32, device=x.device)  # see the module doc
     out = torch.empty((M, H), dtype=x.dtype, device=x.device)
     sizes = (M, K, H, F, f_shared, inter.stride(0))
@@ -214,8 +214,8 @@ def moe_decode(x: torch.Tensor, gate_up: tuple, down: tuple, shared_gate_up: tup
     pointers, formats = _matrix_args(gate_up, shared_gate_up, H, H)
     _up_decode_kernel[(P + shared, triton.cdiv(max(F, f_shared), up_i))](
         x, inter, slots, ids, weights, *pointers, *sizes, scaling, *formats, BLOCK_C=triton.next_power_of_2(K),
-        BLOCK_I=up_i, **shape)
-    pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1))
+        BLOCK_I=up_i, SHARED=shared, **shape)
+    pointers, formats = _matrix_args(down, shared_down, F, max(f_shared, 1), DOWN_TILE_INPUTS)
     _down_decode_kernel[(triton.cdiv(H, down_h),)](
         inter, out, slots, *pointers, *sizes, *formats, BLOCK_H=down_h, TILES_R=triton.cdiv(F, formats[3]),
         SHARED=shared, **shape)
