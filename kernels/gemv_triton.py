@@ -201,9 +201,9 @@ def _gemv_kernel(
 def tile_shape(K: int, group: int, bits: int, inputs: dict[int, int] | None = None) -> tuple[int, int, bool]:
     """(BLOCK_K, TILE_GROUPS, EVEN_K) for a reduction over K inputs in tiles of inputs[bits]
     (TILE_INPUTS by default; no wider than K, at least tl.dot's 16). The same whatever the step's
-    rows: each output's sum takes one order in a one-row step and in a verify step. Tiles are aligned to the groups: a tile
-    holds whole groups (TILE_GROUPS of them) or lies inside one (1); groups that do neither (never
-    in released models) are read per word (0)."""
+    rows: each output's sum takes one order in a one-row step and in a verify step. Tiles are
+    aligned to the groups: a tile holds whole groups (TILE_GROUPS of them) or lies inside one (1);
+    groups that do neither (never in released models) are read per word (0)."""
     block_k = max(16, min((inputs or TILE_INPUTS).get(bits, 128), triton.next_power_of_2(K)))
     if not bits or group >= K:
         tile_groups = 1
