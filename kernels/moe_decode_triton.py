@@ -6,16 +6,19 @@ launches on the tensor cores, weight tiles dequantized in registers as the GEMV 
   tile for the shared expert. A pair whose expert already appears in an earlier pair does nothing;
   the others gather every row that chose their expert, so each chosen expert is read once for all
   of them. silu(gate) * up * the row's routing weight -> `inter[pair]` (pair m * K + j; the shared
-  expert's rows, weight 1, at M * K + m). The expert's first pair also files it in the step's slot
-  table (`_slot`): the distinct experts in ascending id, and per slot each row's pair (or inter's
-  last row, zeros, for rows that did not choose it).
+  expert's rows, weight 1, at M * K + m). Each (choice position, expert) key's first pair also
+  files it in the step's slot table (`_file_slot`): the keys in ascending order (by position,
+  then expert), and per slot each row's pair (or inter's last row, zeros, for rows that did not
+  choose that expert at that position).
 - `_down_decode_kernel`: one program per tile of hidden features, one flat loop over every
   (slot, tile of intermediate features), so the pipeline streams the next expert's tiles while
-  it multiplies the current one's (each expert read once per hidden tile, never a round per
-  expert); then the shared expert. Every row's sum runs into one accumulator in a fixed order:
-  its experts in ascending id, then the shared expert; a slot a row did not choose adds exact
-  zeros (its inputs are the zero row), so a row's bits do not depend on the step's other rows. It writes
-  the layer's output (M, H) in the activation dtype.
+  it multiplies the current one's (never a round trip per expert); then the shared expert. Every
+  row's sum runs into one accumulator in a fixed order: its experts in choice order (a row has
+  one expert a position), then the shared expert; a slot a row did not choose adds exact zeros
+  (its inputs are the zero row). So a row's bits depend neither on the step's other rows nor on
+  how experts are numbered (an expert cache renumbers them by slot). An expert two rows chose at
+  different positions is read once a position (at one row, every expert once).
+  It writes the layer's output (M, H) in the activation dtype.
 
 Shapes: M rows, H hidden features, E experts of F intermediate features (Fs for the shared
 expert), K choices per row. No host sync: the launches fit in a CUDA graph.
@@ -53,22 +56,40 @@ def _expert_rows(b, ids_ptr, M, K, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
 
 
 @triton.jit
-def _slot(expert, ids_ptr, P, BLOCK_P: tl.constexpr):
-    """(slot, slots): how many distinct experts of the step's P pairs have a smaller id than `expert`,
-    and how many distinct experts there are. Sixteen pairs at a time against all (registers)."""
+def _slot(b, ids_ptr, P, K, BLOCK_P: tl.constexpr):
+    """(first, slot, slots) of routed pair b by its key (choice position, expert): whether b is
+    the key's first pair, how many distinct keys of the step's P pairs are smaller, and how many
+    there are. Sixteen pairs at a time against all (registers)."""
     q = tl.arange(0, BLOCK_P)
-    ids_q = tl.load(ids_ptr + q, mask=q < P, other=-1)
+    keys_q = tl.where(q < P, (q % K) * (1 << 20) + tl.load(ids_ptr + q, mask=q < P, other=0), -1)
+    key = (b % K) * (1 << 20) + tl.load(ids_ptr + b)
     smaller = 0
     distinct = 0
     CHUNK: tl.constexpr = 16 if BLOCK_P > 16 else BLOCK_P
     for start in tl.static_range(0, BLOCK_P, CHUNK):
         p = start + tl.arange(0, CHUNK)
-        ids_p = tl.load(ids_ptr + p, mask=p < P, other=-1)
-        repeated = tl.sum(((ids_q[None, :] == ids_p[:, None]) & (q[None, :] < p[:, None])).to(tl.int32), axis=1)
+        keys_p = tl.where(p < P, (p % K) * (1 << 20) + tl.load(ids_ptr + p, mask=p < P, other=0), -1)
+        repeated = tl.sum(((keys_q[None, :] == keys_p[:, None]) & (q[None, :] < p[:, None])).to(tl.int32), axis=1)
         first = (p < P) & (repeated == 0)
-        smaller += tl.sum((first & (ids_p < expert)).to(tl.int32), axis=0)
+        smaller += tl.sum((first & (keys_p < key)).to(tl.int32), axis=0)
         distinct += tl.sum(first.to(tl.int32), axis=0)
-    return smaller, distinct
+    first_b = tl.sum(((keys_q == key) & (q < b)).to(tl.int32), axis=0) == 0
+    return first_b, smaller, distinct
+
+
+@triton.jit
+def _file_slot(slots_ptr, b, expert, ids_ptr, M, K, zero_row, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Files pair b's (choice position, expert) in the slot table if b is its first pair: the
+    expert, and for each row the pair through which it chose the expert at that position (else
+    inter's zero row); pair 0 also files how many slots there are."""
+    first, slot, slots = _slot(b, ids_ptr, M * K, K, BLOCK_P)
+    tl.store(slots_ptr, slots, mask=b == 0)
+    if first:
+        tl.store(slots_ptr + 1 + slot, expert.to(tl.int32))
+        r = tl.arange(0, BLOCK_M)
+        pair = r * K + b % K
+        hit = tl.load(ids_ptr + pair, mask=r < M, other=-1) == expert
+        tl.store(slots_ptr + 1 + BLOCK_P + slot * BLOCK_M + r, tl.where(hit, pair, zero_row).to(tl.int32))
 
 
 @triton.jit
@@ -115,13 +136,8 @@ def _up_decode_kernel(
     # The matrix is chosen before the K loop: each branch runs one loop, in its own weight format.
     if b < P:
         expert, pair, valid, first = _expert_rows(b, ids_ptr, M, K, BLOCK_M, BLOCK_P, BLOCK_C)
-        if first & (tl.program_id(1) == 0):  # file the expert: the slot table (see the module doc)
-            slot, slots = _slot(expert, ids_ptr, P, BLOCK_P)
-            tl.store(slots_ptr, slots, mask=b == 0)
-            tl.store(slots_ptr + 1 + slot, expert.to(tl.int32))
-            r = tl.arange(0, BLOCK_M)
-            zero_row = P + M * SHARED
-            tl.store(slots_ptr + 1 + BLOCK_P + slot * BLOCK_M + r, tl.where(valid, pair, zero_row).to(tl.int32))
+        if tl.program_id(1) == 0:  # the slot table (see the module doc)
+            _file_slot(slots_ptr, b, expert, ids_ptr, M, K, P + M * SHARED, BLOCK_M, BLOCK_P)
         if first & (tile_start < F):
             row_weight = tl.load(weights_ptr + pair, mask=valid, other=0.0).to(tl.float32) * scaling
             _gate_up(x_ptr, inter_ptr, pair, valid, row_weight, w_ptr + expert * stride_we,

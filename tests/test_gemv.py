@@ -286,3 +286,17 @@ def test_a_rows_bits_do_not_depend_on_the_15_rows_beside_it(poisoned, dtype):
             F = down.shape[2]  # the routed rows' width (the shared expert's is wider: the rest is never written)
             routed, alone_routed = inter[r * K : (r + 1) * K, :F], alone_inter[:K, :F]
             assert torch.equal(routed, alone_routed) and torch.equal(inter[P + r], alone_inter[K]), form
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_moe_decode_bits_do_not_depend_on_how_experts_are_numbered(poisoned, dtype):
+    """An expert cache renumbers experts by slot: the decode kernels sum a row's experts in choice
+    order (not expert order), so the same experts under other numbers give the same bits, at one row
+    and in a 16-row step where rows share experts at different choice positions."""
+    for M in (1, 16):
+        x, (gate_up, down), weights, ids, shared = _moe_case(None, M, True, dtype, E=6, K=4)
+        new_number = torch.randperm(6, generator=torch.Generator().manual_seed(M)).to(DEVICE)
+        old_of_new = torch.argsort(new_number)
+        renumbered = moe_triton.moe_experts(x, gate_up[old_of_new], down[old_of_new], weights, new_number[ids], 2.5,
+                                            *shared)
+        assert torch.equal(renumbered, moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5, *shared)), M
