@@ -111,8 +111,7 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_verify_block(poisoned):
         block = quant_triton.quantized_linear(x, w)
         for r in (0, 11):
             assert torch.equal(quant_triton.quantized_linear(x[r : r + 1], w), block[r : r + 1]), form
-    # 16 rows: a block whose up kernel has fewer outputs a program than a lone row's (registers), over
-    # rows wider than one tile
+    # 16 rows over rows wider than one tile
     x, (gate_up, down), weights, ids, alone = _moe_case("int4-g32", 16, True, torch.float32, H=256)
     whole = moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5, *alone)
     for r in (0, 13):
