@@ -66,9 +66,9 @@ STREAMED = {
     "_attention_kernel": Streamed("kv", "k_ptr", "BLOCK_N", "BLOCK_D", 0, tiles=2),  # K and V tiles
     # The streaming decode kernels (kernels/gemv_triton.py, kernels/moe_decode_triton.py): the hot loop
     # is the routed experts' (the shared expert's loop streams its own tiles alike).
-    "_gemv_kernel": Streamed("linear", "w_ptr", "BLOCK_N", "BLOCK_K", "BITS", repeat="SUB"),
-    "_up_decode_kernel": Streamed("experts", "w_ptr", "BLOCK_I", "BLOCK_R", "BITS", tiles=2, repeat="SUB_R"),
-    "_down_decode_kernel": Streamed("experts", "w_ptr", "BLOCK_H", "BLOCK_R", "BITS", repeat="SUB_R"),
+    "_gemv_kernel": Streamed("linear", "w_ptr", "BLOCK_N", "BLOCK_K", "BITS"),
+    "_up_decode_kernel": Streamed("experts", "w_ptr", "BLOCK_I", "BLOCK_R", "BITS", tiles=2),
+    "_down_decode_kernel": Streamed("experts", "w_ptr", "BLOCK_H", "BLOCK_R", "BITS"),
 }
 ELEMENT_BITS = {"i8": 8, "u8": 8, "fp8e4nv": 8, "fp8e5": 8, "bf16": 16, "fp16": 16, "fp32": 32, "i32": 32}
 METHOD = ("instructions_per_byte = hot_loop.path_instructions / bytes_per_warp_iteration; "

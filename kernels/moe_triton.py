@@ -199,8 +199,7 @@ def moe_experts(
         routed = [(weight_args(w), expert_strides(w)) for w in (streamed(gate_up, H), streamed(down, F))]
         alone = [weight_args(streamed(w, width)) if shared else None
                  for w, width in ((shared_gate_up, H), (shared_down, f_shared))]
-        return moe_decode(x, *routed, *alone, weights.contiguous(), ids, scaling, (E, F, f_shared),
-                          triton.next_power_of_2(rows))
+        return moe_decode(x, *routed, *alone, weights.contiguous(), ids, scaling, (E, F, f_shared))
     block_m = 64
     table = _sorted_blocks(ids, E, block_m, M if shared else 0)
     n_blocks = table[1].numel()

@@ -111,8 +111,7 @@ def test_a_row_gets_the_same_bits_alone_and_in_a_verify_block(poisoned):
         block = quant_triton.quantized_linear(x, w)
         for r in (0, 11):
             assert torch.equal(quant_triton.quantized_linear(x[r : r + 1], w), block[r : r + 1]), form
-    # 16 rows: a block whose up kernel has fewer outputs a program than a lone row's (registers), over
-    # rows wider than one tile
+    # 16 rows over rows wider than one tile
     x, (gate_up, down), weights, ids, alone = _moe_case("int4-g32", 16, True, torch.float32, H=256)
     whole = moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5, *alone)
     for r in (0, 13):
@@ -232,3 +231,71 @@ def test_a_decode_moe_layer_is_two_launches(shared):
         y = moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5, *alone)
     assert launches == ["_up_decode_kernel", "_down_decode_kernel"] and mode.ops == [], (launches, mode.ops)
     assert y.dtype == torch.float16
+
+
+@contextmanager
+def launch_arguments() -> Iterator[dict[str, tuple]]:
+    """The positional arguments of each interpreted launch, by kernel name (the last launch's)."""
+    seen: dict[str, tuple] = {}
+    real_run = interpreter.InterpretedFunction.run
+
+    def run(self, *args, **kwargs):
+        seen[self.fn.__name__] = args
+        return real_run(self, *args, **kwargs)
+
+    interpreter.InterpretedFunction.run = run
+    try:
+        yield seen
+    finally:
+        interpreter.InterpretedFunction.run = real_run
+
+
+def _among_others(x: torch.Tensor, r: int, seed: int) -> torch.Tensor:
+    """16 rows: x's row r at row r, the other 15 new values."""
+    block = random(16, *x.shape[1:], dtype=x.dtype, seed=seed)
+    block[r] = x[r]
+    return block
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_rows_bits_do_not_depend_on_the_15_rows_beside_it(poisoned, dtype):
+    """Every decode kernel pads its rows to the MMA's 16 and sums in one order: a row computed alone
+    and among 15 other rows (two different sets of them, the row at different places) gets the same
+    bits, from the GEMV and from each MoE kernel (the up kernel's `inter` rows and the layer's
+    output), on every weight format. What greedy speculation and batched requests rest on."""
+    x = random(16, 320, dtype=dtype, seed=5)
+    for form in ("int4-g32", "int4-asym-g64", "gguf-int4-g16", "int8"):
+        w = make_weight(form, 21, 320, dtype=dtype)
+        for r in (0, 6, 15):
+            alone = quant_triton.quantized_linear(x[r : r + 1], w)
+            for seed in (11, 12):
+                assert torch.equal(quant_triton.quantized_linear(_among_others(x, r, seed), w)[r : r + 1], alone)
+    for form in ("int4-g32", "gguf-int4-g16"):
+        x, (gate_up, down), weights, ids, shared = _moe_case(form, 16, True, dtype)
+        K, P = ids.shape[1], ids.numel()
+        for r in (0, 9):
+            with launch_arguments() as seen:
+                alone = moe_triton.moe_experts(x[r : r + 1], gate_up, down, weights[r : r + 1], ids[r : r + 1], 2.5,
+                                               *shared)
+                alone_inter = seen["_up_decode_kernel"][1]
+                others = _among_others(x, r, seed=13)
+                among = moe_triton.moe_experts(others, gate_up, down, weights, ids, 2.5, *shared)
+                inter = seen["_up_decode_kernel"][1]
+            assert torch.equal(among[r : r + 1], alone), form
+            F = down.shape[2]  # the routed rows' width (the shared expert's is wider: the rest is never written)
+            routed, alone_routed = inter[r * K : (r + 1) * K, :F], alone_inter[:K, :F]
+            assert torch.equal(routed, alone_routed) and torch.equal(inter[P + r], alone_inter[K]), form
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_moe_decode_bits_do_not_depend_on_how_experts_are_numbered(poisoned, dtype):
+    """An expert cache renumbers experts by slot: the decode kernels sum a row's experts in choice
+    order (not expert order), so the same experts under other numbers give the same bits, at one row
+    and in a 16-row step where rows share experts at different choice positions."""
+    for M in (1, 16):
+        x, (gate_up, down), weights, ids, shared = _moe_case(None, M, True, dtype, E=6, K=4)
+        new_number = torch.randperm(6, generator=torch.Generator().manual_seed(M)).to(DEVICE)
+        old_of_new = torch.argsort(new_number)
+        renumbered = moe_triton.moe_experts(x, gate_up[old_of_new], down[old_of_new], weights, new_number[ids], 2.5,
+                                            *shared)
+        assert torch.equal(renumbered, moe_triton.moe_experts(x, gate_up, down, weights, ids, 2.5, *shared)), M
