@@ -21,7 +21,13 @@ if not torch.cuda.is_available():
 # folder (installed as lucebox.kernels) would shadow the `kernels` distribution that transformers
 # (>= 5.25) imports. lucebox itself comes from its install, so the root is not needed here.
 _ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
+
+
+def _without_the_root() -> None:
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
+
+
+_without_the_root()
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny_models import BUILDERS, VARIANTS, VOCAB, save_reference  # noqa: E402
@@ -263,3 +269,11 @@ def tools_server(tools_model):
     s = ServerProcess(str(tools_model), "--served-model-name", "m")
     yield s
     assert s.stop() == 0
+
+
+@pytest.fixture(autouse=True)
+def _root_kept_off_sys_path():
+    """A test module that put the root on sys.path to import a bench script (at collection, or in a
+    test) would let `kernels/` shadow transformers' `kernels` for every test after it."""
+    _without_the_root()
+    yield

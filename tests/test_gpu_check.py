@@ -117,7 +117,7 @@ def test_dry_run_records_every_section_with_the_carried_cache(dry_run):
 
 
 def test_a_section_cut_short_keeps_its_partial_log_and_what_it_recorded(tmp_path):
-    done = run_script(tmp_path, "--dry-run", SECTIONS="correctness", TIME_BOX="6")
+    done = run_script(tmp_path, "--dry-run", SECTIONS="correctness", TIME_BOX="6", STALL_SECTION="correctness")
     assert done.returncode != 0 and "correctness: rc=124" in done.stdout, done.stdout + done.stderr[-2000:]
     sections = json.loads((tmp_path / "gpu-check.json").read_text())["sections"]
     assert sections["correctness"]["status"] == "timed_out" and sections["correctness"]["dry_run"]
@@ -125,9 +125,9 @@ def test_a_section_cut_short_keeps_its_partial_log_and_what_it_recorded(tmp_path
     assert '"status": "started"' in log  # written while it ran, not when it returned
 
 
-def test_a_child_past_its_timeout_is_killed_and_leaves_what_it_printed(tmp_path):
+def test_a_child_past_its_timeout_is_killed_and_leaves_what_it_printed(tmp_path, monkeypatch):
     """Each test a section runs (Check.python) streams into its own log and has its own time-out."""
-    sys.path.insert(0, str(ROOT))
+    monkeypatch.syspath_prepend(str(ROOT))
     from bench.gpu_check import Check
 
     check = Check(tmp_path, dry=True)

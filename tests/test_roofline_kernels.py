@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+_SYS_PATH = list(sys.path)
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import roofline  # noqa: E402
 import roofline_kernels as rk  # noqa: E402
+
+sys.path[:] = _SYS_PATH  # the root left on it would shadow transformers' `kernels` with ours
 
 TABLE = ROOT / "bench" / "results" / "roofline-kernels.json"
 CALLS = {"qkv_full", "qkv_sliding", "o_full", "o_sliding", "dense_gate_up", "dense_down", "moe_experts", "route",
