@@ -61,6 +61,12 @@ def reference_models(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def laguna(reference_models):
+    """The tiny random Laguna checkpoint the speculation, drafter and training tests share."""
+    return reference_models("laguna")[0]
+
+
 ARCHITECTURES = sorted(set(BUILDERS) - VARIANTS)
 
 

@@ -18,11 +18,6 @@ PROMPT = (torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed
 COMMON = dict(device="cpu", dtype="float64", max_context=256, prefill_chunk=32)
 
 
-@pytest.fixture(scope="module")
-def laguna(reference_models):
-    return reference_models("laguna")[0]
-
-
 @pytest.mark.parametrize("layout", ["zlab", "laguna"])
 def test_the_graphed_block_pass_drafts_as_the_eager_one_and_decoding_stays_plain(laguna, layout, tmp_path):
     target_cfg = json.loads((laguna / "config.json").read_text())

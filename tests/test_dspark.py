@@ -20,11 +20,6 @@ TOKENS = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(
 
 
 @pytest.fixture(scope="module")
-def laguna(reference_models):
-    return reference_models("laguna")[0]
-
-
-@pytest.fixture(scope="module")
 def target_cfg(laguna):
     return json.loads((laguna / "config.json").read_text())
 

@@ -49,11 +49,6 @@ TORCH_POOLS = {"exact": 192, "select": 512}
 
 
 @pytest.fixture(scope="module")
-def laguna(reference_models):
-    return reference_models("laguna")[0]
-
-
-@pytest.fixture(scope="module")
 def drafters(laguna, reference_models, tmp_path_factory):
     target_cfg = json.loads((laguna / "config.json").read_text())
     root = tmp_path_factory.mktemp("drafters")

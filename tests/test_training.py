@@ -20,11 +20,6 @@ COMMON = dict(device="cpu", dtype="float64", max_context=512)
 TOKENS = torch.randint(0, 128, (2, 72), generator=torch.Generator().manual_seed(3))  # > 64: two delta-rule chunks
 
 
-@pytest.fixture(scope="module")
-def laguna(reference_models):
-    return reference_models("laguna")[0]
-
-
 # Laguna (full and sliding attention) and the hybrids (Gated DeltaNet and full attention; Qwen3-Next's
 # grouped projections, Qwen3.5's flat ones; Kimi Linear's KDA and latent attention): a hybrid's
 # batch of two different sequences equals each one prefilled alone, so no recurrent state leaks

@@ -25,11 +25,6 @@ CASES = {
 
 
 @pytest.fixture(scope="module")
-def laguna(reference_models):
-    return reference_models("laguna")[0]
-
-
-@pytest.fixture(scope="module")
 def dflash(laguna, tmp_path_factory):
     target_cfg = json.loads((laguna / "config.json").read_text())
     return save_dflash(tmp_path_factory.mktemp("drafter") / "zlab", target_cfg, "zlab")
