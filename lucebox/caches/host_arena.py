@@ -57,4 +57,7 @@ def _register(memory: torch.Tensor) -> None:
 
 
 def _unregister(memory: torch.Tensor) -> None:
+    # Copies queued into or out of the arena (a completed chunk's store, a load's staging) may still
+    # run when its cache goes: the memory is unlocked and freed only after they are done.
+    torch.cuda.synchronize()
     torch.cuda.cudart().cudaHostUnregister(memory.data_ptr())

@@ -163,7 +163,7 @@ class ChunkResidency:
             slot_chunk[slot] = chunk
             slots.append(slot)
         C, P = self.s.chunk, self.s.pool_chunks
-        index = torch.tensor([chunks, slots], device=self.device)  # (2, n): chunk, slot
+        index = _on_device([chunks, slots], self.device)  # (2, n): chunk, slot
         if stream is not None:
             index.record_stream(stream)  # read on `stream` too: not reused before it is done there
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
@@ -192,7 +192,7 @@ class ChunkResidency:
                 runs.append([c])
         C, P = self.s.chunk, self.s.pool_chunks
         for run in runs:
-            slots = torch.tensor([self.chunk_slot[c] for c in run], device=self.device)
+            slots = self.page_table[run[0] : run[-1] + 1]  # resident: their slots, already on the device
             packed = torch.empty((len(run), self.host.chunk_bytes), dtype=torch.uint8, device=self.device)
             for plane, part in zip(self.planes.planes, self.host.unpack(packed), strict=True):
                 part.copy_(plane.view(plane.shape[0], P, C, *plane.shape[2:]).index_select(1, slots).transpose(0, 1))
@@ -279,3 +279,10 @@ class ChunkResidency:
 
     def host_bytes(self) -> int:
         return 0 if self.host is None else self.host.nbytes()
+
+
+def _on_device(values: list, device: torch.device) -> torch.Tensor:
+    """`values` as int64 on `device`; to a GPU from page-locked memory without waiting (a copy from
+    ordinary host memory holds the host until the device's queue drains)."""
+    host = torch.tensor(values, dtype=torch.int64)
+    return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
