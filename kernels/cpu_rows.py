@@ -37,8 +37,9 @@ def onednn_packs() -> bool:
 
 
 def _writes(t: torch.Tensor) -> int:
-    """How many times `t` was changed in place (torch's version counter)."""
-    return getattr(t, "_version")  # noqa: B009 (private by name only)
+    """How many times `t` was changed in place (torch's version counter). An inference tensor (a
+    dense copy of codes made in a step) keeps none: it is made once and never changed."""
+    return 0 if t.is_inference() else getattr(t, "_version")  # noqa: B009 (private by name only)
 
 
 class PackedWeight:

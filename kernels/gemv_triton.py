@@ -25,6 +25,9 @@ from lucebox.limits import DECODE_ROWS
 GEMV_ROWS = DECODE_ROWS
 # Rows of every decode tile: the MMA's 16 (and tl.dot's least), whatever the step's rows.
 DOT_ROWS = 16
+# One tile holds a whole step: a wider one would leave rows past DOT_ROWS unwritten (here and in the
+# MoE decode kernels), so widening the engine's steps must widen the tile too.
+assert GEMV_ROWS <= DOT_ROWS, f"DECODE_ROWS {DECODE_ROWS} is more than a decode tile's {DOT_ROWS} rows"
 
 # A float32 whose bits are 0x4B000000 | c is 2**23 + c for c < 2**23: an integer code becomes a float
 # by one OR (or AND) and one subtraction (exact), without the slow int-to-float conversion.
@@ -253,20 +256,3 @@ def gemv(x: torch.Tensor, w_args: tuple, N: int, bias: torch.Tensor | None) -> t
 
 # Inputs of a decode tile by weight bits: int4 tiles of 256 (128 bytes a weight row), others 128.
 TILE_INPUTS = {4: 256}
-
-
-@triton.jit
-def _halve(t):
-    """(R, C, L) -> (R, C, L // 2): each adjacent pair of the last axis added."""
-    first, second = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], t.shape[2] // 2, 2)))
-    return first + second
-
-
-@triton.jit
-def fixed_order_sum(products, LANES: tl.constexpr):
-    """The sum over the last axis (LANES wide, a power of two) as a fixed pairwise tree: the same
-    additions in the same order whatever layout the compiler gives the tensor (`tl.sum`'s order
-    follows the layout)."""
-    for _ in tl.static_range(LANES.bit_length() - 1):
-        products = _halve(products)
-    return tl.reshape(products, (products.shape[0], products.shape[1]))

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from lucebox.kernels.backend import Kernels, kernels_for
 from lucebox.kernels.cpu_rows import PackedWeight
 from lucebox.kernels.moe import swiglu
-from lucebox.kernels.quant import QuantizedTensor
+from lucebox.kernels.quant import QuantizedTensor, kept_dense
 from lucebox.kernels.rope import RotaryTables
 from lucebox.models.cache_contexts import CacheContext
 from lucebox.models.token_mixers import ForwardContext, token_mixer
@@ -77,8 +77,11 @@ class Decoder:
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # (T, V)
         # An "lm_head" beside a tied table is its int8 copy (`lucebox.memory.lm_head`): the lookup keeps the floats.
         head = self.w.get("lm_head", self.w["embed"])
-        if isinstance(head, QuantizedTensor):  # the backend's kernels read the codes
-            return self.kernels.linear(hidden, head)
+        if isinstance(head, QuantizedTensor):
+            dense = kept_dense(head)  # on the CPU, the codes' float values kept once: packed below
+            if dense is None:
+                return self.kernels.linear(hidden, head)  # the backend's kernels read the codes
+            head = dense
         if self.device.type != "cpu":
             return F.linear(hidden, head)
         if self._packed_head is None or self._packed_head.weight is not head:

@@ -101,6 +101,10 @@ def test_planner_picks_the_int8_head_for_quantized_weights_where_kernels_read_co
         choose_lm_head("int4", "int4", "triton", cfg, bf16)
     with pytest.raises(InvalidArgumentError, match="GGUF"):
         choose_lm_head("int8", None, "triton", cfg, bf16, gguf=True)
+    # On the GPU the torch backend would rebuild the float head every step from the codes.
+    with pytest.raises(InvalidArgumentError, match="backend='triton' or lm_head 'float'"):
+        choose_lm_head("int8", "int4", "torch", cfg, bf16, on_gpu=True)
+    assert choose_lm_head("int8", "int4", "triton", cfg, bf16, on_gpu=True) == "int8"
 
 
 @pytest.mark.parametrize("tied", [True, False])

@@ -52,8 +52,7 @@ def test_specs_give_per_byte_figures_for_known_kernels_and_registers_for_every_k
     matmul = specs["_gemv_kernel"]
     c = matmul["constexprs"]
     assert matmul["bits"] == 4 and matmul["role"] == "linear" and matmul["activation"] == "bf16"
-    assert matmul["bytes_per_warp_iteration"] == (c["SUB"] * c["BLOCK_N"] * c["BLOCK_K"] * 4 / 8
-                                                  / matmul["num_warps"])  # SUB tiles an iteration
+    assert matmul["bytes_per_warp_iteration"] == c["BLOCK_N"] * c["BLOCK_K"] * 4 / 8 / matmul["num_warps"]
     assert matmul["hot_loop_instructions"] == max(loop["path_instructions"] for loop in matmul["loops"]) > 0
     assert matmul["instructions_per_byte"] == matmul["hot_loop_instructions"] / matmul["bytes_per_warp_iteration"]
     assert "instructions_per_byte" not in specs["_rms_norm_kernel"]

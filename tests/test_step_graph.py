@@ -15,7 +15,7 @@ from collections import defaultdict
 
 import pytest
 import torch
-from lucebox.kernels import moe
+from lucebox.kernels import cpu_rows, moe
 from tiny_models import VOCAB
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -53,10 +53,17 @@ class OpRecorder(TorchDispatchMode):
         return out
 
 
+def on_gpu_paths(monkeypatch) -> None:
+    """The step takes the paths a GPU's graph takes: not the CPU's own MoE decode path (it reads the
+    ids) nor its oneDNN-packed head (packed at the first step)."""
+    monkeypatch.setattr(moe, "reads_wait_for_nothing", lambda device: False)
+    monkeypatch.setattr(cpu_rows.PackedWeight, "usable", lambda self, x: False)
+
+
 def record_bodies(monkeypatch) -> dict[int, list[tuple[int, list]]]:
     """From now on every run of the step body is recorded: width -> [(position, ops)], on the
     paths a GPU takes (the CPU's own MoE decode path reads the ids: no graph ever runs it)."""
-    monkeypatch.setattr(moe, "reads_wait_for_nothing", lambda device: False)
+    on_gpu_paths(monkeypatch)
     recordings: dict[int, list[tuple[int, list]]] = defaultdict(list)
     body = StepGraph.body
 

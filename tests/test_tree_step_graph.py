@@ -4,8 +4,7 @@ ops with the same arguments (`tests/test_step_graph.py`'s recorder), so one CUDA
 serves every tree: the tree's depths and ancestor bits are static inputs, never host reads."""
 
 import torch
-from lucebox.kernels import moe
-from test_step_graph import OpRecorder
+from test_step_graph import OpRecorder, on_gpu_paths
 from test_tree_attention import small_tree
 from tiny_models import VOCAB
 
@@ -30,7 +29,7 @@ def test_tree_steps_record_the_same_ops_whatever_the_tree_and_position(reference
         return out
 
     monkeypatch.setattr(StepGraph, "body", recorded_body)
-    monkeypatch.setattr(moe, "reads_wait_for_nothing", lambda device: False)  # a GPU's paths, as in a graph
+    on_gpu_paths(monkeypatch)  # as in a graph
     cache = llm.engine.new_cache()
     for _ in llm.engine.prefill(torch.randint(0, VOCAB, (58,), generator=torch.Generator().manual_seed(1)).tolist(),
                                 cache):

@@ -81,7 +81,8 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
     refuse_speculation_on_hybrid(drafter, config.draft, description.cfg)
     tree_budget = settle_tree_budget(config.tree_budget, drafter, description.cfg)
     stored = stored_weights(description, dtype, config.load_format)
-    lm_head = choose_lm_head(config.lm_head, quantization, backend, description.cfg, dtype, stored is not None)
+    lm_head = choose_lm_head(config.lm_head, quantization, backend, description.cfg, dtype,
+                             description.gguf is not None, device.type == "cuda")
     max_context = config.max_context or description.cfg.max_position_embeddings
     vram_plan = None
     if config.vram_budget is not None:

@@ -13,6 +13,7 @@ the int8 head is a second, smaller copy the logits read (`"lm_head"` beside `"em
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -39,7 +40,7 @@ def int8_head_bytes(cfg: ModelConfig) -> int:
 
 
 def choose_lm_head(asked: str, quantization: str | None, backend: str, cfg: ModelConfig, dtype: torch.dtype,
-                   gguf: bool = False) -> str | None:
+                   gguf: bool = False, on_gpu: bool = False) -> str | None:
     """"int8" or None (the float head). `asked` (EngineConfig.lm_head): "float" keeps the float head,
     "int8" asks for codes, "auto" picks int8 for quantized weights when the backend reads codes
     and the codes are fewer bytes than the float head. A GGUF file's head stays as the file has it."""
@@ -48,6 +49,10 @@ def choose_lm_head(asked: str, quantization: str | None, backend: str, cfg: Mode
     if gguf and asked == HEAD_SCHEME:
         raise InvalidArgumentError("lm_head='int8' is for Hugging Face weights; a GGUF file's output head is "
                                    "kept in the form the file stores it: leave lm_head 'auto' or 'float'")
+    if asked == HEAD_SCHEME and on_gpu and backend not in _BACKENDS_READING_CODES:
+        raise InvalidArgumentError(f"lm_head='int8' on the GPU needs a backend whose kernels read the codes "
+                                   f"({', '.join(_BACKENDS_READING_CODES)}); the {backend} backend would rebuild "
+                                   f"the float head at every step: use backend='triton' or lm_head 'float'")
     if asked == HEAD_SCHEME:
         return HEAD_SCHEME
     saves = int8_head_bytes(cfg) < float_head_bytes(cfg, dtype)
@@ -80,4 +85,7 @@ def quantize_head(weights: dict, cfg: ModelConfig, lm_head: str | None) -> None:
     source = weights["embed"] if cfg.tie_word_embeddings else weights["lm_head"]
     if isinstance(source, QuantizedTensor):
         raise InvalidArgumentError("lm_head='int8' needs a float output head; this checkpoint stores it quantized")
-    weights["lm_head"] = quantize(source, HEAD_SCHEME)
+    # Quantized on the host: the rounding's float32 temporaries (three copies of the head) would
+    # otherwise need device memory the plan does not hold.
+    codes = quantize(source.cpu(), HEAD_SCHEME)
+    weights["lm_head"] = replace(codes, codes=codes.codes.to(source.device), scales=codes.scales.to(source.device))
