@@ -14,8 +14,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import lucebox
-from lucebox.caches import CacheSettings, KVBlock, KVFlashSettings, PagedKV, SequenceCache, Step
+from lucebox.caches import CacheSettings, KVBlock, KVFlashSettings, PagedKV, SequenceCache, Step, host_arena
 from lucebox.caches.chunk_selection import ChunkSelection
+from lucebox.caches.host_arena import HostArena
 from lucebox.checkpoints.loading import describe_model
 from lucebox.memory.plan import plan
 from lucebox.memory.vram import merge_bytes
@@ -118,6 +119,25 @@ def test_host_kv_is_one_arena_of_the_planned_bytes():
     assert sum(layer.host_bytes() for layer in paged) <= arena.taken
     with pytest.raises(ValueError, match="cannot give"):
         arena.take(arena.capacity)
+
+
+def test_a_pinned_arena_that_went_is_taken_back_by_the_next_of_its_size_after_its_copies(monkeypatch):
+    """Page-locking gigabytes takes seconds and a cache is made per request: the lock is paid once."""
+    locked, waits = [], []
+    monkeypatch.setattr(host_arena, "_register", locked.append)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: waits.append(1))
+    monkeypatch.setattr(host_arena, "_RELEASED", {})
+    first = HostArena(4096, pin=True)
+    memory = first.memory.data_ptr()
+    del first
+    gc.collect()
+    assert waits == [1]  # queued copies are done before anyone else may use the memory
+    second, third = HostArena(4096, pin=True), HostArena(4096, pin=True)
+    assert second.memory.data_ptr() == memory and third.memory.data_ptr() != memory
+    assert len(locked) == 2  # the first's lock was kept; only the third, made beside it, locked anew
+    assert HostArena(4096).memory.data_ptr() not in (memory, third.memory.data_ptr())  # unpinned: its own
+    del second, third  # released while torch.cuda.synchronize is still the stand-in
+    gc.collect()
 
 
 class OpCount(TorchDispatchMode):

@@ -17,6 +17,11 @@ import torch
 
 ALIGN = 256  # bytes: every region starts aligned for any dtype and for fast DMA
 
+# Page-locked memory of arenas that went, by size. Locking gigabytes touches every page (seconds),
+# and a cache is made per request: the next arena of the same size takes it back, as PyTorch's
+# pinned allocator keeps its blocks. It stays locked for the process's life.
+_RELEASED: dict[int, list[torch.Tensor]] = {}
+
 
 def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
@@ -31,13 +36,17 @@ class HostArena:
 
     def __init__(self, capacity: int, pin: bool = False):
         self.capacity, self.pinned = capacity, pin
-        self.memory = torch.empty(capacity, dtype=torch.uint8)
         self.taken = 0
+        if pin and capacity and _RELEASED.get(capacity):
+            self.memory = _RELEASED[capacity].pop()
+        else:
+            self.memory = torch.empty(capacity, dtype=torch.uint8)
+            if pin and capacity:
+                _register(self.memory)
         if pin and capacity:
-            _register(self.memory)
-            # Unlocked when the arena goes (its regions' holders keep it): the finalizer holds the
-            # memory, so it is freed only after it is unlocked.
-            weakref.finalize(self, _unregister, self.memory)
+            # Kept locked for the next arena of its size when this one goes (its regions' holders
+            # keep it alive until then): the finalizer holds the memory.
+            weakref.finalize(self, _release, self.memory)
 
     def take(self, nbytes: int) -> torch.Tensor:
         """The next `nbytes` of the arena (uint8, 1-D), starting aligned."""
@@ -56,8 +65,8 @@ def _register(memory: torch.Tensor) -> None:
         raise RuntimeError(f"cudaHostRegister of {memory.numel()} bytes of host KV failed (CUDA error {int(error)})")
 
 
-def _unregister(memory: torch.Tensor) -> None:
+def _release(memory: torch.Tensor) -> None:
     # Copies queued into or out of the arena (a completed chunk's store, a load's staging) may still
-    # run when its cache goes: the memory is unlocked and freed only after they are done.
+    # run when its cache goes: the memory is handed on only after they are done.
     torch.cuda.synchronize()
-    torch.cuda.cudart().cudaHostUnregister(memory.data_ptr())
+    _RELEASED.setdefault(memory.numel(), []).append(memory)
