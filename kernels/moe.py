@@ -147,7 +147,7 @@ def _routed_experts(x: torch.Tensor, gate_up: Weight, down: Weight, weights: tor
     if reads_wait_for_nothing(x.device):  # no weights copied: each chosen expert where it lies
         # the whole step's pairs (a group takes the step's path); a one-row step's, however many
         few = rows == 1 or rows * ids.shape[1] <= IN_PLACE_PAIRS
-        return (_chosen_experts_in_place if few else _gathered_experts)(x, gate_up, down, weights, ids)
+        return (_chosen_experts_in_place if few else _pairs_by_expert)(x, gate_up, down, weights, ids)
     if rows * ids.shape[1] >= experts:
         return _all_experts(x, gate_up, down, weights, ids)
     return _gathered_experts(x, gate_up, down, weights, ids)
@@ -178,6 +178,28 @@ def _gathered_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
     gate, up = (rows @ gate_up.index_select(0, chosen).transpose(1, 2)).chunk(2, dim=-1)  # (T*k, 1, I) each
     y = (F.silu(gate) * up @ down.index_select(0, chosen).transpose(1, 2))[:, 0]  # (T*k, H)
     return (y * weights.reshape(-1, 1)).view(T, k, -1).sum(1).to(x.dtype)  # weighed in the wider dtype
+
+
+def _pairs_by_expert(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+                     ids: torch.Tensor) -> torch.Tensor:
+    """`_gathered_experts` without the copies (the CPU's wider steps): the pairs of each chosen
+    expert as batched one-row products against its weights broadcast over them (a view, so the
+    weights are read where they lie), the very products `_gathered_experts` runs, so the same bits."""
+    T, k = ids.shape
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=gate_up.shape[0]).tolist()
+    rows = x.repeat_interleave(k, dim=0)[order][:, None, :]  # (T*k, 1, H), grouped by expert
+    outputs, start = [], 0
+    for expert, count in enumerate(counts):
+        if count:
+            mine = rows[start : start + count]
+            gate, up = torch.bmm(mine, gate_up[expert].t().expand(count, -1, -1)).chunk(2, dim=-1)
+            outputs.append(torch.bmm(F.silu(gate) * up, down[expert].t().expand(count, -1, -1)))
+            start += count
+    pairs = torch.empty_like(rows[:, 0, :], dtype=outputs[0].dtype)
+    pairs[order] = torch.cat(outputs)[:, 0]
+    return (pairs * weights.reshape(-1, 1)).view(T, k, -1).sum(1).to(x.dtype)  # weighed in the wider dtype
 
 
 def _chosen_experts_in_place(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,

@@ -9,6 +9,10 @@ drafters, the engine's configuration) reads its limits from here."""
 # unnoticed. Kernels with tile sizes of their own (`kernels.moe.SMALL_STEP_ROWS`) are held at or
 # above it by a test.
 DECODE_ROWS = 16
+# Most sequences an engine runs at once (`EngineConfig.parallel`; `lucebox serve --parallel`, 4 by
+# default): each slot holds a cache of its own, so the memory plan grows with them.
+PARALLEL_MAX = 64
+SERVE_PARALLEL = 4
 # Drafters are built for the widest round a verify step holds; `draft_k` caps each round, and can
 # change between requests.
 DRAFT_WIDTH = DECODE_ROWS - 1

@@ -10,6 +10,7 @@ given whole or as keywords; the request runs in `engine.request`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -70,7 +71,7 @@ class LLM:
         callback("capture_progress", capture_progress)
         self.setup: EngineSetup = plan_engine(config)
         self.engine: Engine = build_engine(self.setup, load_progress)
-        self.session = Session(self.engine)
+        self.session = Session(self.engine, config.parallel)
         self.draft_k = config.draft_k
         if self.engine.runner.graphs and self.engine.runner.capture:  # a GPU: no request waits for a capture
             self.session.capture_graphs(capture_progress)
@@ -105,9 +106,17 @@ class LLM:
 
     # -- public API -------------------------------------------------------------------------------
 
-    def generate(self, prompt: Prompt, options: RequestOptions | None = None, **keywords) -> Generation:
-        """The whole output of `stream(prompt, options, **keywords)`."""
-        return collect(self.stream(prompt, options, **keywords), self.engine.tokenizer is not None)
+    def generate(self, prompt: Prompt | list[Prompt], options: RequestOptions | None = None,
+                 **keywords) -> Generation | list[Generation]:
+        """The whole output of `stream(prompt, options, **keywords)`; for a list of prompts (texts or
+        lists of token ids), each one's, in order, run `parallel` at a time (`EngineConfig.parallel`),
+        their steps sharing each forward. Every output is what its prompt alone gives."""
+        if not _is_batch(prompt):
+            return collect(self.stream(prompt, options, **keywords), self.engine.tokenizer is not None)
+        streams = [self.stream(one, options, **keywords) for one in prompt]  # every request checked first
+        texts = self.engine.tokenizer is not None
+        with ThreadPoolExecutor(self.setup.config.parallel, thread_name_prefix="lucebox-generate") as pool:
+            return list(pool.map(lambda chunks: collect(chunks, texts), streams))
 
     def chat(self, system: str | None = None, tools: list[dict] | None = None, tool_choice=None,
              parallel_tool_calls: bool | None = None, tool_parser: str | None = None, **sampling):
@@ -198,13 +207,15 @@ class LLM:
         """Bytes: weights, ring caches, device KV pool, KVFlash chunk summaries, host KV now and
         at most, drafter (weights and caches), the dense copies of quantized weights the CPU keeps now
         and at most. Before the first request the caches count as planned."""
-        planned, cache = self.setup.memory, self.session.cache
-        now = cache.memory() if cache is not None else {
+        planned = self.setup.memory
+        caches = [slot.cache.memory() for slot in self.session.slots if slot.cache is not None]
+        now = {kind: sum(c[kind] for c in caches) for kind in caches[0]} if caches else {
             "ring_caches": planned["ring_caches"], "kv_pool_device": planned["kv_pool_device"],
             "kv_chunk_summaries": 0, "kv_host": 0}
         drafter = planned["drafter"]
-        if self.session.drafter_follows:  # a request has started the drafter (allocating its rings)
-            drafter = self.proposer.device_bytes()
+        started = [slot.proposer for slot in self.session.slots if slot.drafter_follows]
+        if started:  # requests have started drafters (allocating their rings); the weights are shared
+            drafter = started[0].device_bytes() + sum(p.device_bytes() - p.weight_bytes() for p in started[1:])
         weights = tensor_bytes(self.engine.decoder.w.values())
         return {"weights": weights, **now, "kv_host_max": planned["kv_host_max"], "drafter": drafter,
                 "dense_copies_cpu": kept_dense_bytes(self.engine.decoder.w.values()),
@@ -227,3 +238,9 @@ class LLM:
                 f"{what} need {needed} tokens of context but max_context is {self.max_context}; "
                 "shorten the prompt, lower max_tokens, or open the model with a larger max_context"
             )
+
+
+def _is_batch(prompt) -> bool:
+    """Whether `prompt` is a list of prompts (texts or token id lists), not one prompt."""
+    return isinstance(prompt, list | tuple) and bool(prompt) and all(
+        isinstance(one, str) or (isinstance(one, list | tuple) and not isinstance(one, str)) for one in prompt)

@@ -1,5 +1,6 @@
 """How a forward of the engine reaches its keys: the per-layer caches of one `SequenceCache`,
-eagerly or inside a CUDA graph (`ForwardContext`, `models/token_mixers.py`)."""
+eagerly or inside a CUDA graph, or of several sequences' caches in one eager forward
+(`ForwardContext`, `models/token_mixers.py`)."""
 
 from __future__ import annotations
 
@@ -91,3 +92,36 @@ class StaticCacheContext:
         stepped = self.cache.states[layer].step_state(self.slots, prefill=False, slots=self.state_slots)
         self.state_slots = stepped.slots
         return stepped
+
+
+class SequencesContext:
+    """One eager forward over the steps of several sequences, each with its own cache: the rows
+    are the sequences' steps one after another, each `CacheContext` in `parts` holding its own.
+    Everything that reads a row alone (projections, norms, routed experts, the head) runs once
+    over all the rows, which reads each weight once for every sequence; what lets a row see other
+    rows runs per sequence, on that sequence's rows only, exactly as its step alone: attention
+    (`attend`, the projections around it batched) and a recurrent mixer's whole pass (`mix`)."""
+
+    def __init__(self, parts: list[CacheContext]):
+        self.parts = parts
+        self.positions = torch.cat([part.positions for part in parts])
+        ends = torch.tensor([part.step.count for part in parts]).cumsum(0).tolist()
+        self.spans = [slice(end - part.step.count, end) for part, end in zip(parts, ends, strict=True)]
+
+    def row_table(self, layer: int) -> None:
+        return None
+
+    def attend(self, layer: int, q: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               window: int | None) -> torch.Tensor:
+        return torch.cat([part.attend(layer, q[rows], key[rows], value[rows], window)
+                          for part, rows in zip(self.parts, self.spans, strict=True)])
+
+    def mix(self, mixer, h: torch.Tensor) -> torch.Tensor:
+        """`mixer.mix` over these rows: a mixer keeping a recurrent state runs per sequence (its
+        state is the sequence's), attention once (`attend` splits it)."""
+        if not getattr(mixer, "keeps_state", False):
+            return mixer.mix(h, self)
+        return torch.cat([mixer.mix(h[rows], part) for part, rows in zip(self.parts, self.spans, strict=True)])
+
+    def recurrent_state(self, layer: int) -> StepState:
+        raise AssertionError("a recurrent mixer runs per sequence (`mix`), never over several sequences' rows")

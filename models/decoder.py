@@ -115,7 +115,9 @@ class Decoder:
         residual add + the MLP's norm, a dense SwiGLU MLP or routed experts, residual add + the
         next layer's norm (the final norm after the last layer): the next (x, h)."""
         w, k, eps = self.w, self.kernels, self.cfg.rms_norm_eps
-        x, h = k.add_rms_norm(x, self.mixers[i].mix(h, context), w[self._mlp_norm[i]], eps)
+        mix = getattr(context, "mix", None)  # a forward over several sequences runs some mixers per sequence
+        mixed = self.mixers[i].mix(h, context) if mix is None else mix(self.mixers[i], h)
+        x, h = k.add_rms_norm(x, mixed, w[self._mlp_norm[i]], eps)
         return k.add_rms_norm(x, self._mlp(i, self.cfg.layers[i], h), w[self._next_norm[i]], eps)
 
     def _mlp(self, i: int, layer: LayerSpec, h: torch.Tensor) -> torch.Tensor:

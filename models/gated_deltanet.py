@@ -60,6 +60,8 @@ def convolved_side_by_side(kernels: Kernels, mixed: torch.Tensor, weight: torch.
 
 
 class GatedDeltaNetMixer:
+    keeps_state = True  # one sequence's state: a forward over several sequences runs it per sequence
+
     def __init__(self, cfg: ModelConfig, i: int, weights: dict, kernels: Kernels, rope: RotaryTables):
         spec, p = cfg.linear_attention, f"layers.{i}."
         self.layer, self.w, self.kernels, self.eps = i, weights, kernels, cfg.rms_norm_eps

@@ -32,6 +32,8 @@ _PARTS = ("q", "k", "v", "conv", "f_a", "f_b", "dt_bias", "A_log", "b", "g_a", "
 
 
 class KimiDeltaAttentionMixer:
+    keeps_state = True  # one sequence's state: a forward over several sequences runs it per sequence
+
     def __init__(self, cfg: ModelConfig, i: int, weights: dict, kernels: Kernels, rope: RotaryTables):
         spec, p = cfg.linear_attention, f"layers.{i}."
         self.layer, self.w, self.kernels, self.eps = i, weights, kernels, cfg.rms_norm_eps

@@ -15,6 +15,7 @@ import torch
 from lucebox.caches import SequenceCache, Step
 from lucebox.checkpoints.loading import load_model
 from lucebox.device import DeviceClock
+from lucebox.engine.batcher import StepBatcher
 from lucebox.engine.runner import StepRunner
 from lucebox.engine.setup import EngineSetup
 from lucebox.kernels.backend import kernels_for
@@ -39,24 +40,32 @@ class Engine:
     clock: DeviceClock
     eos_token_ids: tuple[int, ...]
     learned: Learned | None = None  # what the adaptive width learns, shared by requests (None: fixed width)
+    batcher: StepBatcher | None = None  # the steps of requests running at once, as one forward (`engine.batcher`)
+
+    def __post_init__(self) -> None:
+        if self.batcher is None:
+            self.batcher = StepBatcher(self.runner)
 
     def new_cache(self) -> SequenceCache:
         s = self.setup
         return SequenceCache(s.model, s.cache, s.dtype, s.device)
 
     def prefill(self, ids: list[int], cache: SequenceCache, proposer: Proposer | None = None,
-                snapshots: Collection[int] = ()) -> Iterator[torch.Tensor]:
+                snapshots: Collection[int] = (), forward: Callable | None = None) -> Iterator[torch.Tensor]:
         """Forward ids[cache.length:] in chunks of `prefill_chunk` rows, committing each; yields
         each chunk's hidden states (T, H). A proposer is given every chunk (and its features).
         On a hybrid model a chunk also ends at each position of `snapshots`, whose recurrent states
-        are pinned there (`SequenceCache.pin`) for later prompts sharing only that prefix."""
+        are pinned there (`SequenceCache.pin`) for later prompts sharing only that prefix.
+        `forward`: what runs a chunk (`Decoder.forward_capturing`'s arguments; a request's: the
+        batcher's, so the chunk takes its turn among other requests' steps)."""
+        forward = forward or self.decoder.forward_capturing
         device = self.setup.device
         all_ids = torch.tensor(ids, device=device)
         layers = proposer.feature_layers if proposer is not None else ()
         pins = set(snapshots) if cache.has_states else set()
         for begin, end in prefill_spans(cache.length, len(ids), self.setup.prefill_chunk, pins):
             step = Step.span(begin, end - begin, device, prefill=True)
-            hidden, features = self.decoder.forward_capturing(all_ids[begin:end], step, cache, layers)
+            hidden, features = forward(all_ids[begin:end], step, cache, layers)
             cache.commit(end, choose=end == len(ids))  # KVFlash chooses once, when the prompt is in
             if end in pins:
                 cache.pin(end)

@@ -24,6 +24,7 @@ from lucebox.limits import (
     KV_RESELECT_EVERY,
     LM_HEADS,
     LOAD_FORMATS,
+    PARALLEL_MAX,
     VERIFY_RULES,
 )
 
@@ -66,6 +67,9 @@ class EngineConfig:
     kv_dtype: "auto" (the model dtype) | "int8" (the pool's rows as int8 with per-token scales).
     lm_head: "auto" (int8 codes with per-row scales for quantized weights where the kernels read
         codes, else the float head) | "float" (keep the float head) | "int8" (codes regardless).
+    parallel: sequences that run at once, each in a slot with its own cache and drafter (the memory
+        plan counts every slot); the steps of those running together share one forward. A request
+        beyond them runs in a cache of its own, without a drafter (`LLM`), or waits (`serve`).
     """
 
     model: str | os.PathLike | None = None
@@ -91,6 +95,7 @@ class EngineConfig:
     expert_slots: int | None = None
     kv_dtype: str = "auto"
     lm_head: str = "auto"
+    parallel: int = 1
 
     def __post_init__(self) -> None:
         checked = {
@@ -114,6 +119,7 @@ class EngineConfig:
             "expert_slots": integer("expert_slots", self.expert_slots, 1, optional=True),
             "kv_dtype": choice("kv_dtype", "auto" if self.kv_dtype is None else self.kv_dtype, KV_DTYPES),
             "lm_head": choice("lm_head", self.lm_head, LM_HEADS),
+            "parallel": integer("parallel", self.parallel, 1, PARALLEL_MAX),
         }
         if checked["expert_slots"] is not None and checked["experts_on_host"] is None:
             checked["experts_on_host"] = True  # asking for a cache size asks for the cache

@@ -36,36 +36,34 @@ class Request:
     grammar: GrammarState | None = None  # the options' constraint: this request's matcher
 
 
-@torch.inference_mode()
 def run_request(engine: Engine, session: Session, request: Request) -> Iterator[Chunk]:
-    """Yield the request's chunks; the last carries finish_reason and stats. A second request
-    started while one is still streaming gets a cache of its own."""
-    private = session.open_streams > 0
-    session.open_streams += 1
-    try:
-        yield from _decode(engine, session, request, private)
-    finally:
-        session.open_streams -= 1
+    """Yield the request's chunks; the last carries finish_reason and stats. Requests running at
+    the same time (each read from its own thread) share each step's forward (`engine.batcher`);
+    each gets a slot of the session (`Session.open`), or a cache of its own when all are busy."""
+    return engine.batcher.track(_decode(engine, session, request))
 
 
-def _decode(engine: Engine, session: Session, request: Request, private: bool) -> Iterator[Chunk]:
+@torch.inference_mode()
+def _decode(engine: Engine, session: Session, request: Request) -> Iterator[Chunk]:
     prompt_ids, options = request.prompt_ids, request.options
     session.last_stats = stats = None
-    cache, proposer = session.open(prompt_ids, private, options.speculate)
-    reused = cache.length
-    setup = engine.setup
-    # Under a grammar a draft can end early (at a token the grammar forbids), which block verification
-    # does not allow for: tokenwise verification stays exact with it (`constrained.state`).
-    rule = "tokenwise" if request.grammar is not None and setup.config.verify == "block" else setup.config.verify
-    context = DecodeContext(engine.runner, cache, engine.clock, engine.learned, request.draft_k,
-                            rule, setup.config.adaptive, setup.model.vocab_size, setup.device,
-                            setup.tree_budget)
-    rounds = Speculation(context, options.sampling, proposer, prompt_ids, request.grammar, options.logprobs)
-    text = TextStage(engine.tokenizer, prompt_ids, list(options.stop_strings), request.stop_ids, options.max_tokens)
-    traffic = dataclasses.replace(engine.expert_traffic)  # this request's expert cache traffic is counted from here
-    start, prefill_done = engine.clock(), None
+    cache, proposer = session.open(prompt_ids, False, options.speculate)
+    rounds, start, prefill_done = None, engine.clock(), None
     try:
-        *_, hidden = engine.prefill(prompt_ids, cache, proposer, {*options.snapshot_at, len(prompt_ids) - 1})
+        reused = cache.length
+        setup = engine.setup
+        # Under a grammar a draft can end early (at a token the grammar forbids), which block verification
+        # does not allow for: tokenwise verification stays exact with it (`constrained.state`).
+        rule = "tokenwise" if request.grammar is not None and setup.config.verify == "block" else setup.config.verify
+        context = DecodeContext(engine.batcher, cache, engine.clock, engine.learned, request.draft_k,
+                                rule, setup.config.adaptive, setup.model.vocab_size, setup.device,
+                                setup.tree_budget)
+        rounds = Speculation(context, options.sampling, proposer, prompt_ids, request.grammar, options.logprobs)
+        text = TextStage(engine.tokenizer, prompt_ids, list(options.stop_strings), request.stop_ids,
+                         options.max_tokens)
+        traffic = dataclasses.replace(engine.expert_traffic)  # this request's expert cache traffic is counted from here
+        *_, hidden = engine.prefill(prompt_ids, cache, proposer, {*options.snapshot_at, len(prompt_ids) - 1},
+                                    engine.batcher.forward)
         logits = engine.decoder.logits(hidden[-1:])
         first = rounds.first(logits)
         prefill_done = engine.clock()
@@ -74,7 +72,7 @@ def _decode(engine: Engine, session: Session, request: Request, private: bool) -
             yield chunk
             chunk = rounds.round(text.remaining, text.feed)
     finally:
-        session.keep(cache, rounds.state.tokens)
+        session.keep(cache, rounds.state.tokens if rounds is not None else prompt_ids[: cache.length])
         if prefill_done is not None:  # also when the request is cut short (its reader stopped, Ctrl-C)
             timing = timing_stats(len(prompt_ids), reused, len(text.generated), start, prefill_done, engine.clock())
             experts = engine.expert_traffic.since(traffic) if setup.expert_slots is not None else {}

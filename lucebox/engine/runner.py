@@ -49,6 +49,15 @@ class StepOutput:
     features: torch.Tensor | None  # (T, len(layers) * H): the outputs of the layers asked for
 
 
+def eager_context(decoder, step: Step, cache: SequenceCache, tree=None) -> CacheContext:
+    """How an eager step's rows reach `cache` (with `tree`: a draft tree's mask)."""
+    mask = None
+    if tree is not None:
+        bits, depths = torch.tensor([tree.ancestor_bits, tree.depths], dtype=torch.long, device=decoder.device)
+        mask = TreeMask(bits, depths)
+    return CacheContext(step, cache, decoder.kernels, decoder.scale, mask)
+
+
 class StepGraph(Graphed[StepOutput]):
     """A decode/verify step of exactly `width` rows over one cache, capturing decoder `layers`."""
 
@@ -135,12 +144,7 @@ class StepRunner:
                tree) -> StepOutput:
         d = self.decoder
         ids = torch.tensor(rows, dtype=torch.long, device=d.device)
-        if tree is None:
-            hidden, features = d.forward_capturing(ids, step, cache, layers)
-        else:
-            bits, depths = torch.tensor([tree.ancestor_bits, tree.depths], dtype=torch.long, device=d.device)
-            context = CacheContext(step, cache, d.kernels, d.scale, TreeMask(bits, depths))
-            hidden, features = d.run(ids, context, layers)
+        hidden, features = d.run(ids, eager_context(d, step, cache, tree), layers)
         logits = d.logits(hidden)
         return StepOutput(logits, d.kernels.greedy_choices(logits), features)
 

@@ -1,17 +1,22 @@
-"""The session: the sequence cache an engine keeps between requests, so that a prompt extending
-the previous request's tokens prefills only its new ones.
+"""The session: the sequence caches an engine keeps between requests, so that a prompt extending
+an earlier request's tokens prefills only its new ones.
 
-Contract: `open(prompt_ids, private, speculate)` hands a request its cache (the session's, rolled
-back to what the prompt shares with the tokens it holds, or a private one when another stream is
-open) and its drafter, ready for the prompt; `keep(cache, tokens)` records, when the request
-ends however it ends, the tokens whose rows the session's cache now holds. A cache left dirty by
-an interrupted step is never reused (`SequenceCache.dirty`). CUDA graphs read the session's cache
-by address, so it is emptied and reused rather than reallocated whenever it can be.
+Contract: `open(prompt_ids, private, speculate)` hands a request a cache and its drafter, ready for
+the prompt, from one of the engine's `slots` (`EngineConfig.parallel`): the free slot whose cache
+returns exactly to the longest prefix of the prompt, else the free slot used least recently (a
+conversation that comes back after others finds its rows while fewer than `parallel` others came
+between); with no free slot, or `private`, a cache of its own and no drafter. `keep(cache,
+tokens)` records, when the request ends however it ends, the tokens whose rows that cache now
+holds, and frees its slot. A cache left dirty by an interrupted step is never reused
+(`SequenceCache.dirty`). CUDA graphs read the first slot's cache by address, so it is emptied
+and reused rather than reallocated whenever it can be; the other slots' steps run eagerly.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,17 +27,33 @@ from lucebox.speculative.proposer import Proposer
 from lucebox.speculative.tree import chain
 
 
+@dataclass
+class Slot:
+    """Room for one running request: its cache (made on first use) and drafter, and what they hold."""
+
+    proposer: Proposer | None  # the engine's drafter in the first slot, a fork of it in the others
+    cache: SequenceCache | None = None
+    tokens: list[int] = field(default_factory=list)  # ids whose rows `cache` holds (its first `cache.length` at least)
+    drafter_follows: bool = False  # whether the drafter has seen every row the cache holds (`resume` can trust it)
+    busy: bool = False
+    last_used: int = 0  # when a request last opened it (a count of opens)
+
+
 class Session:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, slots: int = 1):
         self.engine = engine
-        self.cache: SequenceCache | None = None
-        self.tokens: list[int] = []  # ids whose rows `cache` holds (its first `cache.length` at least)
-        # Whether the drafter has seen every row the session's cache holds (so `resume` can trust it).
-        self.drafter_follows = False
-        self.open_streams = 0  # streams begun and not finished; a second one gets a private cache
+        self.slots = [Slot(engine.proposer)] + [Slot(None) for _ in range(slots - 1)]  # drafters forked on first use
+        self.open_streams = 0  # streams begun and not finished
+        self._opens = 0
+        self._lock = threading.Lock()  # requests open and keep slots from their own threads
         # The figures (Chunk.stats) of the last request, also of one cut short after its first token
         # (what a chat's /stats shows after Ctrl-C); None while one runs, or when it was cut before.
         self.last_stats: dict | None = None
+
+    # The first slot's: the cache the graphs serve, which the engine warms and a single user reuses.
+    cache = property(lambda self: self.slots[0].cache)
+    tokens = property(lambda self: self.slots[0].tokens)
+    drafter_follows = property(lambda self: any(slot.drafter_follows for slot in self.slots))
 
     def warm(self) -> None:
         """Measure the adaptive width's start-up cost table on the session's cache, with the feature
@@ -48,7 +69,7 @@ class Session:
         costs = RoundCosts(measure_verify_seconds(engine.runner, cache, engine.clock, layers))
         drafter = engine.setup.drafter
         engine.learned = Learned(costs, read_calibration(None if drafter is None else drafter.folder))
-        self.cache, self.tokens = cache, []
+        self.slots[0].cache, self.slots[0].tokens = cache, []
 
     def capture_graphs(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Capture, on the session's cache, every step graph requests will replay: each width up to
@@ -88,62 +109,105 @@ class Session:
                 progress(total, total)
         cache.rollback(0)
         cache.commit(0)  # the steps completed: clean, so the first request reuses it and the graphs over it
-        self.cache, self.tokens = cache, []
+        self.slots[0].cache, self.slots[0].tokens = cache, []
 
     def open(self, prompt_ids: list[int], private: bool, speculate: bool = True
              ) -> tuple[SequenceCache, Proposer | None]:
         engine = self.engine
-        cache = engine.new_cache() if private else self._reusable(prompt_ids)
-        proposer = None if private or not speculate else engine.proposer  # a drafter serves one stream at a time
-        if proposer is not None and not (self.drafter_follows and proposer.resume(cache.length)):
-            if proposer.feature_layers:
-                cache.rollback(0)  # the drafter needs target features of every row: prefill them again
-            proposer.start(prompt_ids, None)
-        if not private:
-            self.cache, self.tokens = cache, list(prompt_ids[: cache.length])
-            self.drafter_follows = proposer is not None
+        with self._lock:
+            self.open_streams += 1
+            slot = None if private else self._choose(prompt_ids)
+            if slot is not None:
+                slot.busy, self._opens = True, self._opens + 1
+                slot.last_used = self._opens
+        if slot is None:
+            return engine.new_cache(), None  # a drafter serves one stream at a time
+        try:
+            cache = self._reusable(slot, prompt_ids)
+            if slot.proposer is None and slot is not self.slots[0] and engine.proposer is not None:
+                slot.proposer = engine.proposer.fork()
+            proposer = slot.proposer if speculate else None
+            if proposer is not None and not (slot.drafter_follows and proposer.resume(cache.length)):
+                if proposer.feature_layers:
+                    cache.rollback(0)  # the drafter needs target features of every row: prefill them again
+                proposer.start(prompt_ids, None)
+            slot.cache, slot.tokens = cache, list(prompt_ids[: cache.length])
+            slot.drafter_follows = proposer is not None
+        except BaseException:
+            self._free(slot)
+            raise
         return cache, proposer
 
     def keep(self, cache: SequenceCache, tokens: list[int]) -> None:
-        """A request on the session's cache has ended: its rows are those of `tokens`."""
-        if cache is self.cache:
-            self.tokens = list(tokens[: cache.length])
+        """A request opened with `cache` has ended: its rows are those of `tokens`; its slot is free."""
+        slot = next((slot for slot in self.slots if slot.cache is cache and slot.busy), None)
+        if slot is not None:
+            slot.tokens = list(tokens[: cache.length])
+        self._free(slot)
+
+    def _free(self, slot: Slot | None) -> None:
+        with self._lock:
+            self.open_streams -= 1
+            if slot is not None:
+                slot.busy = False
 
     def drop(self) -> None:
-        """Forget the cached conversation (freeing its cache and the graphs over it)."""
-        self.cache, self.tokens = None, []
-        self.engine.runner.release()
+        """Forget the cached conversations of the free slots (freeing their caches, and the graphs
+        over the first slot's)."""
+        with self._lock:
+            for slot in self.slots:
+                if not slot.busy:
+                    if slot is self.slots[0] and slot.cache is not None:
+                        self.engine.runner.release()
+                    slot.cache, slot.tokens, slot.drafter_follows = None, [], False
 
-    def _reusable(self, prompt_ids: list[int]) -> SequenceCache:
-        """The previous request's cache rolled back to the longest prefix it shares with this prompt
-        and can return to exactly (a hybrid's recurrent states: a position whose state it kept), at
-        least one prompt token being forwarded again for its logits; or emptied; a fresh cache when
-        it was left dirty."""
-        cache = self.cache
-        if cache is not None:
-            held = self.tokens[: cache.length]  # a request that failed midway committed only part of its ids
-            shared = 0
-            for a, b in zip(held, prompt_ids, strict=False):
-                if a != b:
-                    break
-                shared += 1
-            keep = cache.rewind_point(min(shared, len(prompt_ids) - 1))  # a hybrid's: a state it kept
-            if keep > 0:
-                cache.rollback(keep)
-                return cache
-        return self._clean()  # nothing shared: a clean cache's buffers (and the graphs over them) serve again
+    def _choose(self, prompt_ids: list[int]) -> Slot | None:
+        """The free slot whose cache returns to the longest prefix of the prompt, else the free slot
+        used least recently; None when every slot is busy."""
+        free = [slot for slot in self.slots if not slot.busy]
+        if not free:
+            return None
+        return max(free, key=lambda slot: (self._returns_to(slot, prompt_ids), -slot.last_used))
 
-    def _clean(self) -> SequenceCache:
-        """The session's cache emptied when it is clean (keeping the graphs captured over it), else a
-        fresh one."""
-        cache = self.cache
+    @staticmethod
+    def _returns_to(slot: Slot, prompt_ids: list[int]) -> int:
+        """The longest prefix of the prompt `slot`'s cache can return to exactly, at least one prompt
+        token being forwarded again for its logits (a hybrid's: a position whose state it kept)."""
+        cache = slot.cache
+        if cache is None:
+            return 0
+        shared = 0
+        for a, b in zip(slot.tokens[: cache.length], prompt_ids, strict=False):  # a failed request committed part
+            if a != b:
+                break
+            shared += 1
+        return cache.rewind_point(min(shared, len(prompt_ids) - 1))
+
+    def _reusable(self, slot: Slot, prompt_ids: list[int]) -> SequenceCache:
+        """The slot's cache rolled back to the longest prefix it shares with this prompt and can return
+        to exactly; or emptied; a fresh cache when it was left dirty."""
+        keep = self._returns_to(slot, prompt_ids)
+        if keep > 0:
+            slot.cache.rollback(keep)
+            return slot.cache
+        return self._clean(slot)  # nothing shared: a clean cache's buffers (and the graphs over them) serve again
+
+    def _clean(self, slot: Slot | None = None) -> SequenceCache:
+        """The slot's (the first's by default) cache emptied when it is clean (keeping the graphs
+        captured over it), else a fresh one."""
+        slot = slot or self.slots[0]
+        cache = slot.cache
         if cache is not None and not cache.dirty:
             cache.rollback(0)
             return cache
-        return self._fresh()
+        return self._fresh(slot)
 
-    def _fresh(self) -> SequenceCache:
-        self.drop()  # the old cache (and the graphs over it) go before a new one is allocated
+    def _fresh(self, slot: Slot) -> SequenceCache:
+        first = slot is self.slots[0]
+        slot.cache, slot.tokens, slot.drafter_follows = None, [], False  # the old cache goes before a new one is made
+        if first:
+            self.engine.runner.release()  # and the graphs over it
         cache = self.engine.new_cache()
-        self.engine.runner.bind(cache)
+        if first:
+            self.engine.runner.bind(cache)
         return cache

@@ -95,7 +95,7 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
         weight_files(description.folder)  # a folder without weights says so before any memory figure
     cost = drafter_cost(drafter, dtype, max_context, choices.prefill_chunk, config.draft_ctx, DRAFT_WIDTH)
     memory = check_fits(description.cfg, cache, dtype, device, quantization, cost, choices.expert_slots, stored,
-                        lm_head)
+                        lm_head, config.parallel)
     graphs = use_cuda_graphs(config.cuda_graphs, device, backend, choices.expert_slots)
     warn_past_training(max_context, description.cfg)  # once the engine is known to open: no warning before an error
     return EngineSetup(config, device, dtype, backend, description, quantization, drafter, tree_budget,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 from dataclasses import dataclass
@@ -98,8 +100,10 @@ def cache_ring_bytes(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dty
 def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
          quantization: str | None = None, drafter: DrafterCost = DrafterCost(),
          expert_slots: int | None = None, stored_weights: StoredWeights | None = None,
-         lm_head: str | None = None) -> dict[str, int]:
+         lm_head: str | None = None, sequences: int = 1) -> dict[str, int]:
     """Bytes of weights, ring caches, device KV pool (+ chunk summaries), the most host KV, drafter.
+    Every cache, and the drafter's (`drafter`'s figures are one sequence's), counts once for each of
+    `sequences` run at once (`EngineConfig.parallel`: a slot's cache each).
     With `expert_slots` (experts in host memory) the routed experts count in host memory and the
     device holds that many of each MoE layer's experts (`lucebox.memory.expert_cache`). `stored_weights`:
     the weights' bytes when the checkpoint fixes them (a GGUF file's own quants). `lm_head`: "int8"
@@ -119,15 +123,16 @@ def plan(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype,
     if expert_slots is not None and cfg.moe is not None:
         experts_host = stored.routed_experts
         weights += expert_slots * experts_host // cfg.moe.num_experts - experts_host
+    n = sequences
     return {
         "weights": weights,
-        "ring_caches": cache_ring_bytes(cfg, settings, dtype),
-        "kv_pool_device": full * kvf.pool_chunks * kvf.chunk * row,
-        "kv_chunk_summaries_max": summaries,
-        "kv_host_max": host_kv_bytes(cfg, settings, dtype),  # the cache's one arena (staging rows included)
-        "drafter": drafter.total,
+        "ring_caches": n * cache_ring_bytes(cfg, settings, dtype),
+        "kv_pool_device": n * full * kvf.pool_chunks * kvf.chunk * row,
+        "kv_chunk_summaries_max": n * summaries,
+        "kv_host_max": n * host_kv_bytes(cfg, settings, dtype),  # each cache's one arena (staging rows included)
+        "drafter": drafter.weights + n * drafter.caches,
         "experts_host": experts_host,
-        "recurrent_states": recurrent_state_bytes(cfg, dtype, settings.decode_rows),
+        "recurrent_states": n * recurrent_state_bytes(cfg, dtype, settings.decode_rows),
         "dense_copies_cpu_max": stored.dense_copies,  # held only when the weights are on the CPU
     }
 
@@ -160,17 +165,19 @@ def _gib(n: float) -> str:
 def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, device: torch.device,
                quantization: str | None = None, drafter: DrafterCost = DrafterCost(),
                expert_slots: int | None = None, stored_weights: StoredWeights | None = None,
-               lm_head: str | None = None) -> dict[str, int]:
+               lm_head: str | None = None, sequences: int = 1) -> dict[str, int]:
     """The plan, or the first thing that does not fit: InsufficientMemoryError for the weights or
     the fixed-size caches (naming the largest `draft_ctx` that fits when the drafter's rings are
     what overflows), ContextLengthError naming the largest context whose offloaded KV fits.
 
     Weights, rings, the pool and the drafter are fixed costs on the device; host KV and chunk
     summaries grow with max_context (on the CPU, device and host are the same memory)."""
-    need = plan(cfg, settings, dtype, quantization, drafter, expert_slots, stored_weights, lm_head)
+    need = plan(cfg, settings, dtype, quantization, drafter, expert_slots, stored_weights, lm_head, sequences)
+    drafter = dataclasses.replace(drafter, caches=sequences * drafter.caches,
+                                  per_ctx_token=sequences * drafter.per_ctx_token)
     fixed = need["weights"] + need["ring_caches"] + need["kv_pool_device"] + need["drafter"] + need["recurrent_states"]
     per_token_summary = need["kv_chunk_summaries_max"] / settings.max_context
-    staging = host_staging_bytes(cfg, settings, dtype)  # host KV that does not grow with the context
+    staging = sequences * host_staging_bytes(cfg, settings, dtype)  # host KV that does not grow with the context
     per_token_host = (need["kv_host_max"] - staging) / settings.max_context
     host = HEADROOM * _host_available() - need["experts_host"] - staging
     if host < 0:
@@ -184,8 +191,9 @@ def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, de
             f"the weights need {_gib(weights)}{drafter_part} on {device} but about {_gib(free)} is free; use a "
             "smaller dtype or quantization='int8' or 'int4'" + (", or a smaller drafter" if drafter.weights else "")
         )
+    fewer = f", or run fewer sequences at once than parallel={sequences}" if sequences > 1 else ""
     if fixed > free:
-        raise InsufficientMemoryError(_caches_do_not_fit(fixed, free, drafter, device))
+        raise InsufficientMemoryError(_caches_do_not_fit(fixed, free, drafter, device) + fewer)
     if device.type == "cuda":
         budgets = [(free - fixed, per_token_summary), (host, per_token_host)]
     else:
@@ -197,13 +205,13 @@ def check_fits(cfg: ModelConfig, settings: CacheSettings, dtype: torch.dtype, de
     if largest < KV_CHUNK:
         raise ContextLengthError(
             f"weights and caches ({_gib(fixed)}) leave no room for offloaded KV on this machine; "
-            "lower kv_pool_tokens or prefill_chunk, or use a smaller dtype or quantization='int4'"
+            "lower kv_pool_tokens or prefill_chunk, or use a smaller dtype or quantization='int4'" + fewer
         )
     grows = need["kv_host_max"] + need["kv_chunk_summaries_max"]
     raise ContextLengthError(
         f"max_context={settings.max_context} needs {_gib(grows)} for offloaded KV and its summaries "
         f"on top of {_gib(fixed)} of weights and caches, more than this machine has free; the largest "
-        f"context that fits is about {largest} tokens (pass max_context={largest} or less)"
+        f"context that fits is about {largest} tokens (pass max_context={largest} or less{fewer})"
     )
 
 

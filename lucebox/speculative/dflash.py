@@ -56,6 +56,7 @@ class DFlashProposer(TreeProposer):
         self.max_width = DRAFT_WIDTH  # a lookup draft may be longer
         self.lookup: NgramProposer | None = NgramProposer(min_n=LOOKUP_MIN_MATCH)  # None: the drafter alone
         self.draft_ctx, self.max_step = draft_ctx, ring_step(drafter.cfg, prefill_chunk)
+        self.prefill_chunk = prefill_chunk
         cfg = drafter.cfg
         # Made once, emptied by each request: a graphed block pass reads them by address.
         self.rings = [SlidingRing(draft_ctx, self.max_step, cfg.num_kv_heads, cfg.head_dim, drafter.dtype,
@@ -67,7 +68,19 @@ class DFlashProposer(TreeProposer):
         self.tree_children = None  # `tree_draft.ChildrenHook`: how a node's children are chosen (None: by position)
 
     def device_bytes(self) -> int:
-        return tensor_bytes(self.drafter.w.values()) + sum(ring.device_bytes() for ring in self.rings)
+        return self.weight_bytes() + sum(ring.device_bytes() for ring in self.rings)
+
+    def weight_bytes(self) -> int:
+        return tensor_bytes(self.drafter.w.values())
+
+    def fork(self) -> DFlashProposer:
+        """Its own rings, lookup and waiting features; the same drafter weights, width and tree hook
+        (no graph: the graph reads this one's rings by address)."""
+        twin = DFlashProposer(self.drafter, self.target, self.prefill_chunk, self.draft_ctx)
+        twin.max_width, twin.tree_children = self.max_width, self.tree_children
+        if self.lookup is None:
+            twin.lookup = None
+        return twin
 
     def start(self, prompt: list[int], features: torch.Tensor | None) -> None:
         for ring in self.rings:

@@ -32,10 +32,17 @@ class DraftModelProposer(Proposer):
         self.settings = draft_cache_settings(max_context, prefill_chunk, draft_ctx, max_width)
         self.cache: SequenceCache | None = None
         self.cached: list[int] = []  # tokens whose rows the draft cache holds
+        self._made_with = (decoder, max_context, prefill_chunk, draft_ctx)
+
+    def fork(self) -> DraftModelProposer:
+        return DraftModelProposer(*self._made_with, max_width=self.max_width)
 
     def device_bytes(self) -> int:
         caches = 0 if self.cache is None else self.cache.memory()["ring_caches"]
-        return tensor_bytes(self.decoder.w.values()) + caches
+        return self.weight_bytes() + caches
+
+    def weight_bytes(self) -> int:
+        return tensor_bytes(self.decoder.w.values())
 
     def start(self, prompt: list[int], features: torch.Tensor | None) -> None:
         """Prefill the drafter with the prompt now, beside the target's prefill, rather than in the

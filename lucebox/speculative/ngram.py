@@ -19,6 +19,9 @@ class NgramProposer(Proposer):
         self.tokens: list[int] = []
         self.last_end: dict[tuple[int, ...], int] = {}
 
+    def fork(self) -> NgramProposer:
+        return NgramProposer(self.max_n, self.min_n, self.max_width)
+
     def start(self, prompt: list[int], features: torch.Tensor | None) -> None:
         self.tokens, self.last_end = [], {}
         self._extend(prompt)

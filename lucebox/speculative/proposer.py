@@ -65,6 +65,16 @@ class Proposer(ABC):
         """Weights and caches the drafter holds (0 for weightless drafters)."""
         return 0
 
+    def weight_bytes(self) -> int:
+        """The part of `device_bytes` its forks share (`fork`)."""
+        return 0
+
+    def fork(self) -> Proposer | None:
+        """A drafter like this one, sharing its weights and settings, with a state of its own (empty
+        until `start`): another stream's, when several run at once. None: this drafter serves one
+        stream (the others decode without one)."""
+        return None
+
     def graph_with(self, capture: bool, pool=None) -> None:  # noqa: B027 - optional
         """Run the drafter's passes as one graph from now on (captured on the first when `capture`),
         in the target steps' memory `pool`; a drafter with no pass of fixed shape keeps running eagerly."""

@@ -1,0 +1,188 @@
+"""Many requests, one forward per step: the steps that requests running at the same time ask for
+are gathered and run as one forward over all their rows.
+
+Contract: every request runs in its own thread, its whole path unchanged (speculation, text,
+grammar), inside `StepBatcher.track` while it works; its target steps go through `step` (the
+`StepRunner.step` signature) and its prefill chunks through `forward`. A step waits until every
+request that is working has asked for its own (or left: a request whose reader has not asked for
+its next chunk is not working and keeps no one waiting), then one thread runs them all:
+
+- decode/verify steps with the same feature layers as one forward of at most `row_budget` rows
+  (`models.cache_contexts.SequencesContext`: each sequence attends over its own cache and keeps
+  its own recurrent state, everything else reads each weight once for all the rows); more rows
+  go in the next forward of the same turn;
+- prefill chunks one at a time, after the steps (each is a forward of its own rows, as alone).
+
+A row's result never depends on the other rows of its forward where the kernels give a row the
+same bits at every row count (the GPU's, rows padded to `DECODE_ROWS`; on the CPU the LM head
+and routed experts, `tests/test_cpu_rows.py`); `row_budget` is `DECODE_ROWS` so that a
+batch's rows take the decode kernels a step alone takes. One request working alone takes the
+runner's own path (its CUDA graphs): one client runs as it did without batching.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from lucebox.caches import SequenceCache, Step
+from lucebox.engine.runner import StepOutput, StepRunner, eager_context
+from lucebox.limits import DECODE_ROWS
+from lucebox.models.cache_contexts import SequencesContext
+
+
+@dataclass
+class _Work:
+    """One request's ask: a target step (`rows`), or a forward run alone (`alone`: a prefill chunk)."""
+
+    rows: list[int] | None = None
+    step: Step | None = None
+    cache: SequenceCache | None = None
+    layers: tuple[int, ...] = ()
+    tree: object | None = None
+    alone: Callable[[], object] | None = None
+    result: object = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+class StepBatcher:
+    def __init__(self, runner: StepRunner, row_budget: int = DECODE_ROWS):
+        self.runner, self.decoder, self.row_budget = runner, runner.decoder, row_budget
+        self._turn = threading.Condition()
+        self._working = 0  # requests whose threads are in the engine now
+        self._asked: list[_Work] = []
+        self._running = False  # a thread is running a turn's forwards
+        self.forwards = 0  # forwards of several sequences' steps (for tests and /metrics)
+        self._threads_before: int | None = None  # torch's threads before requests' threads took one each
+
+    @contextmanager
+    def working(self):
+        """A request's thread is in the engine: its steps are awaited by the others'."""
+        with self._turn:
+            self._working += 1
+            self._one_thread_here()
+        try:
+            yield
+        finally:
+            with self._turn:
+                self._working -= 1
+                if self._working == 0 and self._threads_before is not None:
+                    torch.set_num_threads(self._threads_before)
+                    self._threads_before = None
+                self._turn.notify_all()  # those waiting may have been waiting only for this one
+
+    def _one_thread_here(self) -> None:
+        """On the CPU, a small model's requests run torch on one thread each while they work from
+        threads other than the main one (until none works). There libgomp's parallel regions cost
+        about three times what they cost on the main thread (a 4-row step of the built-in model:
+        16-18 ms against 8-9 ms; 8.4 ms on one thread), more than two cores win on ops this small."""
+        small = self.decoder.device.type == "cpu" and self.decoder.cfg.hidden_size <= SMALL_CPU_MODEL_HIDDEN
+        if small and threading.current_thread() is not threading.main_thread() and torch.get_num_threads() != 1:
+            if self._threads_before is None:
+                self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(1)
+
+    def track(self, chunks: Iterator) -> Iterator:
+        """`chunks` (a request's generator) marked working while it runs, not while its reader holds a chunk."""
+        try:
+            while True:
+                with self.working():
+                    chunk = next(chunks, _END)
+                if chunk is _END:
+                    return
+                yield chunk
+        finally:
+            with self.working():
+                chunks.close()
+
+    def step(self, rows: list[int], step: Step, cache: SequenceCache, layers: tuple[int, ...] = (),
+             tree=None) -> StepOutput:
+        """`StepRunner.step`, run with the steps other working requests ask for at the same time."""
+        return self._ask(_Work(rows, step, cache, layers, tree))
+
+    def forward(self, ids: torch.Tensor, step: Step, cache: SequenceCache,
+                layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`Decoder.forward_capturing` (a prefill chunk), run in its turn among the others' steps."""
+        return self._ask(_Work(alone=lambda: self.decoder.forward_capturing(ids, step, cache, layers)))
+
+    def _ask(self, work: _Work):
+        with self._turn:
+            self._asked.append(work)
+            self._turn.notify_all()
+            while not work.done:
+                if not self._running and len(self._asked) >= self._working:  # nobody else is about to ask
+                    self._run_turn()
+                else:
+                    self._turn.wait()
+        if work.error is not None:
+            raise work.error
+        return work.result
+
+    def _run_turn(self) -> None:
+        """Run everything asked so far, outside the lock (called holding it)."""
+        self._running, asked, self._asked = True, self._asked, []
+        self._turn.release()
+        try:
+            steps = [w for w in asked if w.alone is None]
+            for group in _groups(steps, self.row_budget):
+                self._settle(group, lambda g=group: self._steps(g))
+            for work in asked:
+                if work.alone is not None:
+                    self._settle([work], lambda w=work: [w.alone()])
+        finally:
+            self._turn.acquire()
+            self._running = False
+            self._turn.notify_all()
+
+    @staticmethod
+    def _settle(works: list[_Work], run: Callable[[], list]) -> None:
+        """Each work's result from `run`, or the error it raised for all of them (a forward cut
+        short may have half-written every cache it touched: each request fails, its cache dirty)."""
+        try:
+            for work, result in zip(works, run(), strict=True):
+                work.result = result
+        except BaseException as e:  # noqa: BLE001 - handed to each asking thread, raised there
+            for work in works:
+                work.error = e
+        for work in works:
+            work.done = True
+
+    def _steps(self, works: list[_Work]) -> list[StepOutput]:
+        if len(works) == 1:
+            w = works[0]
+            return [self.runner.step(w.rows, w.step, w.cache, w.layers, w.tree)]
+        d = self.decoder
+        self.forwards += 1
+        ids = torch.tensor([row for w in works for row in w.rows], dtype=torch.long, device=d.device)
+        context = SequencesContext([eager_context(d, w.step, w.cache, w.tree) for w in works])
+        hidden, features = d.run(ids, context, works[0].layers)
+        logits = d.logits(hidden)
+        outputs = []
+        for w, rows in zip(works, context.spans, strict=True):
+            mine = logits[rows]  # each sequence's choices alone: a non-finite logit spoils only its own
+            outputs.append(StepOutput(mine, d.kernels.greedy_choices(mine), None if features is None else features[rows]))
+        return outputs
+
+
+_END = object()
+# Models this narrow run their requests' threads on one CPU thread (`StepBatcher._one_thread_here`).
+SMALL_CPU_MODEL_HIDDEN = 512
+
+
+def _groups(steps: list[_Work], row_budget: int) -> list[list[_Work]]:
+    """The steps in forwards: those capturing the same layers together, at most `row_budget` rows
+    each (a wider step alone), in the order they were asked."""
+    groups: list[list[_Work]] = []
+    open_groups: dict[tuple[int, ...], list[_Work]] = {}
+    for work in steps:
+        group = open_groups.get(work.layers)
+        if group is None or sum(len(w.rows) for w in group) + len(work.rows) > row_budget:
+            group = open_groups[work.layers] = []
+            groups.append(group)
+        group.append(work)
+    return groups
