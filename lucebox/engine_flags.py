@@ -126,7 +126,7 @@ FLAGS = {
     **{field: flag for flag, field in FIELDS.items()},
     "max_tokens": "--max-tokens", "temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p",
     "min_p": "--min-p", "repetition_penalty": "--repetition-penalty", "seed": "--seed",
-    "stop token id": "--stop-token-id",
+    "stop token id": "--stop-token-id", "parallel": "--parallel",
 }
 # Plain words ("the draft model", "a smaller dtype") become flags only in the form `name=value`.
 _ALWAYS = {name for name in FLAGS if "_" in name} | {"temperature", "seed", "stop token id"}

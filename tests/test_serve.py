@@ -273,6 +273,7 @@ def test_hostile_requests_are_refused_and_leave_the_server_answering_as_a_fresh_
 
 
 def test_eight_clients_at_once_each_get_their_answer_alone_and_a_client_that_leaves_disturbs_none(server, llm):
+    """Four at a time in four slots (the default --parallel), their steps sharing forwards."""
     prompts = [f"def task_{i}(x):\n" for i in range(8)]
     alone = [_generate(llm, p, max_tokens=24, temperature=0.0).text for p in prompts]
     results, errors = [None] * 8, []
@@ -307,10 +308,12 @@ def test_eight_clients_at_once_each_get_their_answer_alone_and_a_client_that_lea
         time.sleep(0.1)
     assert server.metric("requests_cancelled_total") == cancelled + 2
     assert server.metric("queue_depth") == 0 and server.metric("generated_tokens_total") > 8 * 24
+    slots = [server.metric(f'slot_requests_total{{slot="{i}"}}') for i in range(4)]  # --parallel 4 by default
+    assert sum(slots) >= 10 and all(slots) and server.metric('slot_busy{slot="0"}') == 0
 
 
 def test_a_full_queue_answers_429_a_drafter_server_is_lossless_and_sigterm_ends_it_cleanly(llm):
-    s = Server("--draft", "auto", "--max-queue", "1", "--shutdown-timeout", "1")
+    s = Server("--draft", "auto", "--max-queue", "1", "--shutdown-timeout", "1", "--parallel", "1")  # one at a time
     try:
         client = s.client()
         ids = _chat_ids(llm, MESSAGES)

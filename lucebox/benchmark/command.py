@@ -3,6 +3,7 @@
     lucebox bench --quick                                  # the built-in model at 1k, 2k, 3k: < 3 min on a CPU
     lucebox bench MODEL --depths 1k,4k,16k,64k --json r.json --plot r.png
     lucebox bench --compare before.json after.json         # B / A for every figure, by depth
+    lucebox bench --concurrency 1,2,4,8 --json c.json      # many clients at once: aggregate tokens/s, TTFT
 
 Each request prefills a depth-long prompt from an empty cache, then decodes --gen tokens; the engines
 are opened for the deepest depth + --gen tokens unless --ctx says otherwise.
@@ -52,6 +53,10 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="let --json, --csv, --md and --plot replace files that exist; without it such a file is "
                         "refused before the run")
+    p.add_argument("--concurrency", default=None, metavar="N,N,...",
+                   help="instead of depths: clients streaming at once from one engine opened with that many "
+                        "slots (--gen tokens each, --repeat rounds interleaved), with speculation on and off; "
+                        "reports aggregate and per-request tokens/s and time to first token p50/p95 (--json only)")
     p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
                    help="print B / A for each figure of two results, by depth (loads no model)")
 
@@ -143,6 +148,8 @@ def command(args: argparse.Namespace) -> int:
         a, b = (report.load_result(path) for path in args.compare)
         out.print(report.compare_table(a, b, *args.compare))
         return 0
+    if args.concurrency is not None:
+        return concurrency_command(args, out)
     # Everything the run will need is checked before it starts: a run of hours never ends in a refusal.
     settings = settings_from(args)
     planned = planned_outputs(args, reads=(args.prompt_file,) if args.prompt_file else ())
@@ -174,3 +181,67 @@ def measure(args: argparse.Namespace, settings) -> dict:
     return {"schema": SCHEMA, "date": started, "commit": commit(), "lucebox": __version__,
             "command": equivalent_command(args), "machine": machine(), **measured}
 
+
+
+def parse_counts(text: str) -> list[int]:
+    """"1,2,4,8" -> [1, 2, 4, 8]: client counts, sorted, without repeats, each 1..PARALLEL_MAX."""
+    from lucebox.limits import PARALLEL_MAX
+
+    counts = set()
+    for word in text.split(","):
+        value = int(word) if word.strip().isdigit() else 0
+        if not 1 <= value <= PARALLEL_MAX:
+            raise InvalidArgumentError(f"--concurrency: '{word.strip()}' is not a client count from 1 to "
+                                       f"{PARALLEL_MAX}; write e.g. --concurrency 1,2,4,8")
+        counts.add(value)
+    return sorted(counts)
+
+
+def concurrency_command(args: argparse.Namespace, out) -> int:
+    """`lucebox bench --concurrency`: `benchmark.concurrency.measure` on one engine with a slot per client."""
+    import json
+
+    from lucebox import LLM, __version__
+    from lucebox.benchmark.concurrency import measure as measure_concurrency
+    from lucebox.benchmark.outputs import planned_outputs
+    from lucebox.benchmark.record import commit, machine, utc_now
+
+    counts = parse_counts(args.concurrency)
+    refused = [f"--{flag}" for flag in ("csv", "md", "plot", "depths", "prompt_file") if getattr(args, flag, None)]
+    if refused:
+        raise InvalidArgumentError(f"--concurrency writes --json only and reads no depths or prompt file; drop "
+                                   f"{', '.join(refused)}")
+    planned = planned_outputs(args)
+    gen = args.gen if args.gen is not None else DEFAULTS["gen"]
+    rounds = args.repeat if args.repeat is not None else DEFAULTS["repeat"]
+    started = utc_now()
+    llm = LLM.from_config(engine_config(args, parallel=max(counts)))
+    speculation = [False, True] if llm.proposer is not None else [False]
+    rows = measure_concurrency(llm, counts, gen, rounds, speculation,
+                               lambda line: print(f"\r{line}", end="", file=sys.stderr, flush=True))
+    print(file=sys.stderr)
+    out.print(concurrency_table(rows))
+    result = {"benchmark": "concurrency", "date": started, "commit": commit(), "lucebox": __version__,
+              "command": equivalent_command(args), "machine": machine(), "gen": gen, "rounds": rounds, "rows": rows}
+    if "json" in planned:
+        planned["json"].write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {planned['json']}", file=sys.stderr)
+    return 0
+
+
+def concurrency_table(rows: list[dict]):
+    from rich.table import Table
+
+    table = Table(title="clients at once on one engine")
+    for name in ("speculation", "clients", "aggregate tok/s", "x 1 client", "per request tok/s", "TTFT p50 ms",
+                 "TTFT p95 ms"):
+        table.add_column(name, justify="right")
+    one = {row["speculation"]: row["aggregate_tokens_per_s"] for row in rows if row["clients"] == min(
+        r["clients"] for r in rows)}
+    for row in rows:
+        per_request = row["request_decode_tokens_per_s"]
+        table.add_row("on" if row["speculation"] else "off", str(row["clients"]),
+                      f"{row['aggregate_tokens_per_s']:.1f}", f"{row['aggregate_tokens_per_s'] / one[row['speculation']]:.2f}",
+                      "-" if per_request is None else f"{per_request:.1f}",
+                      f"{1e3 * row['ttft_p50_s']:.1f}", f"{1e3 * row['ttft_p95_s']:.1f}")
+    return table

@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
                    help="the output head the plan holds: int8 codes with per-row scales, the float table, or "
                         "auto: int8 with --quantization (the Triton kernels read codes) (default: auto)")
     p.add_argument("--ctx", type=int, default=None, help="context to plan for (default: the model's)")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="sequences run at once (lucebox serve --parallel), each slot's caches counted in the plan "
+                        "(default: 1)")
     p.add_argument("--dtype", default="bfloat16", help="activation and unquantized weight dtype for the plan")
     p.add_argument("--kv-policy", choices=KV_POLICIES,
                    help="the policy to plan for (default: exact when the context fits the pool, else select)")
@@ -145,7 +148,8 @@ def vram_plan(args, desc):
 
     config = EngineConfig(args.model, dtype=args.dtype, max_context=args.ctx, kv_policy=args.kv_policy,
                           quantization=args.quantization, vram_budget=args.vram,
-                          kv_dtype="int8" if args.kv_dtype == "int8" else "auto", lm_head=args.lm_head)
+                          kv_dtype="int8" if args.kv_dtype == "int8" else "auto", lm_head=args.lm_head,
+                          parallel=args.parallel)
     cfg, quantization = desc.cfg, resolve_quantization(config.quantization, desc)
     dtype = resolve_dtype(config.dtype, torch.device("cpu"))
     stored = desc.gguf.device_bytes(cfg, dtype) if desc.gguf is not None else None  # a GGUF's own block types

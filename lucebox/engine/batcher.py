@@ -7,11 +7,12 @@ grammar), inside `StepBatcher.track` while it works; its target steps go through
 request that is working has asked for its own (or left: a request whose reader has not asked for
 its next chunk is not working and keeps no one waiting), then one thread runs them all:
 
-- decode/verify steps with the same feature layers as one forward of at most `row_budget` rows
+- decode/verify steps, and prefill chunks of at most `row_budget` rows (a short prompt's), with the
+  same feature layers as one forward of at most `row_budget` rows
   (`models.cache_contexts.SequencesContext`: each sequence attends over its own cache and keeps
   its own recurrent state, everything else reads each weight once for all the rows); more rows
   go in the next forward of the same turn;
-- prefill chunks one at a time, after the steps (each is a forward of its own rows, as alone).
+- longer prefill chunks one at a time, after the steps (each is a forward of its own rows, as alone).
 
 A row's result never depends on the other rows of its forward where the kernels give a row the
 same bits at every row count (the GPU's, rows padded to `DECODE_ROWS`; on the CPU the LM head
@@ -37,22 +38,25 @@ from lucebox.models.cache_contexts import SequencesContext
 
 @dataclass
 class _Work:
-    """One request's ask: a target step (`rows`), or a forward run alone (`alone`: a prefill chunk)."""
+    """One request's ask: a target step (`rows`: token ids, a list or a tensor), a short prefill chunk
+    (`rows` with `hidden`: it wants hidden states and features, not logits), or a forward run alone
+    (`alone`: a longer prefill chunk)."""
 
-    rows: list[int] | None = None
+    rows: list[int] | torch.Tensor | None = None
     step: Step | None = None
     cache: SequenceCache | None = None
     layers: tuple[int, ...] = ()
     tree: object | None = None
     alone: Callable[[], object] | None = None
+    hidden: bool = False
     result: object = None
     error: BaseException | None = None
     done: bool = False
 
 
 class StepBatcher:
-    def __init__(self, runner: StepRunner, row_budget: int = DECODE_ROWS):
-        self.runner, self.decoder, self.row_budget = runner, runner.decoder, row_budget
+    def __init__(self, runner: Callable[[], StepRunner], row_budget: int = DECODE_ROWS):
+        self._runner, self.row_budget = runner, row_budget  # the engine's runner when a step runs (tests swap it)
         self._turn = threading.Condition()
         self._working = 0  # requests whose threads are in the engine now
         self._asked: list[_Work] = []
@@ -60,12 +64,20 @@ class StepBatcher:
         self.forwards = 0  # forwards of several sequences' steps (for tests and /metrics)
         self._threads_before: int | None = None  # torch's threads before requests' threads took one each
 
+    @property
+    def runner(self) -> StepRunner:
+        return self._runner()
+
+    @property
+    def decoder(self):
+        return self._runner().decoder
+
     @contextmanager
     def working(self):
         """A request's thread is in the engine: its steps are awaited by the others'."""
         with self._turn:
             self._working += 1
-            self._one_thread_here()
+            self._settle_thread()
         try:
             yield
         finally:
@@ -76,12 +88,17 @@ class StepBatcher:
                     self._threads_before = None
                 self._turn.notify_all()  # those waiting may have been waiting only for this one
 
-    def _one_thread_here(self) -> None:
-        """On the CPU, a small model's requests run torch on one thread each while they work from
-        threads other than the main one (until none works). There libgomp's parallel regions cost
-        about three times what they cost on the main thread (a 4-row step of the built-in model:
-        16-18 ms against 8-9 ms; 8.4 ms on one thread), more than two cores win on ops this small."""
-        small = self.decoder.device.type == "cpu" and self.decoder.cfg.hidden_size <= SMALL_CPU_MODEL_HIDDEN
+    def _settle_thread(self) -> None:
+        """A request's thread set for the engine's device. On CUDA, the engine's card is the thread's
+        current device (Triton launches follow it). On the CPU, a small model's requests run torch
+        on one thread each while they work from threads other than the main one (until none
+        works): there libgomp's parallel regions cost about three times what they cost on the main
+        thread (a 4-row step of the built-in model: 16-18 ms against 8-9 ms; 8.4 ms on one thread),
+        more than two cores win on ops this small."""
+        device = self.decoder.device
+        if device.type == "cuda" and device.index is not None and torch.cuda.current_device() != device.index:
+            torch.cuda.set_device(device)
+        small = device.type == "cpu" and self.decoder.cfg.hidden_size <= SMALL_CPU_MODEL_HIDDEN
         if small and threading.current_thread() is not threading.main_thread() and torch.get_num_threads() != 1:
             if self._threads_before is None:
                 self._threads_before = torch.get_num_threads()
@@ -107,7 +124,10 @@ class StepBatcher:
 
     def forward(self, ids: torch.Tensor, step: Step, cache: SequenceCache,
                 layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`Decoder.forward_capturing` (a prefill chunk), run in its turn among the others' steps."""
+        """`Decoder.forward_capturing` (a prefill chunk), run in its turn among the others' steps:
+        beside them when it is as short as a step, else alone."""
+        if len(ids) <= self.row_budget:
+            return self._ask(_Work(ids, step, cache, layers, hidden=True))
         return self._ask(_Work(alone=lambda: self.decoder.forward_capturing(ids, step, cache, layers)))
 
     def _ask(self, work: _Work):
@@ -152,25 +172,35 @@ class StepBatcher:
         for work in works:
             work.done = True
 
-    def _steps(self, works: list[_Work]) -> list[StepOutput]:
+    def _steps(self, works: list[_Work]) -> list:
+        """Each work's StepOutput (a prefill chunk's: hidden states and features), from one forward."""
+        d = self.decoder
         if len(works) == 1:
             w = works[0]
+            if w.hidden:
+                return [d.forward_capturing(w.rows, w.step, w.cache, w.layers)]
             return [self.runner.step(w.rows, w.step, w.cache, w.layers, w.tree)]
-        d = self.decoder
         self.forwards += 1
-        ids = torch.tensor([row for w in works for row in w.rows], dtype=torch.long, device=d.device)
+        ids = torch.cat([torch.as_tensor(w.rows, dtype=torch.long, device=d.device) for w in works])
         context = SequencesContext([eager_context(d, w.step, w.cache, w.tree) for w in works])
         hidden, features = d.run(ids, context, works[0].layers)
-        logits = d.logits(hidden)
-        outputs = []
+        stepped = [rows for w, rows in zip(works, context.spans, strict=True) if not w.hidden]
+        logits = d.logits(torch.cat([hidden[rows] for rows in stepped])) if stepped else None
+        outputs, at = [], 0
         for w, rows in zip(works, context.spans, strict=True):
-            mine = logits[rows]  # each sequence's choices alone: a non-finite logit spoils only its own
-            outputs.append(StepOutput(mine, d.kernels.greedy_choices(mine), None if features is None else features[rows]))
+            mine = None if features is None else features[rows]
+            if w.hidden:
+                outputs.append((hidden[rows], mine))
+                continue
+            # each sequence's choices alone: a non-finite logit spoils only its own
+            own = logits[at : at + len(w.rows)]
+            at += len(w.rows)
+            outputs.append(StepOutput(own, d.kernels.greedy_choices(own), mine))
         return outputs
 
 
 _END = object()
-# Models this narrow run their requests' threads on one CPU thread (`StepBatcher._one_thread_here`).
+# Models this narrow run their requests' threads on one CPU thread (`StepBatcher._settle_thread`).
 SMALL_CPU_MODEL_HIDDEN = 512
 
 

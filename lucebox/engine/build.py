@@ -44,7 +44,7 @@ class Engine:
 
     def __post_init__(self) -> None:
         if self.batcher is None:
-            self.batcher = StepBatcher(self.runner)
+            self.batcher = StepBatcher(lambda: self.runner)
 
     def new_cache(self) -> SequenceCache:
         s = self.setup

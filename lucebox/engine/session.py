@@ -162,12 +162,18 @@ class Session:
                     slot.cache, slot.tokens, slot.drafter_follows = None, [], False
 
     def _choose(self, prompt_ids: list[int]) -> Slot | None:
-        """The free slot whose cache returns to the longest prefix of the prompt, else the free slot
-        used least recently; None when every slot is busy."""
+        """The free slot whose cache the prompt continues (returning to at least half of what it
+        holds) to the longest prefix, else the free slot used least recently; None when every slot
+        is busy. A prompt sharing only a little with a slot (a common first line) leaves it to the
+        conversation it holds."""
         free = [slot for slot in self.slots if not slot.busy]
         if not free:
             return None
-        return max(free, key=lambda slot: (self._returns_to(slot, prompt_ids), -slot.last_used))
+        shared = [(self._returns_to(slot, prompt_ids), slot) for slot in free]
+        continued = [(n, slot) for n, slot in shared if n > 0 and 2 * n >= slot.cache.length]
+        if continued:
+            return max(continued, key=lambda pair: (pair[0], -pair[1].last_used))[1]
+        return min(free, key=lambda slot: slot.last_used)
 
     @staticmethod
     def _returns_to(slot: Slot, prompt_ids: list[int]) -> int:

@@ -234,4 +234,4 @@ def plan_for_config(cfg: ModelConfig, config: EngineConfig, device_type: str, dt
     return plan_for_budget(cfg, config.vram_budget, config.max_context or cfg.max_position_embeddings, dtype,
                            quantization, drafter, config.kv_policy, config.kv_pool_tokens, config.prefill_chunk,
                            graphs, PREFILL_CHUNK[device_type], config.experts_on_host, config.expert_slots,
-                           config.kv_int8, stored_weights, config.kv_reselect_every, lm_head)
+                           config.kv_int8, stored_weights, config.kv_reselect_every, lm_head, config.parallel)

@@ -84,7 +84,8 @@ class VramPlan:
         gib, c = 2**30, self.choices
         verdict = "fits" if self.fits else "does not fit"
         weights = c["quantization"] or c["dtype"]
-        lines = [f"VRAM plan for {c['max_context']} tokens, {weights} weights: {self.device_total / gib:.2f} of "
+        sequences = f" x {c['parallel']} sequences at once" if c.get("parallel", 1) > 1 else ""
+        lines = [f"VRAM plan for {c['max_context']} tokens{sequences}, {weights} weights: {self.device_total / gib:.2f} of "
                  f"{self.budget / gib:.2f} GiB, {verdict}"]
         lines += [f"  {part:<20} {size / gib:8.2f} GiB" for part, size in self.device.items()]
         lines.append(f"  host KV (at most)    {self.host['kv_host'] / gib:8.2f} GiB")
@@ -115,8 +116,8 @@ def _min_pool(prefill: int, policy: str | None, max_context: int, reselect: int)
 
 
 def _parts(cfg, settings, dtype, quantization, drafter, graphs: bool, slots: int | None = None,
-           stored: StoredWeights | None = None, lm_head: str | None = None) -> tuple[dict, dict]:
-    need = plan(cfg, settings, dtype, quantization, drafter, slots, stored, lm_head)
+           stored: StoredWeights | None = None, lm_head: str | None = None, sequences: int = 1) -> tuple[dict, dict]:
+    need = plan(cfg, settings, dtype, quantization, drafter, slots, stored, lm_head, sequences)
     cache = 0 if slots is None else slots * _routed_bytes(cfg, dtype, quantization, stored) // cfg.moe.num_experts
     device = {
         "weights": need["weights"] - cache,
@@ -146,6 +147,7 @@ class _Request:
     kv_reselect_every: int
     stored: StoredWeights | None  # the weights as a GGUF file fixes them, else from the config
     lm_head: str | None = None  # "int8": the output head as int8 codes (`lucebox.memory.lm_head`)
+    sequences: int = 1  # run at once, a slot's caches each (`EngineConfig.parallel`)
 
     @property
     def routed_expert_bytes(self) -> int:
@@ -156,12 +158,13 @@ class _Request:
         settings = CacheSettings.for_engine(self.max_context, prefill, self.kv_policy, pool, self.kv_reselect_every,
                                             kv_int8=self.kv_int8)
         device, host = _parts(self.cfg, settings, self.dtype, self.quantization, self.drafter,
-                              graphs and slots is None, slots, self.stored, self.lm_head)
+                              graphs and slots is None, slots, self.stored, self.lm_head, self.sequences)
         choices = {"kv_pool_tokens": pool, "prefill_chunk": prefill, "kv_policy": settings.kv_policy,
                    "max_context": self.max_context,
                    "quantization": "gguf" if self.stored is not None else self.quantization,  # the file's blocks
                    "dtype": str(self.dtype).split(".")[-1], "kv_dtype": "int8" if self.kv_int8 else "auto",
                    "experts_on_host": slots is not None, "expert_slots": slots, "lm_head": self.lm_head or "float",
+                   "parallel": self.sequences,
                    "lm_head_bytes_per_token": int8_head_bytes(self.cfg) if self.lm_head
                    else float_head_bytes(self.cfg, self.dtype)}
         return VramPlan(sum(device.values()) <= self.budget, self.budget, device, host, choices)
@@ -178,16 +181,18 @@ def plan_for_budget(cfg: ModelConfig, budget: int, max_context: int, dtype: torc
                     largest_prefill: int = PREFILL_CHUNK["cuda"], experts_on_host: bool | None = None,
                     expert_slots: int | None = None, kv_int8: bool = False,
                     stored_weights: StoredWeights | None = None,
-                    kv_reselect_every: int = KV_RESELECT_EVERY, lm_head: str | None = None) -> VramPlan:
+                    kv_reselect_every: int = KV_RESELECT_EVERY, lm_head: str | None = None,
+                    sequences: int = 1) -> VramPlan:
     """The plan under `budget` device bytes. Values the caller gives are kept; the planner
     chooses the others from the defaults down: the prefill chunk first (from `largest_prefill`,
     the device's default), then the pool, then (`experts_on_host` None: when nothing else fits;
     True: always) the routed experts go to host memory with as many device slots per layer as fit
     (or `expert_slots`). Experts in host memory make steps eager: `graphs` is then ignored.
     `stored_weights`: the weights' bytes when the checkpoint fixes them (a GGUF file's blocks).
-    `lm_head`: "int8" for an int8 output head (`lucebox.memory.lm_head.choose_lm_head`)."""
+    `lm_head`: "int8" for an int8 output head (`lucebox.memory.lm_head.choose_lm_head`). `sequences`:
+    how many run at once, each slot's caches counted (`EngineConfig.parallel`)."""
     request = _Request(cfg, budget, max_context, dtype, quantization, drafter or DrafterCost(), kv_policy, kv_int8,
-                       kv_reselect_every, stored_weights, lm_head)
+                       kv_reselect_every, stored_weights, lm_head, sequences)
     prefills = [prefill_chunk] if prefill_chunk else [p for p in PREFILL_CHUNKS if p <= largest_prefill]
     pools = [kv_pool_tokens] if kv_pool_tokens else _pool_sizes(prefills[-1], kv_policy, max_context, kv_reselect_every)
     # A pool must hold what one prefill chunk writes: pairs the engine would refuse are skipped

@@ -27,7 +27,7 @@ from lucebox.server.logprobs_format import TokenText, logprobs_json
 from lucebox.server.settings import ServerSettings
 from lucebox.server.tool_stream import closing_events, whole_choice
 from lucebox.server.tools import tool_request
-from lucebox.server.worker import EngineWorker, Job
+from lucebox.server.worker import EngineWorker, Job, slot_lines
 from lucebox.tools import ToolCallStream, model_tool_format, prompt_parts
 
 POLL_SECONDS = 0.25  # how often a waiting request checks that its client is still there
@@ -118,6 +118,7 @@ class _State:
             ("weights_bytes", "gauge", memory["weights"], "weight bytes"),
         ):
             lines += [f"# HELP lucebox_{name} {what}", f"# TYPE lucebox_{name} {kind}", f"lucebox_{name} {value}"]
+        lines += slot_lines(m.slots)
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     # -- completions -------------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ import sys
 import warnings
 
 from lucebox.engine_flags import add_engine_flags, open_engine
-from lucebox.errors import LuceboxWarning
+from lucebox.errors import ContextLengthError, InsufficientMemoryError, LuceboxWarning
+from lucebox.limits import SERVE_PARALLEL
 from lucebox.server.settings import ServerSettings
 from lucebox.text.tool_calls import FORMATS
 
@@ -17,7 +18,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the model over the OpenAI API (chat/completions, streaming)",
                        description="Serve a model over OpenAI's HTTP API: POST /v1/chat/completions and "
                                    "/v1/completions (streaming or not), GET /v1/models, /health, /metrics. "
-                                   "One engine runs one request at a time; the others wait in a queue. "
+                                   "One engine runs --parallel requests at once (their steps share each "
+                                   "forward); the others wait in a queue. "
                                    "POST bodies must be JSON (Content-Type: application/json), and a request's "
                                    "Host must name this server: localhost, 127.0.0.1, [::1], the --host address "
                                    "or an --allowed-host; on 0.0.0.0 or :: also any IP address, and with "
@@ -34,6 +36,10 @@ def add_parser(sub) -> None:
                    help="a host name clients use to reach this server, accepted in the Host header beside "
                         "localhost and the --host address (repeatable; blocks DNS-rebinding pages)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: its folder's)")
+    p.add_argument("--parallel", type=int, default=None,
+                   help=f"requests run at once, each in a slot with its own cache and drafter, their steps "
+                        f"batched into one forward; 1 runs one at a time (default: {SERVE_PARALLEL}, or as many "
+                        "as the memory plan fits)")
     p.add_argument("--max-queue", type=int, default=32,
                    help="requests that may wait for the engine; past it, 429 with Retry-After (default 32)")
     p.add_argument("--max-body-bytes", type=int, default=4 * 2**20, help="largest request body (default 4 MiB)")
@@ -68,7 +74,7 @@ def command(args: argparse.Namespace) -> int:
     from lucebox.server.graceful import GracefulServer
 
     settings = settings_from(args)
-    llm = open_engine(args)
+    llm = open_serving_engine(args)
     app = build_app(llm, settings)
     name = app.state.lucebox.model_name
     host = f"[{settings.host}]" if ":" in settings.host else settings.host  # an IPv6 address, as URLs write it
@@ -84,3 +90,22 @@ def command(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     print("lucebox serve: stopped", file=sys.stderr)
     return 0
+
+
+def open_serving_engine(args: argparse.Namespace):
+    """The engine with `--parallel` slots; without the flag, SERVE_PARALLEL of them, or as many as
+    the memory plan fits (each slot's caches count), said on stderr when fewer."""
+    if args.parallel is not None:
+        return open_engine(args, parallel=args.parallel)
+    for parallel in range(SERVE_PARALLEL, 0, -1):
+        try:
+            llm = open_engine(args, parallel=parallel)
+        except (InsufficientMemoryError, ContextLengthError):
+            if parallel == 1:
+                raise
+            continue
+        if parallel < SERVE_PARALLEL:
+            print(f"lucebox serve: the caches of {SERVE_PARALLEL} requests at once do not fit; serving {parallel} "
+                  "at once (--parallel N chooses)", file=sys.stderr)
+        return llm
+    raise AssertionError("unreachable: parallel=1 either opens or raises")

@@ -1,6 +1,8 @@
-"""One engine, one stream at a time: requests wait in a bounded FIFO queue and a worker thread runs
-each to completion (or to its cancellation, checked at every chunk), off the event loop, so the
-server answers /health and /metrics during a long generation."""
+"""One engine, `parallel` streams at a time (`lucebox serve --parallel`, `EngineConfig.parallel`):
+requests wait in a bounded FIFO queue and each of `parallel` worker threads runs one to completion
+(or to its cancellation, checked at every chunk), off the event loop, so the server answers
+/health and /metrics during a long generation. The requests running at once share each step's
+forward (`engine.batcher`); with `--parallel 1` one runs at a time, as before there were slots."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from lucebox.server.openai_api import APIError
 _END = object()
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: kept in the set of running ones by identity
 class Job:
     """A request for the worker; its events (chunks, then an exception or the end) reach the event
     loop through `events`."""
@@ -51,6 +53,17 @@ class Job:
 
 
 @dataclass
+class SlotMetrics:
+    """One worker thread's figures (a slot of the engine: one request at a time)."""
+
+    requests: int = 0
+    busy: bool = False
+    last_decode_tokens_per_s: float = 0.0
+    last_acceptance_length: float = 0.0
+    last_cached_prompt_tokens: int = 0
+
+
+@dataclass
 class Metrics:
     requests: int = 0
     failed: int = 0
@@ -63,18 +76,22 @@ class Metrics:
     last_prefill_tokens_per_s: float = 0.0
     last_acceptance_length: float = 0.0
     memory: dict = field(default_factory=dict)
+    slots: list[SlotMetrics] = field(default_factory=list)
 
 
 class EngineWorker:
     def __init__(self, llm, max_queue: int):
         self.llm, self.max_queue = llm, max_queue
         self.jobs: queue.Queue[Job | None] = queue.Queue()
-        self.running: Job | None = None
+        self.running: set[Job] = set()
         self.stopping = False
-        self.metrics = Metrics(memory=llm.memory())
-        self._lock = threading.Lock()  # submit vs stop
-        self._thread = threading.Thread(target=self._run, name="lucebox-engine", daemon=True)
-        self._thread.start()
+        parallel = llm.engine_config.parallel
+        self.metrics = Metrics(memory=llm.memory(), slots=[SlotMetrics() for _ in range(parallel)])
+        self._lock = threading.Lock()  # submit vs stop, and the set of running jobs
+        self._threads = [threading.Thread(target=self._run, args=(slot,), name=f"lucebox-engine-{slot}", daemon=True)
+                         for slot in range(parallel)]
+        for thread in self._threads:
+            thread.start()
 
     @property
     def waiting(self) -> int:
@@ -84,11 +101,11 @@ class EngineWorker:
     @property
     def depth(self) -> int:
         """Requests waiting or running."""
-        return self.waiting + (self.running is not None)
+        return self.waiting + len(self.running)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return all(thread.is_alive() for thread in self._threads)
 
     def submit(self, job: Job) -> None:
         with self._lock:
@@ -96,7 +113,7 @@ class EngineWorker:
                 raise APIError(503, "the server is shutting down")
             if self.waiting >= self.max_queue:
                 per_job = self.metrics.busy_seconds / max(self.metrics.requests, 1)
-                wait = max(1, round(per_job * self.depth))
+                wait = max(1, round(per_job * self.depth / len(self._threads)))
                 raise APIError(429, f"{self.depth} requests are ahead (the queue holds {self.max_queue}); "
                                     f"retry in about {wait} s", headers={"Retry-After": str(wait)})
             self.jobs.put(job)
@@ -118,14 +135,18 @@ class EngineWorker:
         """`begin_stop`, cancel the running request at its next token, and wait for the worker."""
         self.begin_stop()
         with self._lock:
-            if self.running is not None:
-                self.running.cancelled.set()
-            self.jobs.put(None)
-        self._thread.join(timeout)
+            for job in self.running:
+                job.cancelled.set()
+            for _ in self._threads:
+                self.jobs.put(None)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0))
 
-    def _run(self) -> None:
+    def _run(self, slot: int) -> None:
         if self.llm.device.type == "cuda":
             torch.cuda.set_device(self.llm.device)  # per thread: Triton launches and CUDA graphs follow it
+        mine = self.metrics.slots[slot]
         while True:
             job = self.jobs.get()
             if job is None:
@@ -137,10 +158,11 @@ class EngineWorker:
             if job.cancelled.is_set():
                 job.send(_END)
                 continue
-            self.running = job
-            started = time.perf_counter()
+            with self._lock:
+                self.running.add(job)
+            mine.busy, started = True, time.perf_counter()
             try:
-                self._generate(job)
+                self._generate(job, mine)
             except Exception as e:  # reaches the client as an error response; the worker goes on
                 self.metrics.failed += 1
                 self.llm.drop_cache()  # raised inside a forward, it may have left the cache half-written
@@ -150,21 +172,27 @@ class EngineWorker:
                 self.metrics.requests += 1
                 with contextlib.suppress(Exception):  # a figure for /metrics never stops the worker
                     self.metrics.memory = self.llm.memory()
-                self.running = None
+                with self._lock:
+                    self.running.discard(job)
+                mine.busy = False
+                mine.requests += 1
                 job.send(_END)
 
-    def _generate(self, job: Job) -> None:
+    def _generate(self, job: Job, mine: SlotMetrics) -> None:
         for index in range(job.n):  # each choice reuses the prompt's rows the one before left cached
             with closing(self.llm.stream(job.prompt_ids, choice_options(job.options, index))) as chunks:
                 for chunk in chunks:
                     job.send(chunk)
                     if chunk.stats is not None:
-                        self._record(chunk.stats)
+                        self._record(chunk.stats, mine)
                     if job.cancelled.is_set():  # the client left: stop between chunks, the engine stays consistent
                         self.metrics.cancelled += 1
                         return
 
-    def _record(self, stats: dict) -> None:
+    def _record(self, stats: dict, mine: SlotMetrics) -> None:
+        mine.last_decode_tokens_per_s = stats["decode_tokens_per_s"]
+        mine.last_acceptance_length = stats.get("acceptance_length", 0.0)
+        mine.last_cached_prompt_tokens = stats["cached_prompt_tokens"]
         m = self.metrics
         m.prompt_tokens += stats["prompt_tokens"]
         m.cached_prompt_tokens += stats["cached_prompt_tokens"]
@@ -172,3 +200,20 @@ class EngineWorker:
         m.last_decode_tokens_per_s = stats["decode_tokens_per_s"]
         m.last_prefill_tokens_per_s = stats["prefill_tokens_per_s"]
         m.last_acceptance_length = stats.get("acceptance_length", 0.0)
+
+
+def slot_lines(slots: list[SlotMetrics]) -> list[str]:
+    """/metrics lines of each slot, labelled slot="i" (Prometheus text)."""
+    lines = []
+    for name, kind, what, value in (
+            ("slot_busy", "gauge", "1 while the slot runs a request", lambda s: int(s.busy)),
+            ("slot_requests_total", "counter", "requests the slot ran", lambda s: s.requests),
+            ("slot_decode_tokens_per_second", "gauge", "decode speed of the slot's last request",
+             lambda s: s.last_decode_tokens_per_s),
+            ("slot_acceptance_length", "gauge", "tokens per verify round, the slot's last request",
+             lambda s: s.last_acceptance_length),
+            ("slot_cached_prompt_tokens", "gauge", "prompt tokens the slot's last request found cached",
+             lambda s: s.last_cached_prompt_tokens)):
+        lines += [f"# HELP lucebox_{name} {what}", f"# TYPE lucebox_{name} {kind}"]
+        lines += [f'lucebox_{name}{{slot="{i}"}} {value(slot)}' for i, slot in enumerate(slots)]
+    return lines

@@ -1,0 +1,172 @@
+"""Requests running at once share each step's forward (`engine.batcher`) and each gets exactly what
+it gets alone: greedy token for token, seeded sampling the same tokens, whoever drafts (none,
+n-gram, the built-in DFlash drafter's chains and trees, a draft model), on a hybrid model too, under
+a JSON-schema constraint; with more requests than slots (those beyond run in caches of their own),
+joining and leaving at different times. A sequence's rows in a forward never see its neighbours'."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from tiny_models import VOCAB
+
+import lucebox
+from lucebox.caches import Step
+from lucebox.engine.batcher import _Work
+
+CODE = ["def fib(n):", "class Stack:\n    def push(self, x):", "import os\nimport", "# sort a list\ndef sort(",
+        "for i in range(10):\n", "while True:\n    x =", "def add(a, b):\n    return", "x = [1, 2, 3]\ny ="]
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+          "required": ["name", "n"]}
+
+
+def at_once(llm, prompts: list, options: list[dict]) -> list[list[int]]:
+    """Each prompt's tokens, all streamed at once from threads of their own, the i-th joining once
+    the one before it has its first chunk (so requests join a running batch and leave it as their
+    lengths run out)."""
+    results, errors = [None] * len(prompts), []
+    started = [threading.Event() for _ in prompts]
+
+    def run(i):
+        try:
+            ids = []
+            for chunk in llm.stream(prompts[i], **options[i]):
+                ids += chunk.token_ids
+                started[i].set()
+            results[i] = ids
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            started[i].set()
+
+    threads = []
+    for i in range(len(prompts)):
+        threads.append(threading.Thread(target=run, args=(i,)))
+        threads[-1].start()
+        started[i].wait(60)
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return results
+
+
+def alone(llm, prompts: list, options: list[dict]) -> list[list[int]]:
+    return [llm.generate(p, **o).token_ids for p, o in zip(prompts, options, strict=True)]
+
+
+def lengths(n: int, **common) -> list[dict]:
+    """Each request its own length: they leave the batch one by one."""
+    return [dict(max_tokens=10 + 5 * (i % 5), ignore_eos=True, **common) for i in range(n)]
+
+
+@pytest.mark.parametrize("options", [
+    dict(draft=None),
+    dict(draft="ngram"),
+    dict(draft="auto", tree_budget=0),  # the built-in DFlash drafter's chains
+    dict(draft="auto"),  # its trees
+], ids=["plain", "ngram", "dflash-chains", "dflash-trees"])
+def test_eight_requests_at_once_on_four_slots_each_get_their_tokens_alone(options):
+    llm = lucebox.LLM(dtype="float32", parallel=4, **options)
+    greedy = lengths(8)
+    expected = alone(llm, CODE, greedy)
+    forwards = llm.engine.batcher.forwards
+    assert at_once(llm, CODE, greedy) == expected
+    assert llm.engine.batcher.forwards > forwards  # the steps really shared forwards
+    if options["draft"] is not None:  # seeded sampling: the same tokens (`verify="coupled"`)
+        sampled = lengths(8, temperature=0.8, seed=11)
+        assert at_once(llm, CODE, sampled) == alone(llm, CODE, sampled)
+
+
+def test_requests_at_once_under_a_json_schema_each_get_their_object_alone():
+    llm = lucebox.LLM(parallel=3)
+    prompts = [f"// record {i}\n" for i in range(3)]
+    options = [dict(max_tokens=24 + 8 * i, json_schema=SCHEMA) for i in range(3)]
+    assert at_once(llm, prompts, options) == alone(llm, prompts, options)
+
+
+@pytest.fixture(scope="module")
+def hybrid(reference_models):
+    return reference_models("qwen3_next")[0]
+
+
+@pytest.mark.parametrize("draft", [None, "ngram", "draft_model"])
+def test_a_hybrid_models_requests_at_once_each_keep_their_own_recurrent_state(hybrid, reference_models, draft):
+    draft = reference_models("llama")[0] if draft == "draft_model" else draft
+    llm = lucebox.LLM(hybrid, draft=draft, device="cpu", dtype="float64", max_context=256, prefill_chunk=16,
+                      adaptive=False, parallel=3)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, VOCAB, (9 + 4 * i,), generator=g).tolist() * 2 for i in range(5)]
+    options = lengths(5)
+    assert at_once(llm, prompts, options) == alone(llm, prompts, options)
+
+
+def test_a_conversation_back_after_others_finds_its_rows_in_its_slot():
+    llm = lucebox.LLM(parallel=4)
+    first = [f"def helper_{i}(x):\n    " + "y = x * 2\n    " * 12 for i in range(4)]
+    for prompt in first:  # one after another: each takes the slot used least recently
+        llm.generate(prompt, max_tokens=4)
+    back = first[0] + "return y\n"
+    again = llm.generate(back, max_tokens=8, ignore_eos=True)
+    assert again.stats["cached_prompt_tokens"] >= len(llm.tokenizer.encode(first[0])) - 1
+    assert again.token_ids == lucebox.LLM(parallel=1).generate(back, max_tokens=8, ignore_eos=True).token_ids
+    llm.generate(first[1] + "return y\n", max_tokens=2)  # the slot of the second one is there too
+    assert llm.session.last_stats["cached_prompt_tokens"] > 0
+
+
+def _forward(llm, prompts: list[list[int]], rows: list[list[int]]):
+    """One forward of each prompt's cache's next `rows`, side by side: each sequence's logits."""
+    engine = llm.engine
+    works = []
+    for prompt, mine in zip(prompts, rows, strict=True):
+        cache = engine.new_cache()
+        for _ in engine.prefill(prompt, cache):
+            pass
+        works.append(_Work(mine, Step.span(len(prompt), len(mine), llm.device), cache))
+    return [out.logits.clone() for out in engine.batcher._steps(works)]
+
+
+@torch.inference_mode()
+def test_a_sequences_logits_do_not_depend_on_what_its_neighbours_hold():
+    """The first sequence's rows beside two others, then beside two others of other tokens and
+    contexts but the same row counts: the same bits (attention and recurrent state per sequence;
+    every other op a row at a time). A forward that let a row see another sequence fails here."""
+    llm = lucebox.LLM(dtype="float32", draft=None)
+    g = torch.Generator().manual_seed(3)
+
+    def ids(n):
+        return torch.randint(0, llm.config.vocab_size, (n,), generator=g).tolist()
+
+    mine, rows = ids(37), ids(3)
+    first = _forward(llm, [mine, ids(20), ids(50)], [rows, ids(2), ids(4)])
+    second = _forward(llm, [mine, ids(45), ids(9)], [rows, ids(2), ids(4)])
+    assert torch.equal(first[0], second[0])
+    alone = _forward(llm, [mine], [rows])[0]
+    torch.testing.assert_close(first[0], alone, rtol=1e-4, atol=1e-4)  # other row counts: other rounding only
+
+
+def test_the_memory_plan_counts_every_slots_caches_and_serve_opens_the_slots_that_fit(monkeypatch, capsys):
+    from lucebox.cli import build_parser
+    from lucebox.engine.config import EngineConfig
+    from lucebox.engine.setup import plan_engine
+    from lucebox.errors import InsufficientMemoryError
+    from lucebox.server import command
+
+    one, four = (plan_engine(EngineConfig(parallel=n)).memory for n in (1, 4))
+    for part in ("ring_caches", "kv_pool_device", "kv_host_max", "kv_chunk_summaries_max"):
+        assert four[part] == 4 * one[part]
+    assert four["weights"] == one["weights"] and one["drafter"] < four["drafter"] < 4 * one["drafter"]  # weights shared
+
+    def open_engine(args, parallel):
+        if parallel > 2:
+            raise InsufficientMemoryError(f"{parallel} slots do not fit")
+        return parallel
+
+    monkeypatch.setattr(command, "open_engine", open_engine)
+    args = build_parser().parse_args(["serve"])
+    assert command.open_serving_engine(args) == 2
+    assert "do not fit; serving 2 at once" in capsys.readouterr().err
+    args = build_parser().parse_args(["serve", "--parallel", "3"])  # asked for: refused as asked
+    with pytest.raises(InsufficientMemoryError):
+        command.open_serving_engine(args)
