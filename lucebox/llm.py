@@ -9,8 +9,10 @@ given whole or as keywords; the request runs in `engine.request`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 
 import torch
 
@@ -114,9 +116,22 @@ class LLM:
         if not _is_batch(prompt):
             return collect(self.stream(prompt, options, **keywords), self.engine.tokenizer is not None)
         streams = [self.stream(one, options, **keywords) for one in prompt]  # every request checked first
-        texts = self.engine.tokenizer is not None
-        with ThreadPoolExecutor(self.setup.config.parallel, thread_name_prefix="lucebox-generate") as pool:
-            return list(pool.map(lambda chunks: collect(chunks, texts), streams))
+        texts, stop = self.engine.tokenizer is not None, threading.Event()
+
+        def run(chunks: Iterator[Chunk]) -> Generation:
+            with closing(chunks):  # its slot is free when it ends, however it ends
+                return collect(_until(stop, chunks), texts)
+
+        pool = ThreadPoolExecutor(self.setup.config.parallel, thread_name_prefix="lucebox-generate")
+        try:
+            return list(pool.map(run, streams))
+        except BaseException:  # Ctrl-C: the others stop at their next chunk, the waiting ones never start
+            stop.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            for chunks in streams:
+                chunks.close()  # those that never started
 
     def chat(self, system: str | None = None, tools: list[dict] | None = None, tool_choice=None,
              parallel_tool_calls: bool | None = None, tool_parser: str | None = None, **sampling):
@@ -142,7 +157,7 @@ class LLM:
         if self.session.open_streams:
             raise InvalidArgumentError("prefill() while a stream is open would rewrite the cache that stream "
                                        "reads; finish or close the stream first")
-        cache, proposer = self.session.open(ids, private=False)
+        cache, proposer = self.session.open(ids)
         reused = cache.length
         try:
             for done, _ in enumerate(self.engine.prefill(ids, cache, proposer, (len(ids) - 1, len(ids))), 1):
@@ -153,8 +168,9 @@ class LLM:
         return len(ids) - reused
 
     def drop_cache(self) -> None:
-        """Forget the cached conversation (freeing its KV cache and the graphs over it; a drafter
-        keeps its own buffers): the next request prefills from scratch."""
+        """Forget the cached conversations of the slots no request runs in (freeing their KV caches
+        and the graphs over the first one's; drafters keep their own buffers): a later request
+        prefills from scratch."""
         self.session.drop()
 
     def stream(self, prompt: Prompt, options: RequestOptions | None = None, **keywords) -> Iterator[Chunk]:
@@ -244,3 +260,11 @@ def _is_batch(prompt) -> bool:
     """Whether `prompt` is a list of prompts (texts or token id lists), not one prompt."""
     return isinstance(prompt, list | tuple) and bool(prompt) and all(
         isinstance(one, str) or (isinstance(one, list | tuple) and not isinstance(one, str)) for one in prompt)
+
+
+def _until(stop: threading.Event, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
+    """`chunks` until `stop` is set (checked between chunks): then KeyboardInterrupt, as the caller's."""
+    for chunk in chunks:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        yield chunk

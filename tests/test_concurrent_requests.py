@@ -7,6 +7,7 @@ joining and leaving at different times. A sequence's rows in a forward never see
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -158,15 +159,49 @@ def test_the_memory_plan_counts_every_slots_caches_and_serve_opens_the_slots_tha
         assert four[part] == 4 * one[part]
     assert four["weights"] == one["weights"] and one["drafter"] < four["drafter"] < 4 * one["drafter"]  # weights shared
 
-    def open_engine(args, parallel):
-        if parallel > 2:
-            raise InsufficientMemoryError(f"{parallel} slots do not fit")
-        return parallel
+    def plan(config):  # 4 slots fit only with a smaller pool (as --vram would choose), 3 not at all
+        if config.parallel == 3:
+            raise InsufficientMemoryError("3 slots do not fit")
+        return SimpleNamespace(prefill_chunk=512, cache=SimpleNamespace(kv_pool_tokens=1024 if config.parallel == 4
+                                                                        else 4096), expert_slots=None)
 
-    monkeypatch.setattr(command, "open_engine", open_engine)
-    args = build_parser().parse_args(["serve"])
-    assert command.open_serving_engine(args) == 2
+    monkeypatch.setattr("lucebox.engine.setup.plan_engine", plan)
+    monkeypatch.setattr(command, "open_engine", lambda args, parallel: parallel)
+    assert command.open_serving_engine(build_parser().parse_args(["serve"])) == 2
     assert "do not fit; serving 2 at once" in capsys.readouterr().err
-    args = build_parser().parse_args(["serve", "--parallel", "3"])  # asked for: refused as asked
-    with pytest.raises(InsufficientMemoryError):
-        command.open_serving_engine(args)
+    assert command.open_serving_engine(build_parser().parse_args(["serve", "--parallel", "4"])) == 4  # as asked
+
+
+@torch.inference_mode()
+def test_a_forward_of_several_that_fails_fails_only_the_request_whose_cache_refused(monkeypatch):
+    """Each step runs again alone: the one whose cache refuses gets its own error, the others their
+    results; an interrupt in the turn's thread is its own, the others fail plainly, and the next
+    turn runs."""
+    llm = lucebox.LLM(dtype="float32", draft=None)
+    engine, batcher = llm.engine, llm.engine.batcher
+    works = []
+    for n in (12, 20):
+        cache = engine.new_cache()
+        for _ in engine.prefill(list(range(1, n + 1)), cache):
+            pass
+        works.append(_Work([5], Step.span(n, 1, llm.device), cache))
+    refusing = works[1].cache.kv[0]
+
+    def refuse(*args, **kwargs):
+        raise ValueError("this cache refuses")
+
+    monkeypatch.setattr(refusing, "write", refuse)
+    batcher._settle(works, batcher._steps)
+    assert works[0].error is None and works[0].result.logits.shape[0] == 1
+    assert isinstance(works[1].error, ValueError)
+    monkeypatch.undo()
+
+    def interrupted(works_):
+        raise KeyboardInterrupt
+
+    others = [_Work([5], w.step, w.cache) for w in works]
+    others[0].thread = None  # asked by another thread
+    with pytest.raises(KeyboardInterrupt):
+        batcher._settle(others, interrupted)
+    assert isinstance(others[0].error, RuntimeError) and all(w.done for w in others)
+    assert batcher.step([5], Step.span(12, 1, llm.device), works[0].cache).logits.shape[0] == 1

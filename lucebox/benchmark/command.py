@@ -240,8 +240,9 @@ def concurrency_table(rows: list[dict]):
         r["clients"] for r in rows)}
     for row in rows:
         per_request = row["request_decode_tokens_per_s"]
+        aggregate = row["aggregate_tokens_per_s"]
         table.add_row("on" if row["speculation"] else "off", str(row["clients"]),
-                      f"{row['aggregate_tokens_per_s']:.1f}", f"{row['aggregate_tokens_per_s'] / one[row['speculation']]:.2f}",
+                      f"{aggregate:.1f}", f"{aggregate / one[row['speculation']]:.2f}",
                       "-" if per_request is None else f"{per_request:.1f}",
                       f"{1e3 * row['ttft_p50_s']:.1f}", f"{1e3 * row['ttft_p95_s']:.1f}")
     return table

@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,6 +49,7 @@ class _Work:
     tree: object | None = None
     alone: Callable[[], object] | None = None
     hidden: bool = False
+    thread: threading.Thread = field(default_factory=threading.current_thread)  # the asking thread
     result: object = None
     error: BaseException | None = None
     done: bool = False
@@ -75,9 +76,9 @@ class StepBatcher:
     @contextmanager
     def working(self):
         """A request's thread is in the engine: its steps are awaited by the others'."""
+        self._settle_thread()
         with self._turn:
             self._working += 1
-            self._settle_thread()
         try:
             yield
         finally:
@@ -87,6 +88,34 @@ class StepBatcher:
                     torch.set_num_threads(self._threads_before)
                     self._threads_before = None
                 self._turn.notify_all()  # those waiting may have been waiting only for this one
+
+    @contextmanager
+    def aside(self):
+        """A working request's thread does work of its own (a drafter prefilling the prompt): the
+        others' turns go on without waiting for its step meanwhile."""
+        with self._turn:
+            self._working -= 1
+            self._turn.notify_all()
+        try:
+            yield
+        finally:
+            with self._turn:
+                self._working += 1
+
+    @contextmanager
+    def exclusive(self):
+        """No turn runs while this holds: what the runner's graphs read may change (a cache bound or
+        released). Called by a working thread that has not asked, so no turn waits for it."""
+        with self._turn:
+            while self._running:
+                self._turn.wait()
+            self._running = True
+        try:
+            yield
+        finally:
+            with self._turn:
+                self._running = False
+                self._turn.notify_all()
 
     def _settle_thread(self) -> None:
         """A request's thread set for the engine's device. On CUDA, the engine's card is the thread's
@@ -134,43 +163,61 @@ class StepBatcher:
         with self._turn:
             self._asked.append(work)
             self._turn.notify_all()
-            while not work.done:
-                if not self._running and len(self._asked) >= self._working:  # nobody else is about to ask
-                    self._run_turn()
-                else:
-                    self._turn.wait()
+            try:
+                while not work.done:
+                    if not self._running and len(self._asked) >= self._working:  # nobody else is about to ask
+                        self._run_turn()
+                    else:
+                        self._turn.wait()
+            except BaseException:  # interrupted while waiting: a step not yet taken never runs
+                if work in self._asked:
+                    self._asked.remove(work)
+                raise
         if work.error is not None:
             raise work.error
         return work.result
 
     def _run_turn(self) -> None:
-        """Run everything asked so far, outside the lock (called holding it)."""
-        self._running, asked, self._asked = True, self._asked, []
-        self._turn.release()
+        """Run everything asked so far, outside the lock (called holding it). Every work taken ends
+        done, with its result or an error, however the turn ends."""
+        asked, self._asked, self._running = self._asked, [], True
         try:
-            steps = [w for w in asked if w.alone is None]
-            for group in _groups(steps, self.row_budget):
-                self._settle(group, lambda g=group: self._steps(g))
-            for work in asked:
-                if work.alone is not None:
-                    self._settle([work], lambda w=work: [w.alone()])
+            self._turn.release()
+            try:
+                steps = [w for w in asked if w.alone is None]
+                for group in _groups(steps, self.row_budget):
+                    self._settle(group, self._steps)
+                for work in asked:
+                    if work.alone is not None:
+                        self._settle([work], lambda works: [works[0].alone()])
+            finally:
+                self._turn.acquire()
         finally:
-            self._turn.acquire()
+            for work in asked:
+                if not work.done:
+                    work.error, work.done = RuntimeError("the step's turn was interrupted"), True
             self._running = False
             self._turn.notify_all()
 
-    @staticmethod
-    def _settle(works: list[_Work], run: Callable[[], list]) -> None:
-        """Each work's result from `run`, or the error it raised for all of them (a forward cut
-        short may have half-written every cache it touched: each request fails, its cache dirty)."""
+    def _settle(self, works: list[_Work], run: Callable[[list[_Work]], list]) -> None:
+        """Each work's result from `run(works)`. When a forward of several fails, each runs again
+        alone, so one request's refusal (its cache's) is its own: a step writes its rows at fixed
+        positions and commits nothing, so running it again is running it. An interrupt
+        (KeyboardInterrupt) is the turn's thread's own: the others fail plainly."""
         try:
-            for work, result in zip(works, run(), strict=True):
-                work.result = result
-        except BaseException as e:  # noqa: BLE001 - handed to each asking thread, raised there
+            for work, result in zip(works, run(works), strict=True):
+                work.result, work.done = result, True
+        except Exception as e:
+            if len(works) > 1:
+                for work in works:
+                    self._settle([work], run)
+                return
+            works[0].error, works[0].done = e, True
+        except BaseException as e:
             for work in works:
-                work.error = e
-        for work in works:
-            work.done = True
+                work.error, work.done = (e if threading.current_thread() is work.thread
+                                         else RuntimeError(f"the step's forward was interrupted ({e!r})")), True
+            raise
 
     def _steps(self, works: list[_Work]) -> list:
         """Each work's StepOutput (a prefill chunk's: hidden states and features), from one forward."""

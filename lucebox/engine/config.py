@@ -69,7 +69,7 @@ class EngineConfig:
         codes, else the float head) | "float" (keep the float head) | "int8" (codes regardless).
     parallel: sequences that run at once, each in a slot with its own cache and drafter (the memory
         plan counts every slot); the steps of those running together share one forward. A request
-        beyond them runs in a cache of its own, without a drafter (`LLM`), or waits (`serve`).
+        beyond them runs in a cache and drafter of its own (`LLM`), or waits (`serve`).
     """
 
     model: str | os.PathLike | None = None

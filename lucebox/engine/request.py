@@ -47,10 +47,11 @@ def run_request(engine: Engine, session: Session, request: Request) -> Iterator[
 def _decode(engine: Engine, session: Session, request: Request) -> Iterator[Chunk]:
     prompt_ids, options = request.prompt_ids, request.options
     session.last_stats = stats = None
-    cache, proposer = session.open(prompt_ids, False, options.speculate)
-    rounds, start, prefill_done = None, engine.clock(), None
+    rounds, prefill_done, cache = None, None, None
     try:
-        reused = cache.length
+        with engine.batcher.aside():  # a draft model prefills the prompt here: the others' turns go on
+            cache, proposer = session.open(prompt_ids, options.speculate)
+        start, reused = engine.clock(), cache.length
         setup = engine.setup
         # Under a grammar a draft can end early (at a token the grammar forbids), which block verification
         # does not allow for: tokenwise verification stays exact with it (`constrained.state`).
@@ -72,7 +73,8 @@ def _decode(engine: Engine, session: Session, request: Request) -> Iterator[Chun
             yield chunk
             chunk = rounds.round(text.remaining, text.feed)
     finally:
-        session.keep(cache, rounds.state.tokens if rounds is not None else prompt_ids[: cache.length])
+        if cache is not None:  # opened: its slot is freed, whatever happened since
+            session.keep(cache, rounds.state.tokens if rounds is not None else prompt_ids[: cache.length])
         if prefill_done is not None:  # also when the request is cut short (its reader stopped, Ctrl-C)
             timing = timing_stats(len(prompt_ids), reused, len(text.generated), start, prefill_done, engine.clock())
             experts = engine.expert_traffic.since(traffic) if setup.expert_slots is not None else {}

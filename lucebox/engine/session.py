@@ -1,11 +1,12 @@
 """The session: the sequence caches an engine keeps between requests, so that a prompt extending
 an earlier request's tokens prefills only its new ones.
 
-Contract: `open(prompt_ids, private, speculate)` hands a request a cache and its drafter, ready for
+Contract: `open(prompt_ids, speculate)` hands a request a cache and its drafter, ready for
 the prompt, from one of the engine's `slots` (`EngineConfig.parallel`): the free slot whose cache
 returns exactly to the longest prefix of the prompt, else the free slot used least recently (a
 conversation that comes back after others finds its rows while fewer than `parallel` others came
-between); with no free slot, or `private`, a cache of its own and no drafter. `keep(cache,
+between; on a GPU a new conversation takes the first slot when it is free: only its steps replay
+graphs); with no free slot, a cache and a drafter of its own. `keep(cache,
 tokens)` records, when the request ends however it ends, the tokens whose rows that cache now
 holds, and frees its slot. A cache left dirty by an interrupted step is never reused
 (`SequenceCache.dirty`). CUDA graphs read the first slot's cache by address, so it is emptied
@@ -111,19 +112,21 @@ class Session:
         cache.commit(0)  # the steps completed: clean, so the first request reuses it and the graphs over it
         self.slots[0].cache, self.slots[0].tokens = cache, []
 
-    def open(self, prompt_ids: list[int], private: bool, speculate: bool = True
-             ) -> tuple[SequenceCache, Proposer | None]:
+    def open(self, prompt_ids: list[int], speculate: bool = True) -> tuple[SequenceCache, Proposer | None]:
         engine = self.engine
         with self._lock:
             self.open_streams += 1
-            slot = None if private else self._choose(prompt_ids)
+            slot = self._choose(prompt_ids)
             if slot is not None:
                 slot.busy, self._opens = True, self._opens + 1
                 slot.last_used = self._opens
         if slot is None:
-            return engine.new_cache(), None  # a drafter serves one stream at a time
+            return self._private(prompt_ids, speculate)
         try:
             cache = self._reusable(slot, prompt_ids)
+            if slot is self.slots[0]:
+                with engine.batcher.exclusive():  # the graphs serve the first slot (a no-op when they do)
+                    engine.runner.bind(cache)
             if slot.proposer is None and slot is not self.slots[0] and engine.proposer is not None:
                 slot.proposer = engine.proposer.fork()
             proposer = slot.proposer if speculate else None
@@ -137,6 +140,19 @@ class Session:
             self._free(slot)
             raise
         return cache, proposer
+
+    def _private(self, prompt_ids: list[int], speculate: bool) -> tuple[SequenceCache, Proposer | None]:
+        """A cache and a fork of the drafter of its own (every slot is busy): the same
+        output as in a slot, in memory the plan does not count."""
+        engine = self.engine
+        try:
+            proposer = engine.proposer.fork() if speculate and engine.proposer is not None else None
+            if proposer is not None:
+                proposer.start(prompt_ids, None)
+            return engine.new_cache(), proposer
+        except BaseException:
+            self._free(None)
+            raise
 
     def keep(self, cache: SequenceCache, tokens: list[int]) -> None:
         """A request opened with `cache` has ended: its rows are those of `tokens`; its slot is free."""
@@ -154,7 +170,7 @@ class Session:
     def drop(self) -> None:
         """Forget the cached conversations of the free slots (freeing their caches, and the graphs
         over the first slot's)."""
-        with self._lock:
+        with self._lock, self.engine.batcher.exclusive():
             for slot in self.slots:
                 if not slot.busy:
                     if slot is self.slots[0] and slot.cache is not None:
@@ -173,6 +189,8 @@ class Session:
         continued = [(n, slot) for n, slot in shared if n > 0 and 2 * n >= slot.cache.length]
         if continued:
             return max(continued, key=lambda pair: (pair[0], -pair[1].last_used))[1]
+        if self.engine.runner.capture and not self.slots[0].busy:
+            return self.slots[0]  # on a GPU its steps replay graphs, the others' run eagerly: it wins
         return min(free, key=lambda slot: slot.last_used)
 
     @staticmethod
@@ -209,11 +227,11 @@ class Session:
         return self._fresh(slot)
 
     def _fresh(self, slot: Slot) -> SequenceCache:
-        first = slot is self.slots[0]
         slot.cache, slot.tokens, slot.drafter_follows = None, [], False  # the old cache goes before a new one is made
-        if first:
+        if slot is not self.slots[0]:
+            return self.engine.new_cache()
+        with self.engine.batcher.exclusive():
             self.engine.runner.release()  # and the graphs over it
-        cache = self.engine.new_cache()
-        if first:
+            cache = self.engine.new_cache()
             self.engine.runner.bind(cache)
         return cache

@@ -85,8 +85,8 @@ class VramPlan:
         verdict = "fits" if self.fits else "does not fit"
         weights = c["quantization"] or c["dtype"]
         sequences = f" x {c['parallel']} sequences at once" if c.get("parallel", 1) > 1 else ""
-        lines = [f"VRAM plan for {c['max_context']} tokens{sequences}, {weights} weights: {self.device_total / gib:.2f} of "
-                 f"{self.budget / gib:.2f} GiB, {verdict}"]
+        lines = [f"VRAM plan for {c['max_context']} tokens{sequences}, {weights} weights: "
+                 f"{self.device_total / gib:.2f} of {self.budget / gib:.2f} GiB, {verdict}"]
         lines += [f"  {part:<20} {size / gib:8.2f} GiB" for part, size in self.device.items()]
         lines.append(f"  host KV (at most)    {self.host['kv_host'] / gib:8.2f} GiB")
         if self.host["experts_host"]:

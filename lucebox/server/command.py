@@ -7,7 +7,7 @@ import signal
 import sys
 import warnings
 
-from lucebox.engine_flags import add_engine_flags, open_engine
+from lucebox.engine_flags import add_engine_flags, engine_config, open_engine
 from lucebox.errors import ContextLengthError, InsufficientMemoryError, LuceboxWarning
 from lucebox.limits import SERVE_PARALLEL
 from lucebox.server.settings import ServerSettings
@@ -94,18 +94,33 @@ def command(args: argparse.Namespace) -> int:
 
 def open_serving_engine(args: argparse.Namespace):
     """The engine with `--parallel` slots; without the flag, SERVE_PARALLEL of them, or as many as
-    the memory plan fits (each slot's caches count), said on stderr when fewer."""
+    the memory plan fits with the choices it makes for one (under --vram the planner would shrink
+    the pool or the prefill chunk, or move experts to host memory, to fit more: a single client
+    would pay for slots it may never use), said on stderr when fewer."""
     if args.parallel is not None:
         return open_engine(args, parallel=args.parallel)
-    for parallel in range(SERVE_PARALLEL, 0, -1):
+    parallel = slots_that_fit(args)
+    if parallel < SERVE_PARALLEL:
+        print(f"lucebox serve: the caches of {SERVE_PARALLEL} requests at once do not fit; serving {parallel} "
+              "at once (--parallel N chooses)", file=sys.stderr)
+    return open_engine(args, parallel=parallel)
+
+
+def slots_that_fit(args: argparse.Namespace) -> int:
+    """The most slots, up to SERVE_PARALLEL, whose plan fits with the choices one slot's plan makes
+    (1 when even one does not fit: opening the engine then says why)."""
+    from lucebox.engine.setup import plan_engine
+
+    try:
+        one = plan_engine(engine_config(args, parallel=1))
+    except (InsufficientMemoryError, ContextLengthError):
+        return 1
+    for parallel in range(SERVE_PARALLEL, 1, -1):
         try:
-            llm = open_engine(args, parallel=parallel)
+            setup = plan_engine(engine_config(args, parallel=parallel))
         except (InsufficientMemoryError, ContextLengthError):
-            if parallel == 1:
-                raise
             continue
-        if parallel < SERVE_PARALLEL:
-            print(f"lucebox serve: the caches of {SERVE_PARALLEL} requests at once do not fit; serving {parallel} "
-                  "at once (--parallel N chooses)", file=sys.stderr)
-        return llm
-    raise AssertionError("unreachable: parallel=1 either opens or raises")
+        if (setup.prefill_chunk, setup.cache.kv_pool_tokens, setup.expert_slots) == (
+                one.prefill_chunk, one.cache.kv_pool_tokens, one.expert_slots):
+            return parallel
+    return 1

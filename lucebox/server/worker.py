@@ -151,29 +151,30 @@ class EngineWorker:
             job = self.jobs.get()
             if job is None:
                 return
-            if self.stopping:
-                job.send(APIError(503, "the server is shutting down"))
+            with self._lock:  # under the lock `stop` cancels the running ones: none starts unseen
+                refused, gone = self.stopping, job.cancelled.is_set()
+                if not (refused or gone):
+                    self.running.add(job)
+            if refused or gone:
+                if refused:
+                    job.send(APIError(503, "the server is shutting down"))
                 job.send(_END)
                 continue
-            if job.cancelled.is_set():
-                job.send(_END)
-                continue
-            with self._lock:
-                self.running.add(job)
             mine.busy, started = True, time.perf_counter()
             try:
                 self._generate(job, mine)
             except Exception as e:  # reaches the client as an error response; the worker goes on
-                self.metrics.failed += 1
-                self.llm.drop_cache()  # raised inside a forward, it may have left the cache half-written
+                # (a cache a failed step left half-written is dirty: the engine never reuses it)
+                with self._lock:
+                    self.metrics.failed += 1
                 job.send(e)
             finally:
-                self.metrics.busy_seconds += time.perf_counter() - started
-                self.metrics.requests += 1
+                with self._lock:
+                    self.metrics.busy_seconds += time.perf_counter() - started
+                    self.metrics.requests += 1
+                    self.running.discard(job)
                 with contextlib.suppress(Exception):  # a figure for /metrics never stops the worker
                     self.metrics.memory = self.llm.memory()
-                with self._lock:
-                    self.running.discard(job)
                 mine.busy = False
                 mine.requests += 1
                 job.send(_END)
@@ -186,13 +187,18 @@ class EngineWorker:
                     if chunk.stats is not None:
                         self._record(chunk.stats, mine)
                     if job.cancelled.is_set():  # the client left: stop between chunks, the engine stays consistent
-                        self.metrics.cancelled += 1
+                        with self._lock:
+                            self.metrics.cancelled += 1
                         return
 
     def _record(self, stats: dict, mine: SlotMetrics) -> None:
         mine.last_decode_tokens_per_s = stats["decode_tokens_per_s"]
         mine.last_acceptance_length = stats.get("acceptance_length", 0.0)
         mine.last_cached_prompt_tokens = stats["cached_prompt_tokens"]
+        with self._lock:
+            self._add(stats)
+
+    def _add(self, stats: dict) -> None:
         m = self.metrics
         m.prompt_tokens += stats["prompt_tokens"]
         m.cached_prompt_tokens += stats["cached_prompt_tokens"]
