@@ -84,20 +84,23 @@ def _visible(q_positions: torch.Tensor, k_positions: torch.Tensor, window: int |
     return visible
 
 
-# (window, rows, keys, query heads per KV head, inference mode) -> (key positions, query positions,
-# visible, (additive mask in the fused op's layout, rows seeing a key)), each of the last two None
-# where every key / every row passes: the CPU's masks of the last step, by layer kind. Every
+# (window, rows, keys, query heads per KV head, inference mode, first row's position) -> (key
+# positions, query positions, visible, (additive mask in the fused op's layout, rows seeing a
+# key)), each of the last two None where every key / every row passes: the CPU's masks of the
+# last step, by layer kind (and sequence, in a batched step: `engine.batcher`). Every
 # sliding layer of a step holds the same positions in a ring of its own (and every full layer in
 # its pages), so one mask serves them all: ~8 small ops a layer become 2 comparisons (by value, so
 # a mask is only ever reused for the very positions it was made from).
 _cpu_masks: dict = {}
-MAX_CPU_MASKS = 8
+MAX_CPU_MASKS = 32
 
 
 def _shared_cpu_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, window: int | None, group: int):
     """`_visible` without pinned keys or a tree, and what `_fused_on_cpu` makes of it for `group`
     query heads per KV head, reused across the layers of a step on the CPU."""
-    key = (window, q_positions.shape[0], k_positions.shape[0], group, torch.is_inference_mode_enabled())
+    # By the step's first position too: the sequences of a batched step (`engine.batcher`) each keep theirs.
+    key = (window, q_positions.shape[0], k_positions.shape[0], group, torch.is_inference_mode_enabled(),
+           int(q_positions[0]))
     entry = _cpu_masks.get(key)  # one read: another thread may replace the entry meanwhile
     if entry is not None and torch.equal(entry[0], k_positions) and torch.equal(entry[1], q_positions):
         return entry[2], entry[3]

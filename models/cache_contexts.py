@@ -4,6 +4,8 @@ eagerly or inside a CUDA graph, or of several sequences' caches in one eager for
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from lucebox.kernels.attention import attention_over_blocks
 from lucebox.kernels.backend import Kernels
@@ -102,11 +104,12 @@ class SequencesContext:
     rows runs per sequence, on that sequence's rows only, exactly as its step alone: attention
     (`attend`, the projections around it batched) and a recurrent mixer's whole pass (`mix`)."""
 
-    def __init__(self, parts: list[CacheContext]):
+    def __init__(self, parts: list[CacheContext | StaticCacheContext], counts: list[int]):
+        """`parts[i]` reaches the cache of the i-th sequence, whose `counts[i]` rows come i-th."""
         self.parts = parts
         self.positions = torch.cat([part.positions for part in parts])
-        ends = torch.tensor([part.step.count for part in parts]).cumsum(0).tolist()
-        self.spans = [slice(end - part.step.count, end) for part, end in zip(parts, ends, strict=True)]
+        ends = list(itertools.accumulate(counts))
+        self.spans = [slice(end - count, end) for count, end in zip(counts, ends, strict=True)]
 
     def row_table(self, layer: int) -> None:
         return None

@@ -16,6 +16,7 @@ from tiny_models import VOCAB
 import lucebox
 from lucebox.caches import Step
 from lucebox.engine.batcher import _Work
+from lucebox.engine.runner import StepRunner
 
 CODE = ["def fib(n):", "class Stack:\n    def push(self, x):", "import os\nimport", "# sort a list\ndef sort(",
         "for i in range(10):\n", "while True:\n    x =", "def add(a, b):\n    return", "x = [1, 2, 3]\ny ="]
@@ -65,9 +66,8 @@ def lengths(n: int, **common) -> list[dict]:
 @pytest.mark.parametrize("options", [
     dict(draft=None),
     dict(draft="ngram"),
-    dict(draft="auto", tree_budget=0),  # the built-in DFlash drafter's chains
-    dict(draft="auto"),  # its trees
-], ids=["plain", "ngram", "dflash-chains", "dflash-trees"])
+    dict(draft="auto"),  # the built-in DFlash drafter's trees (its chains: the graph-body test below)
+], ids=["plain", "ngram", "dflash-trees"])
 def test_eight_requests_at_once_on_four_slots_each_get_their_tokens_alone(options):
     llm = lucebox.LLM(dtype="float32", parallel=4, **options)
     greedy = lengths(8)
@@ -75,9 +75,22 @@ def test_eight_requests_at_once_on_four_slots_each_get_their_tokens_alone(option
     forwards = llm.engine.batcher.forwards
     assert at_once(llm, CODE, greedy) == expected
     assert llm.engine.batcher.forwards > forwards  # the steps really shared forwards
-    if options["draft"] is not None:  # seeded sampling: the same tokens (`verify="coupled"`)
+    if options["draft"] == "auto":  # seeded sampling: the same tokens (`verify="coupled"`)
         sampled = lengths(8, temperature=0.8, seed=11)
         assert at_once(llm, CODE, sampled) == alone(llm, CODE, sampled)
+
+
+@pytest.mark.parametrize("tree_budget", [0, None], ids=["chains", "trees"])
+def test_where_steps_run_as_graphs_a_batch_runs_each_sequence_through_the_graph_body(tree_budget):
+    """A GPU's path on the CPU (`StepRunner(capture=False)`: the graphed step's body, eagerly): the
+    first slot's steps alone replay its graph body, a batch's sequences attend through the same
+    body (`runner.step_context`), chains and trees."""
+    llm = lucebox.LLM(dtype="float32", parallel=3, tree_budget=tree_budget)
+    llm.engine.runner = StepRunner(llm.engine.decoder, graphs=True, capture=False)
+    greedy = lengths(5)
+    expected = alone(llm, CODE[:5], greedy)
+    assert llm.engine.runner.widths  # the first slot's steps ran through the graph body
+    assert at_once(llm, CODE[:5], greedy) == expected
 
 
 def test_requests_at_once_under_a_json_schema_each_get_their_object_alone():
@@ -92,7 +105,7 @@ def hybrid(reference_models):
     return reference_models("qwen3_next")[0]
 
 
-@pytest.mark.parametrize("draft", [None, "ngram", "draft_model"])
+@pytest.mark.parametrize("draft", [None, "draft_model"])
 def test_a_hybrid_models_requests_at_once_each_keep_their_own_recurrent_state(hybrid, reference_models, draft):
     draft = reference_models("llama")[0] if draft == "draft_model" else draft
     llm = lucebox.LLM(hybrid, draft=draft, device="cpu", dtype="float64", max_context=256, prefill_chunk=16,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lucebox.caches import SequenceCache, Step
-from lucebox.engine.runner import StepOutput, StepRunner, eager_context
+from lucebox.engine.runner import StepOutput, StepRunner, eager_context, step_context
 from lucebox.limits import DECODE_ROWS
 from lucebox.models.cache_contexts import SequencesContext
 
@@ -221,15 +221,19 @@ class StepBatcher:
 
     def _steps(self, works: list[_Work]) -> list:
         """Each work's StepOutput (a prefill chunk's: hidden states and features), from one forward."""
-        d = self.decoder
+        d, runner = self.decoder, self.runner
         if len(works) == 1:
             w = works[0]
             if w.hidden:
                 return [d.forward_capturing(w.rows, w.step, w.cache, w.layers)]
-            return [self.runner.step(w.rows, w.step, w.cache, w.layers, w.tree)]
+            return [runner.step(w.rows, w.step, w.cache, w.layers, w.tree)]
         self.forwards += 1
         ids = torch.cat([torch.as_tensor(w.rows, dtype=torch.long, device=d.device) for w in works])
-        context = SequencesContext([eager_context(d, w.step, w.cache, w.tree) for w in works])
+        # A step's attention as the step alone runs it: a graph's body where graphs run, else eager.
+        context_of = step_context if runner.graphs else eager_context
+        parts = [eager_context(d, w.step, w.cache) if w.hidden else context_of(d, w.step, w.cache, w.tree)
+                 for w in works]
+        context = SequencesContext(parts, [len(w.rows) for w in works])
         hidden, features = d.run(ids, context, works[0].layers)
         stepped = [rows for w, rows in zip(works, context.spans, strict=True) if not w.hidden]
         logits = d.logits(torch.cat([hidden[rows] for rows in stepped])) if stepped else None

@@ -51,11 +51,25 @@ class StepOutput:
 
 def eager_context(decoder, step: Step, cache: SequenceCache, tree=None) -> CacheContext:
     """How an eager step's rows reach `cache` (with `tree`: a draft tree's mask)."""
-    mask = None
-    if tree is not None:
-        bits, depths = torch.tensor([tree.ancestor_bits, tree.depths], dtype=torch.long, device=decoder.device)
-        mask = TreeMask(bits, depths)
-    return CacheContext(step, cache, decoder.kernels, decoder.scale, mask)
+    return CacheContext(step, cache, decoder.kernels, decoder.scale, _tree_mask(decoder, tree))
+
+
+def step_context(decoder, step: Step, cache: SequenceCache, tree=None) -> CacheContext | StaticCacheContext:
+    """How a decode/verify step's rows reach `cache` outside a graph: the graph's own body (every
+    layer cache reserved first, then static blocks) wherever a graph could serve the step, so a
+    step has the arithmetic of the graphed one; else `eager_context`."""
+    if step.prefill or not all(layer.graphable(step) for layer in cache.layers):
+        return eager_context(decoder, step, cache, tree)
+    for layer in cache.layers:
+        layer.reserve(step)
+    return StaticCacheContext(step.positions, cache, decoder.kernels, decoder.scale, _tree_mask(decoder, tree))
+
+
+def _tree_mask(decoder, tree) -> TreeMask | None:
+    if tree is None:
+        return None
+    bits, depths = torch.tensor([tree.ancestor_bits, tree.depths], dtype=torch.long, device=decoder.device)
+    return TreeMask(bits, depths)
 
 
 class StepGraph(Graphed[StepOutput]):
