@@ -17,6 +17,7 @@ import lucebox
 from lucebox.caches import Step
 from lucebox.engine.batcher import _Work
 from lucebox.engine.runner import StepRunner
+from lucebox.limits import DECODE_ROWS
 
 CODE = ["def fib(n):", "class Stack:\n    def push(self, x):", "import os\nimport", "# sort a list\ndef sort(",
         "for i in range(10):\n", "while True:\n    x =", "def add(a, b):\n    return", "x = [1, 2, 3]\ny ="]
@@ -218,3 +219,22 @@ def test_a_forward_of_several_that_fails_fails_only_the_request_whose_cache_refu
         batcher._settle(others, interrupted)
     assert isinstance(others[0].error, RuntimeError) and all(w.done for w in others)
     assert batcher.step([5], Step.span(12, 1, llm.device), works[0].cache).logits.shape[0] == 1
+
+
+def test_a_batched_request_drafts_at_most_its_share_of_a_forwards_rows(monkeypatch):
+    """Each working request's round verifies at most its share of `row_budget` rows, so the steps
+    of all of them fit one forward: 16 rows among 4 requests, 4 each, 3 drafts."""
+    llm = lucebox.LLM(dtype="float32", adaptive=False, tree_budget=0)
+    batcher = llm.engine.batcher
+    assert batcher.row_share() == DECODE_ROWS
+    batcher._working = 4
+    assert batcher.row_share() == DECODE_ROWS // 4
+    batcher._working = 0
+    prompt = "def f(x):\n    return x + 1\n" * 6  # copies of earlier text: long drafts when allowed
+
+    def widest() -> int:
+        return max(llm.generate(prompt, max_tokens=40, ignore_eos=True).stats["width_histogram"])
+
+    assert widest() > 3
+    monkeypatch.setattr(batcher, "row_share", lambda: 4)
+    assert widest() <= 3

@@ -146,6 +146,11 @@ class StepBatcher:
             with self.working():
                 chunks.close()
 
+    def row_share(self) -> int:
+        """A working request's share of a forward's rows (at least 1): its round drafts at most
+        one fewer, so the steps of everyone working fit one forward."""
+        return max(1, self.row_budget // max(1, self._working))
+
     def step(self, rows: list[int], step: Step, cache: SequenceCache, layers: tuple[int, ...] = (),
              tree=None) -> StepOutput:
         """`StepRunner.step`, run with the steps other working requests ask for at the same time."""

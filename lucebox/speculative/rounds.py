@@ -164,9 +164,11 @@ class Speculation:
 
     def draft_limit(self, remaining: int) -> int:
         """The most drafts (or draft rows of a tree) this round may verify."""
-        cache = self.context.cache
+        cache, runner = self.context.cache, self.context.runner
+        # A runner that batches requests gives each its share of a step's rows: one forward for all.
+        share = runner.row_share() if hasattr(runner, "row_share") else cache.settings.decode_rows
         return min(remaining - 1, cache.rows_before_reselect(cache.length) - 1, cache.settings.max_step - 1,
-                   cache.settings.decode_rows - 1, self.context.draft_k)
+                   cache.settings.decode_rows - 1, share - 1, self.context.draft_k)
 
     def drafting(self, limit: int, context: list[int]) -> bool:
         """Whether this round drafts: always when the proposer has a copy of earlier text to offer
