@@ -165,6 +165,21 @@ def test_the_second_turn_of_a_conversation_reuses_the_cache(server):
     assert cached < second.usage.prompt_tokens
 
 
+def test_a_conversation_that_comes_back_after_three_others_finds_its_prefix_cached(server, llm):
+    """Four slots (the default --parallel): each new conversation takes the one used least recently,
+    so the first one's rows are still there when it comes back, and its answer is a fresh engine's."""
+    client = server.client()
+    first = [{"role": "user", "content": f"def helper_{i}(items):\n    " + "total = 0\n    " * 6} for i in range(4)]
+    answers = [client.chat.completions.create(model="laguna-code-6m", messages=[m], max_tokens=8, temperature=0)
+               for m in first]
+    back = [first[0], {"role": "assistant", "content": answers[0].choices[0].message.content},
+            {"role": "user", "content": "def mean(items):"}]
+    reply = client.chat.completions.create(model="laguna-code-6m", messages=back, max_tokens=8, temperature=0)
+    assert reply.usage.prompt_tokens_details.cached_tokens >= answers[0].usage.prompt_tokens
+    assert reply.choices[0].message.content == _generate(lucebox.LLM(), _chat_ids(llm, back), max_tokens=8,
+                                                         temperature=0.0, stop=["\n\n\n"]).text
+
+
 def test_faults_get_their_status_codes_and_the_server_goes_on(server):
     body = json.dumps({"model": "laguna-code-6m", "prompt": "x", "max_tokens": 2,
                        "response_format": {"type": "text"}, "tool_choice": "none"}).encode()  # what is done anyway

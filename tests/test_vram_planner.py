@@ -25,7 +25,7 @@ def test_laguna_xs2_at_256k_fits_24_gib_with_int4_weights_and_select():
     assert plan.fits and plan.device_total <= 24 * GIB
     assert plan.choices == {"kv_pool_tokens": 8192, "prefill_chunk": 2048, "kv_policy": "select",
                             "max_context": 262144, "quantization": "int4", "dtype": "bfloat16", "kv_dtype": "auto",
-                            "experts_on_host": False, "expert_slots": None, "lm_head": "float",
+                            "experts_on_host": False, "expert_slots": None, "lm_head": "float", "parallel": 1,
                             "lm_head_bytes_per_token": XS2.vocab_size * XS2.hidden_size * 2}
     assert not plan.notes  # the defaults fit: nothing given up
     # Weights are most of it: about 33.4B parameters at 4 bits plus scales, bf16 embeddings and head.
