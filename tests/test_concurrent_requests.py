@@ -238,3 +238,8 @@ def test_a_batched_request_drafts_at_most_its_share_of_a_forwards_rows(monkeypat
     assert widest() > 3
     monkeypatch.setattr(batcher, "row_share", lambda: 4)
     assert widest() <= 3
+    # Where the tokens depend on the widths (sampled, verified tokenwise), no share caps them.
+    tokenwise = lucebox.LLM(dtype="float32", adaptive=False, tree_budget=0, verify="tokenwise")
+    monkeypatch.setattr(tokenwise.engine.batcher, "row_share", lambda: 4)
+    sampled = tokenwise.generate(prompt, max_tokens=40, ignore_eos=True, temperature=0.8, seed=3)
+    assert max(sampled.stats["width_histogram"]) > 3

@@ -36,7 +36,7 @@ from lucebox.limits import DECODE_ROWS
 from lucebox.models.cache_contexts import SequencesContext
 
 
-@dataclass
+@dataclass(eq=False)  # a work is itself: found in the queue by identity (its rows may be a tensor)
 class _Work:
     """One request's ask: a target step (`rows`: token ids, a list or a tensor), a short prefill chunk
     (`rows` with `hidden`: it wants hidden states and features, not logits), or a forward run alone
@@ -106,16 +106,18 @@ class StepBatcher:
     def exclusive(self):
         """No turn runs while this holds: what the runner's graphs read may change (a cache bound or
         released). Called by a working thread that has not asked, so no turn waits for it."""
-        with self._turn:
-            while self._running:
-                self._turn.wait()
-            self._running = True
+        taken = False
         try:
+            with self._turn:
+                while self._running:
+                    self._turn.wait()
+                self._running = taken = True
             yield
         finally:
-            with self._turn:
-                self._running = False
-                self._turn.notify_all()
+            if taken:
+                with self._turn:
+                    self._running = False
+                    self._turn.notify_all()
 
     def _settle_thread(self) -> None:
         """A request's thread set for the engine's device. On CUDA, the engine's card is the thread's
@@ -174,13 +176,23 @@ class StepBatcher:
                         self._run_turn()
                     else:
                         self._turn.wait()
-            except BaseException:  # interrupted while waiting: a step not yet taken never runs
-                if work in self._asked:
-                    self._asked.remove(work)
+            except BaseException:  # interrupted while waiting: a step not yet taken never runs, and
+                if any(w is work for w in self._asked):  # one being run is waited for: the caller then
+                    self._asked.remove(work)  # frees its cache's slot, which nothing may write after
+                else:
+                    self._wait_done(work)
                 raise
         if work.error is not None:
             raise work.error
         return work.result
+
+    def _wait_done(self, work: _Work) -> None:
+        """Wait (holding the lock) until another thread's turn has run `work`, whatever interrupts."""
+        while not work.done:
+            try:
+                self._turn.wait()
+            except BaseException:  # noqa: BLE001 - the first interrupt is raised by the caller
+                continue
 
     def _run_turn(self) -> None:
         """Run everything asked so far, outside the lock (called holding it). Every work taken ends
@@ -234,7 +246,8 @@ class StepBatcher:
             return [runner.step(w.rows, w.step, w.cache, w.layers, w.tree)]
         self.forwards += 1
         ids = torch.cat([torch.as_tensor(w.rows, dtype=torch.long, device=d.device) for w in works])
-        # A step's attention as the step alone runs it: a graph's body where graphs run, else eager.
+        # A step's attention over what a step alone reads: the cache's static block where graphs run
+        # (the graph's store and gate come as separate ops here, not fused), else eager blocks.
         context_of = step_context if runner.graphs else eager_context
         parts = [eager_context(d, w.step, w.cache) if w.hidden else context_of(d, w.step, w.cache, w.tree)
                  for w in works]

@@ -55,9 +55,11 @@ def eager_context(decoder, step: Step, cache: SequenceCache, tree=None) -> Cache
 
 
 def step_context(decoder, step: Step, cache: SequenceCache, tree=None) -> CacheContext | StaticCacheContext:
-    """How a decode/verify step's rows reach `cache` outside a graph: the graph's own body (every
-    layer cache reserved first, then static blocks) wherever a graph could serve the step, so a
-    step has the arithmetic of the graphed one; else `eager_context`."""
+    """How a decode/verify step's rows reach `cache` outside a graph: as the graph's body does it
+    (every layer cache reserved first, then attention over static blocks) wherever a graph could
+    serve the step; else `eager_context`. Within a forward of several sequences the store and the
+    attention gate run as ops of their own (`SequencesContext` has no row table), not fused as in
+    the graph: the same attention, not always the same bits."""
     if step.prefill or not all(layer.graphable(step) for layer in cache.layers):
         return eager_context(decoder, step, cache, tree)
     for layer in cache.layers:
@@ -114,6 +116,11 @@ class StepRunner:
         return (self.graphs and not step.prefill and 1 <= width <= DECODE_ROWS
                 and (self._bound is None or cache is self._bound)
                 and all(layer.graphable(step) for layer in cache.layers))
+
+    @property
+    def bound(self) -> SequenceCache | None:
+        """The cache the graphs read (None: none yet; the first one stepped binds them)."""
+        return self._bound
 
     def bind(self, cache: SequenceCache) -> None:
         """The cache graphs serve from now on (the engine's session cache)."""

@@ -124,8 +124,8 @@ class Session:
             return self._private(prompt_ids, speculate)
         try:
             cache = self._reusable(slot, prompt_ids)
-            if slot is self.slots[0]:
-                with engine.batcher.exclusive():  # the graphs serve the first slot (a no-op when they do)
+            if slot is self.slots[0] and engine.runner.bound is not cache:  # (changed only in `exclusive`)
+                with engine.batcher.exclusive():  # the graphs serve the first slot
                     engine.runner.bind(cache)
             if slot.proposer is None and slot is not self.slots[0] and engine.proposer is not None:
                 slot.proposer = engine.proposer.fork()
@@ -170,11 +170,12 @@ class Session:
     def drop(self) -> None:
         """Forget the cached conversations of the free slots (freeing their caches, and the graphs
         over the first slot's)."""
+        runner = self.engine.runner
         with self._lock, self.engine.batcher.exclusive():
             for slot in self.slots:
                 if not slot.busy:
-                    if slot is self.slots[0] and slot.cache is not None:
-                        self.engine.runner.release()
+                    if slot.cache is not None and runner.bound is slot.cache:  # the graphs over it go too
+                        runner.release()
                     slot.cache, slot.tokens, slot.drafter_follows = None, [], False
 
     def _choose(self, prompt_ids: list[int]) -> Slot | None:
@@ -227,11 +228,14 @@ class Session:
         return self._fresh(slot)
 
     def _fresh(self, slot: Slot) -> SequenceCache:
+        old, runner = slot.cache, self.engine.runner
         slot.cache, slot.tokens, slot.drafter_follows = None, [], False  # the old cache goes before a new one is made
-        if slot is not self.slots[0]:
+        first = slot is self.slots[0]
+        if not first and (old is None or runner.bound is not old):
             return self.engine.new_cache()
         with self.engine.batcher.exclusive():
-            self.engine.runner.release()  # and the graphs over it
+            runner.release()  # and the graphs over the old cache
             cache = self.engine.new_cache()
-            self.engine.runner.bind(cache)
+            if first:
+                runner.bind(cache)
         return cache

@@ -100,6 +100,8 @@ def open_serving_engine(args: argparse.Namespace):
     if args.parallel is not None:
         return open_engine(args, parallel=args.parallel)
     parallel = slots_that_fit(args)
+    if parallel == 0:  # not even one: opening the engine says why
+        return open_engine(args, parallel=1)
     if parallel < SERVE_PARALLEL:
         print(f"lucebox serve: the caches of {SERVE_PARALLEL} requests at once do not fit; serving {parallel} "
               "at once (--parallel N chooses)", file=sys.stderr)
@@ -108,13 +110,13 @@ def open_serving_engine(args: argparse.Namespace):
 
 def slots_that_fit(args: argparse.Namespace) -> int:
     """The most slots, up to SERVE_PARALLEL, whose plan fits with the choices one slot's plan makes
-    (1 when even one does not fit: opening the engine then says why)."""
+    (0 when even one does not fit)."""
     from lucebox.engine.setup import plan_engine
 
     try:
         one = plan_engine(engine_config(args, parallel=1))
     except (InsufficientMemoryError, ContextLengthError):
-        return 1
+        return 0
     for parallel in range(SERVE_PARALLEL, 1, -1):
         try:
             setup = plan_engine(engine_config(args, parallel=parallel))

@@ -166,7 +166,10 @@ class Speculation:
         """The most drafts (or draft rows of a tree) this round may verify."""
         cache, runner = self.context.cache, self.context.runner
         # A runner that batches requests gives each its share of a step's rows: one forward for all.
-        share = runner.row_share() if hasattr(runner, "row_share") else cache.settings.decode_rows
+        # Not where the tokens depend on the widths drafted (sampled, verified tokenwise or as a
+        # block): there the share, which follows the other requests, would change them.
+        widths_free = self.params.greedy or self.context.verify_rule == "coupled"
+        share = runner.row_share() if widths_free and hasattr(runner, "row_share") else cache.settings.decode_rows
         return min(remaining - 1, cache.rows_before_reselect(cache.length) - 1, cache.settings.max_step - 1,
                    cache.settings.decode_rows - 1, share - 1, self.context.draft_k)
 
