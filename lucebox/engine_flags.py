@@ -129,7 +129,7 @@ FLAGS = {
     "stop token id": "--stop-token-id", "parallel": "--parallel",
 }
 # Plain words ("the draft model", "a smaller dtype") become flags only in the form `name=value`.
-_ALWAYS = {name for name in FLAGS if "_" in name} | {"temperature", "seed", "stop token id"}
+_ALWAYS = {name for name in FLAGS if "_" in name} | {"temperature", "seed", "stop token id", "parallel"}
 _NAMED = re.compile(r"(?<![\w./-])(?P<name>" + "|".join(sorted(FLAGS, key=len, reverse=True))
                     + r")(?:=(?P<value>'[^']*'|[^\s'\",;:)]+))?(?![\w/-]|\.\w)")
 

@@ -165,7 +165,8 @@ def test_the_memory_plan_counts_every_slots_caches_and_serve_opens_the_slots_tha
     from lucebox.cli import build_parser
     from lucebox.engine.config import EngineConfig
     from lucebox.engine.setup import plan_engine
-    from lucebox.errors import InsufficientMemoryError
+    from lucebox.engine_flags import in_flag_terms
+    from lucebox.errors import InsufficientMemoryError, InvalidArgumentError
     from lucebox.server import command
 
     one, four = (plan_engine(EngineConfig(parallel=n)).memory for n in (1, 4))
@@ -184,6 +185,9 @@ def test_the_memory_plan_counts_every_slots_caches_and_serve_opens_the_slots_tha
     assert command.open_serving_engine(build_parser().parse_args(["serve"])) == 2
     assert "do not fit; serving 2 at once" in capsys.readouterr().err
     assert command.open_serving_engine(build_parser().parse_args(["serve", "--parallel", "4"])) == 4  # as asked
+    with pytest.raises(InvalidArgumentError, match="parallel must be in 1..64, got 0"):
+        EngineConfig(parallel=0)
+    assert in_flag_terms("parallel must be in 1..64, got 0") == "--parallel must be in 1..64, got 0"
 
 
 @torch.inference_mode()
