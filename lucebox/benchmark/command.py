@@ -218,7 +218,7 @@ def concurrency_command(args: argparse.Namespace, out) -> int:
     llm = LLM.from_config(engine_config(args, parallel=max(counts)))
     speculation = [False, True] if llm.proposer is not None else [False]
     rows = measure_concurrency(llm, counts, gen, rounds, speculation,
-                               lambda line: print(f"\r{line}", end="", file=sys.stderr, flush=True))
+                               lambda line: print(f"\r{line:<80}", end="", file=sys.stderr, flush=True))
     print(file=sys.stderr)
     out.print(concurrency_table(rows))
     result = {"benchmark": "concurrency", "date": started, "commit": commit(), "lucebox": __version__,

@@ -116,14 +116,14 @@ class Session:
         engine = self.engine
         with self._lock:
             self.open_streams += 1
-            slot = self._choose(prompt_ids)
+            slot, keep = self._choose(prompt_ids)
             if slot is not None:
                 slot.busy, self._opens = True, self._opens + 1
                 slot.last_used = self._opens
         if slot is None:
             return self._private(prompt_ids, speculate)
         try:
-            cache = self._reusable(slot, prompt_ids)
+            cache = self._reusable(slot, keep)
             if slot is self.slots[0] and engine.runner.bound is not cache:  # (changed only in `exclusive`)
                 with engine.batcher.exclusive():  # the graphs serve the first slot
                     engine.runner.bind(cache)
@@ -178,21 +178,23 @@ class Session:
                         runner.release()
                     slot.cache, slot.tokens, slot.drafter_follows = None, [], False
 
-    def _choose(self, prompt_ids: list[int]) -> Slot | None:
+    def _choose(self, prompt_ids: list[int]) -> tuple[Slot | None, int]:
         """The free slot whose cache the prompt continues (returning to at least half of what it
-        holds) to the longest prefix, else the free slot used least recently; None when every slot
-        is busy. A prompt sharing only a little with a slot (a common first line) leaves it to the
-        conversation it holds."""
+        holds) to the longest prefix, else the free slot used least recently, with the prefix it
+        returns to; (None, 0) when every slot is busy. A prompt sharing only a little with a slot (a common
+        first line) leaves it to the conversation it holds."""
         free = [slot for slot in self.slots if not slot.busy]
         if not free:
-            return None
-        shared = [(self._returns_to(slot, prompt_ids), slot) for slot in free]
-        continued = [(n, slot) for n, slot in shared if n > 0 and 2 * n >= slot.cache.length]
+            return None, 0
+        shared = {id(slot): self._returns_to(slot, prompt_ids) for slot in free}
+        continued = [slot for slot in free if 0 < shared[id(slot)] and 2 * shared[id(slot)] >= slot.cache.length]
         if continued:
-            return max(continued, key=lambda pair: (pair[0], -pair[1].last_used))[1]
-        if self.engine.runner.capture and not self.slots[0].busy:
-            return self.slots[0]  # on a GPU its steps replay graphs, the others' run eagerly: it wins
-        return min(free, key=lambda slot: slot.last_used)
+            slot = max(continued, key=lambda slot: (shared[id(slot)], -slot.last_used))
+        elif self.engine.runner.capture and not self.slots[0].busy:
+            slot = self.slots[0]  # on a GPU its steps replay graphs, the others' run eagerly: it wins
+        else:
+            slot = min(free, key=lambda slot: slot.last_used)
+        return slot, shared[id(slot)]  # what the chosen slot shares is reused, however little
 
     @staticmethod
     def _returns_to(slot: Slot, prompt_ids: list[int]) -> int:
@@ -208,10 +210,9 @@ class Session:
             shared += 1
         return cache.rewind_point(min(shared, len(prompt_ids) - 1))
 
-    def _reusable(self, slot: Slot, prompt_ids: list[int]) -> SequenceCache:
-        """The slot's cache rolled back to the longest prefix it shares with this prompt and can return
-        to exactly; or emptied; a fresh cache when it was left dirty."""
-        keep = self._returns_to(slot, prompt_ids)
+    def _reusable(self, slot: Slot, keep: int) -> SequenceCache:
+        """The slot's cache rolled back to `keep`, the prefix `_choose` found it returns to; or emptied
+        (keep 0); a fresh cache when it was left dirty."""
         if keep > 0:
             slot.cache.rollback(keep)
             return slot.cache
