@@ -20,3 +20,9 @@ class Draft:
     # Copied from the context (prompt lookup): judged into keep rates of its own, which cut it, so the
     # drafter's stay its own (a copy of repeating text is kept far more often than a drafted block).
     copied: bool = False
+
+    def first(self, n: int) -> Draft:
+        """The first `n` drafts (all of them when there are no more)."""
+        if n >= len(self.tokens):
+            return self
+        return Draft(self.tokens[:n], None if self.q is None else self.q[:n], self.confidence[:n], self.copied)

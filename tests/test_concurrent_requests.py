@@ -15,7 +15,7 @@ from tiny_models import VOCAB
 
 import lucebox
 from lucebox.caches import Step
-from lucebox.engine.batcher import _Work
+from lucebox.engine.batcher import Work
 from lucebox.engine.runner import StepRunner
 from lucebox.limits import DECODE_ROWS
 
@@ -67,8 +67,10 @@ def lengths(n: int, **common) -> list[dict]:
 @pytest.mark.parametrize("options", [
     dict(draft=None),
     dict(draft="ngram"),
-    dict(draft="auto"),  # the built-in DFlash drafter's trees (its chains: the graph-body test below)
-], ids=["plain", "ngram", "dflash-trees"])
+    dict(draft="auto"),  # the built-in DFlash drafter's trees
+    # its chains, always as wide as allowed: every request drafts past its share, the batch cuts
+    dict(draft="auto", tree_budget=0, adaptive=False),
+], ids=["plain", "ngram", "dflash-trees", "dflash-chains"])
 def test_eight_requests_at_once_on_four_slots_each_get_their_tokens_alone(options):
     llm = lucebox.LLM(dtype="float32", parallel=4, **options)
     greedy = lengths(8)
@@ -76,6 +78,8 @@ def test_eight_requests_at_once_on_four_slots_each_get_their_tokens_alone(option
     forwards = llm.engine.batcher.forwards
     assert at_once(llm, CODE, greedy) == expected
     assert llm.engine.batcher.forwards > forwards  # the steps really shared forwards
+    if "adaptive" in options:
+        assert llm.engine.batcher.drafts_cut > 0  # drafts past the shares were cut by their chances
     if options["draft"] == "auto":  # seeded sampling: the same tokens (`verify="coupled"`)
         sampled = lengths(8, temperature=0.8, seed=11)
         assert at_once(llm, CODE, sampled) == alone(llm, CODE, sampled)
@@ -138,7 +142,7 @@ def _forward(llm, prompts: list[list[int]], rows: list[list[int]]):
         cache = engine.new_cache()
         for _ in engine.prefill(prompt, cache):
             pass
-        works.append(_Work(mine, Step.span(len(prompt), len(mine), llm.device), cache))
+        works.append(Work(mine, Step.span(len(prompt), len(mine), llm.device), cache))
     return [out.logits.clone() for out in engine.batcher._steps(works)]
 
 
@@ -202,7 +206,7 @@ def test_a_forward_of_several_that_fails_fails_only_the_request_whose_cache_refu
         cache = engine.new_cache()
         for _ in engine.prefill(list(range(1, n + 1)), cache):
             pass
-        works.append(_Work([5], Step.span(n, 1, llm.device), cache))
+        works.append(Work([5], Step.span(n, 1, llm.device), cache))
     refusing = works[1].cache.kv[0]
 
     def refuse(*args, **kwargs):
@@ -217,7 +221,7 @@ def test_a_forward_of_several_that_fails_fails_only_the_request_whose_cache_refu
     def interrupted(works_):
         raise KeyboardInterrupt
 
-    others = [_Work([5], w.step, w.cache) for w in works]
+    others = [Work([5], w.step, w.cache) for w in works]
     others[0].thread = None  # asked by another thread
     with pytest.raises(KeyboardInterrupt):
         batcher._settle(others, interrupted)
@@ -226,8 +230,10 @@ def test_a_forward_of_several_that_fails_fails_only_the_request_whose_cache_refu
 
 
 def test_a_batched_request_drafts_at_most_its_share_of_a_forwards_rows(monkeypatch):
-    """Each working request's round verifies at most its share of `row_budget` rows, so the steps
-    of all of them fit one forward: 16 rows among 4 requests, 4 each, 3 drafts."""
+    """Each working request's round verifies at most its share of `row_budget` rows of copied text
+    (16 rows among 4 requests, 4 each, 3 drafts), so the steps of all of them fit one forward; the
+    drafter's own drafts may go past it with their chances of being kept, for the batch to cut
+    (the test above)."""
     llm = lucebox.LLM(dtype="float32", adaptive=False, tree_budget=0)
     batcher = llm.engine.batcher
     assert batcher.row_share() == DECODE_ROWS
@@ -247,3 +253,36 @@ def test_a_batched_request_drafts_at_most_its_share_of_a_forwards_rows(monkeypat
     monkeypatch.setattr(tokenwise.engine.batcher, "row_share", lambda: 4)
     sampled = tokenwise.generate(prompt, max_tokens=40, ignore_eos=True, temperature=0.8, seed=3)
     assert max(sampled.stats["width_histogram"]) > 3
+
+
+def test_a_batched_step_keeps_the_drafts_likeliest_to_be_kept_whoever_drafted_them():
+    """`engine.turn_rows.allot`: steps asking for more rows than a forward takes keep their first row
+    and the drafts with the best chances of being kept (a prefix of each one's), the sure request's
+    deep drafts before the unsure one's first; steps without chances keep every row; steps that
+    fit keep everything, unless they are priced: then only the drafts that raise the forward's
+    expected tokens per second stay."""
+    from lucebox.engine.turn_rows import allot
+
+    cpu = torch.device("cpu")
+
+    def work(drafts: int, reach=None, layers=(), priced=False):
+        return Work(list(range(1 + drafts)), Step.span(10, 1 + drafts, cpu), None, layers, reach=reach,
+                     priced=priced)
+
+    sure = work(9, [0.95 ** (i + 1) for i in range(9)])
+    unsure = work(9, [0.3 ** (i + 1) for i in range(9)])
+    copy = work(3)  # a copy's drafts: its share, never cut
+    other_layers = work(9, [0.1] * 9, layers=(1,))  # another forward: its own rows
+    assert allot([sure, unsure, copy, other_layers], 16, cpu, None) == 8
+    assert (len(sure.rows), len(unsure.rows), len(copy.rows), len(other_layers.rows)) == (10, 2, 4, 10)
+    assert sure.step.count == 10 and sure.step.start == 10 and unsure.rows == [0, 1] and unsure.reach == [0.3]
+    fits = [work(5, [0.5] * 5), work(5, [0.1] * 5)]
+    assert allot(fits, 16, cpu, None) == 0 and [len(w.rows) for w in fits] == [6, 6]
+    crowded = [work(4, [0.9] * 4) for _ in range(3)] + [work(15)]  # a wide copy leaves no room
+    assert allot(crowded, 16, cpu, None) == 12 and [len(w.rows) for w in crowded] == [1, 1, 1, 16]
+    # A forward costs 1 + 0.1 s a row: two steps' first rows make 2 tokens in 1.2 s; the drafts kept
+    # at 0.9 and 0.8 raise that to 3.7 tokens in 1.4 s, the next (0.2) would lower it.
+    priced = [work(3, [0.9, 0.8, 0.1], priced=True), work(2, [0.2, 0.05], priced=True)]
+    assert allot(priced, 16, cpu, (1.0, 0.1)) == 3 and [len(w.rows) for w in priced] == [3, 1]
+    unpriced = [work(3, [0.9, 0.8, 0.1], priced=True), work(2, [0.2, 0.05])]  # a fixed-width request's
+    assert allot(unpriced, 16, cpu, (1.0, 0.1)) == 0

@@ -61,9 +61,7 @@ class GrammarState:
     def cut(self, draft: Draft) -> Draft:
         """The draft up to (not including) its first token the grammar forbids."""
         n = self.matcher.validate_tokens(draft.tokens) if draft.tokens else 0
-        if n == len(draft.tokens):
-            return draft
-        return Draft(draft.tokens[:n], None if draft.q is None else draft.q[:n], draft.confidence[:n], draft.copied)
+        return draft.first(n)
 
     def forced(self, limit: int) -> list[int]:
         """Up to `limit` tokens that write the bytes the grammar forces next (a JSON key after its

@@ -32,12 +32,14 @@ import torch
 
 from lucebox.caches import SequenceCache, Step
 from lucebox.engine.runner import StepOutput, StepRunner, eager_context, step_context
+from lucebox.engine.turn_rows import allot, forwards
 from lucebox.limits import DECODE_ROWS
 from lucebox.models.cache_contexts import SequencesContext
+from lucebox.speculative.width import RoundCosts
 
 
 @dataclass(eq=False)  # a work is itself: found in the queue by identity (its rows may be a tensor)
-class _Work:
+class Work:
     """One request's ask: a target step (`rows`: token ids, a list or a tensor), a short prefill chunk
     (`rows` with `hidden`: it wants hidden states and features, not logits), or a forward run alone
     (`alone`: a longer prefill chunk)."""
@@ -49,6 +51,8 @@ class _Work:
     tree: object | None = None
     alone: Callable[[], object] | None = None
     hidden: bool = False
+    reach: list[float] | None = None  # a chain's drafts' chances of being kept, to cut by (`turn_rows.allot`)
+    priced: bool = False  # its drafts may be cut where they do not pay (its request's width is adaptive)
     thread: threading.Thread = field(default_factory=threading.current_thread)  # the asking thread
     result: object = None
     error: BaseException | None = None
@@ -56,13 +60,16 @@ class _Work:
 
 
 class StepBatcher:
-    def __init__(self, runner: Callable[[], StepRunner], row_budget: int = DECODE_ROWS):
+    def __init__(self, runner: Callable[[], StepRunner], costs: Callable[[], RoundCosts | None] = lambda: None,
+                 row_budget: int = DECODE_ROWS):
         self._runner, self.row_budget = runner, row_budget  # the engine's runner when a step runs (tests swap it)
+        self._costs = costs  # the step costs adaptive widths learn (`Engine.learned`), which price a batch's drafts
         self._turn = threading.Condition()
         self._working = 0  # requests whose threads are in the engine now
-        self._asked: list[_Work] = []
+        self._asked: list[Work] = []
         self._running = False  # a thread is running a turn's forwards
         self.forwards = 0  # forwards of several sequences' steps (for tests and /metrics)
+        self.drafts_cut = 0  # draft rows batched steps left out (`turn_rows.allot`), for tests and /metrics
         self._threads_before: int | None = None  # torch's threads before requests' threads took one each
 
     @property
@@ -154,19 +161,23 @@ class StepBatcher:
         return max(1, self.row_budget // max(1, self._working))
 
     def step(self, rows: list[int], step: Step, cache: SequenceCache, layers: tuple[int, ...] = (),
-             tree=None) -> StepOutput:
-        """`StepRunner.step`, run with the steps other working requests ask for at the same time."""
-        return self._ask(_Work(rows, step, cache, layers, tree))
+             tree=None, reach: list[float] | None = None, priced: bool = False) -> StepOutput:
+        """`StepRunner.step`, run with the steps other working requests ask for at the same time.
+        With `reach` (each draft's chance of being kept along with those before it, rows being
+        [last, d1..dk]), the step may run fewer rows, [last, d1..dj]: its output then has j + 1
+        rows, the drafts every request is likeliest to keep having filled the forward, and with
+        `priced` only as many as pay for their rows (`turn_rows.allot`)."""
+        return self._ask(Work(rows, step, cache, layers, tree, reach=reach, priced=priced))
 
     def forward(self, ids: torch.Tensor, step: Step, cache: SequenceCache,
                 layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`Decoder.forward_capturing` (a prefill chunk), run in its turn among the others' steps:
         beside them when it is as short as a step, else alone."""
         if len(ids) <= self.row_budget:
-            return self._ask(_Work(ids, step, cache, layers, hidden=True))
-        return self._ask(_Work(alone=lambda: self.decoder.forward_capturing(ids, step, cache, layers)))
+            return self._ask(Work(ids, step, cache, layers, hidden=True))
+        return self._ask(Work(alone=lambda: self.decoder.forward_capturing(ids, step, cache, layers)))
 
-    def _ask(self, work: _Work):
+    def _ask(self, work: Work):
         with self._turn:
             self._asked.append(work)
             self._turn.notify_all()
@@ -186,7 +197,7 @@ class StepBatcher:
             raise work.error
         return work.result
 
-    def _wait_done(self, work: _Work) -> None:
+    def _wait_done(self, work: Work) -> None:
         """Wait (holding the lock) until another thread's turn has run `work`, whatever interrupts."""
         while not work.done:
             try:
@@ -202,7 +213,10 @@ class StepBatcher:
             self._turn.release()
             try:
                 steps = [w for w in asked if w.alone is None]
-                for group in _groups(steps, self.row_budget):
+                costs = self._costs()
+                self.drafts_cut += allot(steps, self.row_budget, self.decoder.device,
+                                          None if costs is None else costs.line())
+                for group in forwards(steps, self.row_budget):
                     self._settle(group, self._steps)
                 for work in asked:
                     if work.alone is not None:
@@ -216,7 +230,7 @@ class StepBatcher:
             self._running = False
             self._turn.notify_all()
 
-    def _settle(self, works: list[_Work], run: Callable[[list[_Work]], list]) -> None:
+    def _settle(self, works: list[Work], run: Callable[[list[Work]], list]) -> None:
         """Each work's result from `run(works)`. When a forward of several fails, each runs again
         alone, so one request's refusal (its cache's) is its own: a step writes its rows at fixed
         positions and commits nothing, so running it again is running it. An interrupt
@@ -236,7 +250,7 @@ class StepBatcher:
                                          else RuntimeError(f"the step's forward was interrupted ({e!r})")), True
             raise
 
-    def _steps(self, works: list[_Work]) -> list:
+    def _steps(self, works: list[Work]) -> list:
         """Each work's StepOutput (a prefill chunk's: hidden states and features), from one forward."""
         d, runner = self.decoder, self.runner
         if len(works) == 1:
@@ -264,24 +278,10 @@ class StepBatcher:
             # each sequence's choices alone: a non-finite logit spoils only its own
             own = logits[at : at + len(w.rows)]
             at += len(w.rows)
-            outputs.append(StepOutput(own, d.kernels.greedy_choices(own), mine))
+            outputs.append(StepOutput(own, d.kernels.greedy_choices(own), mine, len(ids)))
         return outputs
 
 
 _END = object()
 # Models this narrow run their requests' threads on one CPU thread (`StepBatcher._settle_thread`).
 SMALL_CPU_MODEL_HIDDEN = 512
-
-
-def _groups(steps: list[_Work], row_budget: int) -> list[list[_Work]]:
-    """The steps in forwards: those capturing the same layers together, at most `row_budget` rows
-    each (a wider step alone), in the order they were asked."""
-    groups: list[list[_Work]] = []
-    open_groups: dict[tuple[int, ...], list[_Work]] = {}
-    for work in steps:
-        group = open_groups.get(work.layers)
-        if group is None or sum(len(w.rows) for w in group) + len(work.rows) > row_budget:
-            group = open_groups[work.layers] = []
-            groups.append(group)
-        group.append(work)
-    return groups

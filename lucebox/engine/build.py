@@ -44,7 +44,8 @@ class Engine:
 
     def __post_init__(self) -> None:
         if self.batcher is None:
-            self.batcher = StepBatcher(lambda: self.runner)
+            self.batcher = StepBatcher(lambda: self.runner,
+                                       lambda: None if self.learned is None else self.learned.costs)
 
     def new_cache(self) -> SequenceCache:
         s = self.setup

@@ -47,6 +47,7 @@ class StepOutput:
     logits: torch.Tensor  # (T, vocab)
     choices: torch.Tensor  # (T,) each row's argmax, or -1 everywhere if a logit is not finite
     features: torch.Tensor | None  # (T, len(layers) * H): the outputs of the layers asked for
+    forward_rows: int | None = None  # rows of the forward it ran in, when other requests' rows shared it
 
 
 def eager_context(decoder, step: Step, cache: SequenceCache, tree=None) -> CacheContext:

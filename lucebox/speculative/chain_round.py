@@ -32,16 +32,22 @@ class ChainRound:
         spec = self.spec
         ctx, state, grammar = spec.context, spec.state, spec.grammar
         c = ctx.cache.length
-        limit = spec.draft_limit(remaining)
+        limit, allotted = spec.draft_limit(remaining), spec.draft_limit(remaining, allotted=True)
         began = ctx.clock(spec.timed)
-        draft = self._drafts(limit)
+        draft = self._drafts(limit, allotted)
         stepped = ctx.clock(spec.timed)
         verified = Draft([]) if draft is None else draft
         if grammar is not None:
             verified = grammar.cut(verified)
         rows = [state.last, *verified.tokens]
         layers = spec.proposer.feature_layers if spec.proposer is not None else ()
-        out = ctx.runner.step(rows, Step.span(c, len(rows), ctx.device), ctx.cache, layers)
+        # In a batched step (where more than a share is allotted) the drafter's own drafts go with
+        # their chances of being kept: the runner keeps the likeliest of every request's.
+        cuttable = allotted > limit and verified.tokens and not verified.copied
+        out = ctx.runner.step(rows, Step.span(c, len(rows), ctx.device), ctx.cache, layers,
+                              **({"reach": spec.reach(verified), "priced": spec.width.priced} if cuttable else {}))
+        if len(out.logits) < len(rows):  # the batch kept fewer of the drafts: the step was theirs alone
+            rows, verified = rows[: len(out.logits)], verified.first(len(out.logits) - 1)
         # The step's own argmax (computed with it, in its graph) serves greedy decoding unless a
         # penalty or the logit bias changes the logits first.
         choices, logits = None if spec.penalized else out.choices, out.logits
@@ -56,23 +62,24 @@ class ChainRound:
                            features=None if out.features is None else out.features[:kept], accepted=n,
                            depth=len(verified.tokens), confidence=verified.confidence, shape="chain",
                            drafted=draft is not None, own_drafts=draft is not None and not draft.copied,
-                           began=began, stepped=stepped)
+                           began=began, stepped=stepped, forward_rows=out.forward_rows)
 
-    def _drafts(self, limit: int) -> Draft | None:
-        """This round's drafts, or None for a plain round."""
+    def _drafts(self, limit: int, allotted: int) -> Draft | None:
+        """This round's drafts, or None for a plain round: a copy's or the grammar's up to `limit`,
+        the drafter's up to `allotted` (`Speculation.draft_limit`)."""
         spec = self.spec
         context = spec.state.tokens + [spec.state.last] if spec.proposer is not None else []  # once a round: it is long
         forced = spec.grammar.forced(limit) if spec.grammar is not None and spec.proposer is not None else []
         if forced:  # what the grammar forces (a JSON key, punctuation) is drafted instead of the drafter's guess
             spec.to_judge([], [], [])
             return Draft(forced, copied=True)
-        return self._draft(limit, context) if spec.drafting(limit, context) else None
+        return self._draft(limit, allotted, context) if spec.drafting(allotted, context) else None
 
-    def _draft(self, limit: int, context: list[int]) -> Draft:
-        """Up to `limit` drafts after `last`, cut to the width the policy chooses; the whole block
-        goes to the judge, which learns from every draft whether verified or not."""
+    def _draft(self, limit: int, allotted: int, context: list[int]) -> Draft:
+        """Up to `allotted` drafts after `last` (a copy's: `limit`), cut to the width the policy
+        chooses; the whole block goes to the judge, which learns from every draft whether verified or not."""
         spec = self.spec
-        proposer, most = spec.proposer, min(limit, spec.proposer.max_width)
+        proposer, most = spec.proposer, min(allotted, spec.proposer.max_width)
         draft = proposer.propose(context, most, spec.params, spec.draft_gen)
         copy: list[int] = []
         if draft.copied:
@@ -83,5 +90,5 @@ class ChainRound:
             # instead, so text that offers copies at every round still drafts, measures and probes.
             copy, draft = draft.tokens, proposer.own_draft(context, most, spec.params, spec.draft_gen)
         spec.to_judge(draft.tokens, draft.confidence, copy)
-        k = spec.width.choose(draft.confidence, len(draft.tokens), limit)
-        return Draft(draft.tokens[:k], None if draft.q is None else draft.q[:k], draft.confidence[:k])
+        k = spec.width.choose(draft.confidence, len(draft.tokens), allotted)
+        return draft.first(k)

@@ -33,3 +33,4 @@ class RoundResult:
     own_drafts: bool
     began: float  # clock reading when the round began (before drafting)
     stepped: float  # clock reading when drafting was done (before the step)
+    forward_rows: int | None = None  # rows of the forward its step ran in, when shared with other requests'

@@ -51,11 +51,14 @@ class TargetOutput(Protocol):
     logits: torch.Tensor  # (T, V)
     choices: torch.Tensor  # (T,) each row's argmax, or -1 everywhere if a logit is not finite
     features: torch.Tensor | None  # (T, len(layers) * H): the outputs of the decoder layers asked for
+    forward_rows: int | None  # rows of the forward it ran in, when other requests' rows shared it
 
 
 class TargetRunner(Protocol):
     """One target step of any width over `rows` at the positions of `step`, writing their K/V into
-    `cache` (`engine.runner.StepRunner`); `tree`: the rows are a draft tree."""
+    `cache` (`engine.runner.StepRunner`); `tree`: the rows are a draft tree. A runner that batches
+    requests (`engine.batcher.StepBatcher`) also has `row_share()` and `row_budget`, and its `step`
+    takes a chain's `reach` and `priced`, with which it may run fewer of the rows (`draft_limit`)."""
 
     def step(self, rows: list[int], step: Step, cache: SequenceCache, layers: tuple[int, ...] = (),
              tree: DraftTree | None = None) -> TargetOutput: ...
@@ -157,21 +160,40 @@ class Speculation:
         drafting, step = result.stepped - result.began, done - result.stepped
         self.totals.add(result, drafting if result.drafted else 0.0, step)
         # A copy's lookup is not the drafter's pass: its time would price the drafter at next to nothing.
-        self.width.record(result.written, step, drafting if result.own_drafts else None)
+        # A batched step's time is its forward's, of every request's rows: it prices that many.
+        self.width.record(result.forward_rows or result.written, step, drafting if result.own_drafts else None)
         if self.shapes is not None and result.own_drafts:  # a copy is a chain, whatever the shape
             self.shapes.record(result.shape, len(new), done - result.began)
         state.advance(new)
 
-    def draft_limit(self, remaining: int) -> int:
-        """The most drafts (or draft rows of a tree) this round may verify."""
+    def draft_limit(self, remaining: int, allotted: bool = False) -> int:
+        """The most drafts (or draft rows of a tree) this round may verify. A runner that batches
+        requests gives each its share of a step's rows, so the steps of all fit one forward; with
+        `allotted`, drafts whose chance of being kept the step carries (`reach`), as many as one
+        forward takes: the runner keeps those of every request most likely to be kept
+        (`StepBatcher.allot`). Neither where the tokens depend on the widths drafted (sampled,
+        verified tokenwise or as a block): there the widths, which would follow the other
+        requests, would change them."""
         cache, runner = self.context.cache, self.context.runner
-        # A runner that batches requests gives each its share of a step's rows: one forward for all.
-        # Not where the tokens depend on the widths drafted (sampled, verified tokenwise or as a
-        # block): there the share, which follows the other requests, would change them.
-        widths_free = self.params.greedy or self.context.verify_rule == "coupled"
-        share = runner.row_share() if widths_free and hasattr(runner, "row_share") else cache.settings.decode_rows
+        share = cache.settings.decode_rows
+        if self.widths_follow_the_batch and hasattr(runner, "row_share"):
+            share = runner.row_budget if allotted else runner.row_share()
         return min(remaining - 1, cache.rows_before_reselect(cache.length) - 1, cache.settings.max_step - 1,
                    cache.settings.decode_rows - 1, share - 1, self.context.draft_k)
+
+    @property
+    def widths_follow_the_batch(self) -> bool:
+        """Whether this request's widths may follow the other requests' (its tokens do not depend on them)."""
+        return self.params.greedy or self.context.verify_rule == "coupled"
+
+    def reach(self, draft: Draft) -> list[float]:
+        """Each draft's chance of being kept along with every draft before it, as the width policy
+        predicts it (non-increasing)."""
+        out, reach = [], 1.0
+        for p in self.width.keep.predict(draft.confidence, len(draft.tokens)):
+            reach *= p
+            out.append(reach)
+        return out + [0.0] * (len(draft.tokens) - len(out))  # past what the keep rates cover
 
     def drafting(self, limit: int, context: list[int]) -> bool:
         """Whether this round drafts: always when the proposer has a copy of earlier text to offer

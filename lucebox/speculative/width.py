@@ -127,6 +127,11 @@ class WidthPolicy:
                 best_k, best = k, rate
         return best_k, best
 
+    @property
+    def priced(self) -> bool:
+        """Whether widths are chosen by the measured step costs (not fixed, not by keep rates alone)."""
+        return self.adaptive and self.timed
+
     def should_draft(self, limit: int) -> bool:
         """Before drafting: whether a round of up to `limit` drafts is expected to beat a plain step."""
         if not self.has_drafter or limit <= 0:
