@@ -7,6 +7,7 @@ joining and leaving at different times. A sequence's rows in a forward never see
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -286,3 +287,39 @@ def test_a_batched_step_keeps_the_drafts_likeliest_to_be_kept_whoever_drafted_th
     assert allot(priced, 16, cpu, (1.0, 0.1)) == 3 and [len(w.rows) for w in priced] == [3, 1]
     unpriced = [work(3, [0.9, 0.8, 0.1], priced=True), work(2, [0.2, 0.05])]  # a fixed-width request's
     assert allot(unpriced, 16, cpu, (1.0, 0.1)) == 0
+
+
+def test_a_turn_waits_for_a_request_that_is_opening_and_takes_its_first_chunk_too(monkeypatch):
+    """Opening a slot counts as working (only a drafter's prefill of the prompt goes aside): a
+    request asking for its prefill while another is opening waits for it, so requests arriving
+    together prefill in one turn instead of one after the other."""
+    from lucebox.engine.session import Session
+
+    llm = lucebox.LLM(dtype="float32", parallel=2, draft=None)
+    opening, release = threading.Event(), threading.Event()
+    open_slot = Session.open
+
+    def slow_open(self, prompt_ids, speculate=True):
+        if threading.current_thread().name == "slow":
+            opening.set()
+            release.wait(30)
+        return open_slot(self, prompt_ids, speculate)
+
+    monkeypatch.setattr(Session, "open", slow_open)
+    first: dict[str, float] = {}
+
+    def run(prompt: str) -> None:
+        for _ in llm.stream(prompt, max_tokens=2, ignore_eos=True):
+            first.setdefault(threading.current_thread().name, time.monotonic())
+
+    slow = threading.Thread(target=run, args=(CODE[0],), name="slow")
+    slow.start()
+    assert opening.wait(30)
+    fast = threading.Thread(target=run, args=(CODE[1],), name="fast")
+    fast.start()
+    time.sleep(0.3)
+    released = time.monotonic()
+    release.set()
+    slow.join(60)
+    fast.join(60)
+    assert first["fast"] > released and first["slow"] > released  # the fast one's prefill waited

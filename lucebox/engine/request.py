@@ -49,8 +49,7 @@ def _decode(engine: Engine, session: Session, request: Request) -> Iterator[Chun
     session.last_stats = stats = None
     rounds, prefill_done, cache = None, None, None
     try:
-        with engine.batcher.aside():  # a draft model prefills the prompt here: the others' turns go on
-            cache, proposer = session.open(prompt_ids, options.speculate)
+        cache, proposer = session.open(prompt_ids, options.speculate)
         start, reused = engine.clock(), cache.length
         setup = engine.setup
         # Under a grammar a draft can end early (at a token the grammar forbids), which block verification

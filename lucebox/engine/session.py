@@ -133,7 +133,7 @@ class Session:
             if proposer is not None and not (slot.drafter_follows and proposer.resume(cache.length)):
                 if proposer.feature_layers:
                     cache.rollback(0)  # the drafter needs target features of every row: prefill them again
-                proposer.start(prompt_ids, None)
+                self._start(proposer, prompt_ids)
             slot.cache, slot.tokens = cache, list(prompt_ids[: cache.length])
             slot.drafter_follows = proposer is not None
         except BaseException:
@@ -148,11 +148,18 @@ class Session:
         try:
             proposer = engine.proposer.fork() if speculate and engine.proposer is not None else None
             if proposer is not None:
-                proposer.start(prompt_ids, None)
+                self._start(proposer, prompt_ids)
             return engine.new_cache(), proposer
         except BaseException:
             self._free(None)
             raise
+
+    def _start(self, proposer: Proposer, prompt_ids: list[int]) -> None:
+        """The drafter starts on the prompt (a draft model prefills it) aside from the batch: the
+        others' turns go on meanwhile. The rest of `open` is short and counts as working, so a turn
+        about to run waits for a request that is opening and takes its prompt's first chunk too."""
+        with self.engine.batcher.aside():
+            proposer.start(prompt_ids, None)
 
     def keep(self, cache: SequenceCache, tokens: list[int]) -> None:
         """A request opened with `cache` has ended: its rows are those of `tokens`; its slot is free."""
