@@ -116,6 +116,10 @@ class _State:
             ("kv_device_bytes", "gauge", device_kv, "KV cache bytes on the device"),
             ("kv_host_bytes", "gauge", memory["kv_host"], "KV cache bytes in host memory"),
             ("weights_bytes", "gauge", memory["weights"], "weight bytes"),
+            ("batched_forwards_total", "counter", self.llm.engine.batcher.forwards,
+             "forwards that ran several requests' steps at once"),
+            ("batched_drafts_cut_total", "counter", self.llm.engine.batcher.drafts_cut,
+             "drafts a batched step left out for likelier ones, or as not paying for their rows"),
         ):
             lines += [f"# HELP lucebox_{name} {what}", f"# TYPE lucebox_{name} {kind}", f"lucebox_{name} {value}"]
         lines += slot_lines(m.slots)
