@@ -5,16 +5,24 @@ Why: the interpreter runs a kernel with `triton.language`'s builtins swapped for
 (`_patch_lang`, which walks every member of `tl`, `tl.core`, `tl.tensor` and `tl.math` with
 `inspect.getmembers`). It does that at each launch, and again at every call of a `@triton.jit`
 function from inside a kernel (our tile helpers, and the language's own `tl.zeros`, `tl.cdiv`...),
-where it is redundant: a launch's patch is still in place. That second walk was a fifth of the
-interpreted test suite's time. Here a launch patches both modules a device function can see the
-language through (`tl` and `tl.core`: what `_patch_lang` looks for in a function's globals), and a
-device-function call patches nothing. Each launch still restores the language when it ends.
+where the launch's patch is already in place. That second walk was a fifth of the interpreted
+test suite's time.
 
-Applied only where the interpreter has the shape this was written against (Triton 3.x); elsewhere
-the interpreter is left as it is (slower, equally right).
+How, keeping Triton's own code: a launch (`GridExecutor.__call__`, wrapped) patches both modules
+a device function can see the language through (`tl` and `tl.core`: what `_patch_lang` looks for
+in a function's globals) before it runs, and restores them when it ends; while a launch runs,
+`_patch_lang` does nothing. Launches running at once (request threads on the interpreter) share
+one patch, restored when the last ends: Triton's per-launch patch could be restored by one launch
+under another still running. A jit function called from host code, outside any launch, is patched
+as Triton patches it.
+
+Applied only where the interpreter has the parts this was written against (Triton 3.x); elsewhere
+it is left as it is (slower, equally right).
 """
 
 from __future__ import annotations
+
+import threading
 
 
 def patch_once_per_launch() -> bool:
@@ -25,26 +33,40 @@ def patch_once_per_launch() -> bool:
 
     if getattr(interpreter, "lucebox_patched_once_per_launch", False):
         return True
-
-    function = getattr(interpreter, "InterpretedFunction", None)
-    patch_lang = getattr(interpreter, "_patch_lang", None)  # private: hence the shape checks here
-    if function is None or patch_lang is None or not hasattr(function, "rewrite"):
+    launcher = getattr(interpreter, "GridExecutor", None)
+    patch_lang = getattr(interpreter, "_patch_lang", None)  # private: hence the checks
+    if launcher is None or patch_lang is None or not hasattr(interpreter, "InterpretedFunction"):
         return False
 
     class EveryLanguageModule:  # what `_patch_lang` reads of a function: the modules in its globals
         __globals__ = {"tl": tl, "core": tl.core}
 
-    def patch_for_the_launch(fn):
-        return patch_lang(EveryLanguageModule)
+    class NothingToRestore:
+        def restore(self) -> None:
+            pass
 
-    def call_in_the_launch(self, *args, **kwargs):  # `InterpretedFunction.__call__`, its patch left out
-        fn = self.rewrite()
+    lock = threading.Lock()
+    launches = {"running": 0, "scope": None}
+    launch = launcher.__call__
+
+    def launch_patched_once(self, *args, **kwargs):
+        with lock:
+            if launches["running"] == 0:
+                launches["scope"] = patch_lang(EveryLanguageModule)
+            launches["running"] += 1
         try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            raise interpreter.InterpreterError(repr(e)) from e
+            return launch(self, *args, **kwargs)
+        finally:
+            with lock:
+                launches["running"] -= 1
+                if launches["running"] == 0:
+                    launches["scope"].restore()
+                    launches["scope"] = None
 
-    interpreter._patch_lang = patch_for_the_launch  # noqa: SLF001 - read by `GridExecutor` at each launch
-    function.__call__ = call_in_the_launch
+    def patch_outside_launches(fn):
+        return NothingToRestore() if launches["running"] else patch_lang(fn)
+
+    launcher.__call__ = launch_patched_once
+    interpreter._patch_lang = patch_outside_launches  # noqa: SLF001 - read by each launch and device call
     interpreter.lucebox_patched_once_per_launch = True
     return True

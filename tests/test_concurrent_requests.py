@@ -69,8 +69,8 @@ def lengths(n: int, **common) -> list[dict]:
     dict(draft=None),
     dict(draft="ngram"),
     dict(draft="auto"),  # the built-in DFlash drafter's trees
-    # its chains, always as wide as allowed: every request drafts past its share, the batch cuts
-    dict(draft="auto", tree_budget=0, adaptive=False),
+    # its chains: priced widths, drafts past a request's share, cut by the batch
+    dict(draft="auto", tree_budget=0),
 ], ids=["plain", "ngram", "dflash-trees", "dflash-chains"])
 def test_eight_requests_at_once_on_four_slots_each_get_their_tokens_alone(options):
     llm = lucebox.LLM(dtype="float32", parallel=4, **options)
@@ -79,7 +79,7 @@ def test_eight_requests_at_once_on_four_slots_each_get_their_tokens_alone(option
     forwards = llm.engine.batcher.forwards
     assert at_once(llm, CODE, greedy) == expected
     assert llm.engine.batcher.forwards > forwards  # the steps really shared forwards
-    if "adaptive" in options:
+    if options.get("tree_budget") == 0:
         assert llm.engine.batcher.drafts_cut > 0  # drafts past the shares were cut by their chances
     if options["draft"] == "auto":  # seeded sampling: the same tokens (`verify="coupled"`)
         sampled = lengths(8, temperature=0.8, seed=11)
@@ -257,36 +257,40 @@ def test_a_batched_request_drafts_at_most_its_share_of_a_forwards_rows(monkeypat
 
 
 def test_a_batched_step_keeps_the_drafts_likeliest_to_be_kept_whoever_drafted_them():
-    """`engine.turn_rows.allot`: steps asking for more rows than a forward takes keep their first row
-    and the drafts with the best chances of being kept (a prefix of each one's), the sure request's
-    deep drafts before the unsure one's first; steps without chances keep every row; steps that
-    fit keep everything, unless they are priced: then only the drafts that raise the forward's
-    expected tokens per second stay."""
+    """`engine.turn_rows.allot`: in each forward, steps asking for more rows than it takes keep
+    their first row and the drafts with the best chances of being kept (a prefix of each one's),
+    the sure request's deep drafts before the unsure one's first; steps without chances keep every
+    row; a forward the others fill leaves the chains a forward of their own; with step costs, only
+    the drafts that raise the forward's expected tokens per second stay."""
     from lucebox.engine.turn_rows import allot
 
     cpu = torch.device("cpu")
 
-    def work(drafts: int, reach=None, layers=(), priced=False):
-        return Work(list(range(1 + drafts)), Step.span(10, 1 + drafts, cpu), None, layers, reach=reach,
-                     priced=priced)
+    def work(drafts: int, reach=None, layers=()):
+        return Work(list(range(1 + drafts)), Step.span(10, 1 + drafts, cpu), None, layers, reach=reach)
+
+    def rows(groups):
+        return [[len(w.rows) for w in group] for group in groups]
 
     sure = work(9, [0.95 ** (i + 1) for i in range(9)])
     unsure = work(9, [0.3 ** (i + 1) for i in range(9)])
     copy = work(3)  # a copy's drafts: its share, never cut
     other_layers = work(9, [0.1] * 9, layers=(1,))  # another forward: its own rows
-    assert allot([sure, unsure, copy, other_layers], 16, cpu, None) == 8
-    assert (len(sure.rows), len(unsure.rows), len(copy.rows), len(other_layers.rows)) == (10, 2, 4, 10)
+    groups, cut = allot([sure, unsure, copy, other_layers], 16, cpu, None)
+    assert cut == 8 and rows(groups) == [[10, 2, 4], [10]]
     assert sure.step.count == 10 and sure.step.start == 10 and unsure.rows == [0, 1] and unsure.reach == [0.3]
     fits = [work(5, [0.5] * 5), work(5, [0.1] * 5)]
-    assert allot(fits, 16, cpu, None) == 0 and [len(w.rows) for w in fits] == [6, 6]
-    crowded = [work(4, [0.9] * 4) for _ in range(3)] + [work(15)]  # a wide copy leaves no room
-    assert allot(crowded, 16, cpu, None) == 12 and [len(w.rows) for w in crowded] == [1, 1, 1, 16]
+    assert allot(fits, 16, cpu, None) == ([fits], 0) and rows([fits]) == [[6, 6]]
+    beside_a_wide_step = [work(10), work(9, [0.9] * 9)]
+    assert rows(allot(beside_a_wide_step, 16, cpu, None)[0]) == [[11, 5]]
+    crowded = [work(4, [0.9] * 4) for _ in range(3)] + [work(15)]  # the wide step runs in a forward of its own
+    groups, cut = allot(crowded, 16, cpu, None)
+    assert cut == 0 and rows(groups) == [[5, 5, 5], [16]]
     # A forward costs 1 + 0.1 s a row: two steps' first rows make 2 tokens in 1.2 s; the drafts kept
     # at 0.9 and 0.8 raise that to 3.7 tokens in 1.4 s, the next (0.2) would lower it.
-    priced = [work(3, [0.9, 0.8, 0.1], priced=True), work(2, [0.2, 0.05], priced=True)]
-    assert allot(priced, 16, cpu, (1.0, 0.1)) == 3 and [len(w.rows) for w in priced] == [3, 1]
-    unpriced = [work(3, [0.9, 0.8, 0.1], priced=True), work(2, [0.2, 0.05])]  # a fixed-width request's
-    assert allot(unpriced, 16, cpu, (1.0, 0.1)) == 0
+    priced = [work(3, [0.9, 0.8, 0.1]), work(2, [0.2, 0.05])]
+    groups, cut = allot(priced, 16, cpu, lambda rows: 1.0 + 0.1 * rows)
+    assert cut == 3 and rows(groups) == [[3, 1]]
 
 
 def test_a_turn_waits_for_a_request_that_is_opening_and_takes_its_first_chunk_too(monkeypatch):

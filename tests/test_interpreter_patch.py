@@ -48,3 +48,25 @@ def test_device_functions_compute_the_same_and_the_language_is_restored(monkeypa
     # one walk of each patched module a launch (tl, its tensor and math, tl.core and its tensor and
     # the descriptor base), however many device functions the three programs called
     assert 0 < len(walks) <= 8, len(walks)
+
+
+def test_launches_from_threads_at_once_share_the_patch_and_the_last_restores_it():
+    import threading
+
+    zeros_before = tl.zeros
+    x = torch.arange(10, dtype=torch.float32)
+    wrong = []
+
+    def launch_many():
+        for _ in range(10):
+            out = torch.empty_like(x)
+            _kernel[(3,)](x, out, 10, BLOCK=4)
+            if not torch.equal(out, x * 8 + 3):
+                wrong.append(out)
+
+    threads = [threading.Thread(target=launch_many) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not wrong and tl.zeros is zeros_before

@@ -32,7 +32,7 @@ import torch
 
 from lucebox.caches import SequenceCache, Step
 from lucebox.engine.runner import StepOutput, StepRunner, eager_context, step_context
-from lucebox.engine.turn_rows import allot, forwards
+from lucebox.engine.turn_rows import allot
 from lucebox.limits import DECODE_ROWS
 from lucebox.models.cache_contexts import SequencesContext
 from lucebox.speculative.width import RoundCosts
@@ -52,7 +52,6 @@ class Work:
     alone: Callable[[], object] | None = None
     hidden: bool = False
     reach: list[float] | None = None  # a chain's drafts' chances of being kept, to cut by (`turn_rows.allot`)
-    priced: bool = False  # its drafts may be cut where they do not pay (its request's width is adaptive)
     thread: threading.Thread = field(default_factory=threading.current_thread)  # the asking thread
     result: object = None
     error: BaseException | None = None
@@ -161,13 +160,13 @@ class StepBatcher:
         return max(1, self.row_budget // max(1, self._working))
 
     def step(self, rows: list[int], step: Step, cache: SequenceCache, layers: tuple[int, ...] = (),
-             tree=None, reach: list[float] | None = None, priced: bool = False) -> StepOutput:
+             tree=None, reach: list[float] | None = None) -> StepOutput:
         """`StepRunner.step`, run with the steps other working requests ask for at the same time.
         With `reach` (each draft's chance of being kept along with those before it, rows being
         [last, d1..dk]), the step may run fewer rows, [last, d1..dj]: its output then has j + 1
-        rows, the drafts every request is likeliest to keep having filled the forward, and with
-        `priced` only as many as pay for their rows (`turn_rows.allot`)."""
-        return self._ask(Work(rows, step, cache, layers, tree, reach=reach, priced=priced))
+        rows: the drafts of every request that pay for their rows, likeliest first, fill the
+        forward (`turn_rows.allot`)."""
+        return self._ask(Work(rows, step, cache, layers, tree, reach=reach))
 
     def forward(self, ids: torch.Tensor, step: Step, cache: SequenceCache,
                 layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -214,9 +213,9 @@ class StepBatcher:
             try:
                 steps = [w for w in asked if w.alone is None]
                 costs = self._costs()
-                self.drafts_cut += allot(steps, self.row_budget, self.decoder.device,
-                                          None if costs is None else costs.line())
-                for group in forwards(steps, self.row_budget):
+                groups, cut = allot(steps, self.row_budget, self.decoder.device, None if costs is None else costs.step)
+                self.drafts_cut += cut
+                for group in groups:
                     self._settle(group, self._steps)
                 for work in asked:
                     if work.alone is not None:

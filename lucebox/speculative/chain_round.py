@@ -45,7 +45,7 @@ class ChainRound:
         # their chances of being kept: the runner keeps the likeliest of every request's.
         cuttable = allotted > limit and verified.tokens and not verified.copied
         out = ctx.runner.step(rows, Step.span(c, len(rows), ctx.device), ctx.cache, layers,
-                              **({"reach": spec.reach(verified), "priced": spec.width.priced} if cuttable else {}))
+                              **({"reach": spec.reach(verified)} if cuttable else {}))
         if len(out.logits) < len(rows):  # the batch kept fewer of the drafts: the step was theirs alone
             rows, verified = rows[: len(out.logits)], verified.first(len(out.logits) - 1)
         # The step's own argmax (computed with it, in its graph) serves greedy decoding unless a
@@ -73,7 +73,9 @@ class ChainRound:
         if forced:  # what the grammar forces (a JSON key, punctuation) is drafted instead of the drafter's guess
             spec.to_judge([], [], [])
             return Draft(forced, copied=True)
-        return self._draft(limit, allotted, context) if spec.drafting(allotted, context) else None
+        # whether to draft is judged at the share: a wider round than the batch will likely run would
+        # price drafting too well
+        return self._draft(limit, allotted, context) if spec.drafting(limit, context) else None
 
     def _draft(self, limit: int, allotted: int, context: list[int]) -> Draft:
         """Up to `allotted` drafts after `last` (a copy's: `limit`), cut to the width the policy

@@ -58,7 +58,7 @@ class TargetRunner(Protocol):
     """One target step of any width over `rows` at the positions of `step`, writing their K/V into
     `cache` (`engine.runner.StepRunner`); `tree`: the rows are a draft tree. A runner that batches
     requests (`engine.batcher.StepBatcher`) also has `row_share()` and `row_budget`, and its `step`
-    takes a chain's `reach` and `priced`, with which it may run fewer of the rows (`draft_limit`)."""
+    takes a chain's `reach`, with which it may run fewer of the rows (`draft_limit`)."""
 
     def step(self, rows: list[int], step: Step, cache: SequenceCache, layers: tuple[int, ...] = (),
              tree: DraftTree | None = None) -> TargetOutput: ...
@@ -169,15 +169,15 @@ class Speculation:
     def draft_limit(self, remaining: int, allotted: bool = False) -> int:
         """The most drafts (or draft rows of a tree) this round may verify. A runner that batches
         requests gives each its share of a step's rows, so the steps of all fit one forward; with
-        `allotted`, drafts whose chance of being kept the step carries (`reach`), as many as one
-        forward takes: the runner keeps those of every request most likely to be kept
-        (`StepBatcher.allot`). Neither where the tokens depend on the widths drafted (sampled,
-        verified tokenwise or as a block): there the widths, which would follow the other
-        requests, would change them."""
+        `allotted`, a request whose widths are priced by the step costs may draft as many as one
+        forward takes, the step carrying their chances of being kept (`reach`): the runner keeps
+        those that pay, the likeliest of every request's (`engine.turn_rows.allot`). Neither where
+        the tokens depend on the widths drafted (sampled, verified tokenwise or as a block): there
+        the widths, which would follow the other requests, would change them."""
         cache, runner = self.context.cache, self.context.runner
         share = cache.settings.decode_rows
         if self.widths_follow_the_batch and hasattr(runner, "row_share"):
-            share = runner.row_budget if allotted else runner.row_share()
+            share = runner.row_budget if allotted and self.width.priced else runner.row_share()
         return min(remaining - 1, cache.rows_before_reselect(cache.length) - 1, cache.settings.max_step - 1,
                    cache.settings.decode_rows - 1, share - 1, self.context.draft_k)
 
