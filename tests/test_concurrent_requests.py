@@ -327,3 +327,35 @@ def test_a_turn_waits_for_a_request_that_is_opening_and_takes_its_first_chunk_to
     slow.join(60)
     fast.join(60)
     assert first["fast"] > released and first["slow"] > released  # the fast one's prefill waited
+
+
+def test_a_batched_steps_output_says_how_long_it_waited_for_its_forward(monkeypatch):
+    """The time a step waited for its forward (the others drafting, their forwards) is others':
+    its output carries it (`StepOutput.waited_s`), and the round's cost measurement leaves it out."""
+    from lucebox.engine.batcher import StepBatcher
+    from lucebox.engine.runner import StepOutput
+    from lucebox.speculative.width import WidthPolicy
+
+    llm = lucebox.LLM(dtype="float32", tree_budget=0)
+    batcher = llm.engine.batcher
+    work = Work([1], Step.span(0, 1, torch.device("cpu")), None)
+    work.asked_at -= 2.0  # asked two seconds ago
+    out = StepOutput(torch.zeros(1, 4), torch.zeros(1, dtype=torch.long), None)
+    batcher._settle([work], lambda works: [out])
+    assert work.done and work.result is out and 2.0 <= out.waited_s < 60
+
+    settle = StepBatcher._settle
+
+    def waited_ten_seconds(self, works, run):
+        settle(self, works, run)
+        for w in works:
+            if isinstance(w.result, StepOutput):
+                w.result.waited_s = 10.0
+
+    recorded = []
+    record = WidthPolicy.record
+    monkeypatch.setattr(StepBatcher, "_settle", waited_ten_seconds)
+    monkeypatch.setattr(WidthPolicy, "record", lambda self, rows, seconds, drafting: (
+        recorded.append(seconds), record(self, rows, seconds, drafting)))
+    llm.generate("def f(x):\n", max_tokens=8, ignore_eos=True)
+    assert recorded and all(seconds == 0.0 for seconds in recorded)  # every step's ten seconds left out

@@ -24,6 +24,7 @@ runner's own path (its CUDA graphs): one client runs as it did without batching.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ class Work:
     hidden: bool = False
     reach: list[float] | None = None  # a chain's drafts' chances of being kept, to cut by (`turn_rows.allot`)
     thread: threading.Thread = field(default_factory=threading.current_thread)  # the asking thread
+    asked_at: float = field(default_factory=time.perf_counter)
     result: object = None
     error: BaseException | None = None
     done: bool = False
@@ -234,8 +236,11 @@ class StepBatcher:
         alone, so one request's refusal (its cache's) is its own: a step writes its rows at fixed
         positions and commits nothing, so running it again is running it. An interrupt
         (KeyboardInterrupt) is the turn's thread's own: the others fail plainly."""
+        started = time.perf_counter()
         try:
             for work, result in zip(works, run(works), strict=True):
+                if isinstance(result, StepOutput):  # the time it waited for its forward was others'
+                    result.waited_s = started - work.asked_at
                 work.result, work.done = result, True
         except Exception as e:
             if len(works) > 1:

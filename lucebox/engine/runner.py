@@ -48,6 +48,7 @@ class StepOutput:
     choices: torch.Tensor  # (T,) each row's argmax, or -1 everywhere if a logit is not finite
     features: torch.Tensor | None  # (T, len(layers) * H): the outputs of the layers asked for
     forward_rows: int | None = None  # rows of the forward it ran in, when other requests' rows shared it
+    waited_s: float = 0.0  # seconds it waited for its forward to start (other requests drafting, their forwards)
 
 
 def eager_context(decoder, step: Step, cache: SequenceCache, tree=None) -> CacheContext:

@@ -62,7 +62,8 @@ class ChainRound:
                            features=None if out.features is None else out.features[:kept], accepted=n,
                            depth=len(verified.tokens), confidence=verified.confidence, shape="chain",
                            drafted=draft is not None, own_drafts=draft is not None and not draft.copied,
-                           began=began, stepped=stepped, forward_rows=out.forward_rows)
+                           began=began, stepped=stepped, forward_rows=out.forward_rows,
+                           waited_s=out.waited_s)
 
     def _drafts(self, limit: int, allotted: int) -> Draft | None:
         """This round's drafts, or None for a plain round: a copy's or the grammar's up to `limit`,

@@ -52,6 +52,7 @@ class TargetOutput(Protocol):
     choices: torch.Tensor  # (T,) each row's argmax, or -1 everywhere if a logit is not finite
     features: torch.Tensor | None  # (T, len(layers) * H): the outputs of the decoder layers asked for
     forward_rows: int | None  # rows of the forward it ran in, when other requests' rows shared it
+    waited_s: float  # seconds it waited for its forward to start, when batched with other requests'
 
 
 class TargetRunner(Protocol):
@@ -160,8 +161,10 @@ class Speculation:
         drafting, step = result.stepped - result.began, done - result.stepped
         self.totals.add(result, drafting if result.drafted else 0.0, step)
         # A copy's lookup is not the drafter's pass: its time would price the drafter at next to nothing.
-        # A batched step's time is its forward's, of every request's rows: it prices that many.
-        self.width.record(result.forward_rows or result.written, step, drafting if result.own_drafts else None)
+        # A batched step's time is its forward's, of every request's rows: it prices that many, without
+        # the time it waited for the forward to start (the others' drafting and forwards).
+        self.width.record(result.forward_rows or result.written, max(step - result.waited_s, 0.0),
+                          drafting if result.own_drafts else None)
         if self.shapes is not None and result.own_drafts:  # a copy is a chain, whatever the shape
             self.shapes.record(result.shape, len(new), done - result.began)
         state.advance(new)

@@ -54,7 +54,8 @@ class TreeRound:
         return RoundResult(chunk=chunk, rows=[tree.tokens[r] for r in rows], written=len(tree), path=rows[1:],
                            features=features, accepted=verdict.accepted, depth=tree.depth, confidence=[],
                            shape="tree", drafted=drafting, own_drafts=drafting and not tree.copied,
-                           began=began, stepped=stepped, forward_rows=out.forward_rows)
+                           began=began, stepped=stepped, forward_rows=out.forward_rows,
+                           waited_s=out.waited_s)
 
     def _drafted_tree(self, context: list[int], budget: int) -> DraftTree:
         """The drafter's tree of up to `budget` rows; its first-choice path goes to the judge, so the
