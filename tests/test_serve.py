@@ -152,6 +152,13 @@ def test_structured_output_through_the_official_client_validates_and_bad_constra
     assert refused({"response_format": {"type": "xml"}}) == "response_format"
     assert refused({"response_format": {"type": "json_object", "schema": {}}}) == "response_format.schema"
     assert refused({"response_format": {"type": "json_object"}, "grammar": 'start: "a"'}) == "grammar"
+    # one stop string is one string, not its characters: refused by its name, or kept beside compact JSON
+    code, reply, _ = server.post("/v1/completions", json.dumps(
+        {"prompt": "x", "max_tokens": 4, "stop": "return", **schema_format(schema={})}).encode())
+    assert code == 400 and reply["error"]["param"] == "stop" and "'return'" in reply["error"]["message"], reply
+    code, reply, _ = server.post("/v1/completions", json.dumps(
+        {"prompt": "x", "max_tokens": 4, "stop": "x\n", **schema_format(schema={})}).encode())
+    assert code == 200, reply
 
 
 def test_the_second_turn_of_a_conversation_reuses_the_cache(server):

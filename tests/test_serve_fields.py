@@ -138,6 +138,13 @@ def test_echo_writes_back_a_token_id_prompt_as_text(server, llm):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
     stream = client.completions.create(model=echoed["model"], **body, echo=True, stream=True)
     assert "".join(c.choices[0].text for c in stream) == echoed["choices"][0]["text"]
+    # with n choices each begins with the prompt, streamed or whole
+    code, two = _post(server, "/v1/completions", {**body, "echo": True, "n": 2})
+    assert code == 200 and [c["text"][: len(text)] for c in two["choices"]] == [text, text]
+    streamed = ["", ""]
+    for c in client.completions.create(model=echoed["model"], **body, echo=True, n=2, stream=True):
+        streamed[c.choices[0].index] += c.choices[0].text
+    assert streamed == [c["text"] for c in two["choices"]]
 
 
 def _head(server, header_bytes: int) -> bytes:

@@ -94,7 +94,8 @@ def refuse_stops(stop, constraint: str, schema=None) -> None:
     naming `stop`; the output ends by itself once the JSON is complete. Kept: one with a control
     character (a newline) beside compact JSON (`schema`'s output, JSON_DEFAULTS), which never writes one."""
     harmless = schema is not None and _compact(schema)
-    cutting = [s for s in stop or [] if not (harmless and _has_control(s))]
+    stops = [stop] if isinstance(stop, str) else stop or []  # one stop string, or a list of them
+    cutting = [s for s in stops if not (harmless and _has_control(s))]
     if cutting:
         raise GrammarError("stop", f"{cutting[0]!r} cannot be used with {constraint}: a stop string can end the "
                                    "output inside the JSON, which then is not JSON; leave stop out (the output ends "

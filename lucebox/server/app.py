@@ -239,13 +239,15 @@ class _State:
     async def _events(self, req, job: Job, rid: str, first, calls):
         model = self.model_name
         try:
-            if req.echo_text:
-                yield _sse(api.chunk(req, rid, model, req.echo_text, None))
             chunk, stats = first, []
             for index in range(req.n):
                 if chunk is None:  # the job ended early (the server stopping)
                     break
                 choice = ChoiceEvents(req, rid, model, index, self.token_text)
+                if req.echo_text:  # every choice's text begins with the prompt, as a whole answer's does
+                    echo = api.chunk(req, rid, model, req.echo_text, None)
+                    echo["choices"][0]["index"] = index
+                    yield _sse(echo)
                 parse = calls() if calls is not None else None  # the content goes out as the calls let it
                 if req.kind == "chat":
                     yield _sse(choice.event("", None, first=True))
