@@ -1,6 +1,7 @@
 """`lucebox serve` as its users meet it: a server in a subprocess on a free localhost port, spoken to
 with the official `openai` client (and raw HTTP for the faults a client library would not send)."""
 
+import http.client
 import json
 import signal
 import socket
@@ -374,6 +375,34 @@ def test_a_full_queue_answers_429_a_drafter_server_is_lossless_and_sigterm_ends_
     finally:
         if s.proc.poll() is None:
             assert s.stop() == 0
+
+
+def test_requests_still_running_when_the_shutdown_time_is_up_end_with_503_not_a_cut_connection():
+    """SIGTERM with answers running: shortly before --shutdown-timeout ends, each ends with a 503 of
+    its own (a whole answer's status, a stream's last event before [DONE]); nothing is cancelled
+    under the app (no 500, no traceback)."""
+    s = Server("--parallel", "2", "--shutdown-timeout", "2")
+    try:
+        whole = []
+        body = json.dumps({"prompt": "while True:\n", "max_tokens": 4000, "temperature": 0}).encode()
+        waiting = threading.Thread(target=lambda: whole.append(s.post("/v1/completions", body)))
+        waiting.start()
+        stream = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        stream.request("POST", "/v1/completions", json.dumps(
+            {"prompt": "while True:\n", "max_tokens": 4000, "temperature": 0, "stream": True}),
+            {"Content-Type": "application/json", **s.key_header()})
+        answer = stream.getresponse()
+        assert answer.status == 200 and answer.readline().startswith(b"data: ")  # it runs
+        assert s.stop(sig=signal.SIGTERM) == 0
+        events = [line for line in answer.read().decode().split("\n") if line.startswith("data: ")]
+        waiting.join(60)
+        assert events[-1] == "data: [DONE]" and "shutting down" in json.loads(events[-2][6:])["error"]["message"]
+        code, reply, _ = whole[0]
+        assert code == 503 and "shutting down" in reply["error"]["message"]
+        assert "Exception in ASGI application" not in s.output() and "Traceback" not in s.output()
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
 
 
 @pytest.mark.parametrize("flags, message", [

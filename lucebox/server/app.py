@@ -268,6 +268,9 @@ class _State:
         except LuceboxError as e:  # mid-stream: the status line is gone, so the error is an event
             yield _sse(mid_output_error(e, req).body())
             yield b"data: [DONE]\n\n"
+        except api.APIError as e:  # the server stopping
+            yield _sse(e.body())
+            yield b"data: [DONE]\n\n"
         except Exception as e:
             yield _sse(api.APIError(500, f"the engine failed: {type(e).__name__}: {e}").body())
             yield b"data: [DONE]\n\n"

@@ -34,6 +34,7 @@ class Job:
     n: int = 1  # choices, run one after another (`server.choices`)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    aborted: threading.Event = field(default_factory=threading.Event)  # the server stopping: it ends with a 503
     submitted: float = field(default_factory=time.perf_counter)
 
     def send(self, item) -> None:
@@ -131,6 +132,14 @@ class EngineWorker:
                     job.send(APIError(503, "the server is shutting down"))
                     job.send(_END)
 
+    def abort_running(self) -> None:
+        """The running requests end at their next token with 503 (the server is stopping and its time
+        for them is up): their clients get an answer before the connections are cut."""
+        with self._lock:
+            for job in self.running:
+                job.aborted.set()
+                job.cancelled.set()
+
     def stop(self, timeout: float = 10.0) -> None:
         """`begin_stop`, cancel the running request at its next token, and wait for the worker."""
         self.begin_stop()
@@ -186,6 +195,8 @@ class EngineWorker:
                     job.send(chunk)
                     if chunk.stats is not None:
                         self._record(chunk.stats, mine)
+                    if job.aborted.is_set():
+                        raise APIError(503, "the server is shutting down")
                     if job.cancelled.is_set():  # the client left: stop between chunks, the engine stays consistent
                         with self._lock:
                             self.metrics.cancelled += 1
