@@ -225,6 +225,11 @@ def test_faults_get_their_status_codes_and_the_server_goes_on(server):
             assert reply["error"]["code"] == "context_length_exceeded" and "4096 tokens" in reply["error"]["message"]
     code, reply, _ = server.post("/v1/completions", body)
     assert code == 200 and reply["usage"]["completion_tokens"] == 2
+    try:  # a wrong method is the client's error, named as such
+        urllib.request.urlopen(urllib.request.Request(server.url + "/v1/completions", headers=server.key_header()))
+        raise AssertionError("GET /v1/completions answered")
+    except urllib.error.HTTPError as e:
+        assert e.code == 405 and json.loads(e.read())["error"]["type"] == "invalid_request_error"
     with pytest.raises(openai.AuthenticationError):
         server.client(key="sk-wrong").models.list()
 

@@ -14,10 +14,10 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers or {}
         self.kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                     404: "not_found_error", 408: "invalid_request_error", 413: "invalid_request_error",
+                     404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+                     413: "invalid_request_error",
                      415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
-                     431: "invalid_request_error",
-                     503: "service_unavailable"}.get(status, "server_error")
+                     431: "invalid_request_error", 503: "service_unavailable"}.get(status, "server_error")
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
