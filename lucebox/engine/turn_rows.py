@@ -16,8 +16,7 @@ if TYPE_CHECKING:
     from lucebox.engine.batcher import Work
 
 
-def forwards(steps: list[Work], row_budget: int, rows: Callable[[Work], int] = lambda w: len(w.rows)
-             ) -> list[list[Work]]:
+def forwards(steps: list[Work], row_budget: int, rows: Callable[[Work], int]) -> list[list[Work]]:
     """The steps in forwards: those capturing the same layers together, at most `row_budget` rows
     each (a wider step alone), in the order they were asked; `rows`: a step's rows."""
     groups: list[list[Work]] = []

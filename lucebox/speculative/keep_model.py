@@ -75,14 +75,22 @@ class KeepModel:
         return min(1.0, confidence * self.kept[position] / max(self.confidence[position], 1e-6))
 
 
+def reaches(keep: list[float]) -> list[float]:
+    """Each draft's chance of being kept along with every draft before it, from each one's keep
+    probability (never above the one before it)."""
+    out, reach = [], 1.0
+    for p in keep:
+        reach *= p
+        out.append(reach)
+    return out
+
+
 def expected_tokens(keep: list[float]) -> list[float]:
     """Expected tokens a round commits when it verifies the first k drafts, for k = 0..len(keep):
     1 (the target's own token) plus the chance each draft and all before it are kept."""
-    out, reach, total = [1.0], 1.0, 1.0
-    for p in keep:
-        reach *= p
-        total += reach
-        out.append(total)
+    out = [1.0]
+    for reach in reaches(keep):
+        out.append(out[-1] + reach)
     return out
 
 

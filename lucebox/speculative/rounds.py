@@ -35,7 +35,7 @@ from lucebox.logprobs import token_logprobs
 from lucebox.sampling import RaceNoise, SamplingParams
 from lucebox.speculative.chain_round import ChainRound
 from lucebox.speculative.decide import decide
-from lucebox.speculative.keep_model import DraftJudge, KeepModel
+from lucebox.speculative.keep_model import DraftJudge, KeepModel, reaches
 from lucebox.speculative.learned import Learned
 from lucebox.speculative.proposer import Draft, Proposer
 from lucebox.speculative.round_result import RoundResult
@@ -192,10 +192,7 @@ class Speculation:
     def reach(self, draft: Draft) -> list[float]:
         """Each draft's chance of being kept along with every draft before it, as the width policy
         predicts it (non-increasing)."""
-        out, reach = [], 1.0
-        for p in self.width.keep.predict(draft.confidence, len(draft.tokens)):
-            reach *= p
-            out.append(reach)
+        out = reaches(self.width.keep.predict(draft.confidence, len(draft.tokens)))
         return out + [0.0] * (len(draft.tokens) - len(out))  # past what the keep rates cover
 
     def drafting(self, limit: int, context: list[int]) -> bool:

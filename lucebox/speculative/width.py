@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lucebox.limits import DECODE_ROWS, DRAFT_WIDTH
-from lucebox.speculative.keep_model import KeepModel, expected_tokens
+from lucebox.speculative.keep_model import KeepModel, expected_tokens, reaches
 
 PROBE_EVERY = 8  # plain rounds before a draft the policy did not expect to pay (doubling while none pays)
 MAX_PROBE_EVERY = 64  # the longest wait between two probes
@@ -156,13 +156,7 @@ class WidthPolicy:
             return count
         keep = self.keep.predict(confidence, count)
         if not self.timed:
-            k, reach = 0, 1.0
-            for p in keep:
-                reach *= p
-                if reach < MIN_REACH:
-                    break
-                k += 1
-            return k
+            return next((k for k, reach in enumerate(reaches(keep)) if reach < MIN_REACH), len(keep))
         return self.rate(keep, 0.0)[0]
 
     def record(self, rows: int, step_seconds: float, draft_seconds: float | None) -> None:
