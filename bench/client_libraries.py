@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--python", required=True, help="a Python with the five libraries installed")
     parser.add_argument("--out", help="where to write the result (default bench/results/local/)")
     args = parser.parse_args()
-    server = ServerProcess("--tool-parser", "hermes", api_key=KEY)
+    server = ServerProcess(api_key=KEY)  # no flags: the built-in model's tools take the generic JSON syntax
     proxy = RecordingProxy(server.url)
     try:
         env = {**os.environ, "LUCEBOX_URL": proxy.url, "LUCEBOX_KEY": KEY, "LUCEBOX_MODEL": MODEL}

@@ -48,6 +48,12 @@ def probe_openai() -> None:
     report("openai", "structured (named tool)", lambda: client.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=48, tools=[tool],
         tool_choice={"type": "function", "function": {"name": "answer"}}, **NO_OP).choices[0].message.tool_calls[0])
+    report("openai", "tools (auto)", lambda: client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=48, tools=[tool], **NO_OP).choices[0].message)
+    report("openai", "tools (required, stream)", lambda: [
+        c.choices[0].delta.tool_calls for c in client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=96, tools=[tool], tool_choice="required", stream=True, **NO_OP)
+        if c.choices and c.choices[0].delta.tool_calls][0])
     report("openai", "default (completions)", lambda: client.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=8, user="probe-user").choices[0].text)
 
@@ -74,6 +80,7 @@ def probe_langchain() -> None:
                                                 "prompt_cache_key": "probe-1", "safety_identifier": "probe-user"})
     report("langchain-openai", "default", lambda: llm.invoke(PROMPT).content)
     report("langchain-openai", "default (stream)", lambda: "".join(c.content for c in llm.stream(PROMPT)))
+    report("langchain-openai", "tools (bind_tools)", lambda: llm.bind_tools([Answer]).invoke(PROMPT))
     for method in ("json_schema", "function_calling", "json_mode"):
         report("langchain-openai", f"structured ({method})",
                lambda m=method: llm.with_structured_output(Answer, method=m).invoke(PROMPT))
@@ -105,6 +112,11 @@ def probe_litellm() -> None:
     report("litellm", "default", lambda: litellm.completion(max_tokens=8, **common).choices[0].message.content)
     report("litellm", "structured (json_schema)", lambda: litellm.completion(
         max_tokens=32, response_format=Answer, **common).choices[0].message.content)
+    tool = {"type": "function", "function": {"name": "answer", "parameters": Answer.model_json_schema()}}
+    report("litellm", "tools (auto)", lambda: litellm.completion(
+        max_tokens=48, tools=[tool], **common).choices[0].message)
+    report("litellm", "tools (required)", lambda: litellm.completion(
+        max_tokens=96, tools=[tool], tool_choice="required", **common).choices[0].message.tool_calls[0])
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from lucebox.arguments import flag, integer, stops, token_biases
 from lucebox.errors import GrammarError, InvalidArgumentError
 from lucebox.logprobs import MAX_TOP_LOGPROBS
 from lucebox.sampling import SamplingParams
+from lucebox.text.tool_calls import FORMATS
 
 # `LLM.stream`'s keywords that are SamplingParams' fields (the others are RequestOptions' own)
 SAMPLING_KEYWORDS = tuple(f.name for f in fields(SamplingParams) if not f.name.startswith("_"))
@@ -49,6 +50,9 @@ class RequestOptions:
     `logprobs=k` (0..20): every chunk carries `logprobs`, one `lucebox.logprobs.TokenLogprob` per
     token: its log-probability and the k likeliest tokens' under the model's raw logits (before
     penalties, temperature, truncation and grammar), equal to log_softmax(`LLM.logits`) at its position.
+    `end_on_repeated_call`: a tool-call syntax (`lucebox.text.tool_calls.FORMATS`): the answer ends
+    (finish_reason "stop") at the token that completes a call it already wrote, same name and same
+    arguments (a model looping on its calls; `lucebox.text.call_watch`).
     """
 
     max_tokens: int
@@ -61,6 +65,7 @@ class RequestOptions:
     grammar: str | None = None
     json_object: bool = False
     logprobs: int | None = None
+    end_on_repeated_call: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.sampling, SamplingParams):
@@ -73,6 +78,9 @@ class RequestOptions:
             "stop": _stop_tuple(self.stop, None),
             "snapshot_at": _positions(self.snapshot_at),
         }
+        if self.end_on_repeated_call is not None and self.end_on_repeated_call not in FORMATS:
+            raise InvalidArgumentError(f"end_on_repeated_call must be one of {', '.join(FORMATS)} or None, "
+                                       f"got {self.end_on_repeated_call!r}")
         constraint = chosen_constraint(self.json_schema, self.grammar, self.json_object)
         if constraint is not None and checked["ignore_eos"]:
             raise GrammarError(constraint, "a constrained output ends with EOS; it cannot take ignore_eos=True")

@@ -162,7 +162,8 @@ def test_bad_tool_requests_are_refused_naming_the_field_and_nothing_reaches_the_
     assert tools_server.metric("requests_total") == before
 
 
-def test_the_call_syntax_comes_from_the_template_or_the_flag_and_a_model_with_none_refuses_tools(tools_model):
+def test_the_call_syntax_comes_from_the_template_or_the_flag_and_a_model_with_none_gets_the_generic_one(
+        tools_model):
     class Model:
         tokenizer = load_tokenizer(tools_model, {}, None)
 
@@ -171,9 +172,11 @@ def test_the_call_syntax_comes_from_the_template_or_the_flag_and_a_model_with_no
     assert model_tool_format(Model, flag) == ("mistral", False)
     with pytest.raises(SystemExit):  # argparse names the choices
         build_parser().parse_args(["serve", "--tool-parser", "qwen"])
-    with pytest.raises(APIError) as refused:
-        tool_request({"tools": TOOLS}, "chat", None, lambda text: None, False)
-    assert (refused.value.status, refused.value.param) == (400, "tools")
+    generic = tool_request({"tools": TOOLS}, "chat", None, lambda text: None, False)
+    assert generic.fmt == "json" and "grammar" in generic.constraint  # auto too: the grammar forces the syntax
+    with pytest.raises(APIError) as refused:  # which then cannot take another constraint
+        tool_request({"tools": TOOLS, "response_format": {"type": "json_object"}}, "chat", None, lambda t: None, False)
+    assert (refused.value.status, refused.value.param) == (400, "tool_choice")
     unparsed = tool_request({"tools": TOOLS, "tool_choice": "none"}, "chat", None, lambda text: None, False)
     assert unparsed.choice == "none"  # the tools are rendered, nothing is parsed: no syntax needed
 

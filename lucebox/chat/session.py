@@ -26,8 +26,17 @@ from lucebox.errors import ContextLengthError, InvalidArgumentError, ToolError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.output import write_new_file
 from lucebox.request_options import RequestOptions
+from lucebox.text.json_calls import answer_text
 from lucebox.text.tool_calls import FORMATS
-from lucebox.tools import ToolCall, ToolCallStream, ToolRequest, check_tools, model_tool_format, prompt_parts
+from lucebox.tools import (
+    CONSTRAINED_CALLS,
+    ToolCall,
+    ToolCallStream,
+    ToolRequest,
+    check_tools,
+    model_tool_format,
+    prompt_parts,
+)
 
 
 class ChatSession:
@@ -120,7 +129,7 @@ class ChatSession:
         check_settings(settings)
         request = self._tool_request(settings, **tool_keys)
         if request is not None and request.constraint:
-            refuse_stops(own_stops(settings["stop"]), "tool calls (tool_choice required or a named function)")
+            refuse_stops(own_stops(settings["stop"]), CONSTRAINED_CALLS)
             check_settings(settings := {**settings, **request.constraint})
         if makes_json(settings) or (request is not None and request.constraint):
             settings["stop"] = own_stops(settings["stop"]) or None  # the grammar ends the answer
@@ -138,8 +147,9 @@ class ChatSession:
         except BaseException:
             del self.messages[-len(new_messages):]
             raise
+        repeats = {"end_on_repeated_call": request.fmt} if request is not None and request.parses else {}
         options = RequestOptions.from_keywords(**{**settings, "max_tokens": min(settings["max_tokens"], room),
-                                                  "snapshot_at": snapshots})
+                                                  "snapshot_at": snapshots, **repeats})
         self.last_prompt_ids = prompt_ids
         calls = None if request is None or not request.parses else ToolCallStream(
             self.tokenizer, request, self.llm.eos_token_ids, list(options.stop_strings), prompt_ids)
@@ -161,7 +171,7 @@ class ChatSession:
     def _reply(self, chunks: Iterator[Chunk]) -> Generation:
         """The whole answer; with calls, the content beside them as its text."""
         answer = collect(chunks, has_text=True)
-        if not self.last_tool_calls:
+        if not self.last_tool_calls and self.messages[-1]["content"] == answer.text:
             return answer
         return replace(answer, _text=self.messages[-1]["content"] or "", tool_calls=self.last_tool_calls)
 
@@ -194,7 +204,7 @@ class ChatSession:
             else:  # cut: the engine's figures up to the cut, once the request had given a chunk (past its prefill)
                 cut = self.llm.session.last_stats if last is not None else None
                 self.last_stats = None if cut is None else {**cut, "cut": True}
-            parsed = calls.finish()[1] if calls is not None and finished else None
+            parsed = calls.finish(last.finish_reason)[1] if calls is not None and finished else None
             self._record(prompt_text, prompt_ids, generated, "".join(pieces), last if finished else None, parsed)
 
     def _record(self, prompt_text: str, prompt_ids: list[int], generated: list[int], answer: str,
@@ -211,6 +221,10 @@ class ChatSession:
                 "name": c.name, "arguments": bounded_json.loads(c.arguments, "a call's arguments")}}
                 for c in parsed.calls]
             self.context.reset()  # the template writes the calls its own way: tokenized whole next turn
+            return
+        if parsed is not None and answer_text(answer) is not None:  # the generic syntax's answer object: its text
+            message["content"] = parsed.content
+            self.context.reset()
             return
         if last is None or last.finish_reason == "length":
             ended = "length"

@@ -12,14 +12,16 @@ import json
 
 from lucebox.constrained.spec import JSON_DEFAULTS, Constraint
 from lucebox.errors import GrammarError
+from lucebox.text.json_calls import ANSWER_HEAD, CALLS_HEAD
 
 
 def tool_call_grammar(functions: list[dict], fmt: str, parallel: bool, token_id, mistral_args: bool = False,
-                      field: str = "tools") -> str:
+                      field: str = "tools", answer: bool = False) -> str:
     """The grammar (Lark text, checked by the grammar engine) for calls to any of `functions`
     ({"name", "parameters"} dicts) in syntax `fmt`; one call, or (`parallel`) one or more.
     `token_id(text)`: the id of a token spelled `text`, or None.
-    `mistral_args`: Mistral's newer `[TOOL_CALLS]name[ARGS]{...}` syntax."""
+    `mistral_args`: Mistral's newer `[TOOL_CALLS]name[ARGS]{...}` syntax.
+    `answer`: the generic syntax's answer object is allowed instead of the calls (tool_choice auto)."""
     def literal(text: str) -> str:
         i = token_id(text)
         return f"<[{i}]>" if i is not None else json.dumps(text)
@@ -43,6 +45,11 @@ def tool_call_grammar(functions: list[dict], fmt: str, parallel: bool, token_id,
     elif fmt == "llama3":
         call = " | ".join(json_call(f, "parameters") for f in functions)
         start = 'call ("; " call)*' if parallel else "call"
+    elif fmt == "json":  # {"tool_calls": [call, ...]} or {"content": "..."}
+        call = " | ".join(json_call(f, "arguments") for f in functions)
+        more = ' (", " call)*' if parallel else ""
+        calls = f'{json.dumps(CALLS_HEAD)} call{more} "]}}"'
+        start = f'{calls} | {json.dumps(ANSWER_HEAD)} %json {{"type": "string"}} "}}"' if answer else calls
     elif mistral_args:
         call = " | ".join(f'{literal("[TOOL_CALLS]")} {json.dumps(f["name"])} {literal("[ARGS]")} {arguments(f)}'
                           for f in functions)

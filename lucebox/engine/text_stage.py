@@ -2,8 +2,8 @@
 
 Contract: `feed(tokens)` takes one round's committed tokens in order and returns the chunk to
 yield (token ids, and their text when the model has a tokenizer); it stops at the first token
-that ends the request (EOS or a stop token, emitted; a stop string, never emitted; or
-`max_tokens`), after which `finish` is set and tokens past it are not counted. `last(stats)` is
+that ends the request (EOS or a stop token, emitted; a stop string, never emitted; a tool call
+repeated, emitted; or `max_tokens`), after which `finish` is set and tokens past it are not counted. `last(stats)` is
 the final chunk: the ids and text of the round that finished, any text held back for a stop
 string that never came, finish_reason and stats. Device values are never read here.
 """
@@ -11,14 +11,18 @@ string that never came, finish_reason and stats. Device values are never read he
 from __future__ import annotations
 
 from lucebox.generation import Chunk
+from lucebox.text.call_watch import RepeatedCallWatch
 from lucebox.text.incremental import IncrementalDecoder
 from lucebox.text.stopping import StopStrings
 
 
 class TextStage:
     def __init__(self, tokenizer, prompt_ids: list[int], stop_strings: list[str], stop_ids: set[int],
-                 max_tokens: int):
+                 max_tokens: int, call_syntax: str | None = None):
+        """`call_syntax`: end the answer where it repeats a tool call written in that syntax."""
         self.text = IncrementalDecoder(tokenizer, prompt_ids) if tokenizer is not None else None
+        self.calls = RepeatedCallWatch(tokenizer, call_syntax, prompt_ids) if (
+            call_syntax is not None and tokenizer is not None) else None
         self.stops = StopStrings(stop_strings)
         self.stop_ids, self.max_tokens = stop_ids, max_tokens
         self.generated: list[int] = []
@@ -38,7 +42,8 @@ class TextStage:
             if self.text is not None:
                 piece, self._by_stop_string = self.stops.feed(self.text.push([token]))
                 new_text += piece
-            if self._by_stop_string or token in self.stop_ids:
+            repeated = self.calls is not None and self.calls.push([token])
+            if self._by_stop_string or token in self.stop_ids or repeated:
                 self.finish = "stop"
             elif len(self.generated) >= self.max_tokens:
                 self.finish = "length"

@@ -152,7 +152,7 @@ class _State:
         stop = list(req.options.stop_strings) or (
             list(PLAIN_STOP) if kind == "chat" and not self.llm.tokenizer.has_chat_template else [])
         options = replace(req.options, max_tokens=min(req.options.max_tokens, room), stop=stop, snapshot_at=snapshots,
-                          **(req.tools.constraint if req.tools else {}))
+                          **(req.tools.engine_options if req.tools else {}))
         job = Job(prompt_ids, options, asyncio.get_running_loop(), req.n)
         self.worker.submit(job)
         rid = api.new_id(kind)

@@ -23,7 +23,7 @@ def tool_fields(content: str, parsed: ParsedOutput, finish: str) -> tuple[dict, 
 def whole_choice(body_choice: dict, answer: Answer, calls: ToolCallStream) -> None:
     """A whole choice's message and finish reason (`body_choice`, changed in place), from its tokens."""
     content = calls.push(answer.token_ids)
-    rest, parsed = calls.finish()
+    rest, parsed = calls.finish(answer.finish_reason)
     message, body_choice["finish_reason"] = tool_fields(content + rest, parsed, answer.finish_reason)
     body_choice["message"].update(message)
 
@@ -32,7 +32,7 @@ def closing_events(choice: ChoiceEvents, calls: ToolCallStream, finish: str) -> 
     """The events that close a streamed choice: the content held back, then each call whole, as OpenAI's
     deltas carry them ({"tool_calls": [{"index", "id", "type", "function": {"name", "arguments"}}]}),
     then the finish."""
-    rest, parsed = calls.finish()
+    rest, parsed = calls.finish(finish)
     events = [choice.event(rest, None)] if rest else []
     for call in call_json(parsed.calls, with_index=True):
         event = choice.event(None, None)

@@ -10,7 +10,7 @@ from lucebox.constrained.spec import refuse_stops
 from lucebox.errors import GrammarError, JSONInputError, ToolError
 from lucebox.server.api_errors import APIError, invalid
 from lucebox.text.tool_calls import ToolCall
-from lucebox.tools import ToolRequest, check_tools
+from lucebox.tools import CONSTRAINED_CALLS, ToolRequest, check_tools
 
 
 def tool_request(body: dict, kind: str, fmt: str | None, token_id, mistral_args: bool) -> ToolRequest | None:
@@ -30,7 +30,7 @@ def tool_request(body: dict, kind: str, fmt: str | None, token_id, mistral_args:
         request = check_tools(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"), fmt,
                               token_id, mistral_args, other)
         if request is not None and request.constraint:
-            refuse_stops(body.get("stop"), "tool calls (tool_choice required or a named function)")
+            refuse_stops(body.get("stop"), CONSTRAINED_CALLS)
     except ToolError as e:
         raise APIError(e.status, str(e), e.field, e.code) from None
     except GrammarError as e:

@@ -7,11 +7,14 @@ Three syntaxes, named as `lucebox serve --tool-parser` takes them:
 - "llama3" (Llama 3.1-3.3 JSON tool calling): `{"name": ..., "parameters": {...}}`, the whole answer,
   optionally after `<|python_tag|>`, several calls separated by `;`;
 - "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or the newer
-  `[TOOL_CALLS]name[ARGS]{...}` (repeated for parallel calls).
+  `[TOOL_CALLS]name[ARGS]{...}` (repeated for parallel calls);
+- "json", the generic syntax for a model whose template teaches none (`text.json_calls`): the whole
+  answer is `{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}` or `{"content": "..."}`.
 
 Output that does not parse as calls in the chosen syntax (broken JSON, a missing name, arguments
-that are not an object, a call cut short by max_tokens) comes back whole as text: a malformed call is
-the model's text, never a server error. The text given here is decoded with special tokens kept
+that are not an object) comes back whole as text: a malformed call is the model's text, never a
+server error. An answer cut short (max_tokens, or a model repeating a call) keeps the calls it wrote
+whole (`complete_calls`). The text given here is decoded with special tokens kept
 (`[TOOL_CALLS]` and `<|python_tag|>` are special tokens that plain decoding drops).
 """
 
@@ -24,8 +27,9 @@ import string
 from dataclasses import dataclass
 
 from lucebox import bounded_json
+from lucebox.text.json_calls import CALLS_HEAD, parse_json_answer
 
-FORMATS = ("hermes", "llama3", "mistral")
+FORMATS = ("hermes", "llama3", "mistral", "json")
 _DECODER = json.JSONDecoder()
 _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
@@ -59,11 +63,12 @@ def detect_format(template: str | None) -> str | None:
 def call_markers(fmt: str) -> tuple[str, ...]:
     """Text that starts a call in `fmt`: streamed content stops where one may begin. Llama 3's bare
     JSON call starts with "{", which only counts at the start of the answer (`starts_at_beginning`)."""
-    return {"hermes": ("<tool_call>",), "llama3": ("<|python_tag|>", "{"), "mistral": ("[TOOL_CALLS]",)}[fmt]
+    return {"hermes": ("<tool_call>",), "llama3": ("<|python_tag|>", "{"), "mistral": ("[TOOL_CALLS]",),
+            "json": ("{",)}[fmt]
 
 
 def starts_at_beginning(fmt: str, marker: str) -> bool:
-    return fmt == "llama3" and marker == "{"
+    return fmt in ("llama3", "json") and marker == "{"
 
 
 def new_call_id(fmt: str) -> str:
@@ -77,19 +82,50 @@ def parse_tool_calls(text: str, fmt: str) -> ParsedOutput:
     """The calls in `text` (written in syntax `fmt`) and the text beside them; no call, or a malformed
     one: all of `text` as content."""
     try:
-        found = {"hermes": _hermes, "llama3": _llama3, "mistral": _mistral}[fmt](text)
+        found = {"hermes": _hermes, "llama3": _llama3, "mistral": _mistral, "json": _json}[fmt](text)
         if found:
-            content, pairs = found
-            arguments = [json.dumps(args, ensure_ascii=False) for _, args in pairs]
-            for text_of_call in arguments:  # a lone surrogate escape ("\ud800") decodes to text UTF-8 cannot
-                text_of_call.encode("utf-8")  # write (no answer or saved chat could carry it): malformed
-                # and what a reader of the answer refuses (NaN, 1e999, a 200-digit number, nesting past
-                # the bounds) is malformed here too, so a call lucebox returns always reads back
-                bounded_json.loads(text_of_call, "a call's arguments")
+            return _parsed(*found, fmt)
     except (ValueError, TypeError, KeyError, RecursionError):  # json's, UTF-8's and bounded_json's are ValueErrors
-        found = None
-    if not found:
-        return ParsedOutput(text, ())
+        pass
+    return ParsedOutput(text, ())
+
+
+def complete_calls(text: str, fmt: str) -> ParsedOutput:
+    """The calls of an answer cut short, as far as they were written whole (the first one cut, or
+    malformed, and all after it are dropped), and the text before them; none: all of `text`."""
+    try:
+        content, pairs = {"hermes": _hermes_prefix, "llama3": _llama3_prefix, "mistral": _mistral_prefix,
+                          "json": _json_prefix}[fmt](text)
+        while pairs:
+            try:
+                return _parsed(content, pairs, fmt)
+            except (ValueError, TypeError, KeyError, RecursionError):
+                pairs = pairs[:-1]  # only the last can be the one a reader refuses: checked one by one
+    except (ValueError, TypeError, KeyError, RecursionError):
+        pass
+    return ParsedOutput(text, ())
+
+
+def first_repeat(calls: tuple[ToolCall, ...]) -> int | None:
+    """Where a call repeats one before it (same name, same arguments): a model looping on its calls."""
+    seen = set()
+    for i, call in enumerate(calls):
+        key = (call.name, json.dumps(json.loads(call.arguments), sort_keys=True))
+        if key in seen:
+            return i
+        seen.add(key)
+    return None
+
+
+def _parsed(content: str, pairs: list, fmt: str) -> ParsedOutput:
+    """The output of (content, [(name, arguments)]); a ValueError when a call's arguments are not ones
+    OpenAI's readers take back."""
+    arguments = [json.dumps(args, ensure_ascii=False) for _, args in pairs]
+    for text_of_call in arguments:  # a lone surrogate escape ("\ud800") decodes to text UTF-8 cannot
+        text_of_call.encode("utf-8")  # write (no answer or saved chat could carry it): malformed
+        # and what a reader of the answer refuses (NaN, 1e999, a 200-digit number, nesting past
+        # the bounds) is malformed here too, so a call lucebox returns always reads back
+        bounded_json.loads(text_of_call, "a call's arguments")
     calls = tuple(ToolCall(name, args, new_call_id(fmt)) for (name, _), args in zip(pairs, arguments, strict=True))
     return ParsedOutput(content, calls)
 
@@ -112,6 +148,69 @@ def _whole_json(text: str):
     if text[end:].strip():
         raise ValueError("text after the call")
     return value
+
+
+def _json(text: str):
+    found = parse_json_answer(text)
+    if found is None:
+        return None
+    content, calls = found
+    return content, [_call(c, "arguments") for c in calls]
+
+
+def _successive(body: str, at: int, separator: str) -> list[tuple[str, dict]]:
+    """The calls written whole from `body[at:]`: JSON objects separated by `separator`, up to the first
+    one cut short or malformed."""
+    pairs = []
+    while True:
+        at = len(body) - len(body[at:].lstrip())
+        try:
+            obj, end = _DECODER.raw_decode(body, at)
+            pairs.append(_call(obj, "arguments" if separator == "," else "parameters"))
+        except ValueError:
+            return pairs
+        rest = body[end:].lstrip()
+        if not rest.startswith(separator):
+            return pairs
+        at = len(body) - len(rest) + 1
+
+
+def _hermes_prefix(text: str):
+    pairs = []
+    for block in re.finditer(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL):
+        try:
+            pairs.append(_call(_whole_json(block.group(1).strip()), "arguments"))
+        except ValueError:
+            break
+    return text.split("<tool_call>", 1)[0], pairs
+
+
+def _llama3_prefix(text: str):
+    content, tag, body = text.partition("<|python_tag|>")
+    if not tag:
+        content, body = "", text
+    return (content, _successive(body, 0, ";")) if body.strip().startswith("{") else (text, [])
+
+
+def _mistral_prefix(text: str):
+    content, _, body = text.partition("[TOOL_CALLS]")
+    body = body.strip()
+    if body.startswith("["):
+        return content, _successive(body, 1, ",")
+    pairs = []
+    for part in body.split("[TOOL_CALLS]"):
+        name, _, args = part.partition("[ARGS]")
+        try:
+            obj, _ = _DECODER.raw_decode(args.strip())
+            pairs.append(_call({"name": name.strip(), "arguments": obj}, "arguments"))
+        except ValueError:
+            break
+    return content, pairs
+
+
+def _json_prefix(text: str):
+    body = text.strip()
+    return ("", _successive(body, len(CALLS_HEAD), ",")) if body.startswith(CALLS_HEAD) else (text, [])
 
 
 def _hermes(text: str):

@@ -7,6 +7,7 @@ constrains calls is `lucebox.constrained.tool_grammar`."""
 from lucebox.text.tool_calls import ToolCall
 from lucebox.tools.answer import ToolCallStream
 from lucebox.tools.prompt import model_tool_format, prompt_parts
-from lucebox.tools.request import ToolRequest, check_tools
+from lucebox.tools.request import CONSTRAINED_CALLS, ToolRequest, check_tools
 
-__all__ = ["ToolCall", "ToolCallStream", "ToolRequest", "check_tools", "model_tool_format", "prompt_parts"]
+__all__ = ["CONSTRAINED_CALLS", "ToolCall", "ToolCallStream", "ToolRequest", "check_tools", "model_tool_format",
+           "prompt_parts"]

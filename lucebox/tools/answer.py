@@ -5,7 +5,11 @@ parsed (`text.tool_calls`). Whole answers go through the same steps, so both agr
 The text is decoded with special tokens kept (Mistral's `[TOOL_CALLS]`, Llama's `<|python_tag|>` are
 special tokens), minus the tokens that ended the answer (EOS), and cut at a stop string as the
 engine cuts its own text. Content that could be the start of a call marker or of a stop string is
-held back until the next tokens tell.
+held back until the next tokens tell. Under the generic syntax (`text.json_calls`) the content is the
+answer object's text, streamed as its JSON string is decoded.
+
+An answer cut short (max_tokens), or ended where it repeated a call (`text.call_watch`), keeps the
+calls it wrote whole, each once; a call cut in two is dropped, and the finish reason says why.
 """
 
 from __future__ import annotations
@@ -13,7 +17,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lucebox.text.incremental import IncrementalDecoder
-from lucebox.text.tool_calls import ParsedOutput, call_markers, parse_tool_calls, starts_at_beginning
+from lucebox.text.json_calls import answer_text, is_calls
+from lucebox.text.tool_calls import (
+    ParsedOutput,
+    call_markers,
+    complete_calls,
+    first_repeat,
+    parse_tool_calls,
+    starts_at_beginning,
+)
 from lucebox.tools.request import ToolRequest
 
 
@@ -31,11 +43,17 @@ class ToolCallStream:
         self._text += self._decoder.push([i for i in ids if i not in self._end_ids])
         return self._release()
 
-    def finish(self) -> tuple[str, ParsedOutput]:
-        """(the content not sent yet, the whole answer parsed)."""
+    def finish(self, finish_reason: str = "stop") -> tuple[str, ParsedOutput]:
+        """(the content not sent yet, the whole answer parsed); `finish_reason`: how the answer ended."""
         self._text += self._decoder.flush()
         text = self._cut(self._text)
         parsed = parse_tool_calls(text, self._fmt)
+        if not parsed.calls and finish_reason in ("stop", "length"):  # cut short, or ended at a repeated call
+            cut = complete_calls(text, self._fmt)
+            if cut.calls and (finish_reason == "length" or first_repeat(cut.calls) is not None):
+                parsed = cut
+        if (repeat := first_repeat(parsed.calls)) is not None:
+            parsed = replace(parsed, calls=parsed.calls[:repeat])
         if not all(self._request.allows(c) for c in parsed.calls):
             parsed = ParsedOutput(text, ())  # a call to a tool it was not given (or off a strict schema) is text
         if not self._request.parallel and len(parsed.calls) > 1:
@@ -51,6 +69,8 @@ class ToolCallStream:
         if self._in_call:
             return ""
         text = self._cut(self._text)
+        if self._fmt == "json":
+            return self._release_answer(text)
         if not text.strip():
             return ""  # leading whitespace waits: a Llama 3 call may follow it
         starts = []
@@ -67,6 +87,16 @@ class ToolCallStream:
             end = len(text) - self._held(text)
         out = text[self._sent:end] if end > self._sent else ""
         self._sent = max(self._sent, end)
+        return out
+
+    def _release_answer(self, text: str) -> str:
+        """The generic syntax: the answer object's text as far as it is decoded; nothing from calls."""
+        decoded = answer_text(text)
+        if decoded is None:
+            self._in_call = is_calls(text)
+            return ""
+        out = decoded[self._sent:]
+        self._sent = len(decoded)
         return out
 
     def _held(self, text: str) -> int:

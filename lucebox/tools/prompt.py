@@ -13,6 +13,10 @@ from lucebox.text.tool_calls import detect_format
 
 def tools_as_system_text(tools: list[dict], fmt: str | None) -> str:
     """The tools in a system message, for a template that does not render them itself."""
+    if fmt == "json":
+        return (f"You can call these tools (JSON Schema of their arguments):\n{json.dumps(tools)}\n"
+                "Answer with one JSON object: to call tools, "
+                '{"tool_calls": [{"name": NAME, "arguments": {...}}, ...]}; to answer, {"content": "your answer"}.')
     example = {"hermes": '<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>',
                "llama3": '{"name": NAME, "parameters": {...}}',
                "mistral": '[TOOL_CALLS][{"name": NAME, "arguments": {...}}]'}.get(fmt)
@@ -22,19 +26,43 @@ def tools_as_system_text(tools: list[dict], fmt: str | None) -> str:
 
 def prompt_parts(tokenizer, messages: list[dict], request) -> tuple[list[dict], list[dict] | None]:
     """(messages, tools for the template) for a `ToolRequest`: the tools go to a template that reads
-    them, else into a system message of their own before the chat."""
+    them, else into a system message of their own before the chat. Under the generic syntax they always
+    go in the system message (a template's own tool syntax would teach another), and the calls and
+    results of earlier turns are written as that syntax writes them (`generic_history`)."""
     template = tokenizer.chat_template(tools=True) if tokenizer.has_chat_template else None
-    if template is not None and "tools" in template:
+    if request.fmt != "json" and template is not None and "tools" in template:
         return messages, request.tools
+    if request.fmt == "json":
+        messages = generic_history(messages)
     return [{"role": "system", "content": tools_as_system_text(request.tools, request.fmt)}, *messages], None
+
+
+def generic_history(messages: list[dict]) -> list[dict]:
+    """A chat's tool calls and results as plain turns any template renders: an answer's calls as the
+    JSON object the model wrote them in, and the results that follow it as one user turn."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            calls = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in m["tool_calls"]]
+            out.append({"role": "assistant", "content": json.dumps({"tool_calls": calls}, ensure_ascii=False)})
+        elif m["role"] == "tool":
+            result = json.dumps({"tool_call_id": m.get("tool_call_id"), "name": m.get("name"),
+                                 "content": m["content"]}, ensure_ascii=False)
+            if out and out[-1].get("tool_results"):
+                out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + result}
+            else:
+                out.append({"role": "user", "content": result, "tool_results": True})
+        else:
+            out.append(m)
+    return [{k: v for k, v in m.items() if k != "tool_results"} for m in out]
 
 
 def model_tool_format(llm, forced: str | None) -> tuple[str | None, bool]:
     """(the call syntax to use, whether it is Mistral's `name[ARGS]{...}` form): `forced`
-    (--tool-parser), else the one the model's chat template writes."""
+    (--tool-parser), else the one the model's chat template writes, else the generic "json"."""
     try:
         tokenizer = llm.tokenizer
     except LuceboxError:  # no tokenizer: no chat, no tools
         return forced, False
     template = tokenizer.chat_template(tools=True) or ""
-    return forced or detect_format(template), "[ARGS]" in template
+    return forced or detect_format(template) or "json", "[ARGS]" in template

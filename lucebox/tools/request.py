@@ -5,6 +5,11 @@ engine need (`ToolRequest`); anything wrong is a ToolError naming the field.
   chosen from the template or by `--tool-parser`). `none`: the tools are rendered, nothing is parsed.
   `required` or a named function: the output is constrained to calls in that syntax whose arguments
   follow each function's schema (`constrained.tool_grammar`).
+- A model whose template teaches no call syntax gets the generic one ("json", `text.json_calls`):
+  one JSON object, the calls or the answer, which the grammar forces under `auto` too (so it cannot
+  take another constraint beside it).
+- An answer that repeats a call it already wrote ends there (`RequestOptions.end_on_repeated_call`):
+  a model looping on its calls returns them once, not until max_tokens.
 - A named function is called exactly once. `required` calls one or more of the tools, exactly one
   with `parallel_tool_calls=false`, under which `auto` keeps the first call the model wrote.
 - `strict`: a constrained call always follows its schema; under `auto` nothing constrains the
@@ -22,10 +27,12 @@ from lucebox.constrained.schema_check import follows_schema
 from lucebox.constrained.spec import Constraint
 from lucebox.constrained.tool_grammar import tool_call_grammar
 from lucebox.errors import GrammarError, ToolError
-from lucebox.text.tool_calls import FORMATS, ToolCall
+from lucebox.text.tool_calls import ToolCall
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
+# what a stop string is refused beside (`constrained.spec.refuse_stops`)
+CONSTRAINED_CALLS = "tool calls under a grammar (tool_choice required, a named function, or the generic JSON syntax)"
 _CHOICES = 'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
 
 
@@ -34,12 +41,17 @@ class ToolRequest:
     tools: list[dict]  # [{"type": "function", "function": {...}}], as the template takes them
     choice: str  # "auto" | "none" | "required" | "function" (one named function)
     parallel: bool
-    fmt: str | None  # the model's call syntax (`text.tool_calls.FORMATS`); None: the model has none
+    fmt: str  # the model's call syntax (`text.tool_calls.FORMATS`): "json" when its template has none
     constraint: dict  # LLM.stream keywords ({"grammar": ...} under required / a named function)
 
     @property
     def parses(self) -> bool:
         return self.choice != "none"
+
+    @property
+    def engine_options(self) -> dict:
+        """LLM.stream keywords: the constraint, and the end of an answer that repeats a call."""
+        return {**self.constraint, **({"end_on_repeated_call": self.fmt} if self.parses else {})}
 
     def allows(self, call: ToolCall) -> bool:
         """Is `call` one to a tool given, with arguments that follow its schema where it is `strict`?"""
@@ -54,7 +66,8 @@ def _invalid(field: str, message: str) -> ToolError:
 def check_tools(tools, choice, parallel, fmt: str | None, token_id, mistral_args: bool,
                 other_constraint: str | None = None) -> ToolRequest | None:
     """The tool calling asked for, checked (None: no tools). `fmt`: the model's call syntax;
-    `token_id(text)`: the id of the one token spelled `text`, or None; `mistral_args`: Mistral's
+    (None: the template has none, and the generic "json" is used); `token_id(text)`: the id of the one
+    token spelled `text`, or None; `mistral_args`: Mistral's
     `name[ARGS]{...}` syntax; `other_constraint`: the name of another constraint the request gives
     (which required / a named function cannot take too)."""
     tools = _tools(tools)
@@ -78,17 +91,19 @@ def check_tools(tools, choice, parallel, fmt: str | None, token_id, mistral_args
         choice, forced = "function", [functions[name]]
     elif choice not in ("none", "auto", "required"):
         raise _invalid("tool_choice", _CHOICES)
-    if choice != "none" and fmt is None:
-        raise ToolError("tools", "tools: this model's chat template writes no tool-call syntax lucebox knows; "
-                                 f"choose one ({', '.join(FORMATS)}: the server's --tool-parser)", 400)
+    fmt = fmt or "json"
+    generic_auto = fmt == "json" and choice == "auto"
     constraint = {}
-    if forced is not None:
+    if forced is not None or generic_auto:
         if other_constraint is not None:
-            raise ToolError("tool_choice", f"tool_choice {choice!r} constrains the output to tool calls; it "
-                                           f"cannot take {other_constraint} too", 400)
+            how = (f"tool_choice {choice!r} constrains the output to tool calls" if not generic_auto else
+                   "this model's template has no tool-call syntax, so with tools its answer is constrained to "
+                   "the generic JSON one")
+            raise ToolError("tool_choice", f"{how}; it cannot take {other_constraint} too", 400)
         try:
-            parallel = parallel is not False and choice == "required"
-            constraint = {"grammar": tool_call_grammar(forced, fmt, parallel, token_id, mistral_args)}
+            many = parallel is not False and choice in ("required", "auto")
+            constraint = {"grammar": tool_call_grammar(forced or list(functions.values()), fmt, many, token_id,
+                                                       mistral_args, answer=generic_auto)}
         except GrammarError as e:
             raise ToolError(e.field, str(e), 400, "invalid_tool_schema") from None
     return ToolRequest(tools, choice, parallel is not False, fmt, constraint)
