@@ -78,7 +78,10 @@ def test_openai_s_no_op_fields_are_accepted_and_change_nothing(server):
     ("/v1/chat/completions", "stream_options", {"include_obfuscation": "no"}, "must be true or false"),
     ("/v1/chat/completions", "stream_options", {"continuous_usage_stats": True}, "is not served"),
     # what would change the output, refused with why
-    ("/v1/chat/completions", "reasoning_effort", "low", "thinking budget"),
+    ("/v1/chat/completions", "reasoning_effort", "max", "must be one of"),
+    ("/v1/chat/completions", "reasoning_budget", -2, "-1 (no bound)"),
+    ("/v1/chat/completions", "chat_template_kwargs", ["x"], "must be an object"),
+    ("/v1/chat/completions", "chat_template_kwargs", {"messages": []}, "is set by the server"),
     ("/v1/chat/completions", "verbosity", "low", "is not supported"),
     ("/v1/chat/completions", "modalities", ["text", "audio"], "text only"),
     ("/v1/chat/completions", "audio", {"voice": "alloy", "format": "wav"}, "no audio"),
@@ -91,7 +94,8 @@ def test_openai_s_no_op_fields_are_accepted_and_change_nothing(server):
 def test_bad_or_unservable_fields_get_422_naming_them(server, path, field, value, message):
     body = {"messages": MESSAGES} if "chat" in path else {"prompt": PROMPT}
     code, reply = _post(server, path, {**body, "max_tokens": 2, field: value})
-    param = field if field != "stream_options" else f"stream_options.{next(iter(value))}"
+    param = f"{field}.{next(iter(value))}" if isinstance(value, dict) and field in (
+        "stream_options", "chat_template_kwargs") else field
     assert (code, reply["error"]["param"]) == (422, param)
     assert message in reply["error"]["message"]
 

@@ -107,8 +107,8 @@ HOSTILE = {
     "a tool result whose id matches no call":
         ("chat", {"messages": [*call_message("{}")[:2], {"role": "tool", "tool_call_id": "c2", "content": "ok"}],
                   "tools": tool(WORD)}, "messages[2]"),
-    "an unknown field that changes the output": ("chat", {"messages": USER, "reasoning_effort": "high"},
-                                                 "reasoning_effort"),
+    "reasoning asked of a model that does not reason": ("chat", {"messages": USER, "reasoning_effort": "high"},
+                                                         "reasoning_effort"),
     "a rule of 2,500 alternatives met mid-output (was a 500)":
         ("chat", {"messages": USER, "max_tokens": 30, "temperature": 0,
                   "grammar": 'start: w "=" x\nw: /[a-z]{1,3}/\nx: ' + " | ".join(f'"v{i}"' for i in range(2500))},

@@ -21,15 +21,17 @@ from collections.abc import Callable
 _MARKER = "\x00lucebox-answer\x00"  # stands in for an answer to find where the template puts it
 
 
-_MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")  # what templates read
+_MESSAGE_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")  # what templates read
 
 
-def render(tokenizer, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
+def render(tokenizer, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None,
+           variables: dict | None = None) -> str:
     """The prompt text of `messages` ({"role", "content"} dicts, and a tool-calling chat's
-    `tool_calls`, `tool_call_id`, `name`); `tools` go to the template as transformers passes them."""
+    `tool_calls`, `tool_call_id`, `name`, an answer's `reasoning_content`); `tools` go to the template as
+    transformers passes them; `variables`: the template's own switches (`enable_thinking`, ...)."""
     messages = [{k: m[k] for k in _MESSAGE_KEYS if k in m} for m in messages]
     if tokenizer.has_chat_template:
-        extra = {} if tools is None else {"tools": tools}
+        extra = {**(variables or {}), **({} if tools is None else {"tools": tools})}
         return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
     text = ""
     for m in messages:  # a user's message starts on a line of its own; an answer continues the text

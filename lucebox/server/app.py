@@ -15,20 +15,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from lucebox.chat.conversation import encode_all, render, turn_boundary
 from lucebox.chat.settings import PLAIN_STOP, model_defaults
 from lucebox.errors import InvalidArgumentError, LuceboxError
 from lucebox.server import openai_api as api
+from lucebox.server.answer_parts import ChoiceParts, chunk_events, closing_events, whole_message
 from lucebox.server.api_errors import mid_output_error
+from lucebox.server.chat_prompt import budget_options, model_reasoning, prompt_of
 from lucebox.server.choice_events import ChoiceEvents
 from lucebox.server.choices import Answer, numbered, total_stats
 from lucebox.server.guard import ClientLeft, HostGuard, check_key, read_json
 from lucebox.server.logprobs_format import TokenText, logprobs_json
+from lucebox.server.reasoning_fields import reasoning_ask
 from lucebox.server.settings import ServerSettings
-from lucebox.server.tool_stream import closing_events, whole_choice
 from lucebox.server.tools import tool_request
 from lucebox.server.worker import EngineWorker, Job, slot_lines
-from lucebox.tools import ToolCallStream, model_tool_format, prompt_parts
+from lucebox.text.reasoning import starts_inside, thinking_off
+from lucebox.tools import ToolCallStream, model_tool_format
 
 POLL_SECONDS = 0.25  # how often a waiting request checks that its client is still there
 
@@ -82,6 +84,7 @@ class _State:
         self.worker: EngineWorker | None = None
         self.defaults = model_defaults(llm.description.generation_config)
         self.tool_format, self.mistral_args = model_tool_format(llm, settings.tool_parser)
+        self.reasoning, self.template = model_reasoning(llm, settings.reasoning_format)
         self.token_text = TokenText(llm.engine.tokenizer)  # logprobs' token texts, decoded once each
 
     # -- plain endpoints -------------------------------------------------------------------------------
@@ -138,12 +141,15 @@ class _State:
         body = await read_json(request, self.settings)
         req = api.parse_request(body, kind, self.llm.config.vocab_size, self.defaults)
         req.tools = tool_request(body, kind, self.tool_format, self._token_id, self.mistral_args)
+        ask = reasoning_ask(body, self.reasoning, self.template, self.settings.reasoning_budget) if kind == "chat" \
+            else None
         if req.echo:
             req.echo_text = api.echo_text(req.prompt, self.llm.engine.tokenizer)
         if req.model is not None and req.model != self.model_name:
             raise api.APIError(404, f"model '{req.model}' is not served here; this server has "
                                     f"'{self.model_name}' (GET /v1/models)", "model", "model_not_found")
-        prompt_ids, snapshots = await run_in_threadpool(self._prompt_ids, req)
+        prompt = await run_in_threadpool(prompt_of, self.llm, req, ask.variables if ask else {})
+        prompt_ids = prompt.ids
         room = self.llm.max_context - len(prompt_ids)
         if room < 1:
             raise api.APIError(400, f"the prompt has {len(prompt_ids)} tokens; this server's context is "
@@ -151,8 +157,10 @@ class _State:
                                kind == "chat" else "prompt", "context_length_exceeded")
         stop = list(req.options.stop_strings) or (
             list(PLAIN_STOP) if kind == "chat" and not self.llm.tokenizer.has_chat_template else [])
-        options = replace(req.options, max_tokens=min(req.options.max_tokens, room), stop=stop, snapshot_at=snapshots,
-                          **(req.tools.engine_options if req.tools else {}))
+        options = replace(req.options, max_tokens=min(req.options.max_tokens, room), stop=stop,
+                          snapshot_at=prompt.snapshots, **(req.tools.engine_options if req.tools else {}))
+        if ask is not None:
+            options = replace(options, **budget_options(self.reasoning, prompt, ask.budget, options))
         job = Job(prompt_ids, options, asyncio.get_running_loop(), req.n)
         self.worker.submit(job)
         rid = api.new_id(kind)
@@ -161,28 +169,16 @@ class _State:
         except BaseException:
             job.cancelled.set()
             raise
-        calls = None if req.tools is None or not req.tools.parses else (  # one for each choice
-            lambda: ToolCallStream(self.llm.tokenizer, req.tools, self.llm.eos_token_ids, stop, prompt_ids))
+        inside = starts_inside(self.reasoning, prompt.text)
+        reasoning = None if thinking_off(self.reasoning, prompt.text) else self.reasoning  # then all is content
+        parts = None if kind != "chat" else (lambda: ChoiceParts(  # one for each choice
+            self.llm.tokenizer, prompt_ids, self.llm.eos_token_ids, stop, reasoning, inside,
+            ToolCallStream(self.llm.tokenizer, req.tools, self.llm.eos_token_ids, stop, prompt_ids)
+            if req.tools is not None and req.tools.parses else None))
         if req.stream:
-            return _JobStream(job, self._events(req, job, rid, first, calls), media_type="text/event-stream",
+            return _JobStream(job, self._events(req, job, rid, first, parts), media_type="text/event-stream",
                               headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await self._whole(req, job, rid, first, request, calls)
-
-    def _prompt_ids(self, req: api.GenerationRequest) -> tuple[list[int], tuple[int, ...]]:
-        """The prompt's ids, and for a chat its turn boundary (`LLM.stream`'s `snapshot_at`)."""
-        try:
-            if req.kind == "chat":
-                tokenizer, messages, tools = self.llm.tokenizer, req.messages, None
-                if req.tools is not None:
-                    messages, tools = prompt_parts(tokenizer, messages, req.tools)
-                ids = encode_all(tokenizer, render(tokenizer, messages, True, tools))
-                history = encode_all(tokenizer, render(tokenizer, messages, False, tools))
-                return ids, turn_boundary(history, ids)
-            if isinstance(req.prompt, str):
-                return self.llm.tokenizer.encode(req.prompt), ()
-            return list(req.prompt), ()
-        except LuceboxError as e:  # no tokenizer, a template that fails on these messages
-            raise api.APIError(400, str(e)) from None
+        return await self._whole(req, job, rid, first, request, parts)
 
     def _token_id(self, text: str) -> int | None:
         """The id of the one token spelled `text` (a tool-call marker), or None."""
@@ -216,8 +212,8 @@ class _State:
             if done:
                 return getter.result()
 
-    async def _whole(self, req, job: Job, rid: str, first, request: Request, calls) -> JSONResponse:
-        """`calls()`: a new ToolCallStream, or None when nothing is parsed."""
+    async def _whole(self, req, job: Job, rid: str, first, request: Request, parts) -> JSONResponse:
+        """`parts()`: a new ChoiceParts (a chat), or None (a completion: the text as it is)."""
         answers, chunk = [Answer()], first
         while chunk is not None:
             if answers[-1].finish_reason is not None:  # the choice before ended: this chunk starts the next
@@ -232,11 +228,14 @@ class _State:
         for body, answer in zip(bodies, answers, strict=True):
             if req.options.logprobs is not None:
                 body["choices"][0]["logprobs"] = logprobs_json(req.kind, answer.logprobs, self.token_text)
-            if calls is not None:
-                whole_choice(body["choices"][0], answer, calls())
+            if parts is not None:
+                choice = body["choices"][0]
+                message, choice["finish_reason"] = whole_message(parts(), answer.token_ids, answer.text,
+                                                                 answer.finish_reason)
+                choice["message"].update(message)
         return JSONResponse(numbered(bodies, api.usage(total_stats([a.stats for a in answers]))))
 
-    async def _events(self, req, job: Job, rid: str, first, calls):
+    async def _events(self, req, job: Job, rid: str, first, parts):
         model = self.model_name
         try:
             chunk, stats = first, []
@@ -248,13 +247,16 @@ class _State:
                     echo = api.chunk(req, rid, model, req.echo_text, None)
                     echo["choices"][0]["index"] = index
                     yield _sse(echo)
-                parse = calls() if calls is not None else None  # the content goes out as the calls let it
+                parse = parts() if parts is not None else None  # thought, content and calls as they come
                 if req.kind == "chat":
                     yield _sse(choice.event("", None, first=True))
                 while chunk is not None and not stats[index:]:
-                    text = chunk.text if parse is None else parse.push(chunk.token_ids)
-                    if text or (req.options.logprobs is not None and chunk.token_ids):
-                        yield _sse(choice.event(text, None, chunk.logprobs))
+                    asked = req.options.logprobs is not None
+                    events = chunk_events(choice, parse, chunk, asked) if parse is not None else (
+                        [choice.event(chunk.text, None, chunk.logprobs)] if chunk.text or (asked and chunk.token_ids)
+                        else [])
+                    for event in events:
+                        yield _sse(event)
                     if chunk.finish_reason is not None:
                         closing = [choice.event(None, chunk.finish_reason)] if parse is None else \
                             closing_events(choice, parse, chunk.finish_reason)

@@ -51,6 +51,12 @@ def add_parser(sub) -> None:
     p.add_argument("--tool-parser", default=None, choices=FORMATS,
                    help="the syntax of the model's tool calls (default: the one its chat template writes: "
                         "<tool_call> is hermes, [TOOL_CALLS] mistral, <|python_tag|> llama3)")
+    p.add_argument("--reasoning-format", default="auto", choices=("auto", "none"),
+                   help="auto: a reasoning model's thought comes apart as reasoning_content (<think> for Qwen3 and "
+                        "DeepSeek-R1, gpt-oss's analysis channel); none: it stays in content (default auto)")
+    p.add_argument("--reasoning-budget", type=int, default=-1,
+                   help="thought tokens after which the thought is closed and the model answers (a request's "
+                        "reasoning_budget overrides it; 0 turns thinking off; default -1: no bound)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds Ctrl-C / SIGTERM lets running requests finish before cancelling them")
 
@@ -60,7 +66,8 @@ def settings_from(args: argparse.Namespace) -> ServerSettings:
     anyone on the network could use the model."""
     settings = ServerSettings(args.served_model_name, args.host, args.port, args.api_key, tuple(args.allowed_host),
                               args.max_queue, args.max_body_bytes, args.max_connections, args.read_timeout,
-                              args.shutdown_timeout, args.tool_parser)
+                              args.shutdown_timeout, args.tool_parser, args.reasoning_format,
+                              args.reasoning_budget)
     if settings.public and settings.api_key is None:
         names = "; clients must reach it by IP address or an --allowed-host name" if settings.every_interface else ""
         warnings.warn(f"listening on {settings.host} without --api-key: anyone who can reach this machine can "

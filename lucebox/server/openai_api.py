@@ -68,6 +68,11 @@ def _messages(value) -> list[dict]:
             messages.append(tool_message(m, i, _content(m, i)))
         else:
             messages.append({"role": role, "content": _content(m, i)})
+        thought = m.get("reasoning_content")
+        if role == "assistant" and thought is not None:  # an answer's thought, for a template that renders it
+            if not isinstance(thought, str):
+                raise invalid(f"messages[{i}].reasoning_content", "must be a string")
+            messages[-1]["reasoning_content"] = thought
     return messages
 
 

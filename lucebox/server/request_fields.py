@@ -19,7 +19,8 @@ _FIELDS = {"model", "stream", "stream_options", "max_tokens", "max_completion_to
            "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
            "logit_bias", "logprobs", "top_logprobs", "response_format", "grammar", "best_of",
            "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", *_CONSTRAINT_EXTENSIONS}
-_KIND_FIELDS = {"chat": {"messages"}, "completion": {"prompt", "echo"}}
+_KIND_FIELDS = {"chat": {"messages", "chat_template_kwargs", "reasoning_effort", "reasoning_budget"},
+                "completion": {"prompt", "echo"}}
 _BOTH, _CHAT = ("chat", "completion"), ("chat",)
 
 
@@ -57,7 +58,6 @@ NO_OP_FIELDS = {
 # OpenAI's fields that would change the output in ways lucebox cannot: a 422 naming the field and why
 # (a null is taken as absent). name: (endpoints, why)
 REFUSED_FIELDS = {
-    "reasoning_effort": (_CHAT, "sets a reasoning model's thinking budget, which lucebox has no way to control"),
     "verbosity": (_CHAT, "asks a model trained for it for longer or shorter answers; lucebox has no such control"),
     "modalities": (_CHAT, "lucebox writes text only: it may be [\"text\"], nothing else"),
     "audio": (_CHAT, "lucebox writes text only, no audio"),

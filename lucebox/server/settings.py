@@ -59,6 +59,8 @@ class ServerSettings:
     read_timeout: float = 30.0  # for a request's headers, then again for its body
     shutdown_timeout: float = 10.0
     tool_parser: str | None = None  # a tool-call syntax (text.tool_calls.FORMATS); None: the chat template's
+    reasoning_format: str = "auto"  # "auto": the thought apart when the template writes one; "none": in content
+    reasoning_budget: int = -1  # thought tokens before the thought is closed (a request may set its own); -1: none
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -84,6 +86,11 @@ class ServerSettings:
                 raise InvalidArgumentError(f"{flag} must be at most {high}, got {value}")
         if self.tool_parser is not None and self.tool_parser not in FORMATS:
             raise InvalidArgumentError(f"--tool-parser must be one of {', '.join(FORMATS)}, got {self.tool_parser!r}")
+        if self.reasoning_format not in ("auto", "none"):
+            raise InvalidArgumentError(f"--reasoning-format must be auto or none, got {self.reasoning_format!r}")
+        if self.reasoning_budget < -1:
+            raise InvalidArgumentError(f"--reasoning-budget must be -1 (no bound) or a number of tokens, got "
+                                       f"{self.reasoning_budget}")
         for flag, seconds in (("--read-timeout", self.read_timeout), ("--shutdown-timeout", self.shutdown_timeout)):
             if not 0 < seconds <= MAX_SECONDS:  # NaN fails both; inf overflows the waits that take it
                 raise InvalidArgumentError(f"{flag} must be a positive number of seconds, at most {MAX_SECONDS} "

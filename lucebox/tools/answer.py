@@ -40,7 +40,11 @@ class ToolCallStream:
 
     def push(self, ids) -> str:
         """The content the new token ids let go out now (maybe "")."""
-        self._text += self._decoder.push([i for i in ids if i not in self._end_ids])
+        return self.push_text(self._decoder.push([i for i in ids if i not in self._end_ids]))
+
+    def push_text(self, text: str) -> str:
+        """`push` for text decoded elsewhere (an answer's content once its thought is split off)."""
+        self._text += text
         return self._release()
 
     def finish(self, finish_reason: str = "stop") -> tuple[str, ParsedOutput]:

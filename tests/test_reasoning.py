@@ -1,0 +1,140 @@
+"""Reasoning kept apart (`lucebox.text.reasoning`): each template family's thought split from the
+answer as it streams, whole and streamed alike; `chat_template_kwargs` and `reasoning_effort` reach the
+template's switches; a reasoning budget closes the thought after N tokens; logprobs and max_tokens
+count the thought's tokens too."""
+
+import json
+
+import pytest
+from reasoning_models import DEEPSEEK_R1, HARMONY, QWEN3, templated_model
+
+from lucebox.chat.conversation import render
+from lucebox.server.api_errors import APIError
+from lucebox.server.process import ServerProcess
+from lucebox.server.reasoning_fields import reasoning_ask
+from lucebox.text.reasoning import ReasoningSplit, reasoning_format, split_reasoning, starts_inside
+from lucebox.text.tokenizer_files import load_tokenizer
+
+openai = pytest.importorskip("openai")
+MESSAGES = [{"role": "user", "content": "Say hi."}]
+HARMONY_ANSWER = ("<|channel|>analysis<|message|>User wants a greeting.<|end|><|start|>assistant<|channel|>final"
+                  "<|message|>Hi!<|return|>")
+
+
+@pytest.mark.parametrize("fmt, text, inside, thought, content", [
+    ("think", "<think>\nI should greet.\n</think>\n\nHello!", False, "I should greet.", "Hello!"),
+    ("think", "I should greet.\n</think>\n\nHello!", True, "I should greet.", "Hello!"),  # DeepSeek-R1
+    ("think", "Hello! <think> is a tag", False, None, "Hello! <think> is a tag"),  # no thought: all content
+    ("think", "<think>\nstill thinking wh", False, "still thinking wh", ""),  # cut by max_tokens
+    ("think", "<think>\n\n</think>\n\nHello!", False, "", "Hello!"),
+    ("harmony", HARMONY_ANSWER, False, "User wants a greeting.", "Hi!"),
+    ("harmony", "no channels here", False, None, "no channels here"),
+])
+def test_each_family_s_thought_is_split_the_same_whole_and_in_any_pieces(fmt, text, inside, thought, content):
+    assert split_reasoning(text, fmt, inside) == (thought, content)
+    for step in (1, 2, 3, 5):
+        split, pieces = ReasoningSplit(fmt, inside), []
+        for at in range(0, len(text), step):
+            pieces.append(split.push(text[at:at + step]))
+        pieces.append(split.finish())
+        assert "".join(t for t, _ in pieces) == (thought or "") and "".join(c for _, c in pieces) == content
+        if fmt == "think" and thought:  # the thought streams as it comes, never a piece of a marker
+            assert all("<" not in t for t, _ in pieces) and sum(1 for t, _ in pieces if t) > 1
+
+
+def test_the_family_comes_from_the_template_and_the_prompt_says_whether_the_answer_starts_inside():
+    assert [reasoning_format(t) for t in (QWEN3, DEEPSEEK_R1, HARMONY, "{{ messages }}", None)] == [
+        "think", "think", "harmony", None, None]
+    assert starts_inside("think", "<|Assistant|><think>\n") and not starts_inside("think", "<|im_start|>assistant\n")
+
+
+def test_reasoning_fields_map_to_the_template_s_switches_or_a_budget():
+    assert reasoning_ask({"reasoning_effort": "none"}, "think", QWEN3, -1).variables == {
+        "reasoning_effort": "none", "enable_thinking": False}
+    ask = reasoning_ask({"reasoning_effort": "none"}, "think", DEEPSEEK_R1, -1)  # no switch: a budget of 0
+    assert (ask.variables, ask.budget) == ({"reasoning_effort": "none"}, 0)
+    assert reasoning_ask({}, "think", DEEPSEEK_R1, 64).budget == 64  # the server's --reasoning-budget
+    assert reasoning_ask({"reasoning_budget": -1}, "think", DEEPSEEK_R1, 64).budget is None
+    assert reasoning_ask({"reasoning_budget": 0}, "think", QWEN3, -1).variables == {"enable_thinking": False}
+    assert reasoning_ask({"reasoning_effort": "high"}, "harmony", HARMONY, -1).variables == {"reasoning_effort": "high"}
+    for body, fmt in (({"reasoning_effort": "low"}, None), ({"reasoning_effort": "none"}, "harmony"),
+                      ({"reasoning_budget": 8}, "harmony"), ({"reasoning_budget": 8}, None)):
+        with pytest.raises(APIError) as refused:
+            reasoning_ask(body, fmt, "", -1)
+        assert (refused.value.status, refused.value.param) == (400, next(iter(body)))
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    started = {name: ServerProcess(str(templated_model(tmp_path_factory.mktemp(name) / "model", template)),
+                                   "--served-model-name", "m")
+               for name, template in (("qwen3", QWEN3), ("r1", DEEPSEEK_R1), ("harmony", HARMONY))}
+    yield {name: openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0) for name, s in started.items()}
+    for s in started.values():
+        assert s.stop() == 0
+        assert "Traceback" not in s.output()
+
+
+def _ask(client, stream=False, **fields):
+    extra = {k: fields.pop(k) for k in ("grammar", "reasoning_budget", "chat_template_kwargs") if k in fields}
+    reply = client.chat.completions.create(model="m", messages=MESSAGES, stream=stream, extra_body=extra,
+                                           **{"max_tokens": 40, "temperature": 0, **fields})
+    if not stream:
+        choice = reply.choices[0]
+        return getattr(choice.message, "reasoning_content", None), choice.message.content, choice.finish_reason, reply
+    thought, content, finish, events = None, "", None, list(reply)
+    for e in events:
+        delta = e.choices[0].delta
+        if getattr(delta, "reasoning_content", None) is not None:
+            thought = (thought or "") + delta.reasoning_content
+        content += delta.content or ""
+        finish = e.choices[0].finish_reason or finish
+    return thought, content, finish, events
+
+
+@pytest.mark.parametrize("server, answer, thought, content", [
+    ("qwen3", "<think>\nI should greet.\n</think>\n\nHello!", "I should greet.", "Hello!"),
+    ("r1", "I should greet.\n</think>\n\nHello!", "I should greet.", "Hello!"),
+    ("harmony", HARMONY_ANSWER.removesuffix("<|return|>"), "User wants a greeting.", "Hi!"),
+])
+def test_each_family_answers_reasoning_content_apart_through_the_openai_client(servers, server, answer, thought,
+                                                                               content):
+    grammar = "start: " + json.dumps(answer)
+    for stream in (False, True):
+        assert _ask(servers[server], stream, grammar=grammar, max_tokens=150)[:3] == (thought, content, "stop")
+    events = _ask(servers[server], True, grammar=grammar, max_tokens=150)[3]
+    assert sum(1 for e in events if getattr(e.choices[0].delta, "reasoning_content", None)) > 1  # as it comes
+
+
+def test_enable_thinking_false_and_reasoning_effort_reach_the_template(servers, tmp_path):
+    thinking = _ask(servers["qwen3"], max_tokens=12)
+    off = _ask(servers["qwen3"], max_tokens=12, chat_template_kwargs={"enable_thinking": False})
+    assert off[3].usage.prompt_tokens > thinking[3].usage.prompt_tokens  # the empty <think></think> in the prompt
+    assert off[0] is None and off[1] != thinking[1]  # no thought: the model answers at once
+    assert _ask(servers["qwen3"], max_tokens=12, reasoning_effort="none")[:3] == off[:3]
+    assert _ask(servers["harmony"], max_tokens=4, reasoning_effort="high")[2] == "length"  # served
+    tokenizer = load_tokenizer(templated_model(tmp_path / "harmony", HARMONY), {}, None)
+    variables = reasoning_ask({"reasoning_effort": "high"}, "harmony", HARMONY, -1).variables
+    assert "Reasoning: high" in render(tokenizer, MESSAGES, True, None, variables)  # gpt-oss's switch
+    assert "Reasoning: medium" in render(tokenizer, MESSAGES, True)
+
+
+def test_a_reasoning_budget_closes_the_thought_after_that_many_tokens(servers):
+    unbounded = _ask(servers["r1"], max_tokens=40)  # the built-in model never closes its thought itself
+    assert unbounded[0] and unbounded[1] == "" and unbounded[2] == "length"
+    for stream in (False, True):
+        thought, content, _, _ = _ask(servers["r1"], stream, max_tokens=40, reasoning_budget=6)
+        assert thought == unbounded[0][:len(thought)] and len(thought) < len(unbounded[0])
+        assert content  # after the forced </think>, the model answers
+    tokens = _ask(servers["r1"], max_tokens=40, reasoning_budget=6, logprobs=True)[3].choices[0].logprobs.content
+    assert "".join(t.token for t in tokens[:20]).count("</think>") == 1  # within the budget's reach, once
+    none = _ask(servers["r1"], max_tokens=20, reasoning_effort="none")
+    assert none[0] == "" and none[1]  # a budget of 0: the thought closed at once
+    assert _ask(servers["qwen3"], max_tokens=12, reasoning_budget=0)[:3] == _ask(
+        servers["qwen3"], max_tokens=12, chat_template_kwargs={"enable_thinking": False})[:3]  # the switch
+
+
+def test_logprobs_and_max_tokens_count_the_thought_too(servers):
+    thought, content, finish, reply = _ask(servers["r1"], max_tokens=15, logprobs=True, reasoning_budget=5)
+    assert finish == "length" and reply.usage.completion_tokens == 15 == len(reply.choices[0].logprobs.content)
+    assert "".join(t.token for t in reply.choices[0].logprobs.content).lstrip().startswith(thought + "</think>")
