@@ -19,6 +19,7 @@ class Chunk:
     finish_reason: str | None = None  # set on the last chunk: "stop" | "length"
     stats: dict | None = None  # set on the last chunk
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
+    reasoning: str | None = None  # a chat answer's thought in these tokens (`text` is then its content)
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Generation:
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
     # a chat answer's calls (`LLM.chat(tools=...)`); its text is then the content beside them
     tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: str | None = None  # a chat answer's thought (a reasoning model's); its text is then the rest
 
     @property
     def text(self) -> str:
@@ -44,9 +46,11 @@ def collect(chunks: Iterable[Chunk], has_text: bool) -> Generation:
     texts: list[str] = []
     logprobs: list[TokenLogprob] = []
     asked = False  # whether the chunks carry logprobs
-    last = None
+    last, thoughts = None, []
     for chunk in chunks:
         token_ids.extend(chunk.token_ids)
+        if chunk.reasoning is not None:
+            thoughts.append(chunk.reasoning)
         if chunk.logprobs is not None:
             asked = True
             logprobs.extend(chunk.logprobs)
@@ -54,4 +58,4 @@ def collect(chunks: Iterable[Chunk], has_text: bool) -> Generation:
             texts.append(chunk.text)
         last = chunk
     return Generation(token_ids, last.finish_reason, last.stats, "".join(texts) if has_text else None,
-                      logprobs if asked else None)
+                      logprobs if asked else None, reasoning="".join(thoughts) if thoughts else None)

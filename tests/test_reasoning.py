@@ -3,12 +3,17 @@ answer as it streams, whole and streamed alike; `chat_template_kwargs` and `reas
 template's switches; a reasoning budget closes the thought after N tokens; logprobs and max_tokens
 count the thought's tokens too."""
 
+import io
 import json
 
 import pytest
 from reasoning_models import DEEPSEEK_R1, HARMONY, QWEN3, templated_model
+from rich.console import Console
 
+import lucebox
 from lucebox.chat.conversation import render
+from lucebox.cli.chat import _AnswerWriter
+from lucebox.generation import Chunk
 from lucebox.server.api_errors import APIError
 from lucebox.server.process import ServerProcess
 from lucebox.server.reasoning_fields import reasoning_ask
@@ -138,3 +143,35 @@ def test_logprobs_and_max_tokens_count_the_thought_too(servers):
     thought, content, finish, reply = _ask(servers["r1"], max_tokens=15, logprobs=True, reasoning_budget=5)
     assert finish == "length" and reply.usage.completion_tokens == 15 == len(reply.choices[0].logprobs.content)
     assert "".join(t.token for t in reply.choices[0].logprobs.content).lstrip().startswith(thought + "</think>")
+
+
+def test_a_chat_keeps_the_thought_apart_and_the_template_drops_it_from_later_turns(tmp_path):
+    llm = lucebox.LLM(str(templated_model(tmp_path / "qwen3", QWEN3)), draft=None)
+    chat = llm.chat(temperature=0.0, max_tokens=40, grammar='start: "<think>\\nI should greet.\\n</think>\\n\\nHello!"')
+    chunks = list(chat.stream("Say hi."))
+    assert "".join(c.reasoning or "" for c in chunks) == "I should greet."
+    assert "".join(c.text or "" for c in chunks) == "Hello!" and sum(1 for c in chunks if c.reasoning) > 1
+    assert chat.messages[-1] == {"role": "assistant", "content": "Hello!", "reasoning_content": "I should greet."}
+    reply = chat.send("Again.")
+    assert (reply.reasoning, reply.text) == ("I should greet.", "Hello!")
+    shown = llm.tokenizer.decode(chat.last_prompt_ids)
+    assert "Hello!" in shown and "I should greet." not in shown  # this template drops past thoughts
+    chat.save(tmp_path / "chat.json")
+    again = llm.chat()
+    again.load(tmp_path / "chat.json")
+    assert again.messages[1]["reasoning_content"] == "I should greet."  # saved and loaded with the answer
+
+
+def test_the_chat_prints_a_thought_dimmed_then_the_answer():
+    out = Console(file=io.StringIO(), force_terminal=True)
+    writer = _AnswerWriter(out)
+    for reasoning, text in (("I should", ""), (" greet.", ""), ("", "Hello"), ("", "!")):
+        writer.write(Chunk([], text, reasoning=reasoning or None))
+    writer.end()
+    assert out.file.getvalue() == "\x1b[2mI should greet.\x1b[0m\n\nHello!\n"
+    plain = Console(file=io.StringIO(), force_terminal=False)
+    writer = _AnswerWriter(plain)
+    writer.write(Chunk([], "", reasoning="hm"))
+    writer.write(Chunk([], "Hi"))
+    writer.end()
+    assert plain.file.getvalue() == "hm\n\nHi\n"

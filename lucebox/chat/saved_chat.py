@@ -88,6 +88,8 @@ def _message_problem(m: object) -> str | None:
         return None if content is None or isinstance(content, str) else "must have text or null as content"
     if role not in ROLES[1:] or not isinstance(content, str):
         return f"must be {PLAIN_MESSAGE}"
+    if role == "assistant" and not isinstance(m.get("reasoning_content", ""), str):
+        return 'has a "reasoning_content" (the answer\'s thought) that is not text'
     return None
 
 

@@ -7,7 +7,11 @@ Python definition).
 Tools (`LLM.chat(tools=[...], tool_choice=...)`, OpenAI's function schemas) work as on the server
 (`lucebox.tools`): rendered by the chat template, the model's calls parsed from its own syntax
 (`auto`), or the answer constrained to calls whose arguments follow the schemas (`required`, a named
-function). An answer's calls are `Generation.tool_calls`; `send_tool_results` answers them."""
+function). An answer's calls are `Generation.tool_calls`; `send_tool_results` answers them.
+
+A reasoning model's thought (`text.reasoning`) comes apart: `Chunk.reasoning` as it streams,
+`Generation.reasoning`, and the answer's `reasoning_content` in the history, which the template renders
+or drops as it was trained to (Qwen3's drops past turns' thoughts)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from lucebox import bounded_json
+from lucebox.chat.answer_reader import AnswerReader
 from lucebox.chat.conversation import GrowingContext, encode_all, render, turn_boundary
 from lucebox.chat.saved_chat import TOOL_KEYS, chat_record, read_chat
 from lucebox.chat.settings import DEFAULTS, PLAIN_STOP, check_settings, makes_json, model_defaults, own_stops
@@ -26,7 +31,9 @@ from lucebox.errors import ContextLengthError, InvalidArgumentError, ToolError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.output import write_new_file
 from lucebox.request_options import RequestOptions
+from lucebox.text.answer_split import AnswerSplit
 from lucebox.text.json_calls import answer_text
+from lucebox.text.reasoning import reasoning_format, starts_inside, thinking_off
 from lucebox.text.tool_calls import FORMATS
 from lucebox.tools import (
     CONSTRAINED_CALLS,
@@ -47,6 +54,7 @@ class ChatSession:
         self.llm = llm
         self.tokenizer = llm.tokenizer  # a chat needs text: TokenizerError here when the model has none
         self.plain = not self.tokenizer.has_chat_template  # the plain template (see `conversation`)
+        self.reasoning = None if self.plain else reasoning_format(self.tokenizer.chat_template())
         self.settings = {**DEFAULTS, **model_defaults(llm.description.generation_config),
                          "stop": list(PLAIN_STOP) if self.plain else None}
         self.set(**sampling)
@@ -151,9 +159,13 @@ class ChatSession:
         options = RequestOptions.from_keywords(**{**settings, "max_tokens": min(settings["max_tokens"], room),
                                                   "snapshot_at": snapshots, **repeats})
         self.last_prompt_ids = prompt_ids
+        end_ids, stops = self.llm.eos_token_ids, list(options.stop_strings)
         calls = None if request is None or not request.parses else ToolCallStream(
-            self.tokenizer, request, self.llm.eos_token_ids, list(options.stop_strings), prompt_ids)
-        return self._answer(prompt_text, prompt_ids, options, calls)
+            self.tokenizer, request, end_ids, stops, prompt_ids)
+        fmt = None if thinking_off(self.reasoning, prompt_text) else self.reasoning  # then all of it is content
+        split = None if fmt is None else AnswerSplit(self.tokenizer, prompt_ids, end_ids, stops, fmt,
+                                                     starts_inside(fmt, prompt_text), calls)
+        return self._answer(prompt_text, prompt_ids, options, AnswerReader(split, calls))
 
     def _tool_request(self, settings: dict, **choice) -> ToolRequest | None:
         """The tools as this turn asks for them (`choice`: its tool_choice / parallel_tool_calls)."""
@@ -176,21 +188,15 @@ class ChatSession:
         return replace(answer, _text=self.messages[-1]["content"] or "", tool_calls=self.last_tool_calls)
 
     def _answer(self, prompt_text: str, prompt_ids: list[int], options: RequestOptions,
-                calls: ToolCallStream | None) -> Iterator[Chunk]:
+                reader: AnswerReader) -> Iterator[Chunk]:
         self.last_tool_calls = ()
-        generated: list[int] = []
-        pieces: list[str] = []
         last: Chunk | None = None
         finished = False
         try:
             with closing(self.llm.stream(prompt_ids, options)) as chunks:
                 for chunk in chunks:
-                    generated += chunk.token_ids
-                    if calls is not None:
-                        calls.push(chunk.token_ids)
-                    pieces.append(chunk.text or "")
-                    last = chunk
-                    yield chunk
+                    last = reader.read(chunk)
+                    yield last
             finished = True
         except GeneratorExit:  # the caller stopped reading between two chunks: the engine is consistent
             raise
@@ -204,14 +210,15 @@ class ChatSession:
             else:  # cut: the engine's figures up to the cut, once the request had given a chunk (past its prefill)
                 cut = self.llm.session.last_stats if last is not None else None
                 self.last_stats = None if cut is None else {**cut, "cut": True}
-            parsed = calls.finish(last.finish_reason)[1] if calls is not None and finished else None
-            self._record(prompt_text, prompt_ids, generated, "".join(pieces), last if finished else None, parsed)
+            self._record(prompt_text, prompt_ids, reader, last if finished else None)
 
-    def _record(self, prompt_text: str, prompt_ids: list[int], generated: list[int], answer: str,
-                last: Chunk | None, parsed=None) -> None:
+    def _record(self, prompt_text: str, prompt_ids: list[int], reader: AnswerReader, last: Chunk | None) -> None:
+        answer, parsed, generated = reader.answer, reader.parsed, reader.generated
         message = {"role": "assistant", "content": answer}
         if last is None:
             message["cut"] = True
+        if reader.thought is not None:  # the template renders it, or drops it, as it was trained to
+            message["reasoning_content"] = reader.thought
         past = self.history
         self.messages.append(message)
         if parsed is not None and parsed.calls:  # as templates read them: each call's arguments an object
@@ -224,7 +231,8 @@ class ChatSession:
             return
         if parsed is not None and answer_text(answer) is not None:  # the generic syntax's answer object: its text
             message["content"] = parsed.content
-            self.context.reset()
+        if "reasoning_content" in message or message["content"] != answer:
+            self.context.reset()  # the generated tokens are not the content alone: tokenized whole next turn
             return
         if last is None or last.finish_reason == "length":
             ended = "length"

@@ -117,15 +117,43 @@ def _plain(inputs: ChatInputs, out: Console) -> int:
     return 1 if inputs.failed else 0
 
 
+class _AnswerWriter:
+    """An answer written as it streams: a reasoning model's thought dimmed (on a terminal), then the
+    content after a blank line."""
+
+    def __init__(self, out: Console):
+        self.out, self.dim, self.in_thought = out, out.is_terminal, False
+
+    def write(self, chunk) -> None:
+        if chunk.reasoning:
+            if not self.in_thought:
+                self.in_thought = True
+                self.out.file.write("\x1b[2m" if self.dim else "")
+            self.out.file.write(chunk.reasoning)
+        if chunk.text:
+            self._close_thought("\n\n")
+            self.out.file.write(chunk.text)
+        self.out.file.flush()
+
+    def end(self) -> None:
+        self._close_thought("")
+        self.out.file.write("\n")  # an answer that fails midway still ends its line
+        self.out.file.flush()
+
+    def _close_thought(self, then: str) -> None:
+        if self.in_thought:
+            self.in_thought = False
+            self.out.file.write(("\x1b[0m" if self.dim else "") + then)
+
+
 def _print_answer(session, text: str, out: Console) -> None:
     chunks = session.stream(text)  # a turn refused here (too long for the context, ...) writes nothing
+    writer = _AnswerWriter(out)
     try:
         for chunk in chunks:
-            out.file.write(chunk.text or "")
-            out.file.flush()
+            writer.write(chunk)
     finally:
-        out.file.write("\n")  # an answer that fails midway still ends its line
-        out.file.flush()
+        writer.end()
 
 
 # -- on a terminal ------------------------------------------------------------------------------------
@@ -161,10 +189,10 @@ def _answer(session, text: str, out: Console) -> bool:
     cut = False
     with _interrupts() as asked:
         chunks = session.stream(text)
+        writer = _AnswerWriter(out)
         try:
             for chunk in chunks:
-                out.file.write(chunk.text or "")
-                out.file.flush()
+                writer.write(chunk)
                 if asked():
                     cut = True
                     break
@@ -172,7 +200,7 @@ def _answer(session, text: str, out: Console) -> bool:
             cut = True
         finally:
             chunks.close()
-            out.file.write("\n")
+            writer.end()
     stats = session.last_stats
     if cut:
         out.print("[yellow]\\[cut: the partial answer stays in the history][/yellow]")

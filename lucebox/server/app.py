@@ -18,7 +18,7 @@ from starlette.routing import Route
 from lucebox.chat.settings import PLAIN_STOP, model_defaults
 from lucebox.errors import InvalidArgumentError, LuceboxError
 from lucebox.server import openai_api as api
-from lucebox.server.answer_parts import ChoiceParts, chunk_events, closing_events, whole_message
+from lucebox.server.answer_parts import chunk_events, closing_events, whole_message
 from lucebox.server.api_errors import mid_output_error
 from lucebox.server.chat_prompt import budget_options, model_reasoning, prompt_of
 from lucebox.server.choice_events import ChoiceEvents
@@ -29,6 +29,7 @@ from lucebox.server.reasoning_fields import reasoning_ask
 from lucebox.server.settings import ServerSettings
 from lucebox.server.tools import tool_request
 from lucebox.server.worker import EngineWorker, Job, slot_lines
+from lucebox.text.answer_split import AnswerSplit
 from lucebox.text.reasoning import starts_inside, thinking_off
 from lucebox.tools import ToolCallStream, model_tool_format
 
@@ -171,7 +172,7 @@ class _State:
             raise
         inside = starts_inside(self.reasoning, prompt.text)
         reasoning = None if thinking_off(self.reasoning, prompt.text) else self.reasoning  # then all is content
-        parts = None if kind != "chat" else (lambda: ChoiceParts(  # one for each choice
+        parts = None if kind != "chat" else (lambda: AnswerSplit(  # one for each choice
             self.llm.tokenizer, prompt_ids, self.llm.eos_token_ids, stop, reasoning, inside,
             ToolCallStream(self.llm.tokenizer, req.tools, self.llm.eos_token_ids, stop, prompt_ids)
             if req.tools is not None and req.tools.parses else None))
@@ -213,7 +214,7 @@ class _State:
                 return getter.result()
 
     async def _whole(self, req, job: Job, rid: str, first, request: Request, parts) -> JSONResponse:
-        """`parts()`: a new ChoiceParts (a chat), or None (a completion: the text as it is)."""
+        """`parts()`: a new AnswerSplit (a chat), or None (a completion: the text as it is)."""
         answers, chunk = [Answer()], first
         while chunk is not None:
             if answers[-1].finish_reason is not None:  # the choice before ended: this chunk starts the next
