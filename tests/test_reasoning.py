@@ -175,3 +175,22 @@ def test_the_chat_prints_a_thought_dimmed_then_the_answer():
     writer.write(Chunk([], "Hi"))
     writer.end()
     assert plain.file.getvalue() == "hm\n\nHi\n"
+
+
+def test_a_constrained_answer_comes_after_the_thought_not_instead_of_it(servers):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    for stream in (False, True):
+        thought, content, finish, _ = _ask(servers["r1"], stream, max_tokens=40, reasoning_budget=5,
+                                           response_format=response_format)
+        assert thought and finish == "stop" and json.loads(content) in ({"ok": True}, {"ok": False})
+    tools = [{"type": "function", "function": {"name": "greet", "parameters": schema}}]
+    reply = servers["r1"].chat.completions.create(model="m", messages=MESSAGES, tools=tools, tool_choice="required",
+                                                  max_tokens=60, temperature=0, extra_body={"reasoning_budget": 5})
+    message = reply.choices[0].message
+    assert message.reasoning_content and reply.choices[0].finish_reason == "tool_calls"
+    assert [json.loads(c.function.arguments) in ({"ok": True}, {"ok": False}) for c in message.tool_calls] == [True]
+    with pytest.raises(openai.BadRequestError) as refused:  # a grammar of its own covers the thought too
+        _ask(servers["r1"], reasoning_budget=5, grammar='start: "x"')
+    assert refused.value.body["param"] == "reasoning_budget"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from dataclasses import replace
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -20,7 +19,7 @@ from lucebox.errors import InvalidArgumentError, LuceboxError
 from lucebox.server import openai_api as api
 from lucebox.server.answer_parts import chunk_events, closing_events, whole_message
 from lucebox.server.api_errors import mid_output_error
-from lucebox.server.chat_prompt import budget_options, model_reasoning, prompt_of
+from lucebox.server.chat_prompt import engine_options, model_reasoning, prompt_of
 from lucebox.server.choice_events import ChoiceEvents
 from lucebox.server.choices import Answer, numbered, total_stats
 from lucebox.server.guard import ClientLeft, HostGuard, check_key, read_json
@@ -158,10 +157,7 @@ class _State:
                                kind == "chat" else "prompt", "context_length_exceeded")
         stop = list(req.options.stop_strings) or (
             list(PLAIN_STOP) if kind == "chat" and not self.llm.tokenizer.has_chat_template else [])
-        options = replace(req.options, max_tokens=min(req.options.max_tokens, room), stop=stop,
-                          snapshot_at=prompt.snapshots, **(req.tools.engine_options if req.tools else {}))
-        if ask is not None:
-            options = replace(options, **budget_options(self.reasoning, prompt, ask.budget, options))
+        options = engine_options(req, prompt, room, stop, self.reasoning, ask)
         job = Job(prompt_ids, options, asyncio.get_running_loop(), req.n)
         self.worker.submit(job)
         rid = api.new_id(kind)

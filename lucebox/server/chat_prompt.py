@@ -1,19 +1,18 @@
 """A request's prompt as the engine takes it (`Prompt`): a chat's messages rendered by the model's
 template (with the tools and the template's variables: `chat_template_kwargs`, `reasoning_effort`)
 and tokenized, with its turn boundary; a completion's text or ids. Then what the prompt decides for
-a reasoning model: whether the answer starts inside a thought, and the thought's budget as a grammar
-(`constrained.thought_budget`)."""
+a reasoning model: whether the answer starts inside a thought, and a grammar that puts the thought
+first when its budget or the request's constraint needs one (`constrained.thought_first`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lucebox.chat.conversation import encode_all, render, turn_boundary
-from lucebox.constrained.thought_budget import thought_budget_grammar
+from lucebox.constrained.thought_first import answer_rule, thought_first_grammar
 from lucebox.errors import LuceboxError
-from lucebox.request_options import chosen_constraint
 from lucebox.server import openai_api as api
-from lucebox.text.reasoning import reasoning_format, starts_inside, thinking_off
+from lucebox.text.reasoning import THINK, reasoning_format, starts_inside, thinking_off
 from lucebox.tools import prompt_parts
 
 
@@ -53,12 +52,34 @@ def prompt_of(llm, req, variables: dict) -> Prompt:
         raise api.APIError(400, str(e)) from None
 
 
-def budget_options(fmt: str | None, prompt: Prompt, budget: int | None, options) -> dict:
-    """RequestOptions fields for a thought budget (a grammar), or none: no budget, or a prompt that
-    turned thinking off. A request constrained otherwise cannot take one (400)."""
-    if budget is None or thinking_off(fmt, prompt.text):
+def engine_options(req, prompt: Prompt, room: int, stop: list[str], fmt: str | None, ask):
+    """The RequestOptions the engine runs: the request's, with what the prompt decides (the room left,
+    the turn boundary), the stop strings, the tools' and (`ask`: a chat's `ReasoningAsk`) the thought's."""
+    options = replace(req.options, max_tokens=min(req.options.max_tokens, room), stop=stop,
+                      snapshot_at=prompt.snapshots, **(req.tools.engine_options if req.tools else {}))
+    if ask is None:
+        return options
+    tool_grammar = req.tools.constraint.get("grammar") if req.tools else None
+    return replace(options, **thought_options(fmt, prompt, ask.budget, options, tool_grammar))
+
+
+def thought_options(fmt: str | None, prompt: Prompt, budget: int | None, options, tool_grammar: str | None) -> dict:
+    """RequestOptions fields for a `<think>` model's answer that is bounded (`budget`) or constrained by
+    a JSON response_format or forced tool calls (`tool_grammar`): one grammar, the thought first, then
+    the constraint (so it never forbids the thought); none when the prompt turned thinking off, or
+    neither is asked. A request's own `grammar` constrains the whole output, thought included: it
+    cannot take a budget too (400)."""
+    if fmt != THINK or thinking_off(fmt, prompt.text):
         return {}
-    if chosen_constraint(options.json_schema, options.grammar, options.json_object) is not None:
-        raise api.APIError(400, "reasoning_budget: a bounded thought is a grammar of its own; it cannot be combined "
-                                "with response_format, grammar or forced tool calls", "reasoning_budget")
-    return {"grammar": thought_budget_grammar(budget, starts_inside(fmt, prompt.text))}
+    own_grammar = options.grammar is not None and options.grammar != tool_grammar
+    if own_grammar:
+        if budget is not None:
+            raise api.APIError(400, "reasoning_budget: a request's grammar constrains the whole output, thought "
+                                    "included; write the thought's bound into it, or leave one of them out",
+                               "reasoning_budget")
+        return {}
+    answer = answer_rule(options.json_schema, options.json_object, tool_grammar)
+    if budget is None and answer is None:
+        return {}
+    grammar = thought_first_grammar(starts_inside(fmt, prompt.text), budget, answer)
+    return {"grammar": grammar, "json_schema": None, "json_object": False}

@@ -8,7 +8,7 @@ budget (`ReasoningAsk`):
   `enable_thinking` when it has one, else by a budget of 0. A model whose template writes no thought
   refuses it (400), as does gpt-oss "none"/"minimal" (it always reasons; its lowest is low).
 - `reasoning_budget` (and `serve --reasoning-budget`, its default): the thought's most tokens; once
-  they are written the thought is closed and the model answers (`constrained.thought_budget`). 0
+  they are written the thought is closed and the model answers (`constrained.thought_first`). 0
   turns thinking off (through `enable_thinking` when the template has it); -1: no bound. Only for
   `<think>` templates.
 """

@@ -1,0 +1,49 @@
+"""A thought before the answer, in one grammar (llguidance's Lark), for a reasoning model whose
+answer is bounded or constrained: the model thinks freely until it closes the thought itself or has
+written `budget` tokens of it (`reasoning_budget`), when the close is forced; then the answer, free or
+under the request's constraint (a JSON Schema, JSON mode, a grammar, forced tool calls), so that a
+constraint never forbids the thought (as vLLM and llama.cpp apply a grammar after the reasoning ends).
+
+Only the `<think>` syntax (`text.reasoning`), whose markers are text in the vocabularies that use them
+(Qwen3's `<think>` tokens are not special): the grammar engine forces a marker held as one token as
+that token."""
+
+from __future__ import annotations
+
+import json
+
+from lucebox.constrained.spec import JSON_DEFAULTS, Constraint
+from lucebox.text.reasoning import CLOSE, OPEN
+
+
+def thought_first_grammar(inside: bool, budget: int | None = None, answer: str | None = None) -> str:
+    """Lark text: the thought (opened by the model unless the prompt left it `inside` one), of at most
+    `budget` tokens (None: no bound), its close, then the answer: `answer` (a rule's body, from
+    `answer_rule`) after any whitespace, or any text."""
+    opening = "" if inside else f"{json.dumps(OPEN)} "
+    if budget == 0:
+        lark = f"start: {opening}{json.dumps(CLOSE)} answer\n"
+    else:  # lazy: the thought ends at the model's own close, or at the budget, where the close is forced
+        bound = "" if budget is None else f", max_tokens={budget}"
+        lark = (f"start: {opening}thought {json.dumps(CLOSE)} answer\n"
+                f"thought[stop={json.dumps(CLOSE)}{bound}]: /(.|\\n)*/\n")
+    # between the close and a constrained answer, the blank line templates write (Qwen3's, R1's "\n\n")
+    if answer is None:
+        lark += "answer: /(.|\\n)*/\n"
+    else:
+        lark += f"answer: gap constrained\ngap: /\\s{{0,2}}/\nconstrained: {answer}\n"
+    Constraint.lark(lark, "reasoning_budget" if answer is None else "grammar")
+    return lark
+
+
+def answer_rule(json_schema=None, json_object: bool = False, grammar: str | None = None) -> str | None:
+    """The body of a Lark rule for a request's constraint (None: it has none)."""
+    if json_schema is not None or json_object:
+        schema = json.loads(json_schema) if isinstance(json_schema, str) else (json_schema or {"type": "object"})
+        options = schema.get("x-guidance") if isinstance(schema.get("x-guidance"), dict) else {}
+        return "%json " + json.dumps({**schema, "x-guidance": {**JSON_DEFAULTS, **options}})
+    if grammar is not None:
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        return "%lark {\n" + any_to_lark(grammar) + "\n}"
+    return None
