@@ -194,3 +194,11 @@ def test_a_constrained_answer_comes_after_the_thought_not_instead_of_it(servers)
     with pytest.raises(openai.BadRequestError) as refused:  # a grammar of its own covers the thought too
         _ask(servers["r1"], reasoning_budget=5, grammar='start: "x"')
     assert refused.value.body["param"] == "reasoning_budget"
+
+
+def test_a_chat_s_json_answer_comes_after_the_thought_too(tmp_path):
+    llm = lucebox.LLM(str(templated_model(tmp_path / "r1", DEEPSEEK_R1)), draft=None)
+    free = llm.chat(temperature=0.0, max_tokens=30).send("Say hi.")
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    constrained = llm.chat(temperature=0.0, max_tokens=30, json_schema=schema).send("Say hi.")
+    assert constrained.reasoning == free.reasoning != ""  # the thought is the model's own, not forced JSON

@@ -27,6 +27,7 @@ from lucebox.chat.conversation import GrowingContext, encode_all, render, turn_b
 from lucebox.chat.saved_chat import TOOL_KEYS, chat_record, read_chat
 from lucebox.chat.settings import DEFAULTS, PLAIN_STOP, check_settings, makes_json, model_defaults, own_stops
 from lucebox.constrained.spec import refuse_stops
+from lucebox.constrained.thought_first import thought_first_options
 from lucebox.errors import ContextLengthError, InvalidArgumentError, ToolError
 from lucebox.generation import Chunk, Generation, collect
 from lucebox.output import write_new_file
@@ -158,6 +159,9 @@ class ChatSession:
         repeats = {"end_on_repeated_call": request.fmt} if request is not None and request.parses else {}
         options = RequestOptions.from_keywords(**{**settings, "max_tokens": min(settings["max_tokens"], room),
                                                   "snapshot_at": snapshots, **repeats})
+        # a reasoning model's constrained answer comes after its thought (`constrained.thought_first`)
+        tool_grammar = request.constraint.get("grammar") if request is not None else None
+        options = replace(options, **thought_first_options(self.reasoning, prompt_text, options, None, tool_grammar))
         self.last_prompt_ids = prompt_ids
         end_ids, stops = self.llm.eos_token_ids, list(options.stop_strings)
         calls = None if request is None or not request.parses else ToolCallStream(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from lucebox.constrained.spec import JSON_DEFAULTS, Constraint
-from lucebox.text.reasoning import CLOSE, OPEN
+from lucebox.text.reasoning import CLOSE, OPEN, THINK, starts_inside, thinking_off
 
 
 def thought_first_grammar(inside: bool, budget: int | None = None, answer: str | None = None) -> str:
@@ -47,3 +47,18 @@ def answer_rule(json_schema=None, json_object: bool = False, grammar: str | None
 
         return "%lark {\n" + any_to_lark(grammar) + "\n}"
     return None
+
+
+def thought_first_options(fmt: str | None, prompt_text: str, options, budget: int | None = None,
+                          tool_grammar: str | None = None) -> dict:
+    """RequestOptions fields for a `<think>` model's answer (after `prompt_text`) that is bounded
+    (`budget`) or constrained by a JSON Schema, JSON mode or forced tool calls (`tool_grammar`): one
+    grammar, the thought first. None needed (`{}`): the model does not think here, nothing is asked,
+    or the options carry a grammar of their own, which constrains the whole output, thought included."""
+    if fmt != THINK or thinking_off(fmt, prompt_text) or options.grammar not in (None, tool_grammar):
+        return {}
+    answer = answer_rule(options.json_schema, options.json_object, tool_grammar)
+    if budget is None and answer is None:
+        return {}
+    grammar = thought_first_grammar(starts_inside(fmt, prompt_text), budget, answer)
+    return {"grammar": grammar, "json_schema": None, "json_object": False}

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from lucebox.chat.conversation import encode_all, render, turn_boundary
-from lucebox.constrained.thought_first import answer_rule, thought_first_grammar
+from lucebox.constrained.thought_first import thought_first_options
 from lucebox.errors import LuceboxError
 from lucebox.server import openai_api as api
-from lucebox.text.reasoning import THINK, reasoning_format, starts_inside, thinking_off
+from lucebox.text.reasoning import THINK, reasoning_format, thinking_off
 from lucebox.tools import prompt_parts
 
 
@@ -64,22 +64,11 @@ def engine_options(req, prompt: Prompt, room: int, stop: list[str], fmt: str | N
 
 
 def thought_options(fmt: str | None, prompt: Prompt, budget: int | None, options, tool_grammar: str | None) -> dict:
-    """RequestOptions fields for a `<think>` model's answer that is bounded (`budget`) or constrained by
-    a JSON response_format or forced tool calls (`tool_grammar`): one grammar, the thought first, then
-    the constraint (so it never forbids the thought); none when the prompt turned thinking off, or
-    neither is asked. A request's own `grammar` constrains the whole output, thought included: it
-    cannot take a budget too (400)."""
-    if fmt != THINK or thinking_off(fmt, prompt.text):
-        return {}
-    own_grammar = options.grammar is not None and options.grammar != tool_grammar
-    if own_grammar:
-        if budget is not None:
-            raise api.APIError(400, "reasoning_budget: a request's grammar constrains the whole output, thought "
-                                    "included; write the thought's bound into it, or leave one of them out",
-                               "reasoning_budget")
-        return {}
-    answer = answer_rule(options.json_schema, options.json_object, tool_grammar)
-    if budget is None and answer is None:
-        return {}
-    grammar = thought_first_grammar(starts_inside(fmt, prompt.text), budget, answer)
-    return {"grammar": grammar, "json_schema": None, "json_object": False}
+    """`constrained.thought_first.thought_first_options`; a request's own `grammar` constrains the whole
+    output, thought included, so it cannot take a budget too (400)."""
+    if budget is not None and options.grammar not in (None, tool_grammar) and fmt == THINK \
+            and not thinking_off(fmt, prompt.text):
+        raise api.APIError(400, "reasoning_budget: a request's grammar constrains the whole output, thought "
+                                "included; write the thought's bound into it, or leave one of them out",
+                           "reasoning_budget")
+    return thought_first_options(fmt, prompt.text, options, budget, tool_grammar)
