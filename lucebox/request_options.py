@@ -14,6 +14,7 @@ from lucebox.arguments import flag, integer, stops, token_biases
 from lucebox.errors import GrammarError, InvalidArgumentError
 from lucebox.logprobs import MAX_TOP_LOGPROBS
 from lucebox.sampling import SamplingParams
+from lucebox.text.reasoning import FORMATS as THOUGHT_FORMATS
 from lucebox.text.tool_calls import FORMATS
 
 # `LLM.stream`'s keywords that are SamplingParams' fields (the others are RequestOptions' own)
@@ -52,7 +53,9 @@ class RequestOptions:
     penalties, temperature, truncation and grammar), equal to log_softmax(`LLM.logits`) at its position.
     `end_on_repeated_call`: a tool-call syntax (`lucebox.text.tool_calls.FORMATS`): the answer ends
     (finish_reason "stop") at the token that completes a call it already wrote, same name and same
-    arguments (a model looping on its calls; `lucebox.text.call_watch`).
+    arguments (a model looping on its calls; `lucebox.text.call_watch`). `thought_syntax` (a reasoning
+    model's, `lucebox.text.reasoning.FORMATS`) and `starts_in_thought` (the prompt opened the thought):
+    calls are looked for in the answer after its thought only.
     """
 
     max_tokens: int
@@ -66,6 +69,8 @@ class RequestOptions:
     json_object: bool = False
     logprobs: int | None = None
     end_on_repeated_call: str | None = None
+    thought_syntax: str | None = None
+    starts_in_thought: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.sampling, SamplingParams):
@@ -81,6 +86,10 @@ class RequestOptions:
         if self.end_on_repeated_call is not None and self.end_on_repeated_call not in FORMATS:
             raise InvalidArgumentError(f"end_on_repeated_call must be one of {', '.join(FORMATS)} or None, "
                                        f"got {self.end_on_repeated_call!r}")
+        if self.thought_syntax is not None and self.thought_syntax not in THOUGHT_FORMATS:
+            raise InvalidArgumentError(f"thought_syntax must be one of {', '.join(THOUGHT_FORMATS)} or None, "
+                                       f"got {self.thought_syntax!r}")
+        flag("starts_in_thought", self.starts_in_thought)
         constraint = chosen_constraint(self.json_schema, self.grammar, self.json_object)
         if constraint is not None and checked["ignore_eos"]:
             raise GrammarError(constraint, "a constrained output ends with EOS; it cannot take ignore_eos=True")

@@ -9,11 +9,13 @@ import jsonschema
 import pytest
 from tool_models import SCHEMAS, TOOLS
 
+from lucebox.builtin import builtin_model
 from lucebox.constrained.tool_grammar import tool_call_grammar
 from lucebox.engine.text_stage import TextStage
 from lucebox.text.json_calls import answer_text, string_prefix
+from lucebox.text.tokenizer_files import load_tokenizer
 from lucebox.text.tool_calls import complete_calls, first_repeat, parse_tool_calls
-from lucebox.tools import ToolCallStream, check_tools
+from lucebox.tools import ToolCallStream, check_tools, prompt_parts
 
 WEATHER = '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}'
 PING = '{"name": "ping", "arguments": {"host": "a.b"}}'
@@ -137,6 +139,15 @@ def test_a_chat_on_the_built_in_model_calls_tools_and_answers_in_plain_text(buil
     again = chat.send_tool_results({c.id: "sunny" for c in reply.tool_calls}, tool_choice="auto", max_tokens=120)
     assert again.tool_calls or not again.text.startswith("{")  # calls again, or the answer object's text
     talk = builtin_llm.chat(tools=TOOLS, temperature=0.0, max_tokens=40)
+    chunks = list(talk.stream("What is the weather in Paris?"))  # streamed as the server streams: the text
+    talk.reset()
     answer = talk.send("What is the weather in Paris?")  # auto: greedy, the built-in model answers
+    assert "".join(c.text for c in chunks) == answer.text
     assert not answer.tool_calls and answer.text and not answer.text.startswith("{")  # the text, not its JSON
     assert talk.messages[-1] == {"role": "assistant", "content": answer.text}
+
+
+def test_tool_choice_none_lists_the_tools_without_a_way_to_call_them():
+    request = check_tools(TOOLS, "none", None, None, lambda t: None, False)
+    system = prompt_parts(load_tokenizer(builtin_model(), {}, None), [], request)[0][0]["content"]
+    assert "get_weather" in system and "tool_calls" not in system and "answer without calling" in system

@@ -17,6 +17,7 @@ from lucebox.generation import Chunk
 from lucebox.server.api_errors import APIError
 from lucebox.server.process import ServerProcess
 from lucebox.server.reasoning_fields import reasoning_ask
+from lucebox.text.call_watch import RepeatedCallWatch
 from lucebox.text.reasoning import ReasoningSplit, reasoning_format, split_reasoning, starts_inside
 from lucebox.text.tokenizer_files import load_tokenizer
 
@@ -34,6 +35,9 @@ HARMONY_ANSWER = ("<|channel|>analysis<|message|>User wants a greeting.<|end|><|
     ("think", "<think>\n\n</think>\n\nHello!", False, "", "Hello!"),
     ("harmony", HARMONY_ANSWER, False, "User wants a greeting.", "Hi!"),
     ("harmony", "no channels here", False, None, "no channels here"),
+    ("harmony", "Hello <|channel|>analysis<|message|>x<|end|>", False, None,  # text first: not harmony
+     "Hello <|channel|>analysis<|message|>x<|end|>"),
+    ("harmony", "<|channel|>analysis<|message|>x<|end|>Hello there", False, "x", "Hello there"),  # no header
 ])
 def test_each_family_s_thought_is_split_the_same_whole_and_in_any_pieces(fmt, text, inside, thought, content):
     assert split_reasoning(text, fmt, inside) == (thought, content)
@@ -54,6 +58,9 @@ def test_the_family_comes_from_the_template_and_the_prompt_says_whether_the_answ
 
 
 def test_reasoning_fields_map_to_the_template_s_switches_or_a_budget():
+    assert reasoning_ask({"grammar": "start: x"}, "think", DEEPSEEK_R1, 8).budget is None  # the grammar covers it
+    kept = reasoning_ask({"reasoning_budget": 0, "chat_template_kwargs": {"enable_thinking": True}}, "think", QWEN3, -1)
+    assert (kept.variables, kept.budget) == ({"enable_thinking": True}, 0)  # the switch asked on: the budget holds
     assert reasoning_ask({"reasoning_effort": "none"}, "think", QWEN3, -1).variables == {
         "reasoning_effort": "none", "enable_thinking": False}
     ask = reasoning_ask({"reasoning_effort": "none"}, "think", DEEPSEEK_R1, -1)  # no switch: a budget of 0
@@ -63,7 +70,8 @@ def test_reasoning_fields_map_to_the_template_s_switches_or_a_budget():
     assert reasoning_ask({"reasoning_budget": 0}, "think", QWEN3, -1).variables == {"enable_thinking": False}
     assert reasoning_ask({"reasoning_effort": "high"}, "harmony", HARMONY, -1).variables == {"reasoning_effort": "high"}
     for body, fmt in (({"reasoning_effort": "low"}, None), ({"reasoning_effort": "none"}, "harmony"),
-                      ({"reasoning_budget": 8}, "harmony"), ({"reasoning_budget": 8}, None)):
+                      ({"reasoning_budget": 8}, "harmony"), ({"reasoning_budget": 8}, None),
+                      ({"reasoning_effort": "low"}, "think")):  # Qwen3's template has no effort setting
         with pytest.raises(APIError) as refused:
             reasoning_ask(body, fmt, "", -1)
         assert (refused.value.status, refused.value.param) == (400, next(iter(body)))
@@ -72,8 +80,9 @@ def test_reasoning_fields_map_to_the_template_s_switches_or_a_budget():
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     started = {name: ServerProcess(str(templated_model(tmp_path_factory.mktemp(name) / "model", template)),
-                                   "--served-model-name", "m")
-               for name, template in (("qwen3", QWEN3), ("r1", DEEPSEEK_R1), ("harmony", HARMONY))}
+                                   "--served-model-name", "m", *flags)
+               for name, template, flags in (("qwen3", QWEN3, ()), ("r1", DEEPSEEK_R1, ()), ("harmony", HARMONY, ()),
+                                             ("qwen3_raw", QWEN3, ("--reasoning-format", "none")))}
     yield {name: openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0) for name, s in started.items()}
     for s in started.values():
         assert s.stop() == 0
@@ -99,6 +108,7 @@ def _ask(client, stream=False, **fields):
 
 @pytest.mark.parametrize("server, answer, thought, content", [
     ("qwen3", "<think>\nI should greet.\n</think>\n\nHello!", "I should greet.", "Hello!"),
+    ("qwen3", "<think>\n\n</think>\n\nHello!", "", "Hello!"),  # an empty thought: "" in both
     ("r1", "I should greet.\n</think>\n\nHello!", "I should greet.", "Hello!"),
     ("harmony", HARMONY_ANSWER.removesuffix("<|return|>"), "User wants a greeting.", "Hi!"),
 ])
@@ -108,7 +118,8 @@ def test_each_family_answers_reasoning_content_apart_through_the_openai_client(s
     for stream in (False, True):
         assert _ask(servers[server], stream, grammar=grammar, max_tokens=150)[:3] == (thought, content, "stop")
     events = _ask(servers[server], True, grammar=grammar, max_tokens=150)[3]
-    assert sum(1 for e in events if getattr(e.choices[0].delta, "reasoning_content", None)) > 1  # as it comes
+    if thought:
+        assert sum(1 for e in events if getattr(e.choices[0].delta, "reasoning_content", None)) > 1  # as it comes
 
 
 def test_enable_thinking_false_and_reasoning_effort_reach_the_template(servers, tmp_path):
@@ -202,3 +213,44 @@ def test_a_chat_s_json_answer_comes_after_the_thought_too(tmp_path):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     constrained = llm.chat(temperature=0.0, max_tokens=30, json_schema=schema).send("Say hi.")
     assert constrained.reasoning == free.reasoning != ""  # the thought is the model's own, not forced JSON
+
+
+def test_crafted_reasoning_fields_are_refused_naming_them_never_a_500(servers):
+    n = 396  # a schema of 397 $refs: within the bounds alone, past them beside a thought in one grammar
+    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)} | {f"d{n}": {"type": "integer"}}
+    deep = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"$defs": defs, "$ref": "#/$defs/d0"}}}
+    for fields, status, param in (({"chat_template_kwargs": {"self": 1}}, 422, "chat_template_kwargs.self"),
+                                  ({"reasoning_budget": 10**30}, 422, "reasoning_budget"),
+                                  ({"response_format": deep}, 400, "response_format")):
+        with pytest.raises(openai.APIStatusError) as refused:
+            _ask(servers["r1"], max_tokens=4, **fields)
+        assert (refused.value.status_code, refused.value.body["param"]) == (status, param), fields
+
+
+def test_calls_written_inside_the_thought_neither_count_nor_end_the_answer():
+    call = '{"name": "f", "arguments": {}}'
+    block = f"<tool_call>\n{call}\n</tool_call>"
+    text = f"<think>\nI could write {block} or {block}\n</think>\n\n{block}\n{block}"
+
+    class Chars:
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(text[i] for i in ids)
+
+    def ends_at(thought):
+        watch = RepeatedCallWatch(Chars(), "hermes", (), *thought)
+        return next((i for i in range(len(text)) if watch.push([i])), None)
+
+    assert ends_at(("think", False)) == len(text) - 1  # the answer's own second call
+    assert ends_at((None, False)) < text.index("</think>")  # read as content, the thought's calls would end it
+    after = "I should call f.\n</think>\n\n" + '{"tool_calls": [' + ", ".join([call] * 3) + "]}"
+    watch = RepeatedCallWatch(type("T", (), {"decode": lambda self, ids, skip_special_tokens=True: "".join(
+        after[i] for i in ids)})(), "json", (), "think", True)
+    assert any(watch.push([i]) for i in range(len(after)))  # R1: the prompt opened the thought
+
+
+def test_reasoning_format_none_keeps_the_thought_in_content_and_the_switches_working(servers):
+    answer = "<think>\nI should greet.\n</think>\n\nHello!"
+    for stream in (False, True):
+        assert _ask(servers["qwen3_raw"], stream, grammar="start: " + json.dumps(answer))[:3] == (None, answer, "stop")
+    off = _ask(servers["qwen3_raw"], max_tokens=12, reasoning_effort="none")
+    assert off[:3] == _ask(servers["qwen3_raw"], max_tokens=12, chat_template_kwargs={"enable_thinking": False})[:3]

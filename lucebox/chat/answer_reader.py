@@ -1,6 +1,7 @@
 """One chat answer's chunks as the session yields them (`AnswerReader`): a reasoning model's thought
-split off into `Chunk.reasoning` (`text.answer_split`), the content as `Chunk.text`, and the calls
-parsed when the turn has tools; what it adds up to is what the session records."""
+split off into `Chunk.reasoning` (`text.answer_split`), the content as `Chunk.text` (with tools, the
+text beside the calls, as the server streams it), and the calls parsed; what it adds up to is what the
+session records."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ class AnswerReader:
         self.parsed = None  # the calls, once the answer has ended
         self._pieces: list[str] = []
         self._thoughts: list[str] = []
+        self._raw: list[str] = []
 
     def read(self, chunk: Chunk) -> Chunk:
         """The chunk as the session yields it."""
         self.generated += chunk.token_ids
+        self._raw.append(chunk.text or "")
         if self.split is not None:
             thought, content = self.split.push(chunk.token_ids, chunk.text)
             if chunk.finish_reason is not None:
@@ -30,12 +33,19 @@ class AnswerReader:
                 thought, content, self.parsed = thought + end.thought, content + end.content, end.parsed
             chunk = replace(chunk, text=content, reasoning=thought)
             self._thoughts.append(thought)
-        elif self.calls is not None:
-            self.calls.push(chunk.token_ids)
+        elif self.calls is not None:  # the content the calls let out, as the server streams it
+            content = self.calls.push(chunk.token_ids)
             if chunk.finish_reason is not None:
-                self.parsed = self.calls.finish(chunk.finish_reason)[1]
+                rest, self.parsed = self.calls.finish(chunk.finish_reason)
+                content += rest
+            chunk = replace(chunk, text=content)
         self._pieces.append(chunk.text or "")
         return chunk
+
+    @property
+    def raw(self) -> str:
+        """The text the generated tokens spell, as the engine decoded it (thought and calls included)."""
+        return "".join(self._raw)
 
     @property
     def answer(self) -> str:

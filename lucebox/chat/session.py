@@ -34,7 +34,7 @@ from lucebox.output import write_new_file
 from lucebox.request_options import RequestOptions
 from lucebox.text.answer_split import AnswerSplit
 from lucebox.text.json_calls import answer_text
-from lucebox.text.reasoning import reasoning_format, starts_inside, thinking_off
+from lucebox.text.reasoning import reasoning_format, starts_inside, thinking_off, thought_fields
 from lucebox.text.tool_calls import FORMATS
 from lucebox.tools import (
     CONSTRAINED_CALLS,
@@ -156,7 +156,8 @@ class ChatSession:
         except BaseException:
             del self.messages[-len(new_messages):]
             raise
-        repeats = {"end_on_repeated_call": request.fmt} if request is not None and request.parses else {}
+        repeats = {"end_on_repeated_call": request.fmt, **thought_fields(self.reasoning, prompt_text)} if (
+            request is not None and request.parses) else {}
         options = RequestOptions.from_keywords(**{**settings, "max_tokens": min(settings["max_tokens"], room),
                                                   "snapshot_at": snapshots, **repeats})
         # a reasoning model's constrained answer comes after its thought (`constrained.thought_first`)
@@ -217,7 +218,7 @@ class ChatSession:
             self._record(prompt_text, prompt_ids, reader, last if finished else None)
 
     def _record(self, prompt_text: str, prompt_ids: list[int], reader: AnswerReader, last: Chunk | None) -> None:
-        answer, parsed, generated = reader.answer, reader.parsed, reader.generated
+        answer, parsed, generated, raw = reader.answer, reader.parsed, reader.generated, reader.raw
         message = {"role": "assistant", "content": answer}
         if last is None:
             message["cut"] = True
@@ -233,9 +234,9 @@ class ChatSession:
                 for c in parsed.calls]
             self.context.reset()  # the template writes the calls its own way: tokenized whole next turn
             return
-        if parsed is not None and answer_text(answer) is not None:  # the generic syntax's answer object: its text
+        if parsed is not None and answer_text(raw) is not None:  # the generic syntax's answer object: its text
             message["content"] = parsed.content
-        if "reasoning_content" in message or message["content"] != answer:
+        if "reasoning_content" in message or message["content"] != raw:
             self.context.reset()  # the generated tokens are not the content alone: tokenized whole next turn
             return
         if last is None or last.finish_reason == "length":

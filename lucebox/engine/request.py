@@ -60,7 +60,8 @@ def _decode(engine: Engine, session: Session, request: Request) -> Iterator[Chun
                                 setup.tree_budget)
         rounds = Speculation(context, options.sampling, proposer, prompt_ids, request.grammar, options.logprobs)
         text = TextStage(engine.tokenizer, prompt_ids, list(options.stop_strings), request.stop_ids,
-                         options.max_tokens, options.end_on_repeated_call)
+                         options.max_tokens, options.end_on_repeated_call,
+                         (options.thought_syntax, options.starts_in_thought))
         traffic = dataclasses.replace(engine.expert_traffic)  # this request's expert cache traffic is counted from here
         *_, hidden = engine.prefill(prompt_ids, cache, proposer, {*options.snapshot_at, len(prompt_ids) - 1},
                                     engine.batcher.forward)

@@ -18,10 +18,11 @@ from lucebox.text.stopping import StopStrings
 
 class TextStage:
     def __init__(self, tokenizer, prompt_ids: list[int], stop_strings: list[str], stop_ids: set[int],
-                 max_tokens: int, call_syntax: str | None = None):
-        """`call_syntax`: end the answer where it repeats a tool call written in that syntax."""
+                 max_tokens: int, call_syntax: str | None = None, thought: tuple[str | None, bool] = (None, False)):
+        """`call_syntax`: end the answer where it repeats a tool call written in that syntax, after the
+        answer's thought (`thought`: a reasoning syntax, whether the prompt opened it)."""
         self.text = IncrementalDecoder(tokenizer, prompt_ids) if tokenizer is not None else None
-        self.calls = RepeatedCallWatch(tokenizer, call_syntax, prompt_ids) if (
+        self.calls = RepeatedCallWatch(tokenizer, call_syntax, prompt_ids, *thought) if (
             call_syntax is not None and tokenizer is not None) else None
         self.stops = StopStrings(stop_strings)
         self.stop_ids, self.max_tokens = stop_ids, max_tokens

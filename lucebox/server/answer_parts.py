@@ -25,6 +25,7 @@ def chunk_events(choice: ChoiceEvents, parts: AnswerSplit, chunk, logprobs_asked
     """The events of one chunk: its thought, then its content (its logprobs on the first)."""
     thought, content = parts.push(chunk.token_ids, chunk.text)
     events = [_thought_event(choice, thought, chunk.logprobs)] if thought else []
+    parts.sent_thought = parts.sent_thought or bool(thought)
     if content or (not events and logprobs_asked and chunk.token_ids):
         events.append(choice.event(content, None, None if events else chunk.logprobs))
     return events
@@ -35,7 +36,8 @@ def closing_events(choice: ChoiceEvents, parts: AnswerSplit, finish: str) -> lis
     whole, as OpenAI's deltas carry them ({"tool_calls": [{"index", "id", "type", "function"}]}), then
     the finish."""
     end = parts.finish(finish)
-    events = [_thought_event(choice, end.thought, None)] if end.thought else []
+    thought = end.thought or (end.had_thought and not parts.sent_thought)  # as a whole answer's "" is there
+    events = [_thought_event(choice, end.thought, None)] if thought else []
     content = end.content if end.parsed is None or not end.parsed.calls or end.content.strip() else ""
     events += [choice.event(content, None)] if content else []
     calls = end.parsed.calls if end.parsed is not None else ()

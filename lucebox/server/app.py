@@ -84,7 +84,7 @@ class _State:
         self.worker: EngineWorker | None = None
         self.defaults = model_defaults(llm.description.generation_config)
         self.tool_format, self.mistral_args = model_tool_format(llm, settings.tool_parser)
-        self.reasoning, self.template = model_reasoning(llm, settings.reasoning_format)
+        self.reasoning, self.template = model_reasoning(llm)  # --reasoning-format none: not split off
         self.token_text = TokenText(llm.engine.tokenizer)  # logprobs' token texts, decoded once each
 
     # -- plain endpoints -------------------------------------------------------------------------------
@@ -167,7 +167,8 @@ class _State:
             job.cancelled.set()
             raise
         inside = starts_inside(self.reasoning, prompt.text)
-        reasoning = None if thinking_off(self.reasoning, prompt.text) else self.reasoning  # then all is content
+        off = thinking_off(self.reasoning, prompt.text) or self.settings.reasoning_format == "none"
+        reasoning = None if off else self.reasoning  # else the whole answer is content
         parts = None if kind != "chat" else (lambda: AnswerSplit(  # one for each choice
             self.llm.tokenizer, prompt_ids, self.llm.eos_token_ids, stop, reasoning, inside,
             ToolCallStream(self.llm.tokenizer, req.tools, self.llm.eos_token_ids, stop, prompt_ids)

@@ -10,9 +10,9 @@ from dataclasses import dataclass, replace
 
 from lucebox.chat.conversation import encode_all, render, turn_boundary
 from lucebox.constrained.thought_first import thought_first_options
-from lucebox.errors import LuceboxError
+from lucebox.errors import GrammarError, LuceboxError
 from lucebox.server import openai_api as api
-from lucebox.text.reasoning import THINK, reasoning_format, thinking_off
+from lucebox.text.reasoning import THINK, reasoning_format, thinking_off, thought_fields
 from lucebox.tools import prompt_parts
 
 
@@ -23,15 +23,14 @@ class Prompt:
     text: str = ""  # a chat's rendered prompt
 
 
-def model_reasoning(llm, setting: str) -> tuple[str | None, str]:
-    """(the model's reasoning syntax, its chat template's source): none under --reasoning-format none,
-    or without a template."""
+def model_reasoning(llm) -> tuple[str | None, str]:
+    """(the model's reasoning syntax, its chat template's source); none without a template."""
     try:
         tokenizer = llm.tokenizer
     except LuceboxError:  # no tokenizer: no chat
         return None, ""
     template = (tokenizer.chat_template() or "") if tokenizer.has_chat_template else ""
-    return (reasoning_format(template) if setting == "auto" else None), template
+    return reasoning_format(template), template
 
 
 def prompt_of(llm, req, variables: dict) -> Prompt:
@@ -55,12 +54,18 @@ def prompt_of(llm, req, variables: dict) -> Prompt:
 def engine_options(req, prompt: Prompt, room: int, stop: list[str], fmt: str | None, ask):
     """The RequestOptions the engine runs: the request's, with what the prompt decides (the room left,
     the turn boundary), the stop strings, the tools' and (`ask`: a chat's `ReasoningAsk`) the thought's."""
+    calls = {**req.tools.engine_options, **thought_fields(fmt, prompt.text)} if req.tools else {}
     options = replace(req.options, max_tokens=min(req.options.max_tokens, room), stop=stop,
-                      snapshot_at=prompt.snapshots, **(req.tools.engine_options if req.tools else {}))
+                      snapshot_at=prompt.snapshots, **calls)
     if ask is None:
         return options
     tool_grammar = req.tools.constraint.get("grammar") if req.tools else None
-    return replace(options, **thought_options(fmt, prompt, ask.budget, options, tool_grammar))
+    try:
+        return replace(options, **thought_options(fmt, prompt, ask.budget, options, tool_grammar))
+    except GrammarError as e:  # the thought and the answer's constraint in one grammar: past the engine's bounds
+        field = e.field if e.field == "reasoning_budget" else "tools" if tool_grammar else "response_format"
+        raise api.APIError(400, f"{e} (a reasoning model's answer: its thought and the constraint in one grammar)",
+                           field, "invalid_constraint") from None
 
 
 def thought_options(fmt: str | None, prompt: Prompt, budget: int | None, options, tool_grammar: str | None) -> dict:

@@ -31,6 +31,7 @@ class AnswerSplit:
         """`reasoning`: the model's reasoning syntax (None: none, or not split off); `inside`: the prompt
         left the answer inside a thought; `calls`: a `ToolCallStream`, or None when nothing is parsed."""
         self._calls, self._end_ids = calls, frozenset(end_ids)
+        self.sent_thought = False  # a stream has sent a piece of the thought (an empty one still gets its delta)
         self._split = ReasoningSplit(reasoning, inside) if reasoning is not None else None
         if self._split is not None:
             self._decoder = IncrementalDecoder(tokenizer, prompt_ids, skip_special_tokens=False)

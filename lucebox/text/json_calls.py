@@ -53,20 +53,26 @@ def is_calls(text: str) -> bool:
 def string_prefix(escaped: str) -> str:
     """The characters of a JSON string's body (the text after its opening quote) whose escapes are
     complete, up to its closing quote: an escape cut in two, or a surrogate pair's first half, waits."""
-    i, end, n = 0, 0, len(escaped)
+    return decode_from(escaped, 0)[0]
+
+
+def decode_from(text: str, at: int) -> tuple[str, int]:
+    """(the characters of a JSON string's body from `text[at:]` whose escapes are complete, where they
+    end): a stream decodes each new piece once, from where the last one ended."""
+    i, end, n = at, at, len(text)
     while i < n:
-        c = escaped[i]
+        c = text[i]
         if c == '"':
             break
         if c != "\\":
             i += 1
         elif i + 1 >= n:
             break
-        elif escaped[i + 1] != "u":
+        elif text[i + 1] != "u":
             i += 2
         elif i + 6 > n:
             break
-        elif 0xD800 <= _hex(escaped[i + 2:i + 6]) < 0xDC00:  # a high surrogate: its low half must follow
+        elif 0xD800 <= _hex(text[i + 2:i + 6]) < 0xDC00:  # a high surrogate: its low half must follow
             if i + 12 > n:
                 break
             i += 12
@@ -74,9 +80,9 @@ def string_prefix(escaped: str) -> str:
             i += 6
         end = i
     try:
-        return json.loads('"' + escaped[:end] + '"')
+        return json.loads('"' + text[at:end] + '"'), end
     except ValueError:  # not JSON's escapes (never under the grammar): nothing decodable yet
-        return ""
+        return "", at
 
 
 def _hex(digits: str) -> int:

@@ -46,6 +46,14 @@ def thinking_off(fmt: str | None, prompt_text: str) -> bool:
     return fmt == THINK and prompt_text.rstrip().endswith(CLOSE)
 
 
+def thought_fields(fmt: str | None, prompt_text: str) -> dict:
+    """RequestOptions' `thought_syntax` and `starts_in_thought` for an answer after `prompt_text`: none
+    when the model does not think there."""
+    if fmt is None or thinking_off(fmt, prompt_text):
+        return {}
+    return {"thought_syntax": fmt, "starts_in_thought": starts_inside(fmt, prompt_text)}
+
+
 def _partial(text: str, markers) -> int:
     """How many of the last characters of `text` could begin one of `markers`."""
     for n in range(min(max(len(m) for m in markers) - 1, len(text)), 0, -1):
@@ -113,6 +121,11 @@ class ReasoningSplit:
         while True:
             pending = self._pending
             if self._state == "between":  # before a message: its header names its channel
+                body = pending.lstrip()
+                marker_ahead = any(m.startswith(body[:len(m)]) for m in (_CHANNEL, "<|start|>"))
+                if self._channel is None and ((body and not marker_ahead) or (final and not body)):
+                    self._state = "plain"  # no harmony at all: all of it is content
+                    continue
                 start = pending.find(_CHANNEL)
                 end = pending.find(_MESSAGE, start) if start >= 0 else -1
                 if end >= 0:
@@ -121,13 +134,11 @@ class ReasoningSplit:
                     self._pending, self._state = pending[end + len(_MESSAGE):], "message"
                     self.thought = self.thought or self._channel == "analysis"
                     continue
-                body = pending.lstrip()
-                marker_ahead = any(m.startswith(body[:len(m)]) for m in (_CHANNEL, "<|start|>"))
-                if self._channel is None and ((body and not marker_ahead) or final):
-                    self._state = "plain"  # no harmony at all: all of it is content
-                    continue
-                if final:
+                if final:  # text after the last message with no header of its own: content, not lost
                     self._pending = ""
+                    rest = body.removeprefix("<|start|>assistant")
+                    return thought, content + ("" if any(m.startswith(rest) for m in (_CHANNEL, "<|start|>"))
+                                               else rest)
                 return thought, content
             if self._state == "plain":
                 self._pending = ""

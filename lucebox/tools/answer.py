@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lucebox.text.incremental import IncrementalDecoder
-from lucebox.text.json_calls import answer_text, is_calls
+from lucebox.text.json_calls import ANSWER_HEAD, decode_from, is_calls
 from lucebox.text.tool_calls import (
     ParsedOutput,
     call_markers,
@@ -37,6 +37,7 @@ class ToolCallStream:
         self._fmt, self._end_ids, self._stops = request.fmt, frozenset(end_ids), list(stops)
         self._request = request
         self._text, self._sent, self._in_call = "", 0, False
+        self._scanned: int | None = None  # the generic syntax: where the answer's text is decoded up to
 
     def push(self, ids) -> str:
         """The content the new token ids let go out now (maybe "")."""
@@ -94,13 +95,16 @@ class ToolCallStream:
         return out
 
     def _release_answer(self, text: str) -> str:
-        """The generic syntax: the answer object's text as far as it is decoded; nothing from calls."""
-        decoded = answer_text(text)
-        if decoded is None:
-            self._in_call = is_calls(text)
-            return ""
-        out = decoded[self._sent:]
-        self._sent = len(decoded)
+        """The generic syntax: the answer object's text as far as it is decoded (each piece once, from
+        where the last ended); nothing from calls."""
+        if self._scanned is None:
+            body = text.lstrip()
+            if not body.startswith(ANSWER_HEAD + '"'):
+                self._in_call = is_calls(text)
+                return ""
+            self._scanned = len(text) - len(body) + len(ANSWER_HEAD) + 1  # where the answer's string starts
+        out, self._scanned = decode_from(text, self._scanned)
+        self._sent += len(out)
         return out
 
     def _held(self, text: str) -> int:

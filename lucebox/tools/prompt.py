@@ -11,8 +11,12 @@ from lucebox.errors import LuceboxError
 from lucebox.text.tool_calls import detect_format
 
 
-def tools_as_system_text(tools: list[dict], fmt: str | None) -> str:
-    """The tools in a system message, for a template that does not render them itself."""
+def tools_as_system_text(tools: list[dict], fmt: str | None, choice: str = "auto") -> str:
+    """The tools in a system message, for a template that does not render them itself (under
+    tool_choice "none", with no way to call them: nothing parses a call then)."""
+    if choice == "none":
+        return ("These tools exist (JSON Schema of their arguments), but answer without calling them:\n"
+                + json.dumps(tools))
     if fmt == "json":
         return (f"You can call these tools (JSON Schema of their arguments):\n{json.dumps(tools)}\n"
                 "Answer with one JSON object: to call tools, "
@@ -34,7 +38,8 @@ def prompt_parts(tokenizer, messages: list[dict], request) -> tuple[list[dict], 
         return messages, request.tools
     if request.fmt == "json":
         messages = generic_history(messages)
-    return [{"role": "system", "content": tools_as_system_text(request.tools, request.fmt)}, *messages], None
+    return [{"role": "system", "content": tools_as_system_text(request.tools, request.fmt, request.choice)},
+            *messages], None
 
 
 def generic_history(messages: list[dict]) -> list[dict]:
