@@ -81,7 +81,7 @@ def test_openai_s_no_op_fields_are_accepted_and_change_nothing(server):
     ("/v1/chat/completions", "reasoning_effort", "max", "must be one of"),
     ("/v1/chat/completions", "reasoning_budget", -2, "-1 (no bound)"),
     ("/v1/chat/completions", "chat_template_kwargs", ["x"], "must be an object"),
-    ("/v1/chat/completions", "chat_template_kwargs", {"messages": []}, "is set by the server"),
+    ("/v1/chat/completions", "chat_template_kwargs", {"messages": []}, "the server sets it"),
     ("/v1/chat/completions", "verbosity", "low", "is not supported"),
     ("/v1/chat/completions", "modalities", ["text", "audio"], "text only"),
     ("/v1/chat/completions", "audio", {"voice": "alloy", "format": "wav"}, "no audio"),

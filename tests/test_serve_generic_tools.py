@@ -7,7 +7,7 @@ import json
 
 import jsonschema
 import pytest
-from tool_models import SCHEMAS, TOOLS
+from tool_models import SCHEMAS, TOOLS, streamed_answer
 
 from lucebox.builtin import builtin_model
 from lucebox.server.process import ServerProcess
@@ -29,17 +29,6 @@ def client():
     assert "Traceback" not in s.output()
 
 
-def _streamed(events):
-    content, calls, finish = "", {}, None
-    for e in events:
-        delta = e.choices[0].delta
-        content += delta.content or ""
-        for call in delta.tool_calls or []:
-            calls.setdefault(call.index, [call.function.name, ""])[1] += call.function.arguments or ""
-        finish = e.choices[0].finish_reason or finish
-    return content, [tuple(calls[i]) for i in sorted(calls)], finish
-
-
 @pytest.mark.parametrize("ask", [dict(tool_choice="required"), dict(tool_choice="required", parallel_tool_calls=False),
                                  dict(tool_choice={"type": "function", "function": {"name": "ping"}}),
                                  dict(logit_bias={TOOL_TOKEN: 100})])  # auto, steered to call
@@ -56,8 +45,8 @@ def test_each_tool_choice_returns_valid_calls_whole_and_streamed(client, ask):
         assert len(choice.message.tool_calls) == 1
     keys = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
     assert len(set(keys)) == len(keys)  # a call the model repeats ends the answer: each comes back once
-    streamed = _streamed(client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=200,
-                                                        temperature=0, stream=True, **ask))
+    streamed = streamed_answer(client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=200, temperature=0, stream=True, **ask))
     assert streamed == ("", keys, "tool_calls")  # greedy: the stream carries the whole answer's calls
 
 
@@ -78,13 +67,13 @@ def test_a_looping_model_returns_its_calls_once_and_a_cut_one_keeps_its_whole_ca
         assert len(set(keys)) == len(keys) >= (1 if "seed" not in sampling else 2)
         for call in choice.message.tool_calls:
             jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-        streamed = _streamed(client.chat.completions.create(max_tokens=600, stream=True, **sampling, **ask))
+        streamed = streamed_answer(client.chat.completions.create(max_tokens=600, stream=True, **sampling, **ask))
         assert streamed == ("", keys, "tool_calls")
     inside = reply.usage.completion_tokens - 2  # inside the repeat: max_tokens cuts the last call in two
     cut = client.chat.completions.create(max_tokens=inside, seed=3, **ask)
     assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == inside
     assert [(c.function.name, c.function.arguments) for c in cut.choices[0].message.tool_calls] == keys
-    assert _streamed(client.chat.completions.create(max_tokens=inside, seed=3, stream=True, **ask)) == (
+    assert streamed_answer(client.chat.completions.create(max_tokens=inside, seed=3, stream=True, **ask)) == (
         "", keys, "length")
 
 
@@ -96,7 +85,7 @@ def test_an_auto_answer_is_the_answer_object_s_text_streamed_as_it_comes(client)
         assert choice.message.content and not choice.message.content.startswith("{")
         events = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=60,
                                                      stream=True, **ask))
-        assert _streamed(events) == (choice.message.content, [], choice.finish_reason)
+        assert streamed_answer(events) == (choice.message.content, [], choice.finish_reason)
     assert sum(1 for e in events if e.choices[0].delta.content) > 10  # in pieces as it comes, not at the end
 
 

@@ -5,7 +5,7 @@ import json
 
 import jsonschema
 import pytest
-from tool_models import AUTO_CALL, MALFORMED, QWEN_TOOLS_TEMPLATE, SCHEMAS, TOOLS
+from tool_models import AUTO_CALL, MALFORMED, QWEN_TOOLS_TEMPLATE, SCHEMAS, TOOLS, streamed_answer
 
 from lucebox.chat.conversation import render
 from lucebox.cli import build_parser
@@ -23,19 +23,6 @@ def _client(tools_server):
     return openai.OpenAI(base_url=tools_server.url + "/v1", api_key="none", max_retries=0)
 
 
-def _streamed(events):
-    """(content, calls as (name, arguments text), finish reason) from a stream's deltas."""
-    content, calls, finish = "", {}, None
-    for e in events:
-        delta = e.choices[0].delta
-        content += delta.content or ""
-        for call in delta.tool_calls or []:
-            calls.setdefault(call.index, [call.function.name, ""])[1] += call.function.arguments or ""
-            assert call.id and call.type == "function"
-        finish = e.choices[0].finish_reason or finish
-    return content, [tuple(calls[i]) for i in sorted(calls)], finish
-
-
 def test_required_and_a_named_function_return_calls_whose_arguments_follow_the_schema(tools_server):
     client = _client(tools_server)
     asks = [dict(tool_choice="required", parallel_tool_calls=False, temperature=0),
@@ -51,7 +38,7 @@ def test_required_and_a_named_function_return_calls_whose_arguments_follow_the_s
         if isinstance(ask["tool_choice"], dict):
             assert call.function.name == ask["tool_choice"]["function"]["name"]
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-        content, calls, finish = _streamed(client.chat.completions.create(
+        content, calls, finish = streamed_answer(client.chat.completions.create(
             model="m", messages=MESSAGES, tools=TOOLS, max_tokens=64, stream=True, **ask))
         assert (content, finish) == ("", "tool_calls")
         if ask.get("temperature") == 0 or "seed" in ask:  # the same draws: the same call as the whole answer
@@ -67,7 +54,7 @@ def test_auto_parses_the_model_s_calls_and_gives_a_malformed_or_off_schema_stric
     choice = reply.choices[0]
     assert (choice.message.content, choice.finish_reason) == ("Checking.", "tool_calls")
     assert [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == expected
-    content, calls, finish = _streamed(client.chat.completions.create(
+    content, calls, finish = streamed_answer(client.chat.completions.create(
         model="m", messages=MESSAGES, tools=TOOLS, max_tokens=96, stream=True, extra_body={"grammar": AUTO_CALL}))
     assert (content, finish) == ("Checking.\n", "tool_calls")
     assert [(name, json.loads(arguments)) for name, arguments in calls] == expected
@@ -75,7 +62,7 @@ def test_auto_parses_the_model_s_calls_and_gives_a_malformed_or_off_schema_stric
     for stream in (False, True):
         reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, max_tokens=96,
                                                stream=stream, extra_body={"grammar": MALFORMED})
-        content, calls, finish = _streamed(reply) if stream else (
+        content, calls, finish = streamed_answer(reply) if stream else (
             reply.choices[0].message.content, reply.choices[0].message.tool_calls or [], reply.choices[0].finish_reason)
         assert (content, calls, finish) == (text, [], "stop")
     strict = [{"type": "function", "function": {**t["function"], "strict": True}} for t in TOOLS]
@@ -197,7 +184,7 @@ def test_tools_with_n_choices_and_logprobs_parse_each_choice_and_cover_every_tok
         model="m", messages=MESSAGES, tools=TOOLS, max_tokens=96, n=2, stream=True, logprobs=True,
         extra_body={"grammar": AUTO_CALL}, stream_options={"include_usage": True}))
     for index in (0, 1):
-        content, calls, finish = _streamed(e for e in events if e.choices and e.choices[0].index == index)
+        content, calls, finish = streamed_answer(e for e in events if e.choices and e.choices[0].index == index)
         assert (content, finish, [name for name, _ in calls]) == ("Checking.\n", "tool_calls", ["get_weather", "ping"])
     tokens = sum(len(e.choices[0].logprobs.content) for e in events if e.choices and e.choices[0].logprobs)
     assert tokens == events[-1].usage.completion_tokens

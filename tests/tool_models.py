@@ -77,3 +77,16 @@ AUTO_CALL = ('start: "Checking.\\n<tool_call>\\n{\\"name\\": \\"get_weather\\", 
              '{\\"city\\": \\"Oslo\\", \\"days\\": 2}}\\n</tool_call>\\n<tool_call>\\n{\\"name\\": \\"ping\\", '
              '\\"arguments\\": {\\"host\\": \\"a.b\\"}}\\n</tool_call>"')
 MALFORMED = 'start: "<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": }\\n</tool_call>"'
+
+
+def streamed_answer(events):
+    """(content, calls as (name, arguments text), finish reason) from an openai client's stream."""
+    content, calls, finish = "", {}, None
+    for e in events:
+        delta = e.choices[0].delta
+        content += delta.content or ""
+        for call in delta.tool_calls or []:
+            calls.setdefault(call.index, [call.function.name, ""])[1] += call.function.arguments or ""
+            assert call.id and call.type == "function"
+        finish = e.choices[0].finish_reason or finish
+    return content, [tuple(calls[i]) for i in sorted(calls)], finish
