@@ -97,6 +97,9 @@ def test_a_cut_or_looping_answer_returns_its_whole_calls_once():
     assert _pairs(parsed) == [("get_weather", {"city": "Paris", "days": 3}), ("ping", {"host": "a.b"})]
     _, _, parsed = _stream('{"tool_calls": [' + WEATHER + ', {"name": "pi', [], finish="length")
     assert _pairs(parsed) == [("get_weather", {"city": "Paris", "days": 3})]
+    for cut in ('{', '{"tool_calls": [{"name": "pi'):  # no whole call: the syntax's own wrapper is no text
+        pieces, rest, parsed = _stream(cut, [1], finish="length")
+        assert ("".join(pieces) + rest, parsed.calls, parsed.content) == ("", (), "")
     assert first_repeat(parse_tool_calls('{"tool_calls": [' + PING + "]}", "json").calls) is None
 
 

@@ -13,6 +13,7 @@ from rich.console import Console
 import lucebox
 from lucebox.chat.conversation import render
 from lucebox.cli.chat import _AnswerWriter
+from lucebox.constrained.thought_first import answer_rule, thought_first_grammar
 from lucebox.generation import Chunk
 from lucebox.server.api_errors import APIError
 from lucebox.server.process import ServerProcess
@@ -58,19 +59,20 @@ def test_the_family_comes_from_the_template_and_the_prompt_says_whether_the_answ
 
 
 def test_reasoning_fields_map_to_the_template_s_switches_or_a_budget():
-    assert reasoning_ask({"grammar": "start: x"}, "think", DEEPSEEK_R1, 8).budget is None  # the grammar covers it
+    assert reasoning_ask({"grammar": "start: x"}, "think", DEEPSEEK_R1, 0).budget is None  # the grammar covers it
     kept = reasoning_ask({"reasoning_budget": 0, "chat_template_kwargs": {"enable_thinking": True}}, "think", QWEN3, -1)
     assert (kept.variables, kept.budget) == ({"enable_thinking": True}, 0)  # the switch asked on: the budget holds
     assert reasoning_ask({"reasoning_effort": "none"}, "think", QWEN3, -1).variables == {
         "reasoning_effort": "none", "enable_thinking": False}
     ask = reasoning_ask({"reasoning_effort": "none"}, "think", DEEPSEEK_R1, -1)  # no switch: a budget of 0
     assert (ask.variables, ask.budget) == ({"reasoning_effort": "none"}, 0)
-    assert reasoning_ask({}, "think", DEEPSEEK_R1, 64).budget == 64  # the server's --reasoning-budget
-    assert reasoning_ask({"reasoning_budget": -1}, "think", DEEPSEEK_R1, 64).budget is None
+    assert reasoning_ask({}, "think", DEEPSEEK_R1, 0).budget == 0  # the server's --reasoning-budget
+    assert reasoning_ask({"reasoning_budget": -1}, "think", DEEPSEEK_R1, 0).budget is None
     assert reasoning_ask({"reasoning_budget": 0}, "think", QWEN3, -1).variables == {"enable_thinking": False}
     assert reasoning_ask({"reasoning_effort": "high"}, "harmony", HARMONY, -1).variables == {"reasoning_effort": "high"}
     for body, fmt in (({"reasoning_effort": "low"}, None), ({"reasoning_effort": "none"}, "harmony"),
-                      ({"reasoning_budget": 8}, "harmony"), ({"reasoning_budget": 8}, None),
+                      ({"reasoning_budget": 0}, "harmony"), ({"reasoning_budget": 0}, None),
+                      ({"reasoning_budget": 8}, "think"),  # a bound between 0 and -1: not served
                       ({"reasoning_effort": "low"}, "think")):  # Qwen3's template has no effort setting
         with pytest.raises(APIError) as refused:
             reasoning_ask(body, fmt, "", -1)
@@ -135,25 +137,26 @@ def test_enable_thinking_false_and_reasoning_effort_reach_the_template(servers, 
     assert "Reasoning: medium" in render(tokenizer, MESSAGES, True)
 
 
-def test_a_reasoning_budget_closes_the_thought_after_that_many_tokens(servers):
+def test_a_reasoning_budget_of_0_closes_the_thought_at_once_and_a_bound_between_is_refused(servers):
     unbounded = _ask(servers["r1"], max_tokens=40)  # the built-in model never closes its thought itself
     assert unbounded[0] and unbounded[1] == "" and unbounded[2] == "length"
     for stream in (False, True):
-        thought, content, _, _ = _ask(servers["r1"], stream, max_tokens=40, reasoning_budget=6)
-        assert thought == unbounded[0][:len(thought)] and len(thought) < len(unbounded[0])
-        assert content  # after the forced </think>, the model answers
-    tokens = _ask(servers["r1"], max_tokens=40, reasoning_budget=6, logprobs=True)[3].choices[0].logprobs.content
-    assert "".join(t.token for t in tokens[:20]).count("</think>") == 1  # within the budget's reach, once
-    none = _ask(servers["r1"], max_tokens=20, reasoning_effort="none")
-    assert none[0] == "" and none[1]  # a budget of 0: the thought closed at once
+        none = _ask(servers["r1"], stream, max_tokens=20, reasoning_budget=0)
+        assert none[0] == "" and none[1]  # the close forced at once: the model answers
+        assert _ask(servers["r1"], stream, max_tokens=20, reasoning_effort="none")[:3] == none[:3]
     assert _ask(servers["qwen3"], max_tokens=12, reasoning_budget=0)[:3] == _ask(
         servers["qwen3"], max_tokens=12, chat_template_kwargs={"enable_thinking": False})[:3]  # the switch
+    with pytest.raises(openai.BadRequestError) as refused:
+        _ask(servers["r1"], reasoning_budget=6)
+    assert refused.value.body["param"] == "reasoning_budget" and "not served yet" in refused.value.body["message"]
 
 
 def test_logprobs_and_max_tokens_count_the_thought_too(servers):
-    thought, content, finish, reply = _ask(servers["r1"], max_tokens=15, logprobs=True, reasoning_budget=5)
+    thought, content, finish, reply = _ask(servers["r1"], max_tokens=15, logprobs=True)
     assert finish == "length" and reply.usage.completion_tokens == 15 == len(reply.choices[0].logprobs.content)
-    assert "".join(t.token for t in reply.choices[0].logprobs.content).lstrip().startswith(thought + "</think>")
+    assert "".join(t.token for t in reply.choices[0].logprobs.content).lstrip().startswith(thought)
+    none = _ask(servers["r1"], max_tokens=15, logprobs=True, reasoning_budget=0)[3]
+    assert none.usage.completion_tokens == 15 == len(none.choices[0].logprobs.content)  # the forced close too
 
 
 def test_a_chat_keeps_the_thought_apart_and_the_template_drops_it_from_later_turns(tmp_path):
@@ -192,27 +195,20 @@ def test_a_constrained_answer_comes_after_the_thought_not_instead_of_it(servers)
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
               "additionalProperties": False}
     response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
-    for stream in (False, True):
-        thought, content, finish, _ = _ask(servers["r1"], stream, max_tokens=40, reasoning_budget=5,
-                                           response_format=response_format)
-        assert thought and finish == "stop" and json.loads(content) in ({"ok": True}, {"ok": False})
+    free = _ask(servers["r1"], max_tokens=30)
+    for stream in (False, True):  # the built-in model never closes its thought: it stays its own, never JSON
+        assert _ask(servers["r1"], stream, max_tokens=30, response_format=response_format)[:3] == free[:3]
     tools = [{"type": "function", "function": {"name": "greet", "parameters": schema}}]
     reply = servers["r1"].chat.completions.create(model="m", messages=MESSAGES, tools=tools, tool_choice="required",
-                                                  max_tokens=60, temperature=0, extra_body={"reasoning_budget": 5})
-    message = reply.choices[0].message
-    assert message.reasoning_content and reply.choices[0].finish_reason == "tool_calls"
-    assert [json.loads(c.function.arguments) in ({"ok": True}, {"ok": False}) for c in message.tool_calls] == [True]
-    with pytest.raises(openai.BadRequestError) as refused:  # a grammar of its own covers the thought too
-        _ask(servers["r1"], reasoning_budget=5, grammar='start: "x"')
-    assert refused.value.body["param"] == "reasoning_budget"
-
-
-def test_a_chat_s_json_answer_comes_after_the_thought_too(tmp_path):
-    llm = lucebox.LLM(str(templated_model(tmp_path / "r1", DEEPSEEK_R1)), draft=None)
-    free = llm.chat(temperature=0.0, max_tokens=30).send("Say hi.")
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
-    constrained = llm.chat(temperature=0.0, max_tokens=30, json_schema=schema).send("Say hi.")
-    assert constrained.reasoning == free.reasoning != ""  # the thought is the model's own, not forced JSON
+                                                  max_tokens=30, temperature=0)
+    assert reply.choices[0].message.reasoning_content == free[0]
+    # a model that closes its thought (here the close is "yield", which the built-in model writes early):
+    # the answer after it follows the schema
+    grammar = thought_first_grammar(True, None, answer_rule(schema), markers=("<think>", "yield"))
+    text = lucebox.LLM(draft=None).generate("def f(x):", max_tokens=30, temperature=0.0, grammar=grammar).text
+    thought, _, answer = text.partition("yield")
+    assert thought.strip() == "" or "yield" not in thought
+    assert json.loads(answer) in ({"ok": True}, {"ok": False})
 
 
 def test_crafted_reasoning_fields_are_refused_naming_them_never_a_500(servers):

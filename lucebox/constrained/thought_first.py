@@ -1,7 +1,7 @@
 """A thought before the answer, in one grammar (llguidance's Lark), for a reasoning model whose
-answer is bounded or constrained: the model thinks freely until it closes the thought itself or has
-written `budget` tokens of it (`reasoning_budget`), when the close is forced; then the answer, free or
-under the request's constraint (a JSON Schema, JSON mode, a grammar, forced tool calls), so that a
+answer is constrained or whose thought is off (`reasoning_budget` 0): the model thinks freely until it
+closes the thought itself (or the close comes at once); then the answer, free or under the request's
+constraint (a JSON Schema, JSON mode, a grammar, forced tool calls), so that a
 constraint never forbids the thought (as vLLM and llama.cpp apply a grammar after the reasoning ends).
 
 Only the `<think>` syntax (`text.reasoning`), whose markers are text in the vocabularies that use them
@@ -13,24 +13,31 @@ from __future__ import annotations
 import json
 
 from lucebox.constrained.spec import JSON_DEFAULTS, Constraint
+from lucebox.errors import GrammarError
 from lucebox.text.reasoning import CLOSE, OPEN, THINK, starts_inside, thinking_off
 
 
-def thought_first_grammar(inside: bool, budget: int | None = None, answer: str | None = None) -> str:
-    """Lark text: the thought (opened by the model unless the prompt left it `inside` one), of at most
-    `budget` tokens (None: no bound), its close, then the answer: `answer` (a rule's body, from
-    `answer_rule`) after any whitespace, or any text."""
-    opening = "" if inside else f"{json.dumps(OPEN)} "
+def thought_first_grammar(inside: bool, budget: int | None = None, answer: str | None = None,
+                          markers: tuple[str, str] = (OPEN, CLOSE)) -> str:
+    """Lark text: the thought (opened by the model unless the prompt left it `inside` one), its close,
+    then the answer: `answer` (a rule's body, from `answer_rule`) after a little whitespace, or any
+    text. `budget`: None (the model closes the thought where it will) or 0 (closed at once); a bound
+    between is refused (a GrammarError naming reasoning_budget): the grammar engine's way to force a
+    close after N tokens of a thought that may close itself (a lazy lexeme's stop followed by the close,
+    and its max_tokens) fails inside the engine when the close takes several tokens, and at times even
+    when it takes one. `markers`: the thought's open and close (`<think>`, `</think>`)."""
+    opening, close = ("" if inside else f"{json.dumps(markers[0])} "), json.dumps(markers[1])
     if budget == 0:
-        lark = f"start: {opening}{json.dumps(CLOSE)} answer\n"
-    else:  # lazy: the thought ends at the model's own close, or at the budget, where the close is forced
-        bound = "" if budget is None else f", max_tokens={budget}"
-        lark = (f"start: {opening}thought {json.dumps(CLOSE)} answer\n"
-                f"thought[stop={json.dumps(CLOSE)}{bound}]: /(.|\\n)*/\n")
-    # between the close and a constrained answer, the blank line templates write (Qwen3's, R1's "\n\n")
+        lark = f"start: {opening}{close} answer\n"
+    elif budget is None:  # lazy: the thought ends where the model closes it (the close is the lexeme's stop)
+        lark = f"start: {opening}thought answer\nthought[stop={close}]: /(.|\\n)*/\n"
+    else:
+        raise GrammarError("reasoning_budget", f"a bound of {budget} tokens is not served yet: 0 turns thinking off "
+                                               "and -1 leaves it unbounded (llama.cpp's --reasoning-budget takes "
+                                               "the same two)")
     if answer is None:
         lark += "answer: /(.|\\n)*/\n"
-    else:
+    else:  # between the close and a constrained answer, the blank line templates write (Qwen3's, R1's "\n\n")
         lark += f"answer: gap constrained\ngap: /\\s{{0,2}}/\nconstrained: {answer}\n"
     Constraint.lark(lark, "reasoning_budget" if answer is None else "grammar")
     return lark

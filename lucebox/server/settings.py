@@ -60,7 +60,7 @@ class ServerSettings:
     shutdown_timeout: float = 10.0
     tool_parser: str | None = None  # a tool-call syntax (text.tool_calls.FORMATS); None: the chat template's
     reasoning_format: str = "auto"  # "auto": the thought apart when the template writes one; "none": in content
-    reasoning_budget: int = -1  # thought tokens before the thought is closed (a request may set its own); -1: none
+    reasoning_budget: int = -1  # -1: thinking unbounded; 0: off (a request may set its own)
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -88,8 +88,8 @@ class ServerSettings:
             raise InvalidArgumentError(f"--tool-parser must be one of {', '.join(FORMATS)}, got {self.tool_parser!r}")
         if self.reasoning_format not in ("auto", "none"):
             raise InvalidArgumentError(f"--reasoning-format must be auto or none, got {self.reasoning_format!r}")
-        if self.reasoning_budget < -1:
-            raise InvalidArgumentError(f"--reasoning-budget must be -1 (no bound) or a number of tokens, got "
+        if self.reasoning_budget not in (-1, 0):
+            raise InvalidArgumentError(f"--reasoning-budget must be -1 (thinking unbounded) or 0 (thinking off), got "
                                        f"{self.reasoning_budget}")
         for flag, seconds in (("--read-timeout", self.read_timeout), ("--shutdown-timeout", self.shutdown_timeout)):
             if not 0 < seconds <= MAX_SECONDS:  # NaN fails both; inf overflows the waits that take it

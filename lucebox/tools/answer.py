@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lucebox.text.incremental import IncrementalDecoder
-from lucebox.text.json_calls import ANSWER_HEAD, decode_from, is_calls
+from lucebox.text.json_calls import ANSWER_HEAD, answer_text, decode_from, is_calls
 from lucebox.text.tool_calls import (
     ParsedOutput,
     call_markers,
@@ -57,6 +57,8 @@ class ToolCallStream:
             cut = complete_calls(text, self._fmt)
             if cut.calls and (finish_reason == "length" or first_repeat(cut.calls) is not None):
                 parsed = cut
+        if self._fmt == "json" and not parsed.calls and answer_text(text) is None:
+            parsed = ParsedOutput("", ())  # the generic syntax's own wrapper, cut before a whole call: no text
         if (repeat := first_repeat(parsed.calls)) is not None:
             parsed = replace(parsed, calls=parsed.calls[:repeat])
         if not all(self._request.allows(c) for c in parsed.calls):
