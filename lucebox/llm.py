@@ -18,7 +18,8 @@ import torch
 
 from lucebox.arguments import callback, integer, token_id_list
 from lucebox.constrained import GrammarState, constraint_from
-from lucebox.constrained.spec import refuse_stops
+from lucebox.constrained.spec import Constraint, refuse_stops
+from lucebox.constrained.thought_first import thought_close_grammar
 from lucebox.engine.build import Engine, build_engine
 from lucebox.engine.config import EngineConfig
 from lucebox.engine.request import Request, run_request
@@ -207,7 +208,10 @@ class LLM:
         stop_ids = set(options.stop_ids) | (set() if options.ignore_eos else set(self.eos_token_ids))
         state = None if constraint is None else GrammarState(constraint, self.engine.tokenizer, self.config.vocab_size,
                                                                tuple(self.eos_token_ids), self.device)
-        return Request(prompt_ids, options, stop_ids, self.draft_k, state)
+        close = None if options.thought_budget is None else GrammarState(
+            Constraint.lark(thought_close_grammar(), "thought_budget"), self.engine.tokenizer, self.config.vocab_size,
+            tuple(self.eos_token_ids), self.device)
+        return Request(prompt_ids, options, stop_ids, self.draft_k, state, close)
 
     @torch.inference_mode()
     def logits(self, token_ids: Sequence[int]) -> torch.Tensor:

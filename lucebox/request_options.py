@@ -55,7 +55,9 @@ class RequestOptions:
     (finish_reason "stop") at the token that completes a call it already wrote, same name and same
     arguments (a model looping on its calls; `lucebox.text.call_watch`). `thought_syntax` (a reasoning
     model's, `lucebox.text.reasoning.FORMATS`) and `starts_in_thought` (the prompt opened the thought):
-    calls are looked for in the answer after its thought only.
+    calls are looked for in the answer after its thought only. `thought_budget` (with a `<think>`
+    `thought_syntax`, and no constraint): after that many tokens of thought the close is forced and
+    the model answers (`lucebox.text.thought_budget`).
     """
 
     max_tokens: int
@@ -71,6 +73,7 @@ class RequestOptions:
     end_on_repeated_call: str | None = None
     thought_syntax: str | None = None
     starts_in_thought: bool = False
+    thought_budget: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.sampling, SamplingParams):
@@ -90,7 +93,11 @@ class RequestOptions:
             raise InvalidArgumentError(f"thought_syntax must be one of {', '.join(THOUGHT_FORMATS)} or None, "
                                        f"got {self.thought_syntax!r}")
         flag("starts_in_thought", self.starts_in_thought)
+        integer("thought_budget", self.thought_budget, 1, optional=True)
         constraint = chosen_constraint(self.json_schema, self.grammar, self.json_object)
+        if self.thought_budget is not None and (self.thought_syntax != "think" or constraint is not None):
+            raise InvalidArgumentError("thought_budget needs thought_syntax 'think' and no constraint (a constrained "
+                                       "answer after a bounded thought is not served)")
         if constraint is not None and checked["ignore_eos"]:
             raise GrammarError(constraint, "a constrained output ends with EOS; it cannot take ignore_eos=True")
         for name, value in checked.items():

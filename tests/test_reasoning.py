@@ -14,6 +14,7 @@ import lucebox
 from lucebox.chat.conversation import render
 from lucebox.cli.chat import _AnswerWriter
 from lucebox.constrained.thought_first import answer_rule, thought_first_grammar
+from lucebox.errors import InvalidArgumentError
 from lucebox.generation import Chunk
 from lucebox.server.api_errors import APIError
 from lucebox.server.process import ServerProcess
@@ -72,7 +73,6 @@ def test_reasoning_fields_map_to_the_template_s_switches_or_a_budget():
     assert reasoning_ask({"reasoning_effort": "high"}, "harmony", HARMONY, -1).variables == {"reasoning_effort": "high"}
     for body, fmt in (({"reasoning_effort": "low"}, None), ({"reasoning_effort": "none"}, "harmony"),
                       ({"reasoning_budget": 0}, "harmony"), ({"reasoning_budget": 0}, None),
-                      ({"reasoning_budget": 8}, "think"),  # a bound between 0 and -1: not served
                       ({"reasoning_effort": "low"}, "think")):  # Qwen3's template has no effort setting
         with pytest.raises(APIError) as refused:
             reasoning_ask(body, fmt, "", -1)
@@ -137,26 +137,33 @@ def test_enable_thinking_false_and_reasoning_effort_reach_the_template(servers, 
     assert "Reasoning: medium" in render(tokenizer, MESSAGES, True)
 
 
-def test_a_reasoning_budget_of_0_closes_the_thought_at_once_and_a_bound_between_is_refused(servers):
+def test_a_reasoning_budget_closes_the_thought_after_that_many_tokens(servers):
     unbounded = _ask(servers["r1"], max_tokens=40)  # the built-in model never closes its thought itself
     assert unbounded[0] and unbounded[1] == "" and unbounded[2] == "length"
     for stream in (False, True):
+        thought, content, _, _ = _ask(servers["r1"], stream, max_tokens=40, reasoning_budget=6)
+        assert thought == unbounded[0][:len(thought)] and len(thought) < len(unbounded[0])
+        assert content  # after the forced </think>, the model answers
         none = _ask(servers["r1"], stream, max_tokens=20, reasoning_budget=0)
-        assert none[0] == "" and none[1]  # the close forced at once: the model answers
+        assert none[0] == "" and none[1]  # the close forced at once
         assert _ask(servers["r1"], stream, max_tokens=20, reasoning_effort="none")[:3] == none[:3]
+    tokens = [t.token for t in _ask(servers["r1"], max_tokens=40, reasoning_budget=6, logprobs=True)[3]
+              .choices[0].logprobs.content]
+    assert "".join(tokens[:6]).count("</") == 0 and "".join(tokens).count("</think>") == 1  # 6 thought tokens
     assert _ask(servers["qwen3"], max_tokens=12, reasoning_budget=0)[:3] == _ask(
         servers["qwen3"], max_tokens=12, chat_template_kwargs={"enable_thinking": False})[:3]  # the switch
-    with pytest.raises(openai.BadRequestError) as refused:
-        _ask(servers["r1"], reasoning_budget=6)
-    assert refused.value.body["param"] == "reasoning_budget" and "not served yet" in refused.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as refused:  # a bound before a constrained answer: not yet
+        _ask(servers["r1"], reasoning_budget=6, response_format={"type": "json_object"})
+    assert refused.value.body["param"] == "reasoning_budget"
 
 
 def test_logprobs_and_max_tokens_count_the_thought_too(servers):
     thought, content, finish, reply = _ask(servers["r1"], max_tokens=15, logprobs=True)
     assert finish == "length" and reply.usage.completion_tokens == 15 == len(reply.choices[0].logprobs.content)
     assert "".join(t.token for t in reply.choices[0].logprobs.content).lstrip().startswith(thought)
-    none = _ask(servers["r1"], max_tokens=15, logprobs=True, reasoning_budget=0)[3]
-    assert none.usage.completion_tokens == 15 == len(none.choices[0].logprobs.content)  # the forced close too
+    for budget in (0, 5):  # the forced close is counted too
+        bounded = _ask(servers["r1"], max_tokens=15, logprobs=True, reasoning_budget=budget)[3]
+        assert bounded.usage.completion_tokens == 15 == len(bounded.choices[0].logprobs.content)
 
 
 def test_a_chat_keeps_the_thought_apart_and_the_template_drops_it_from_later_turns(tmp_path):
@@ -250,3 +257,13 @@ def test_reasoning_format_none_keeps_the_thought_in_content_and_the_switches_wor
         assert _ask(servers["qwen3_raw"], stream, grammar="start: " + json.dumps(answer))[:3] == (None, answer, "stop")
     off = _ask(servers["qwen3_raw"], max_tokens=12, reasoning_effort="none")
     assert off[:3] == _ask(servers["qwen3_raw"], max_tokens=12, chat_template_kwargs={"enable_thinking": False})[:3]
+
+
+def test_a_thought_budget_is_lossless_under_speculation_and_checked(builtin_llm):
+    options = dict(max_tokens=30, temperature=0.0, thought_syntax="think", starts_in_thought=True, thought_budget=4)
+    drafted = builtin_llm.generate("def f(x):", **options)  # the built-in model's DFlash drafter on
+    plain = lucebox.LLM(draft=None).generate("def f(x):", **options)
+    assert drafted.token_ids == plain.token_ids and "</think>" in drafted.text
+    for bad in ({"thought_syntax": None}, {"json_object": True}, {"thought_budget": 0}):
+        with pytest.raises(InvalidArgumentError):
+            lucebox.RequestOptions.from_keywords(**{**options, **bad})

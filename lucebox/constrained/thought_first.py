@@ -1,7 +1,8 @@
 """A thought before the answer, in one grammar (llguidance's Lark), for a reasoning model whose
 answer is constrained or whose thought is off (`reasoning_budget` 0): the model thinks freely until it
 closes the thought itself (or the close comes at once); then the answer, free or under the request's
-constraint (a JSON Schema, JSON mode, a grammar, forced tool calls), so that a
+constraint. A budget of N tokens is counted by the engine, which then forces the close
+(`thought_close_grammar`) (a JSON Schema, JSON mode, a grammar, forced tool calls), so that a
 constraint never forbids the thought (as vLLM and llama.cpp apply a grammar after the reasoning ends).
 
 Only the `<think>` syntax (`text.reasoning`), whose markers are text in the vocabularies that use them
@@ -14,33 +15,39 @@ import json
 
 from lucebox.constrained.spec import JSON_DEFAULTS, Constraint
 from lucebox.errors import GrammarError
-from lucebox.text.reasoning import CLOSE, OPEN, THINK, starts_inside, thinking_off
+from lucebox.text.reasoning import CLOSE, OPEN, THINK, starts_inside, thinking_off, thought_fields
 
 
 def thought_first_grammar(inside: bool, budget: int | None = None, answer: str | None = None,
                           markers: tuple[str, str] = (OPEN, CLOSE)) -> str:
     """Lark text: the thought (opened by the model unless the prompt left it `inside` one), its close,
     then the answer: `answer` (a rule's body, from `answer_rule`) after a little whitespace, or any
-    text. `budget`: None (the model closes the thought where it will) or 0 (closed at once); a bound
-    between is refused (a GrammarError naming reasoning_budget): the grammar engine's way to force a
-    close after N tokens of a thought that may close itself (a lazy lexeme's stop followed by the close,
-    and its max_tokens) fails inside the engine when the close takes several tokens, and at times even
-    when it takes one. `markers`: the thought's open and close (`<think>`, `</think>`)."""
+    text. `budget`: None (the model closes the thought where it will) or 0 (closed at once). A bound
+    between is not a grammar (a GrammarError naming reasoning_budget): the grammar engine's way to force
+    a close after N tokens of a thought that may close itself (a lazy lexeme's stop followed by the close,
+    and its max_tokens) fails inside it when the close takes several tokens, so the engine counts the
+    thought instead (`thought_first_options`, `RequestOptions.thought_budget`). `markers`: the
+    thought's open and close (`<think>`, `</think>`)."""
     opening, close = ("" if inside else f"{json.dumps(markers[0])} "), json.dumps(markers[1])
     if budget == 0:
         lark = f"start: {opening}{close} answer\n"
     elif budget is None:  # lazy: the thought ends where the model closes it (the close is the lexeme's stop)
         lark = f"start: {opening}thought answer\nthought[stop={close}]: /(.|\\n)*/\n"
     else:
-        raise GrammarError("reasoning_budget", f"a bound of {budget} tokens is not served yet: 0 turns thinking off "
-                                               "and -1 leaves it unbounded (llama.cpp's --reasoning-budget takes "
-                                               "the same two)")
+        raise GrammarError("reasoning_budget", f"a bound of {budget} tokens is the engine's to count "
+                                               "(RequestOptions.thought_budget), not a grammar's")
     if answer is None:
         lark += "answer: /(.|\\n)*/\n"
     else:  # between the close and a constrained answer, the blank line templates write (Qwen3's, R1's "\n\n")
         lark += f"answer: gap constrained\ngap: /\\s{{0,2}}/\nconstrained: {answer}\n"
     Constraint.lark(lark, "reasoning_budget" if answer is None else "grammar")
     return lark
+
+
+def thought_close_grammar() -> str:
+    """Lark text: the thought's close, then any answer: what a spent thought budget forces
+    (`RequestOptions.thought_budget`, the engine swapping it in once the text stage saw the budget spent)."""
+    return f"start: {json.dumps(CLOSE)} answer\nanswer: /(.|\\n)*/\n"
 
 
 def answer_rule(json_schema=None, json_object: bool = False, grammar: str | None = None) -> str | None:
@@ -65,6 +72,11 @@ def thought_first_options(fmt: str | None, prompt_text: str, options, budget: in
     if fmt != THINK or thinking_off(fmt, prompt_text) or options.grammar not in (None, tool_grammar):
         return {}
     answer = answer_rule(options.json_schema, options.json_object, tool_grammar)
+    if budget is not None and budget > 0:  # counted by the engine's text stage, the close forced when spent
+        if answer is not None:
+            raise GrammarError("reasoning_budget", "a bounded thought before a constrained answer is not served yet; "
+                                                   "leave reasoning_budget out, or set it to 0 (thinking off)")
+        return {"thought_budget": budget, **thought_fields(fmt, prompt_text)}
     if budget is None and answer is None:
         return {}
     grammar = thought_first_grammar(starts_inside(fmt, prompt_text), budget, answer)

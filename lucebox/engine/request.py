@@ -34,6 +34,7 @@ class Request:
     stop_ids: set[int]  # the options' stop ids and, unless they ignore EOS, the model's EOS ids
     draft_k: int  # most drafts per round
     grammar: GrammarState | None = None  # the options' constraint: this request's matcher
+    thought_close: GrammarState | None = None  # with a thought budget: the close, forced once it is spent
 
 
 def run_request(engine: Engine, session: Session, request: Request) -> Iterator[Chunk]:
@@ -54,14 +55,15 @@ def _decode(engine: Engine, session: Session, request: Request) -> Iterator[Chun
         setup = engine.setup
         # Under a grammar a draft can end early (at a token the grammar forbids), which block verification
         # does not allow for: tokenwise verification stays exact with it (`constrained.state`).
-        rule = "tokenwise" if request.grammar is not None and setup.config.verify == "block" else setup.config.verify
+        constrained = request.grammar is not None or request.thought_close is not None
+        rule = "tokenwise" if constrained and setup.config.verify == "block" else setup.config.verify
         context = DecodeContext(engine.batcher, cache, engine.clock, engine.learned, request.draft_k,
                                 rule, setup.config.adaptive, setup.model.vocab_size, setup.device,
                                 setup.tree_budget)
         rounds = Speculation(context, options.sampling, proposer, prompt_ids, request.grammar, options.logprobs)
         text = TextStage(engine.tokenizer, prompt_ids, list(options.stop_strings), request.stop_ids,
                          options.max_tokens, options.end_on_repeated_call,
-                         (options.thought_syntax, options.starts_in_thought))
+                         (options.thought_syntax, options.starts_in_thought), options.thought_budget)
         traffic = dataclasses.replace(engine.expert_traffic)  # this request's expert cache traffic is counted from here
         *_, hidden = engine.prefill(prompt_ids, cache, proposer, {*options.snapshot_at, len(prompt_ids) - 1},
                                     engine.batcher.forward)
@@ -69,8 +71,11 @@ def _decode(engine: Engine, session: Session, request: Request) -> Iterator[Chun
         first = rounds.first(logits)
         prefill_done = engine.clock()
         chunk = rounds.attach_logprobs(text.feed([first]), logits)
+        closing = request.thought_close
         while text.finish is None:
             yield chunk
+            if closing is not None and text.thought.spent:  # the budget is spent: the close is forced now
+                rounds.grammar, closing = closing, None
             chunk = rounds.round(text.remaining, text.feed)
     finally:
         if cache is not None:  # opened: its slot is freed, whatever happened since

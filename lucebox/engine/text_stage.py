@@ -3,7 +3,8 @@
 Contract: `feed(tokens)` takes one round's committed tokens in order and returns the chunk to
 yield (token ids, and their text when the model has a tokenizer); it stops at the first token
 that ends the request (EOS or a stop token, emitted; a stop string, never emitted; a tool call
-repeated, emitted; or `max_tokens`), after which `finish` is set and tokens past it are not counted. `last(stats)` is
+repeated, emitted; or `max_tokens`), after which `finish` is set and tokens past it are not counted;
+a thought that spends its budget ends the round the same way, without ending the request. `last(stats)` is
 the final chunk: the ids and text of the round that finished, any text held back for a stop
 string that never came, finish_reason and stats. Device values are never read here.
 """
@@ -14,16 +15,21 @@ from lucebox.generation import Chunk
 from lucebox.text.call_watch import RepeatedCallWatch
 from lucebox.text.incremental import IncrementalDecoder
 from lucebox.text.stopping import StopStrings
+from lucebox.text.thought_budget import ThoughtBudget
 
 
 class TextStage:
     def __init__(self, tokenizer, prompt_ids: list[int], stop_strings: list[str], stop_ids: set[int],
-                 max_tokens: int, call_syntax: str | None = None, thought: tuple[str | None, bool] = (None, False)):
+                 max_tokens: int, call_syntax: str | None = None, thought: tuple[str | None, bool] = (None, False),
+                 thought_budget: int | None = None):
         """`call_syntax`: end the answer where it repeats a tool call written in that syntax, after the
-        answer's thought (`thought`: a reasoning syntax, whether the prompt opened it)."""
+        answer's thought (`thought`: a reasoning syntax, whether the prompt opened it). `thought_budget`:
+        a round ends at the token that spends it (`thought_spent`: the close is due)."""
         self.text = IncrementalDecoder(tokenizer, prompt_ids) if tokenizer is not None else None
         self.calls = RepeatedCallWatch(tokenizer, call_syntax, prompt_ids, *thought) if (
             call_syntax is not None and tokenizer is not None) else None
+        self.thought = ThoughtBudget(tokenizer, prompt_ids, *thought, thought_budget) if (
+            thought_budget is not None and thought[0] is not None and tokenizer is not None) else None
         self.stops = StopStrings(stop_strings)
         self.stop_ids, self.max_tokens = stop_ids, max_tokens
         self.generated: list[int] = []
@@ -50,6 +56,8 @@ class TextStage:
                 self.finish = "length"
             if self.finish is not None:
                 break
+            if self.thought is not None and self.thought.push(token):
+                break  # the thought's budget is spent: nothing past this token; the close comes next
         chunk = Chunk(new_ids, new_text)
         if self.finish is not None:
             self._held = chunk

@@ -55,8 +55,8 @@ def add_parser(sub) -> None:
                    help="auto: a reasoning model's thought comes apart as reasoning_content (<think> for Qwen3 and "
                         "DeepSeek-R1, gpt-oss's analysis channel); none: it stays in content (default auto)")
     p.add_argument("--reasoning-budget", type=int, default=-1,
-                   help="0 turns thinking off for every request, -1 leaves it unbounded (as llama.cpp's; a "
-                        "request's reasoning_budget overrides it; default -1)")
+                   help="thought tokens after which the close is forced and the model answers (a request's "
+                        "reasoning_budget overrides it; 0 turns thinking off; default -1: no bound)")
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds Ctrl-C / SIGTERM lets running requests finish before cancelling them")
 

@@ -9,11 +9,11 @@ budget (`ReasoningAsk`):
   full thought. A model whose template writes no thought refuses it (400), as does gpt-oss
   "none"/"minimal" (it always reasons; its lowest is low), and "minimal"/"low" where the template has
   no effort setting (they would change nothing).
-- `reasoning_budget` (and `serve --reasoning-budget`, its default), as llama.cpp's takes it: 0 turns
+- `reasoning_budget` (and `serve --reasoning-budget`, its default): the thought's most tokens; once
+  they are spent the close is forced and the model answers (`RequestOptions.thought_budget`). 0 turns
   thinking off (through `enable_thinking` when the template has it, else the close is forced at once:
-  `constrained.thought_first`), -1 leaves it unbounded; a bound in between is refused (400): forcing
-  the close after N tokens of a thought that may close itself breaks inside the grammar engine. Only
-  for `<think>` templates.
+  `constrained.thought_first`), -1 leaves it unbounded. Only for `<think>` templates; a bound beside
+  a constrained answer (a JSON response_format, forced calls) is not served yet (400).
 """
 
 from __future__ import annotations
@@ -45,10 +45,6 @@ def reasoning_ask(body: dict, fmt: str | None, template: str, default_budget: in
     elif isinstance(budget, bool) or not isinstance(budget, int) or not -1 <= budget <= MAX_BUDGET:
         raise invalid("reasoning_budget", f"must be -1 (no bound) or a number of tokens up to {MAX_BUDGET}, "
                                           f"got {budget!r}")
-    elif budget > 0:
-        raise APIError(400, f"reasoning_budget: a bound of {budget} tokens is not served yet; 0 turns thinking off "
-                            "and -1 leaves it unbounded (llama.cpp's --reasoning-budget takes the same two)",
-                       "reasoning_budget")
     elif budget != -1 and fmt != THINK:
         why = "gpt-oss reasoning takes reasoning_effort" if fmt == HARMONY else "it does not reason"
         raise APIError(400, f"reasoning_budget: this model's chat template writes no <think> thought to bound ({why})",

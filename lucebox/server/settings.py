@@ -60,7 +60,7 @@ class ServerSettings:
     shutdown_timeout: float = 10.0
     tool_parser: str | None = None  # a tool-call syntax (text.tool_calls.FORMATS); None: the chat template's
     reasoning_format: str = "auto"  # "auto": the thought apart when the template writes one; "none": in content
-    reasoning_budget: int = -1  # -1: thinking unbounded; 0: off (a request may set its own)
+    reasoning_budget: int = -1  # the thought's most tokens (a request may set its own); 0: off; -1: no bound
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -88,9 +88,9 @@ class ServerSettings:
             raise InvalidArgumentError(f"--tool-parser must be one of {', '.join(FORMATS)}, got {self.tool_parser!r}")
         if self.reasoning_format not in ("auto", "none"):
             raise InvalidArgumentError(f"--reasoning-format must be auto or none, got {self.reasoning_format!r}")
-        if self.reasoning_budget not in (-1, 0):
-            raise InvalidArgumentError(f"--reasoning-budget must be -1 (thinking unbounded) or 0 (thinking off), got "
-                                       f"{self.reasoning_budget}")
+        if self.reasoning_budget < -1:
+            raise InvalidArgumentError(f"--reasoning-budget must be -1 (no bound), 0 (thinking off) or a number of "
+                                       f"tokens, got {self.reasoning_budget}")
         for flag, seconds in (("--read-timeout", self.read_timeout), ("--shutdown-timeout", self.shutdown_timeout)):
             if not 0 < seconds <= MAX_SECONDS:  # NaN fails both; inf overflows the waits that take it
                 raise InvalidArgumentError(f"{flag} must be a positive number of seconds, at most {MAX_SECONDS} "

@@ -133,7 +133,9 @@ class Speculation:
 
     def round(self, remaining: int, take: Callable[[list[int]], Chunk]) -> Chunk:
         """One round; `remaining`: tokens the request may still produce."""
-        tree = self.tree is not None and (self.shapes is None or self.shapes.choose() == "tree")
+        # a grammar that arrives mid-request (a spent thought budget's close) takes chains, as one from the start
+        tree = (self.tree is not None and self.grammar is None
+                and (self.shapes is None or self.shapes.choose() == "tree"))
         result = (self.tree if tree else self.chain).run(remaining, take)
         self.apply(result)
         return result.chunk

@@ -72,6 +72,13 @@ class ReasoningSplit:
         self._channel = "analysis" if inside else None
         self.thought = inside  # whether the answer had a thought (an empty one too)
 
+    @property
+    def in_thought(self) -> bool:
+        """Is the answer, as far as pushed, inside its thought?"""
+        if self._fmt == THINK:
+            return self._state in ("thought_start", "thought")
+        return self._state == "message" and self._channel == "analysis"
+
     def push(self, text: str) -> tuple[str, str]:
         self._pending += text
         return self._think(False) if self._fmt == THINK else self._harmony(False)
