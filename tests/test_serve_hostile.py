@@ -118,6 +118,13 @@ HOSTILE = {
                                          "response_format.json_schema.schema"),
     "a schema and a stop string that cuts its JSON":
         ("chat", {"messages": USER, "response_format": schema_format(WORD), "stop": [":"]}, "stop"),
+    "a tool pattern the lexer cannot expand, met mid-output (was a 400 calling itself a bug)":
+        ("chat", {"messages": USER, "max_tokens": 10, "temperature": 0, "tool_choice": "required", "tools": tool(
+            {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(a{1000}){1000}$"}},
+             "required": ["a"]})}, "tools"),
+    "an earlier call's arguments holding a lone surrogate escape":
+        ("chat", {"messages": call_message('{"word": "\\ud800"}'), "tools": tool(WORD)},
+         "messages[1].tool_calls[0].function.arguments"),
     "required tools and a stop string inside the call":
         ("chat", {"messages": USER, "tools": tool(WORD), "tool_choice": "required", "stop": ["word"]}, "stop"),
 }

@@ -32,7 +32,8 @@ from lucebox.errors import GrammarError, LuceboxError
 MASKED = -1e30
 BITS = 32  # llguidance's masks: token t is bit t % 32 of int32 word t // 32
 # llguidance's errors when a grammar is past what its parser follows (its ParserLimits): not a bug
-_ENGINE_LIMITS = ("Current row has", "Too many items", "ParserTooComplex", "LexerTooComplex")
+_ENGINE_LIMITS = ("Current row has", "Too many items", "ParserTooComplex", "LexerTooComplex",
+                  "too many expressions constructed")  # the last: a regex (a pattern) the lexer cannot expand
 _NO_ROLLBACK = re.compile(r"\b(?:stop|max_tokens)\s*=")
 
 
@@ -152,8 +153,8 @@ class GrammarState:
         if any(limit in error for limit in _ENGINE_LIMITS):
             return GrammarError(self.field, f"is more than the grammar engine can follow where the output stands "
                                 f"({error[:300]}): give fewer alternatives to one rule, anyOf or enum (at most "
-                                "~2,000 in a row of the parse), and a schema a finite value can follow (a required "
-                                "property that refers back to its own schema has none)")
+                                "~2,000 in a row of the parse), patterns with smaller repeats, and a schema a finite "
+                                "value can follow (a required property that refers back to its own schema has none)")
         # No token writes the bytes the grammar asks for next (a vocabulary without byte fallback
         # meeting text it has no tokens for): llguidance stops with "NoExtension...", or, where its
         # mask let a token through, refuses that token against the bytes it forces.

@@ -5,6 +5,8 @@ calls as OpenAI's API writes them."""
 
 from __future__ import annotations
 
+import json
+
 from lucebox import bounded_json
 from lucebox.constrained.spec import refuse_stops
 from lucebox.errors import GrammarError, JSONInputError, ToolError
@@ -81,8 +83,12 @@ def tool_message(message: dict, i: int, content: str) -> dict:
             raise invalid(at, 'must be {"id", "type": "function", "function": {"name", "arguments": JSON text}}')
         try:
             arguments = bounded_json.loads(f["arguments"], "the arguments' JSON text")
+            json.dumps(arguments, ensure_ascii=False).encode("utf-8")  # a "\ud800" escape decodes to no text
         except JSONInputError as e:
             raise invalid(f"{at}.function.arguments", str(e)) from None
+        except UnicodeEncodeError:
+            raise invalid(f"{at}.function.arguments", "holds a lone surrogate escape (\\ud800-\\udfff alone); "
+                                                      "text must be valid Unicode") from None
         calls.append({"id": call.get("id", ""), "type": "function",
                       "function": {"name": f["name"], "arguments": arguments}})
     return {"role": "assistant", "content": content, "tool_calls": calls}
