@@ -50,7 +50,8 @@ def add_parser(sub) -> None:
                         "connection is closed, or the answer is 408 (default 30)")
     p.add_argument("--tool-parser", default=None, choices=FORMATS,
                    help="the syntax of the model's tool calls (default: the one its chat template writes: "
-                        "<tool_call> is hermes, [TOOL_CALLS] mistral, <|python_tag|> llama3)")
+                        "<tool_call> is hermes, [TOOL_CALLS] mistral, <|python_tag|> llama3; a template with none "
+                        "gets json, one JSON object of calls or answer that the grammar forces)")
     p.add_argument("--reasoning-format", default="auto", choices=("auto", "none"),
                    help="auto: a reasoning model's thought comes apart as reasoning_content (<think> for Qwen3 and "
                         "DeepSeek-R1, gpt-oss's analysis channel); none: it stays in content (default auto)")
