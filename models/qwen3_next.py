@@ -4,7 +4,8 @@ per-element sigmoid output gate fused into q_proj, QK norm and partial rotary (0
 its RMSNorms scale by (1 + weight); its MoE layers have a softmax router and a shared expert
 whose output a sigmoid gate scales; dense layers come from mlp_only_layers / decoder_sparse_step.
 Its checkpoints also hold a multi-token-prediction head (mtp.*, `mtp_num_hidden_layers` in
-config.json), which transformers skips on load and lucebox skips too (`MTP_HEAD`)."""
+config.json): not part of the model (transformers skips it on load too, `MTP_HEAD`), but the
+drafter lucebox runs by default (`models/mtp.py`, `speculative/mtp.py`)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ from lucebox.config import LayerSpec, LinearAttentionSpec, ModelConfig, MoESpec
 from lucebox.errors import ConfigError
 
 ARCHITECTURES = ("Qwen3NextForCausalLM",)
-# The MTP head predicts a further token from the last hidden state: a drafter for speculative
-# decoding, which lucebox does not use yet (transformers ignores `^mtp.*` on load likewise).
-MTP_HEAD = Unloaded("mtp.", "the multi-token-prediction (MTP) head, a drafter lucebox does not use yet")
+# The MTP head predicts a further token from the last hidden state: the drafter's weights, read by
+# the drafter's own load (draft='auto' or 'mtp'), so the model's load passes over them without a word.
+MTP_HEAD = Unloaded("mtp.", "the multi-token-prediction (MTP) head, which the drafter loads", quiet=True)
 UNLOADED = (MTP_HEAD,)
 _KINDS = {"linear_attention": "gdn", "full_attention": "full"}
 

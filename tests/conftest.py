@@ -200,16 +200,30 @@ def rewrite_weights(folder: Path, change) -> None:
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
 
 
-def add_mtp_head(folder: Path, hidden: int) -> None:
-    """The multi-token-prediction tensors a real Qwen3-Next / Qwen3.5 checkpoint ships beside the
-    model (a few of them, at their real names and shapes)."""
+def add_mtp_head(folder: Path, seed: int = 0, declare: bool = True) -> None:
+    """A whole multi-token-prediction head, at the names and shapes a real Qwen3-Next / Qwen3.5
+    checkpoint ships it beside the model: random fc and (1 + w) norms, and the model's first
+    full-attention layer copied as mtp.layers.0 (so a test's reference can run it as that layer).
+    `declare`: config.json says so (mtp_num_hidden_layers: 1, in text_config when there is one)."""
+    g = torch.Generator().manual_seed(seed)
+
     def add(tensors):
-        tensors.update({"mtp.fc.weight": torch.randn(hidden, 2 * hidden), "mtp.norm.weight": torch.ones(hidden),
-                        "mtp.pre_fc_norm_embedding.weight": torch.ones(hidden),
-                        "mtp.pre_fc_norm_hidden.weight": torch.ones(hidden),
-                        "mtp.layers.0.input_layernorm.weight": torch.ones(hidden)})
+        layers = [m for n in tensors if (m := re.match(r"(model\.(?:language_model\.)?layers\.(\d+)\.)self_attn\.", n))]
+        layer = min(layers, key=lambda m: int(m[2]))[1]  # the first full-attention layer's prefix
+        norm_weight = tensors[layer + "input_layernorm.weight"]
+        hidden, dtype = norm_weight.shape[0], norm_weight.dtype
+        tensors.update({"mtp.layers.0." + n[len(layer):]: t.clone() for n, t in list(tensors.items())
+                        if n.startswith(layer)})
+        norm = lambda: (torch.randn(hidden, generator=g) * 0.1).to(dtype)  # noqa: E731 - stored around 0
+        tensors.update({"mtp.fc.weight": (torch.randn(hidden, 2 * hidden, generator=g) / (2 * hidden) ** 0.5).to(dtype),
+                        "mtp.norm.weight": norm(), "mtp.pre_fc_norm_embedding.weight": norm(),
+                        "mtp.pre_fc_norm_hidden.weight": norm()})
 
     rewrite_weights(folder, add)
+    if declare:
+        config = json.loads((folder / "config.json").read_text())
+        (config.get("text_config") or config)["mtp_num_hidden_layers"] = 1
+        (folder / "config.json").write_text(json.dumps(config))
 
 
 CORPUS = ["hello world, this is a tiny corpus.", "the quick brown fox jumps over the lazy dog!",

@@ -51,6 +51,7 @@ def ring_step(cfg: DFlashConfig, prefill_chunk: int) -> int:
 class DFlashProposer(TreeProposer):
     def __init__(self, drafter: DFlashDrafter, target: Decoder, prefill_chunk: int, draft_ctx: int = DRAFT_CTX):
         self.drafter, self.target = drafter, target
+        self.name = "dflash" if drafter.heads is None else "dspark"
         self.feature_layers = drafter.cfg.target_layer_ids
         self.block_width = drafter.cfg.block_size - 1  # drafts one pass makes
         self.max_width = DRAFT_WIDTH  # a lookup draft may be longer

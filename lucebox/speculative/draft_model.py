@@ -24,6 +24,8 @@ def draft_cache_settings(max_context: int, prefill_chunk: int, draft_ctx: int, m
 
 
 class DraftModelProposer(Proposer):
+    name = "draft model"
+
     def __init__(self, decoder: Decoder, max_context: int, prefill_chunk: int, draft_ctx: int = DRAFT_CTX,
                  max_width: int = DRAFT_WIDTH):
         self.decoder = decoder

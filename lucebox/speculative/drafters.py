@@ -1,5 +1,6 @@
-"""Turning `LLM(draft=...)` into a proposer: None, "ngram", "auto", or a drafter folder (a DFlash
-drafter, or a smaller model of a supported architecture sharing the target's vocabulary)."""
+"""Turning `LLM(draft=...)` into a proposer: None, "ngram", "mtp" (the model's own MTP head),
+"auto", or a drafter folder (a DFlash drafter, or a smaller model of a supported architecture
+sharing the target's vocabulary)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ from lucebox.device import DeviceClock
 from lucebox.errors import DraftModelError
 from lucebox.limits import DECODE_ROWS
 from lucebox.memory.plan import DrafterCost, cache_ring_bytes, ring_bytes, weight_bytes
-from lucebox.models import dflash
+from lucebox.models import dflash, mtp
 from lucebox.models.decoder import Decoder
 from lucebox.models.hf_config import architecture_name
 from lucebox.speculative.dflash import DFlashProposer, ring_step
 from lucebox.speculative.draft_model import DraftModelProposer, draft_cache_settings
+from lucebox.speculative.mtp import MTPProposer
 from lucebox.speculative.ngram import NgramProposer
 from lucebox.speculative.proposer import Proposer
 
@@ -55,12 +57,45 @@ def _check_dflash(cfg: dflash.DFlashConfig, target: ModelConfig, folder: Path) -
 @dataclass(frozen=True)
 class DrafterSpec:
     """What `draft=` names, read from config.json before anything is loaded: "ngram", a DFlash
-    drafter (`dflash`: its config) or a draft model (`model`: its description), with its folder."""
+    drafter (`dflash`: its config), a draft model (`model`: its description) or the target's MTP
+    head ("mtp": `model` is the target's description, `head` the head's one-layer config), with
+    the folder it is read from."""
 
     kind: str
     folder: Path | None = None
     dflash: dflash.DFlashConfig | None = None
     model: ModelDescription | None = None
+    head: ModelConfig | None = None
+
+
+def _mtp_layers(target: ModelDescription) -> int:
+    """How many layers the target's MTP head has (0: no head). config.json's `mtp_num_hidden_layers`,
+    or when it is absent (some Qwen3.6 uploads ship the head without it) the weights' own count."""
+    if target.gguf is not None or target.quantization is not None:
+        return 0
+    index = CheckpointIndex(weight_files(target.folder))
+    if "mtp.fc.weight" not in index:
+        return 0
+    stored = {name.split(".")[2] for name in index.location if name.startswith("mtp.layers.")}
+    return mtp.declared_layers(target.hf_config) or len(stored)
+
+
+def mtp_drafter(target: ModelDescription) -> DrafterSpec | None:
+    """The target's MTP head when it has one lucebox runs (one layer), else None."""
+    if _mtp_layers(target) != 1:
+        return None
+    return DrafterSpec("mtp", target.folder, model=target, head=mtp.head_config(target.cfg))
+
+
+def _own_mtp(target: ModelDescription) -> DrafterSpec:
+    spec = mtp_drafter(target)
+    if spec is None:
+        layers = _mtp_layers(target)
+        why = (f"its head has {layers} layers (lucebox runs a one-layer head)" if layers > 1
+               else "its checkpoint holds no MTP head (mtp.* tensors)")
+        raise DraftModelError(f"draft='mtp': {target.folder} has no MTP head lucebox can run: {why}; pass "
+                              "draft='auto', 'ngram', a drafter folder, or None")
+    return spec
 
 
 def resolve_drafter(draft: str | Path | None, target: ModelDescription) -> DrafterSpec | None:
@@ -70,10 +105,12 @@ def resolve_drafter(draft: str | Path | None, target: ModelDescription) -> Draft
         return None
     if draft == "ngram":
         return DrafterSpec("ngram")
-    if draft == "auto":
+    if draft == "mtp":
+        return _own_mtp(target)
+    if draft == "auto":  # a drafter shipped beside the model, else the model's own MTP head
         draft = paired_drafter(target.folder)
         if draft is None:
-            return None
+            return mtp_drafter(target)
     config_path = locate_config(draft)
     hf = read_json(config_path)
     arch = architecture_name(hf)
@@ -101,10 +138,15 @@ def drafter_cost(spec: DrafterSpec | None, dtype: torch.dtype, max_context: int,
         weights = sum(math.prod(shape) for shape in dflash.weight_shapes(cfg).values()) * dtype.itemsize
         rings = cfg.num_layers * ring_bytes(draft_ctx, ring_step(cfg, prefill_chunk), row)
         return DrafterCost(weights, rings, cfg.num_layers * (row + 8), draft_ctx)
-    cfg = spec.model.cfg
+    if spec.kind == "mtp":
+        cfg = spec.head
+        weights = sum(math.prod(shape) for shape in mtp.head_shapes(cfg).values()) * dtype.itemsize
+    else:
+        cfg = spec.model.cfg
+        weights = weight_bytes(cfg, dtype)
     full = sum(1 for layer in cfg.layers if not layer.is_sliding)
     rings = cache_ring_bytes(cfg, draft_cache_settings(max_context, prefill_chunk, draft_ctx, max_width), dtype)
-    return DrafterCost(weight_bytes(cfg, dtype), rings, full * (cfg.kv_bytes_per_token(dtype.itemsize) + 8), draft_ctx)
+    return DrafterCost(weights, rings, full * (cfg.kv_bytes_per_token(dtype.itemsize) + 8), draft_ctx)
 
 
 def make_proposer(spec: DrafterSpec | None, target: Decoder, max_context: int, prefill_chunk: int, draft_ctx: int,
@@ -123,6 +165,11 @@ def make_proposer(spec: DrafterSpec | None, target: Decoder, max_context: int, p
         proposer = DFlashProposer(drafter, target, prefill_chunk, draft_ctx)
         proposer.max_width = min(proposer.max_width, max_width)
         return proposer
+    if spec.kind == "mtp":
+        weights = load_weights(CheckpointIndex(weight_files(spec.folder)), mtp.head_sources(spec.head),
+                               mtp.head_shapes(spec.head), target.dtype, target.device, mtp.THE_MODEL)
+        return MTPProposer(mtp.MTPHead(spec.head, weights, target), target, max_context, prefill_chunk, draft_ctx,
+                           max_width)
     decoder: Decoder = load_model(spec.model, target.dtype, target.device, kernels=target.kernels).decoder
     return DraftModelProposer(decoder, max_context, prefill_chunk, draft_ctx, max_width)
 

@@ -14,6 +14,8 @@ from lucebox.speculative.proposer import Draft, Noise, Proposer
 
 
 class NgramProposer(Proposer):
+    name = "ngram"
+
     def __init__(self, max_n: int = 4, min_n: int = 1, max_width: int = DRAFT_WIDTH):
         self.max_n, self.min_n, self.max_width = max_n, min_n, max_width
         self.tokens: list[int] = []

@@ -27,6 +27,7 @@ class Proposer(ABC):
     Abilities are declared, never probed: `drafts_trees` (a `TreeProposer`), and `graph`, the
     drafter's pass as one CUDA graph (`draft_graph.DraftGraph`) once `graph_with` made it."""
 
+    name: str = "drafter"  # what the stats call it ("drafter" in `Generation.stats`)
     feature_layers: tuple[int, ...] = ()
     max_width: int = DRAFT_WIDTH
     drafts_trees: bool = False

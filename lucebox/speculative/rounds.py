@@ -230,7 +230,8 @@ class Speculation:
         return chunk
 
     def stats(self) -> dict:
-        return {**self.totals.as_stats(), **({} if self.grammar is None else self.grammar.stats())}
+        drafter = None if self.proposer is None else self.proposer.name
+        return {**self.totals.as_stats(), "drafter": drafter, **({} if self.grammar is None else self.grammar.stats())}
 
 
 def _policy(context: DecodeContext, params: SamplingParams, has_drafter: bool, copies: bool = False) -> WidthPolicy:

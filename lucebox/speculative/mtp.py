@@ -1,0 +1,127 @@
+"""The model's own MTP head drafts (`models/mtp.py`): k drafts by applying the head k times, each
+time on the token it just chose and the hidden state it just made.
+
+The head's row t reads the token at t + 1 and the target's final hidden state at t. A commit hands
+over the target's hidden states of the committed rows (the verify step's own, `feature_layers`:
+the last layer's output, normed here by the target's final norm), so the head's committed rows
+are made from the target's states, never its own: row t can be written once the token at t + 1
+is known, which for the newest committed row is the next round's `last`. Rows wait until then
+(or until a ring step's worth waits), and a round writes them in one forward before drafting.
+Draft rows are rolled back as soon as the drafts are read: the next round remakes those
+positions from the target's states. The head keeps a ring of `draft_ctx` slots (a draft model's
+caches, `draft_model.draft_cache_settings`), so a draft costs the same at 1K and 256K of context."""
+
+from __future__ import annotations
+
+import torch
+
+from lucebox.caches import SequenceCache, Step
+from lucebox.limits import DRAFT_CTX, DRAFT_WIDTH
+from lucebox.models.decoder import Decoder
+from lucebox.models.mtp import MTPHead
+from lucebox.sampling import RaceNoise, SamplingParams, add_bias, draw
+from lucebox.speculative.draft_model import draft_cache_settings
+from lucebox.speculative.proposer import Draft, Noise, Proposer, draft_distribution, tensor_bytes, top_probabilities
+
+
+class MTPProposer(Proposer):
+    name = "mtp"
+
+    def __init__(self, head: MTPHead, target: Decoder, max_context: int, prefill_chunk: int,
+                 draft_ctx: int = DRAFT_CTX, max_width: int = DRAFT_WIDTH):
+        self.head, self.target = head, target
+        self.feature_layers = (len(target.cfg.layers) - 1,)
+        self.max_width, self.prefill_chunk = max_width, prefill_chunk
+        self.settings = draft_cache_settings(max_context, prefill_chunk, draft_ctx, max_width)
+        self.max_step = self.settings.max_step
+        self._made_with = (head, target, max_context, prefill_chunk, draft_ctx)
+        self.cache: SequenceCache | None = None
+        self.rows = 0  # head rows written: positions 0 .. rows - 1
+        self.waiting: list[torch.Tensor] = []  # the target's normed states at rows .. rows + waiting_rows - 1
+        self.waiting_rows = 0
+        self.newest: torch.Tensor | None = None  # the head's output at row rows - 1 (1, H)
+
+    def fork(self) -> MTPProposer:
+        return MTPProposer(*self._made_with, max_width=self.max_width)
+
+    def device_bytes(self) -> int:
+        caches = 0 if self.cache is None else self.cache.memory()["ring_caches"]
+        return self.weight_bytes() + caches
+
+    def weight_bytes(self) -> int:
+        return tensor_bytes(self.head.weights)
+
+    def start(self, prompt: list[int], features: torch.Tensor | None) -> None:
+        if self.cache is None or self.cache.dirty:  # (dirty: a step cut short; a fresh cache is exact)
+            self.cache = SequenceCache(self.head.cfg, self.settings, self.target.dtype, self.target.device)
+        self.cache.rollback(0)
+        self.rows, self.waiting, self.waiting_rows, self.newest = 0, [], 0, None
+
+    def resume(self, position: int) -> bool:
+        """Kept when the target's state at position - 1 still waits (its row needs the token after
+        it, which the new request may change) and the rows before it are written."""
+        if self.cache is None or not self.rows < position <= self.rows + self.waiting_rows:
+            return False
+        if not self.cache.can_rewind_to(self.rows):
+            return False
+        states = torch.cat(self.waiting) if len(self.waiting) > 1 else self.waiting[0]
+        self.waiting, self.waiting_rows = [states[: position - self.rows]], position - self.rows
+        self.cache.rollback(self.rows)
+        return True
+
+    def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:
+        target = self.target
+        states = target.kernels.rms_norm(features[:new], target.w["norm"], target.cfg.rms_norm_eps)
+        self.waiting.append(states)
+        self.waiting_rows += new
+        if self.waiting_rows > self.max_step:  # bounded memory: write all but the newest (its next token is unknown)
+            self._write(committed, len(committed) - 1)
+
+    def _write(self, tokens: list[int], end: int) -> torch.Tensor:
+        """Write the waiting rows before position `end` (tokens: at least end + 1 of them); the
+        head's output at row end - 1, which drafts the token at end + 1."""
+        if end <= self.rows:  # written already: a round asking twice (a copy declined, then the drafter's own)
+            return self.newest
+        states = torch.cat(self.waiting) if len(self.waiting) > 1 else self.waiting[0]
+        ids = torch.tensor(tokens[self.rows + 1 : end + 1], device=self.target.device)
+        out = None
+        for begin in range(0, end - self.rows, self.max_step):
+            n = min(self.max_step, end - self.rows - begin)
+            step = Step.span(self.rows + begin, n, ids.device, prefill=n > 1)
+            out = self.head.forward(ids[begin : begin + n], states[begin : begin + n], step, self.cache)
+            self.cache.commit(self.rows + begin + n)
+        rest = states[end - self.rows :]
+        self.waiting, self.waiting_rows = ([rest] if len(rest) else []), len(rest)
+        self.rows, self.newest = end, out[-1:]
+        return self.newest
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: Noise) -> Draft:
+        """Drafts for the positions after `last` (context[-1]): the first from the head's row at
+        last's position - 1 (the target's state there, and `last`), each next one from the row
+        after it (the draft before and the head's own state), read from the device once at the end."""
+        k = min(k, self.max_width)
+        end = len(context) - 1  # rows 0 .. end - 1 have their next token: the last of them drafts
+        if k <= 0 or end < 1:
+            return Draft([])
+        hidden = self._write(context, end)
+        tokens, rows, all_logits = [], [], []
+        for i in range(k):
+            logits = add_bias(self.head.logits(hidden)[0], params)  # the target's bias: drafts follow it
+            q = draft_distribution(logits[None], params)[0]
+            if params.greedy:
+                tokens.append(q.argmax())
+            elif isinstance(generator, RaceNoise):  # coupled: draft i is the token at len(context) + i
+                tokens.append(generator.choose(q[None], torch.tensor([len(context) + i], device=q.device))[0])
+            else:
+                tokens.append(draw(q, generator))
+            rows.append(q)
+            all_logits.append(logits)
+            if i + 1 < k:
+                step = Step.span(end + i, 1, hidden.device)
+                hidden = self.head.forward(tokens[-1].reshape(1), hidden, step, self.cache)
+                self.cache.commit(end + i + 1)
+        self.cache.rollback(end)  # the drafts' rows: remade from the target's states once they are verified
+        q = None if params.greedy or isinstance(generator, RaceNoise) else torch.stack(rows)
+        beliefs = top_probabilities(torch.stack(all_logits), q)
+        read = torch.cat([torch.stack(tokens).double(), beliefs.double()]).tolist()  # ids < 2^53: exact
+        return Draft([int(t) for t in read[:k]], q, read[k:])

@@ -1,0 +1,105 @@
+"""The multi-token-prediction (MTP) head Qwen3-Next and Qwen3.5/3.6 checkpoints ship beside the
+model (`mtp_num_hidden_layers: 1` in config.json, tensors under `mtp.`): one more decoder layer
+that predicts the token after next.
+
+Row t of the head reads the token at t + 1 and the target's final hidden state at t (after its
+final norm): each is RMS-normed (`pre_fc_norm_embedding`, `pre_fc_norm_hidden`), the two are
+concatenated (embedding first) and `fc` maps them back to the hidden size; then one full-attention
+decoder layer with the model's own MLP kind (`mtp.layers.0.*`, named as the model's layers are),
+and `mtp.norm`. Its output predicts the token at t + 2 through the model's LM head, and is the
+hidden state the next row reads when the head drafts on from its own token. Every norm scales by
+(1 + weight), as the model's do; the embedding table and the LM head are the model's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from lucebox.models.cache_contexts import CacheContext
+from lucebox.models.decoder import Decoder
+from lucebox.models.fused_projections import fuse_attention_projections
+from lucebox.models.layout import hf_sources, weight_shapes
+from lucebox.models.sources import Source, Unloaded, renamed
+
+from lucebox.caches import SequenceCache, Step
+from lucebox.config import ModelConfig
+from lucebox.errors import DraftModelError
+
+PREFIX = "mtp."
+# Our names of the head's own tensors beyond its decoder layer, and theirs in the checkpoint.
+INPUT_TENSORS = {"fc": "mtp.fc.weight", "norm_embedding": "mtp.pre_fc_norm_embedding.weight",
+                 "norm_hidden": "mtp.pre_fc_norm_hidden.weight"}
+_SHARED = ("embed", "lm_head")  # the model's own tensors, never read again for the head
+# Loading the head from the model's checkpoint leaves the model's tensors to the model's load.
+THE_MODEL = (Unloaded("model.", "the model", quiet=True), Unloaded("lm_head.weight", "the model", quiet=True))
+
+
+def declared_layers(hf: dict) -> int:
+    """`mtp_num_hidden_layers` of a config.json (an image-text one's text_config), 0 when absent
+    (then the checkpoint's own tensors say whether there is a head)."""
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
+    value = text.get("mtp_num_hidden_layers", hf.get("mtp_num_hidden_layers", 0))
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def head_config(target: ModelConfig) -> ModelConfig:
+    """The head as a one-layer model: the target's full-attention layer, with an MoE MLP when the
+    target has experts (as the published heads do), else a dense one."""
+    full = next((layer for layer in target.layers if layer.attention == "full"), None)
+    if full is None:
+        raise DraftModelError("this model has no full-attention layer to shape an MTP head's layer after")
+    layer = replace(full, mlp="moe" if target.moe is not None else "dense")
+    return replace(target, layers=(layer,))
+
+
+def _to_checkpoint(name: str) -> str:
+    if name == "model.norm.weight":
+        return PREFIX + "norm.weight"
+    return name.replace("model.layers.0.", PREFIX + "layers.0.", 1)
+
+
+def head_sources(cfg: ModelConfig) -> dict[str, Source]:
+    """Where the head's tensors are in the checkpoint (the layer's, named like the model's layer 0)."""
+    own = {name: renamed(source, _to_checkpoint) for name, source in hf_sources(cfg).items() if name not in _SHARED}
+    return {**own, **INPUT_TENSORS}
+
+
+def head_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    H = cfg.hidden_size
+    own = {name: shape for name, shape in weight_shapes(cfg).items() if name not in _SHARED}
+    return {**own, "fc": (H, 2 * H), "norm_embedding": (H,), "norm_hidden": (H,)}
+
+
+class MTPHead:
+    """The head's forward over rows of (next token, hidden state), through its own cache."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict, target: Decoder):
+        inputs = {name: weights.pop(name) for name in INPUT_TENSORS}
+        for name in ("norm_embedding", "norm_hidden"):
+            inputs[name] = inputs[name] + cfg.norm_offset  # as `Decoder` offsets the layer's norms
+        self.fc, self.norm_embedding, self.norm_hidden = inputs["fc"], inputs["norm_embedding"], inputs["norm_hidden"]
+        weights["embed"] = target.w["embed"]  # the model's table, shared (the layer reads no other shared tensor)
+        fuse_attention_projections(cfg, weights)
+        self.layer = Decoder(cfg, weights, target.kernels)
+        self.cfg, self.target = cfg, target
+
+    @property
+    def weights(self) -> list:
+        """The head's own tensors (the shared embedding table left out)."""
+        own = [t for name, t in self.layer.w.items() if name != "embed"]
+        return [*own, self.fc, self.norm_embedding, self.norm_hidden]
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, step: Step, cache: SequenceCache) -> torch.Tensor:
+        """tokens (N,) at positions t + 1 and the hidden states (N, H) at t, for the N positions t
+        of `step`: the head's output hidden states (N, H), written into `cache`."""
+        layer = self.layer
+        k, eps = layer.kernels, self.cfg.rms_norm_eps
+        embedded = k.rms_norm(F.embedding(tokens, layer.w["embed"]), self.norm_embedding, eps)
+        x = k.linear(torch.cat([embedded, k.rms_norm(hidden, self.norm_hidden, eps)], dim=-1), self.fc)
+        h = k.rms_norm(x, layer.w["layers.0.attn_norm"], eps)
+        return layer.run_layer(0, x, h, CacheContext(step, cache, k, layer.scale))[1]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.target.logits(hidden)

@@ -1,0 +1,210 @@
+"""The model's own MTP head as the drafter (models/mtp.py, speculative/mtp.py): loaded from the
+checkpoint by draft='auto', exact as a head (against transformers' own layer), fed the hidden
+state of the right position, and lossless in greedy and seeded sampled speculation."""
+
+import pytest
+import torch
+from conftest import add_mtp_head
+from lucebox.models.mtp import MTPHead
+
+import lucebox
+from lucebox.caches import SequenceCache, Step
+from lucebox.errors import DraftModelError, LuceboxWarning
+from lucebox.sampling import SamplingParams
+
+PROMPT = [5, 9, 17, 33, 2, 64, 100, 7, 7, 21, 90, 3, 44, 18, 120, 6, 75, 31, 12, 58, 99, 4, 27, 81]
+# A bias toward a few tokens makes the random target's choices predictable enough that the
+# random head's drafts (which the bias reaches too) are kept some of the time, or always.
+BIASES = [None, {5: 30.0, 6: 30.0, 7: 30.0}, {11: 40.0}]
+
+
+@pytest.fixture(scope="module")
+def mtp_folder(reference_models, tmp_path_factory):
+    """name -> a copy of the reference model with an MTP head (config.json declares it)."""
+    import shutil
+
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            folder = tmp_path_factory.mktemp(f"{name}-mtp") / name
+            shutil.copytree(reference_models(name)[0], folder)
+            add_mtp_head(folder)
+            made[name] = folder
+        return made[name]
+
+    return get
+
+
+def _llm(folder, **options):
+    return lucebox.LLM(folder, device="cpu", dtype="float64", prefill_chunk=8, **options)
+
+
+def test_auto_drafts_with_the_checkpoint_s_own_head_and_the_stats_name_it(mtp_folder, reference_models):
+    llm = _llm(mtp_folder("qwen3_5_moe"))
+    assert llm.generate(PROMPT, max_tokens=4, ignore_eos=True).stats["drafter"] == "mtp"
+    assert _llm(mtp_folder("qwen3_5_moe"), draft=None).generate(PROMPT, max_tokens=4).stats["drafter"] is None
+    plain = _llm(reference_models("qwen3_5_moe")[0])  # no head: no drafter
+    assert plain.generate(PROMPT, max_tokens=4).stats["drafter"] is None
+    with pytest.raises(DraftModelError, match=r"draft='mtp'.*no MTP head"):
+        _llm(reference_models("qwen3_5_moe")[0], draft="mtp")
+
+
+def test_a_head_config_json_does_not_declare_is_found_by_its_tensors(model_copy):
+    """Some Qwen3.6 uploads ship mtp.* without mtp_num_hidden_layers in config.json."""
+    folder = model_copy("qwen3_next")
+    add_mtp_head(folder, declare=False)
+    assert _llm(folder).generate(PROMPT, max_tokens=2).stats["drafter"] == "mtp"
+
+
+def test_a_head_of_two_layers_is_not_run_and_asking_for_it_says_why(model_copy):
+    import json
+
+    folder = model_copy("qwen3_next")
+    add_mtp_head(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 2}))
+    assert _llm(folder).generate(PROMPT, max_tokens=2).stats["drafter"] is None
+    with pytest.raises(DraftModelError, match=r"draft='mtp'.*2 layers \(lucebox runs a one-layer head\)"):
+        _llm(folder, draft="mtp")
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_moe", "qwen3_next", "qwen3_5"])
+@pytest.mark.parametrize("bias", BIASES)
+def test_greedy_speculation_with_the_head_is_plain_decoding(name, bias, mtp_folder):
+    folder = mtp_folder(name)
+    spec = _llm(folder, adaptive=False, draft_k=4)
+    plain = _llm(folder, draft=None)
+    options = {"max_tokens": 40, "ignore_eos": True, "logit_bias": bias}
+    got = spec.generate(PROMPT, **options)
+    assert got.token_ids == plain.generate(PROMPT, **options).token_ids
+    # Drafts were kept, some (the state rollback after a partial accept ran) or all of them.
+    assert got.stats["acceptance_length"] > {None: 0.99, 3: 1.0, 1: 3.0}[bias and len(bias)]
+
+
+@pytest.mark.parametrize("bias", BIASES[:2])
+def test_seeded_sampled_speculation_commits_plain_sampling_s_tokens(bias, mtp_folder):
+    folder = mtp_folder("qwen3_5_moe")
+    options = {"max_tokens": 40, "ignore_eos": True, "temperature": 0.8, "seed": 11, "logit_bias": bias}
+    got = _llm(folder, adaptive=False, draft_k=3).generate(PROMPT, **options)
+    assert got.token_ids == _llm(folder, draft=None).generate(PROMPT, **options).token_ids
+    assert got.stats["drafter"] == "mtp"
+
+
+def test_a_chat_turn_that_returns_resumes_the_head_and_stays_exact(mtp_folder):
+    folder = mtp_folder("qwen3_5_moe")
+    spec, plain = _llm(folder, adaptive=False, draft_k=4), _llm(folder, draft=None)
+    options = {"max_tokens": 12, "ignore_eos": True, "logit_bias": BIASES[1]}
+    first = spec.generate(PROMPT, **options).token_ids
+    again = PROMPT + first + [9, 9, 40]
+    got = spec.generate(again, **options)
+    assert got.stats["cached_prompt_tokens"] > len(PROMPT)
+    assert spec.engine.proposer.rows > 0  # resumed, not started over
+    assert got.token_ids == plain.generate(again, **options).token_ids
+
+
+def _target_hidden(llm, ids: list[int]) -> torch.Tensor:
+    """The target's final hidden states (after its final norm) of a plain forward over ids."""
+    decoder = llm.engine.decoder
+    cache = llm.engine.new_cache()
+    return decoder.forward(torch.tensor(ids), Step.span(0, len(ids), torch.device("cpu"), prefill=True), cache)
+
+
+def _head_over(head: MTPHead, tokens: list[int], hidden: torch.Tensor) -> torch.Tensor:
+    """The head's outputs over rows 0.. of (tokens[t], hidden[t]), in one forward on a fresh cache."""
+    from lucebox.speculative.draft_model import draft_cache_settings
+
+    cache = SequenceCache(head.cfg, draft_cache_settings(256, 64, 256, 8), torch.float64, torch.device("cpu"))
+    return head.forward(torch.tensor(tokens), hidden, Step.span(0, len(tokens), torch.device("cpu"), prefill=True),
+                        cache)
+
+
+def test_the_head_reads_the_target_state_of_the_position_before_its_token(mtp_folder):
+    """Draft 1 comes from the row at last's position - 1: the target's state there and `last`;
+    draft 2 from the head's own output and draft 1. Any other pairing (the state of `last`'s own
+    position: the off-by-one that costs acceptance silently) gives other drafts and beliefs."""
+    llm = _llm(mtp_folder("qwen3_5_moe"))
+    proposer = llm.engine.proposer.fork()
+    context = PROMPT + [42]  # committed + last
+    layers = proposer.feature_layers
+    proposer.start(PROMPT, None)
+    decoder, cache = llm.engine.decoder, llm.engine.new_cache()
+    for begin in range(0, len(PROMPT), 5):  # committed in pieces, as prefill chunks and verify steps hand them
+        end = min(begin + 5, len(PROMPT))
+        _, features = decoder.forward_capturing(torch.tensor(PROMPT[begin:end]),
+                                                Step.span(begin, end - begin, torch.device("cpu"), prefill=True),
+                                                cache, layers)
+        cache.commit(end)
+        proposer.commit(PROMPT[:end], end - begin, features)
+    draft = proposer.propose(context, 2, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+
+    hidden = _target_hidden(llm, PROMPT)
+    out = _head_over(proposer.head, context[1:], hidden)  # row t: token t + 1, state t
+    second_out = _head_over(proposer.head, [*context[1:], draft.tokens[0]], torch.cat([hidden, out[-1:]]))
+    shifted = _head_over(proposer.head, context[1:], torch.cat([hidden[1:], hidden[-1:]]))  # row t: state t + 1
+    expected = [torch.log_softmax(proposer.head.logits(h[-1:])[0], -1) for h in (out, second_out, shifted)]
+    drafted = draft.q.log()  # the distributions the two drafts were drawn from
+    assert (drafted[0] - expected[0]).abs().max() < 1e-5  # (drawn from float32 probabilities)
+    assert (drafted[1] - expected[1]).abs().max() < 1e-5
+    assert (drafted[0] - expected[2]).abs().max() > 1e-2
+
+
+def _offset_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3-Next's RMSNorm: scaled by (1 + weight)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight)
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_moe", "qwen3_next"])
+def test_the_head_runs_as_transformers_runs_its_layer(name, mtp_folder, reference_models, exact_reference):
+    """The head's math, independently: the pre-fc norms, the embedding first in the concatenation,
+    fc, then the checkpoint's layer run by transformers (the test head's layer is a copy of the
+    model's first full-attention layer), mtp.norm and the shared LM head."""
+    from safetensors.torch import load_file
+
+    folder = mtp_folder(name)
+    ref = reference_models(name)[1]
+    mtp = {n: t.double() for n, t in load_file(folder / "model.safetensors").items() if n.startswith("mtp.")}
+    eps = ref.config.rms_norm_eps
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        hidden = ref.model(ids).last_hidden_state[0]  # after the final norm
+        embedded = ref.model.embed_tokens(ids[:, 1:])[0]
+        x = torch.cat([_offset_norm(embedded, mtp["mtp.pre_fc_norm_embedding.weight"], eps),
+                       _offset_norm(hidden[:-1], mtp["mtp.pre_fc_norm_hidden.weight"], eps)], -1)
+        x = (x @ mtp["mtp.fc.weight"].T)[None]
+        positions = torch.arange(x.shape[1])[None]
+        full = next(i for i, t in enumerate(ref.config.layer_types) if t == "full_attention")
+        causal = torch.full((x.shape[1], x.shape[1]), float("-inf"), dtype=x.dtype).triu(1)[None, None]
+        out = ref.model.layers[full](x, attention_mask=causal, position_ids=positions,
+                                     position_embeddings=ref.model.rotary_emb(x, positions))
+        out = out[0] if isinstance(out, tuple) else out
+        expected = ref.lm_head(_offset_norm(out[0], mtp["mtp.norm.weight"], eps))
+        llm = _llm(folder)
+        head = llm.engine.proposer.head
+        got = head.logits(_head_over(head, PROMPT[1:], _target_hidden(llm, PROMPT)[:-1]))
+    assert (got - expected).abs().max().item() <= 1e-6  # as the models' own logits compare
+
+
+def test_the_memory_plan_counts_the_head_s_weights_and_ring(mtp_folder):
+    llm = lucebox.LLM(mtp_folder("qwen3_5_moe"), device="cpu", dtype="float32", max_context=512, prefill_chunk=64,
+                      draft_ctx=300)
+    planned = llm.memory()["drafter"]
+    assert planned > 0
+    llm.generate(PROMPT * 3, max_tokens=8, ignore_eos=True)
+    assert llm.memory()["drafter"] == planned
+
+
+def test_an_image_text_checkpoint_s_head_drafts_too(tmp_path):
+    """The published Qwen3.5 checkpoints: the text model under model.language_model.*, the head
+    under mtp.* and config.json's mtp_num_hidden_layers in text_config."""
+    from tiny_models import build_image_text
+
+    build_image_text("qwen3_5_moe").save_pretrained(tmp_path)
+    add_mtp_head(tmp_path)
+    with pytest.warns(LuceboxWarning, match="vision tower"):
+        spec = _llm(tmp_path, adaptive=False, draft_k=3)
+        plain = _llm(tmp_path, draft=None)
+    options = {"max_tokens": 24, "ignore_eos": True, "logit_bias": BIASES[2]}
+    got = spec.generate(PROMPT, **options)
+    assert got.stats["drafter"] == "mtp" and got.stats["acceptance_length"] > 2
+    assert got.token_ids == plain.generate(PROMPT, **options).token_ids
