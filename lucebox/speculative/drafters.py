@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from lucebox.caches import SequenceCache, Step
+from lucebox.checkpoints.gguf.nextn import load_nextn_head
 from lucebox.checkpoints.hf_folder import CheckpointIndex, load_weights, locate_config, read_json, weight_files
 from lucebox.checkpoints.loading import ModelDescription, describe_model, load_model
 from lucebox.config import ModelConfig
@@ -71,7 +72,9 @@ class DrafterSpec:
 def _mtp_layers(target: ModelDescription) -> int:
     """How many layers the target's MTP head has (0: no head). config.json's `mtp_num_hidden_layers`,
     or when it is absent (some Qwen3.6 uploads ship the head without it) the weights' own count."""
-    if target.gguf is not None or target.quantization is not None:
+    if target.gguf is not None:  # `gguf.hybrid_config` read nextn_predict_layers
+        return mtp.declared_layers(target.hf_config)
+    if target.quantization is not None:  # (a saved quantized checkpoint holds the model's tensors only)
         return 0
     index = CheckpointIndex(weight_files(target.folder))
     if "mtp.fc.weight" not in index:
@@ -166,12 +169,19 @@ def make_proposer(spec: DrafterSpec | None, target: Decoder, max_context: int, p
         proposer.max_width = min(proposer.max_width, max_width)
         return proposer
     if spec.kind == "mtp":
-        weights = load_weights(CheckpointIndex(weight_files(spec.folder)), mtp.head_sources(spec.head),
-                               mtp.head_shapes(spec.head), target.dtype, target.device, mtp.THE_MODEL)
-        return MTPProposer(mtp.MTPHead(spec.head, weights, target), target, max_context, prefill_chunk, draft_ctx,
-                           max_width)
+        head = mtp.MTPHead(spec.head, _mtp_weights(spec, target.dtype, target.device), target)
+        return MTPProposer(head, target, max_context, prefill_chunk, draft_ctx, max_width)
     decoder: Decoder = load_model(spec.model, target.dtype, target.device, kernels=target.kernels).decoder
     return DraftModelProposer(decoder, max_context, prefill_chunk, draft_ctx, max_width)
+
+
+def _mtp_weights(spec: DrafterSpec, dtype: torch.dtype, device: torch.device) -> dict:
+    """The MTP head's tensors: a GGUF file's nextn block, or a folder's mtp.* tensors."""
+    gguf = spec.model.gguf
+    if gguf is not None:
+        return load_nextn_head(gguf.file, spec.head, gguf.architecture, spec.model.cfg.num_layers, dtype, device)
+    return load_weights(CheckpointIndex(weight_files(spec.folder)), mtp.head_sources(spec.head),
+                        mtp.head_shapes(spec.head), dtype, device, mtp.THE_MODEL)
 
 
 def measure_verify_seconds(runner, cache: SequenceCache, clock: DeviceClock, feature_layers: tuple = (),

@@ -15,7 +15,8 @@ inherited by the Qwen3.5 classes) and reads them (src/models/qwen3next.cpp, qwen
     equal it is plain RoPE);
   expert_count, expert_used_count, expert_feed_forward_length, expert_shared_feed_forward_length.
 llama.cpp always renormalizes the chosen experts' weights for these architectures. A file that
-carries MTP layers (nextn_predict_layers > 0) is refused: lucebox does not load them.
+carries the model's MTP head (nextn_predict_layers = 1) holds it as one more block after the
+model's (block_count counts it: `gguf/nextn.py` reads it as the drafter); more MTP layers are refused.
 Names are typed out, as elsewhere in this package (importing gguf-py costs ~0.2 s at start-up);
 the tests write their files with gguf-py's own constants and tensor map, so the two must agree.
 """
@@ -56,6 +57,8 @@ def _layer_types(meta, n: int) -> list[str]:
             raise ConfigError(f"{meta.source.name}: '{meta.arch}.full_attention_interval' is {interval}; it must be "
                               "at least 1")
         recurrent = [(i + 1) % interval != 0 for i in range(n)]
+    if isinstance(recurrent, list) and len(recurrent) == n + whole_number(meta, "nextn_predict_layers", 0):
+        recurrent = recurrent[:n]  # the MTP head's block, listed after the model's
     if not isinstance(recurrent, list) or len(recurrent) != n or not all(isinstance(r, bool) for r in recurrent):
         raise ConfigError(f"{meta.source.name}: '{meta.arch}.attention.recurrent_layers' must list one bool for "
                           f"each of the {n} layers")
@@ -63,10 +66,12 @@ def _layer_types(meta, n: int) -> list[str]:
 
 
 def _hybrid(meta, hf: dict, architecture: str) -> dict:
-    if whole_number(meta, "nextn_predict_layers", 0):
-        raise ConfigError(f"{meta.source.name}: '{meta.arch}.nextn_predict_layers' is "
-                          f"{meta.get('nextn_predict_layers')}; lucebox does not load MTP layers from a GGUF file "
-                          "(convert the model without them)")
+    nextn = whole_number(meta, "nextn_predict_layers", 0)
+    if nextn not in (0, 1) or nextn >= hf["num_hidden_layers"]:
+        raise ConfigError(f"{meta.source.name}: '{meta.arch}.nextn_predict_layers' is {nextn}; lucebox runs an MTP "
+                          "head of one layer (convert the model with one, or without it)")
+    if nextn:  # the head's block comes after the model's: block_count counts it
+        hf.update(num_hidden_layers=hf["num_hidden_layers"] - 1, mtp_num_hidden_layers=1)
     rope = dict(hf["rope_parameters"])
     rope["partial_rotary_factor"] = whole_number(meta, "rope.dimension_count", hf["head_dim"]) / hf["head_dim"]
     sections = meta.get("rope.dimension_sections")

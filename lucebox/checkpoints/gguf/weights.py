@@ -162,14 +162,14 @@ def keeps_blocks(name: str) -> bool:
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's RoPE scaling as per-frequency divisors (gguf_loading)
 
 
-def _check_present(file: GGUFFile, sources: dict[str, GGUFSource]) -> None:
+def _check_present(file: GGUFFile, sources: dict[str, GGUFSource], unread: tuple[str, ...] = ()) -> None:
     missing = [n for s in sources.values() for n in s.names if n not in file]
     if missing:
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
         raise MissingTensorError(f"{file.path.name} lacks {len(missing)} tensor(s) the architecture needs: "
                                  f"{', '.join(missing[:8])}{more}")
     used = {n for s in sources.values() for n in s.names} | {ROPE_FREQS}  # that one is read with the config
-    extra = sorted(n for n in file.tensors if n not in used)
+    extra = sorted(n for n in file.tensors if n not in used and not n.startswith(unread))
     if extra:
         more = f" and {len(extra) - 8} more" if len(extra) > 8 else ""
         raise UnexpectedTensorError(f"{file.path.name} has {len(extra)} tensor(s) lucebox does not use for this "
@@ -197,10 +197,17 @@ def _check_shapes(file: GGUFFile, sources: dict[str, GGUFSource], shapes: dict) 
 def load_gguf_weights(file: GGUFFile, cfg: ModelConfig, arch: str, dtype: torch.dtype, device,
                       transform=None, progress=None) -> dict[str, Weight]:
     """Every tensor the config needs, one at a time; `transform(name, tensor)` (lucebox's own
-    quantization) applies to linear weights the file stores as floats."""
+    quantization) applies to linear weights the file stores as floats. The block of an MTP head
+    after the model's is left to the drafter (`gguf.nextn`)."""
     sources = gguf_sources(cfg, arch, file.__contains__)
-    _check_present(file, sources)
-    shapes = weight_shapes(cfg)
+    head = (f"blk.{len(cfg.layers)}.",) if file.metadata.get(f"{arch}.nextn_predict_layers") else ()
+    _check_present(file, sources, unread=head)
+    return read_sources(file, sources, weight_shapes(cfg), dtype, device, transform, progress)
+
+
+def read_sources(file: GGUFFile, sources: dict[str, GGUFSource], shapes: dict, dtype: torch.dtype, device,
+                 transform=None, progress=None) -> dict[str, Weight]:
+    """Our tensors of `sources`, in `shapes`, checked against the file's index before any is read."""
     _check_shapes(file, sources, shapes)
     total = sum(file.tensors[n].nbytes for s in sources.values() for n in s.names)
     done = 0

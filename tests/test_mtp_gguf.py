@@ -1,0 +1,91 @@
+"""The MTP head of a llama.cpp GGUF file (blk.N.nextn.* beside the head's layer as block N, after
+the model's N blocks): loaded by draft='auto' as the same head the Hugging Face layout holds, and
+lossless."""
+
+import copy
+import json
+
+import gguf
+import pytest
+import torch
+from gguf_hybrid_models import ARCHES, _layout, _metadata, _value_change, write_converted, write_hybrid_gguf
+from safetensors.torch import save_file
+from test_mtp import BIASES, PROMPT, _head_over, _target_hidden
+
+import lucebox
+
+_NEXTN = {"fc": "nextn.eh_proj.weight", "pre_fc_norm_embedding": "nextn.enorm.weight",
+          "pre_fc_norm_hidden": "nextn.hnorm.weight", "norm": "nextn.shared_head_norm.weight"}
+
+
+class _WithHead:
+    """The twin's tensors and the head's, and a config whose block count includes the head's block."""
+
+    def __init__(self, twin, head: dict):
+        self.twin, self.head = twin, head
+        self.config = copy.copy(twin.config)
+        self.config.num_hidden_layers = twin.config.num_hidden_layers + 1
+
+    def state_dict(self):
+        return {**self.twin.state_dict(), **self.head}
+
+
+@pytest.fixture(scope="module")
+def head_files(tmp_path_factory):
+    """(a GGUF file with the MTP head as its last block, a folder holding the same model and head
+    in the Hugging Face layout)."""
+    root = tmp_path_factory.mktemp("mtp-gguf")
+    twin = write_hybrid_gguf("qwen35moe", "F32", root / "plain.gguf")
+    n, g = twin.config.num_hidden_layers, torch.Generator().manual_seed(3)
+    hidden = twin.config.hidden_size
+    full = twin.config.layer_types.index("full_attention")
+    layer = {name.replace(f"model.layers.{full}.", f"model.layers.{n}."): t.clone()
+             for name, t in twin.state_dict().items() if name.startswith(f"model.layers.{full}.")}
+    extras = {f"blk.{n}.{_NEXTN[name]}": (torch.randn(hidden, generator=g) * 0.1).double() for name in _NEXTN}
+    extras[f"blk.{n}.{_NEXTN['fc']}"] = torch.randn(hidden, 2 * hidden, generator=g).double() / (2 * hidden) ** 0.5
+    head = {**layer, **extras}
+
+    def metadata(writer, config):
+        _metadata(writer, config)
+        writer.add_nextn_predict_layers(1)
+
+    write_converted(_WithHead(twin, head), root / "mtp.gguf", ARCHES["qwen35moe"], metadata,
+                    lambda name, t: _layout(name, t, twin.config, "qwen35moe", False), _value_change, "F32", 0)
+    folder = root / "hf"
+    twin.save_pretrained(folder)  # what the file decodes to, and the head as it decoded
+    hf_head = {name.replace(f"model.layers.{n}.", "mtp.layers.0."): t for name, t in head.items()
+               if "nextn" not in name}
+    hf_head.update({f"mtp.{name}.weight": head[f"blk.{n}.{stored}"] for name, stored in _NEXTN.items()})
+    tensors = {**twin.state_dict(), **{k: v.contiguous() for k, v in hf_head.items()}}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, folder / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
+    return root / "mtp.gguf", folder
+
+
+def _llm(path, **options):
+    return lucebox.LLM(path, device="cpu", dtype="float64", prefill_chunk=8, **options)
+
+
+def test_the_file_s_head_is_the_head_the_hugging_face_layout_holds(head_files):
+    file, folder = head_files
+    from_file, from_folder = _llm(file), _llm(folder)
+    hidden = _target_hidden(from_folder, PROMPT)
+    assert (_target_hidden(from_file, PROMPT) - hidden).abs().max().item() < 1e-5  # the same model (as the twin is)
+    heads = [llm.engine.proposer.head for llm in (from_file, from_folder)]
+    outs = [head.logits(_head_over(head, PROMPT[1:], hidden[:-1])) for head in heads]
+    assert (outs[0] - outs[1]).abs().max().item() < 1e-9
+
+
+def test_greedy_speculation_from_the_file_s_head_is_plain_decoding(head_files):
+    file, _ = head_files
+    options = {"max_tokens": 32, "ignore_eos": True, "logit_bias": BIASES[1]}
+    got = _llm(file, adaptive=False, draft_k=4).generate(PROMPT, **options)
+    assert got.stats["drafter"] == "mtp" and got.stats["acceptance_length"] > 1.0
+    assert got.token_ids == _llm(file, draft=None).generate(PROMPT, **options).token_ids
+
+
+def test_the_file_without_its_head_block_loads_as_before(head_files):
+    plain = head_files[0].parent / "plain.gguf"
+    assert _llm(plain).generate(PROMPT, max_tokens=2).stats["drafter"] is None
+    assert gguf.GGUFReader(head_files[0]).fields["qwen35moe.block_count"].parts[-1][0] == 5
