@@ -43,8 +43,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-reselect-every", type=int, help="committed tokens between select's re-selections "
                                                          f"(default: {limits.KV_RESELECT_EVERY})")
     p.add_argument("--draft",
-                   help="speculative decoding: auto (the model's paired drafter, if it ships one; the built-in "
-                        "model does) | ngram | none | a drafter folder (DFlash or a small model); the output is "
+                   help="speculative decoding: auto (the model's paired drafter, if it ships one, as the built-in "
+                        "model does; else its own MTP head, if it has one) | mtp | ngram | none | a drafter folder "
+                        "(DFlash or a small model); the output is "
                         f"the target's own either way (default: {EngineConfig.draft})")
     p.add_argument("--no-draft", dest="draft", action="store_const", const="none",
                    help="decode without a drafter (the same as --draft none)")

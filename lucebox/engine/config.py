@@ -36,9 +36,10 @@ class EngineConfig:
 
     model: a Hugging Face folder, a config.json, a .gguf file, the built-in model's name
         (`laguna-code-6m`) or None (the built-in model).
-    draft: speculative decoding: "auto" (the model's paired drafter if one ships with it, else
-        none; the default), None (off), "ngram" (prompt lookup), or a drafter folder (DFlash, or a smaller model
-        sharing the vocabulary). The output is the target's own either way.
+    draft: speculative decoding: "auto" (the model's paired drafter if one ships with it, else its
+        own MTP head if it has one, else none; the default), None (off), "ngram" (prompt lookup),
+        "mtp" (the model's MTP head), or a drafter folder (DFlash, or a smaller model sharing the
+        vocabulary). The output is the target's own either way.
     device, dtype: "auto" is CUDA when present (bfloat16), else the CPU (float32).
     load_format: "auto" | "safetensors" | "dummy" (random weights at the real shapes).
     max_context: most prompt + generated tokens of one sequence (None: the model's

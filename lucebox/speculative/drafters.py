@@ -16,7 +16,7 @@ from lucebox.checkpoints.hf_folder import CheckpointIndex, load_weights, locate_
 from lucebox.checkpoints.loading import ModelDescription, describe_model, load_model
 from lucebox.config import ModelConfig
 from lucebox.device import DeviceClock
-from lucebox.errors import DraftModelError
+from lucebox.errors import DraftModelError, ModelNotFoundError
 from lucebox.limits import DECODE_ROWS
 from lucebox.memory.plan import DrafterCost, cache_ring_bytes, ring_bytes, weight_bytes
 from lucebox.models import dflash, mtp
@@ -76,7 +76,10 @@ def _mtp_layers(target: ModelDescription) -> int:
         return mtp.declared_layers(target.hf_config)
     if target.quantization is not None:  # (a saved quantized checkpoint holds the model's tensors only)
         return 0
-    index = CheckpointIndex(weight_files(target.folder))
+    try:
+        index = CheckpointIndex(weight_files(target.folder))
+    except ModelNotFoundError:  # no weights to read a head from (load_format='dummy'; else the model's load says so)
+        return 0
     if "mtp.fc.weight" not in index:
         return 0
     stored = {name.split(".")[2] for name in index.location if name.startswith("mtp.layers.")}
