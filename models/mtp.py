@@ -22,6 +22,7 @@ from lucebox.models.decoder import Decoder
 from lucebox.models.fused_projections import fuse_attention_projections
 from lucebox.models.layout import hf_sources, weight_shapes
 from lucebox.models.sources import Source, Unloaded, renamed
+from lucebox.models.token_mixers import ForwardContext
 
 from lucebox.caches import SequenceCache, Step
 from lucebox.config import ModelConfig
@@ -44,13 +45,19 @@ def declared_layers(hf: dict) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+def source_layer(target: ModelConfig) -> int:
+    """The target's layer the head's is shaped after (and a trained head starts from): its last
+    full-attention layer."""
+    full = [i for i, layer in enumerate(target.layers) if layer.attention == "full"]
+    if not full:
+        raise DraftModelError("this model has no full-attention layer to shape an MTP head's layer after")
+    return full[-1]
+
+
 def head_config(target: ModelConfig) -> ModelConfig:
     """The head as a one-layer model: the target's full-attention layer, with an MoE MLP when the
     target has experts (as the published heads do), else a dense one."""
-    full = next((layer for layer in target.layers if layer.attention == "full"), None)
-    if full is None:
-        raise DraftModelError("this model has no full-attention layer to shape an MTP head's layer after")
-    layer = replace(full, mlp="moe" if target.moe is not None else "dense")
+    layer = replace(target.layers[source_layer(target)], mlp="moe" if target.moe is not None else "dense")
     return replace(target, layers=(layer,))
 
 
@@ -94,12 +101,16 @@ class MTPHead:
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, step: Step, cache: SequenceCache) -> torch.Tensor:
         """tokens (N,) at positions t + 1 and the hidden states (N, H) at t, for the N positions t
         of `step`: the head's output hidden states (N, H), written into `cache`."""
+        return self.run(tokens, hidden, CacheContext(step, cache, self.layer.kernels, self.layer.scale))
+
+    def run(self, tokens: torch.Tensor, hidden: torch.Tensor, context: ForwardContext) -> torch.Tensor:
+        """`forward` with the layer reaching its keys through `context` (a training batch's too)."""
         layer = self.layer
         k, eps = layer.kernels, self.cfg.rms_norm_eps
         embedded = k.rms_norm(F.embedding(tokens, layer.w["embed"]), self.norm_embedding, eps)
         x = k.linear(torch.cat([embedded, k.rms_norm(hidden, self.norm_hidden, eps)], dim=-1), self.fc)
         h = k.rms_norm(x, layer.w["layers.0.attn_norm"], eps)
-        return layer.run_layer(0, x, h, CacheContext(step, cache, k, layer.scale))[1]
+        return layer.run_layer(0, x, h, context)[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.target.logits(hidden)

@@ -202,14 +202,14 @@ def rewrite_weights(folder: Path, change) -> None:
 
 def add_mtp_head(folder: Path, seed: int = 0, declare: bool = True) -> None:
     """A whole multi-token-prediction head, at the names and shapes a real Qwen3-Next / Qwen3.5
-    checkpoint ships it beside the model: random fc and (1 + w) norms, and the model's first
+    checkpoint ships it beside the model: random fc and (1 + w) norms, and the model's last
     full-attention layer copied as mtp.layers.0 (so a test's reference can run it as that layer).
     `declare`: config.json says so (mtp_num_hidden_layers: 1, in text_config when there is one)."""
     g = torch.Generator().manual_seed(seed)
 
     def add(tensors):
         layers = [m for n in tensors if (m := re.match(r"(model\.(?:language_model\.)?layers\.(\d+)\.)self_attn\.", n))]
-        layer = min(layers, key=lambda m: int(m[2]))[1]  # the first full-attention layer's prefix
+        layer = max(layers, key=lambda m: int(m[2]))[1]  # the last full-attention layer's prefix
         norm_weight = tensors[layer + "input_layernorm.weight"]
         hidden, dtype = norm_weight.shape[0], norm_weight.dtype
         tensors.update({"mtp.layers.0." + n[len(layer):]: t.clone() for n, t in list(tensors.items())

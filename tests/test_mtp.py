@@ -158,7 +158,7 @@ def _offset_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 def test_the_head_runs_as_transformers_runs_its_layer(name, mtp_folder, reference_models, exact_reference):
     """The head's math, independently: the pre-fc norms, the embedding first in the concatenation,
     fc, then the checkpoint's layer run by transformers (the test head's layer is a copy of the
-    model's first full-attention layer), mtp.norm and the shared LM head."""
+    model's last full-attention layer), mtp.norm and the shared LM head."""
     from safetensors.torch import load_file
 
     folder = mtp_folder(name)
@@ -173,7 +173,7 @@ def test_the_head_runs_as_transformers_runs_its_layer(name, mtp_folder, referenc
                        _offset_norm(hidden[:-1], mtp["mtp.pre_fc_norm_hidden.weight"], eps)], -1)
         x = (x @ mtp["mtp.fc.weight"].T)[None]
         positions = torch.arange(x.shape[1])[None]
-        full = next(i for i, t in enumerate(ref.config.layer_types) if t == "full_attention")
+        full = max(i for i, t in enumerate(ref.config.layer_types) if t == "full_attention")
         causal = torch.full((x.shape[1], x.shape[1]), float("-inf"), dtype=x.dtype).triu(1)[None, None]
         out = ref.model.layers[full](x, attention_mask=causal, position_ids=positions,
                                      position_embeddings=ref.model.rotary_emb(x, positions))

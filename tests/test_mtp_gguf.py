@@ -38,7 +38,7 @@ def head_files(tmp_path_factory):
     twin = write_hybrid_gguf("qwen35moe", "F32", root / "plain.gguf")
     n, g = twin.config.num_hidden_layers, torch.Generator().manual_seed(3)
     hidden = twin.config.hidden_size
-    full = twin.config.layer_types.index("full_attention")
+    full = max(i for i, t in enumerate(twin.config.layer_types) if t == "full_attention")
     layer = {name.replace(f"model.layers.{full}.", f"model.layers.{n}."): t.clone()
              for name, t in twin.state_dict().items() if name.startswith(f"model.layers.{full}.")}
     extras = {f"blk.{n}.{_NEXTN[name]}": (torch.randn(hidden, generator=g) * 0.1).double() for name in _NEXTN}

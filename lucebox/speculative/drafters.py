@@ -90,7 +90,8 @@ def mtp_drafter(target: ModelDescription) -> DrafterSpec | None:
     """The target's MTP head when it has one lucebox runs (one layer), else None."""
     if _mtp_layers(target) != 1:
         return None
-    return DrafterSpec("mtp", target.folder, model=target, head=mtp.head_config(target.cfg))
+    folder = None if target.gguf is not None else target.folder  # None: the GGUF file's nextn block
+    return DrafterSpec("mtp", folder, model=target, head=mtp.head_config(target.cfg))
 
 
 def _own_mtp(target: ModelDescription) -> DrafterSpec:
@@ -121,7 +122,9 @@ def resolve_drafter(draft: str | Path | None, target: ModelDescription) -> Draft
     hf = read_json(config_path)
     arch = architecture_name(hf)
     folder = config_path.parent
-    weight_files(folder)  # a drafter without weights says so before any memory figure
+    index = CheckpointIndex(weight_files(folder))  # a drafter without weights says so before any memory figure
+    if "mtp.fc.weight" in index and not any(name.startswith("model.") for name in index.location):
+        return _separate_mtp(hf, folder, target)
     if arch in dflash.ARCHITECTURES:
         cfg = dflash.build_config(hf)
         _check_dflash(cfg, target.cfg, folder)
@@ -131,6 +134,16 @@ def resolve_drafter(draft: str | Path | None, target: ModelDescription) -> Draft
         raise DraftModelError(f"draft model {folder} has a vocabulary of {desc.cfg.vocab_size} tokens, the target "
                               f"{target.cfg.vocab_size}; a draft model must share the target's vocabulary")
     return DrafterSpec("model", folder, model=desc)
+
+
+def _separate_mtp(hf: dict, folder: Path, target: ModelDescription) -> DrafterSpec:
+    """An MTP head in a folder of its own (`lucebox distill --heads mtp`), for this target."""
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
+    sizes = {"hidden_size": target.cfg.hidden_size, "vocab_size": target.cfg.vocab_size}
+    wrong = [f"{key} {text.get(key)} != the target's {value}" for key, value in sizes.items() if text.get(key) != value]
+    if wrong:
+        raise DraftModelError(f"MTP head {folder} is not this target's: " + "; ".join(wrong))
+    return DrafterSpec("mtp", folder, model=target, head=mtp.head_config(target.cfg))
 
 
 def drafter_cost(spec: DrafterSpec | None, dtype: torch.dtype, max_context: int, prefill_chunk: int,
@@ -181,7 +194,7 @@ def make_proposer(spec: DrafterSpec | None, target: Decoder, max_context: int, p
 def _mtp_weights(spec: DrafterSpec, dtype: torch.dtype, device: torch.device) -> dict:
     """The MTP head's tensors: a GGUF file's nextn block, or a folder's mtp.* tensors."""
     gguf = spec.model.gguf
-    if gguf is not None:
+    if spec.folder is None:
         return load_nextn_head(gguf.file, spec.head, gguf.architecture, spec.model.cfg.num_layers, dtype, device)
     return load_weights(CheckpointIndex(weight_files(spec.folder)), mtp.head_sources(spec.head),
                         mtp.head_shapes(spec.head), dtype, device, mtp.THE_MODEL)

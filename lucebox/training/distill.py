@@ -93,6 +93,9 @@ def _check_together(s: DistillSettings) -> None:
     if s.prompt_tokens + s.generated_tokens < s.block_size + s.anchors - 1:
         raise InvalidArgumentError("sequences (--prompt-tokens + --generated-tokens) are too short for "
                                    "--anchors distinct blocks of --block-size")
+    if s.heads == "mtp" and s.init is not None:
+        raise InvalidArgumentError("--init starts from a DFlash or DSpark drafter; --heads mtp trains a new MTP head "
+                                   "from the target's own layer: leave --init out")
     if s.freeze_backbone and (s.init is None or s.heads != "dspark"):
         raise InvalidArgumentError("--freeze-backbone trains the DSpark heads of an --init drafter: give "
                                    "--heads dspark and --init DRAFTER_FOLDER with it")

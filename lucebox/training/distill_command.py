@@ -30,6 +30,7 @@ from lucebox.training.distill import (
 )
 from lucebox.training.drafter_start import HEADS, distill_layout
 from lucebox.training.memory_bound import check_distill_fits
+from lucebox.training.mtp_head import save_head, train_head
 from lucebox.training.output_flags import add_output_flags, output_folder
 from lucebox.training.tokenizer_training import MASK_TOKEN
 
@@ -115,12 +116,7 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
     if tokenizer is None:
         raise InvalidArgumentError(f"{target_path} has no tokenizer files; distill reads text through the "
                                    "target's own tokenizer")
-    hf = distill_layout(s.heads, s.markov_rank, s.init, target_path, desc.hf_config, target.cfg, lambda: drafter_config(
-        desc.hf_config, target, s, mask_token_id(tokenizer, s.mask_token_id, target.cfg.vocab_size)))
-    s = dataclasses.replace(s, block_size=build_config(hf).block_size)  # --init's block size rules (checked again)
-    if not all(0 <= i < len(target.cfg.layers) for i in build_config(hf).target_layer_ids):
-        raise InvalidArgumentError(f"--target-layers must be decoder layers 0..{len(target.cfg.layers) - 1}")
-    check_distill_fits(target.cfg, build_config(hf), s)
+    hf, s = (None, s) if s.heads == "mtp" else _drafter_layout(s, target_path, desc.hf_config, target, tokenizer)
     work = out / "training"
     work.mkdir(exist_ok=True)
     texts = corpus.read_texts(corpus.text_files(data) if data else corpus.stdlib_files("train"))
@@ -138,8 +134,12 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
             sequences = generate_sequences(target, stream, s, on_batch=lambda n: on_batch(n, {}))
         torch.save(sequences, generated)
     with progress_factory("distilling", s.steps) as on_step:
-        weights, log = train_drafter(target, hf, sequences, s, work / "state.pt", on_step)
-    save_drafter(out, hf, weights)
+        if hf is None:  # an MTP head
+            weights, log = train_head(target, sequences, s, work / "state.pt", on_step)
+            save_head(out, desc.hf_config, target, weights)
+        else:
+            weights, log = train_drafter(target, hf, sequences, s, work / "state.pt", on_step)
+            save_drafter(out, hf, weights)
     eval_texts = corpus.read_texts(corpus.text_files(eval_data) if eval_data else corpus.stdlib_files("held_out"))
     prompts = held_out_prompts(tokenizer, eval_texts, eval_prompts, 64)
     report = {
@@ -151,6 +151,19 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
     }
     (work / "distill_log.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def _drafter_layout(s: DistillSettings, target_path: str, target_hf: dict, target, tokenizer
+                    ) -> tuple[dict, DistillSettings]:
+    """The DFlash or DSpark drafter's config.json, checked against the target and the memory, and
+    the settings with an --init drafter's block size."""
+    hf = distill_layout(s.heads, s.markov_rank, s.init, target_path, target_hf, target.cfg, lambda: drafter_config(
+        target_hf, target, s, mask_token_id(tokenizer, s.mask_token_id, target.cfg.vocab_size)))
+    s = dataclasses.replace(s, block_size=build_config(hf).block_size)  # --init's block size rules (checked again)
+    if not all(0 <= i < len(target.cfg.layers) for i in build_config(hf).target_layer_ids):
+        raise InvalidArgumentError(f"--target-layers must be decoder layers 0..{len(target.cfg.layers) - 1}")
+    check_distill_fits(target.cfg, build_config(hf), s)
+    return hf, s
 
 
 def check_run_flags(threads: int | None, eval_prompts: int, eval_tokens: int) -> None:
@@ -201,7 +214,9 @@ def add_parser(sub) -> None:
     p.add_argument("--heads", choices=HEADS, default=d.heads,
                    help="dflash: the plain DFlash drafter (z-lab layout); dspark: DFlash plus DSpark's Markov head "
                         "(each draft conditioned on the one before it) and confidence head, in the Speculators "
-                        f"layout (default: {d.heads})")
+                        "layout; mtp: an MTP head (one decoder layer that drafts from the target's last hidden "
+                        "state), as Qwen3-Next and Qwen3.5 checkpoints ship theirs (mtp.*), in a folder of its own "
+                        f"that --draft takes (default: {d.heads})")
     # range-checked by DistillSettings before any work: one error line, exit code 2
     p.add_argument("--markov-rank", type=int, default=d.markov_rank,
                    help="rank of new DSpark Markov heads, with --heads dspark (a DSpark --init drafter keeps its own) "

@@ -19,7 +19,8 @@ from lucebox.models.hf_config import architecture_name
 from lucebox.models.sources import Unloaded
 from lucebox.models.speculators_layout import from_speculators, is_speculators, to_speculators
 
-HEADS = ("dflash", "dspark")  # --heads: the plain DFlash drafter, or DFlash + DSpark's two heads
+# --heads: the plain DFlash drafter, DFlash + DSpark's two heads, or an MTP head (`training.mtp_head`)
+HEADS = ("dflash", "dspark", "mtp")
 # checkpoint names under which a DSpark drafter stores its heads (`models.dspark.head_sources`)
 HEAD_PREFIXES = tuple(sorted({name.split(".")[0] + "." for name in
                               head_sources(DSparkConfig(1, True, True)).values()}))

@@ -1,0 +1,78 @@
+"""`lucebox distill --heads mtp` (training/mtp_head.py): an MTP head trained for a target without
+one, written as checkpoints ship theirs (mtp.*), taken by `draft=` and lossless."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_dspark import tiny_target  # noqa: F401 - the fixture
+from test_mtp import _head_over, _target_hidden
+
+import lucebox
+from lucebox.errors import DraftModelError
+
+
+@pytest.fixture(scope="module")
+def mtp_head(tiny_target, tmp_path_factory):  # noqa: F811 - the fixture
+    from lucebox.cli import main
+
+    target, flags = tiny_target
+    flags = flags[: flags.index("--steps")] + ["--steps", "40", "--heads", "mtp"]  # (no DSpark flags)
+    out = tmp_path_factory.mktemp("mtp") / "head"
+    assert main(["distill", str(target), "--out", str(out), *flags]) == 0
+    return target, out
+
+
+def test_the_head_is_written_as_checkpoints_ship_theirs_and_drafts_losslessly(mtp_head):
+    target, out = mtp_head
+    config, tensors = json.loads((out / "config.json").read_text()), load_file(out / "model.safetensors")
+    assert config["mtp_num_hidden_layers"] == 1 and {"mtp.fc.weight", "mtp.norm.weight"} <= set(tensors)
+    assert all(name.startswith("mtp.") for name in tensors)
+    prompt = "def main(argv):\n    "
+    plain = lucebox.LLM(target, device="cpu", dtype="float64", draft=None).generate(prompt, max_tokens=24,
+                                                                                   ignore_eos=True)
+    llm = lucebox.LLM(target, device="cpu", dtype="float64", draft=str(out), adaptive=False)
+    fast = llm.generate(prompt, max_tokens=24, ignore_eos=True)
+    assert fast.token_ids == plain.token_ids and fast.stats["drafter"] == "mtp"
+    # round trip: what was trained (state.pt) is what the file holds is what the engine drafts with
+    state = torch.load(out / "training" / "state.pt", weights_only=True)["weights"]
+    assert torch.equal(tensors["mtp.fc.weight"], state["fc"].to(torch.bfloat16))
+    assert torch.equal(llm.proposer.head.fc, tensors["mtp.fc.weight"].double())
+
+
+def _cross_entropy(llm, ids: list[int]) -> float:
+    """The head's drafts against the target's distributions: depth 1 over ids, measured through
+    the engine's own head and target (not the training loss)."""
+    hidden = _target_hidden(llm, ids)
+    head = llm.proposer.head
+    logq = torch.log_softmax(head.logits(_head_over(head, ids[1:], hidden[:-1])), -1)
+    p = torch.softmax(llm.engine.decoder.logits(hidden[1:]), -1)
+    return -(p * logq).sum(-1).mean().item()
+
+
+def test_training_brings_the_head_s_drafts_closer_to_the_target(mtp_head, tmp_path):
+    from lucebox.training.mtp_head import initial_head, save_head
+
+    target, out = mtp_head
+    trained = lucebox.LLM(target, device="cpu", dtype="float64", draft=str(out))
+    save_head(tmp_path / "start", json.loads((target / "config.json").read_text()), trained.engine.decoder,
+              initial_head(trained.engine.decoder, seed=0))
+    start = lucebox.LLM(target, device="cpu", dtype="float64", draft=str(tmp_path / "start"))
+    ids = torch.load(out / "training" / "sequences.pt", weights_only=True)[0].tolist()
+    assert _cross_entropy(trained, ids) < _cross_entropy(start, ids)
+    log = json.loads((out / "training" / "distill_log.json").read_text())
+    assert log["held_out_acceptance"]["acceptance_length"] >= 1.0
+
+
+def test_a_head_of_another_target_is_refused_by_name(mtp_head, reference_models):
+    with pytest.raises(DraftModelError, match=r"MTP head .* is not this target's: hidden_size"):
+        lucebox.LLM(reference_models("qwen3_next")[0], device="cpu", draft=str(mtp_head[1]))
+
+
+def test_mtp_takes_no_init_drafter(tiny_target, tmp_path):  # noqa: F811 - the fixture
+    from lucebox.cli import main
+
+    target, _ = tiny_target
+    assert main(["distill", str(target), "--out", str(tmp_path / "x"), "--heads", "mtp", "--init",
+                 str(tmp_path)]) == 2
