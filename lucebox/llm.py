@@ -209,8 +209,8 @@ class LLM:
         state = None if constraint is None else GrammarState(constraint, self.engine.tokenizer, self.config.vocab_size,
                                                                tuple(self.eos_token_ids), self.device)
         close = None if options.thought_budget is None else GrammarState(
-            Constraint.lark(thought_close_grammar(), "thought_budget"), self.engine.tokenizer, self.config.vocab_size,
-            tuple(self.eos_token_ids), self.device)
+            Constraint.lark(options.after_thought or thought_close_grammar(), "thought_budget"), self.engine.tokenizer,
+            self.config.vocab_size, tuple(self.eos_token_ids), self.device)
         return Request(prompt_ids, options, stop_ids, self.draft_k, state, close)
 
     @torch.inference_mode()

@@ -56,8 +56,10 @@ class RequestOptions:
     arguments (a model looping on its calls; `lucebox.text.call_watch`). `thought_syntax` (a reasoning
     model's, `lucebox.text.reasoning.FORMATS`) and `starts_in_thought` (the prompt opened the thought):
     calls are looked for in the answer after its thought only. `thought_budget` (with a `<think>`
-    `thought_syntax`, and no constraint): after that many tokens of thought the close is forced and
-    the model answers (`lucebox.text.thought_budget`).
+    `thought_syntax`): after that many tokens of thought the close is forced and the model answers
+    (`lucebox.text.thought_budget`); freely, or under `after_thought` (Lark: the close, then the
+    answer's constraint; `constrained.thought_first.thought_close_grammar`), which a constrained
+    request needs (its `grammar` then lets the thought come first: `thought_first_grammar`).
     """
 
     max_tokens: int
@@ -74,6 +76,7 @@ class RequestOptions:
     thought_syntax: str | None = None
     starts_in_thought: bool = False
     thought_budget: int | None = None
+    after_thought: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.sampling, SamplingParams):
@@ -95,9 +98,17 @@ class RequestOptions:
         flag("starts_in_thought", self.starts_in_thought)
         integer("thought_budget", self.thought_budget, 1, optional=True)
         constraint = chosen_constraint(self.json_schema, self.grammar, self.json_object)
-        if self.thought_budget is not None and (self.thought_syntax != "think" or constraint is not None):
-            raise InvalidArgumentError("thought_budget needs thought_syntax 'think' and no constraint (a constrained "
-                                       "answer after a bounded thought is not served)")
+        if self.thought_budget is not None and self.thought_syntax != "think":
+            raise InvalidArgumentError("thought_budget needs thought_syntax 'think'")
+        if self.after_thought is not None and not isinstance(self.after_thought, str):
+            raise InvalidArgumentError(f"after_thought must be Lark text, got {type(self.after_thought).__name__}")
+        if self.thought_budget is not None and constraint is not None and (
+                constraint != "grammar" or self.after_thought is None):
+            raise InvalidArgumentError("a bounded thought before a constrained answer needs the answer's constraint "
+                                       "as a grammar that lets the thought come first, and after_thought: the close "
+                                       "and that constraint (constrained.thought_first builds both)")
+        if self.after_thought is not None and self.thought_budget is None:
+            raise InvalidArgumentError("after_thought is what a spent thought_budget forces; give thought_budget too")
         if constraint is not None and checked["ignore_eos"]:
             raise GrammarError(constraint, "a constrained output ends with EOS; it cannot take ignore_eos=True")
         for name, value in checked.items():

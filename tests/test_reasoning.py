@@ -137,6 +137,10 @@ def test_enable_thinking_false_and_reasoning_effort_reach_the_template(servers, 
     assert "Reasoning: medium" in render(tokenizer, MESSAGES, True)
 
 
+SMALL_SCHEMA = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+    "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}}}
+
+
 def test_a_reasoning_budget_closes_the_thought_after_that_many_tokens(servers):
     unbounded = _ask(servers["r1"], max_tokens=40)  # the built-in model never closes its thought itself
     assert unbounded[0] and unbounded[1] == "" and unbounded[2] == "length"
@@ -152,9 +156,11 @@ def test_a_reasoning_budget_closes_the_thought_after_that_many_tokens(servers):
     assert "".join(tokens[:6]).count("</") == 0 and "".join(tokens).count("</think>") == 1  # 6 thought tokens
     assert _ask(servers["qwen3"], max_tokens=12, reasoning_budget=0)[:3] == _ask(
         servers["qwen3"], max_tokens=12, chat_template_kwargs={"enable_thinking": False})[:3]  # the switch
-    with pytest.raises(openai.BadRequestError) as refused:  # a bound before a constrained answer: not yet
-        _ask(servers["r1"], reasoning_budget=6, response_format={"type": "json_object"})
-    assert refused.value.body["param"] == "reasoning_budget"
+    for stream in (False, True):  # a bound before a constrained answer: the thought closed, then the JSON
+        thought, content, finish, _ = _ask(servers["r1"], stream, max_tokens=60, reasoning_budget=6,
+                                           response_format=SMALL_SCHEMA)
+        assert thought == unbounded[0][:len(thought)] and len(thought) < len(unbounded[0])
+        assert finish == "stop" and set(json.loads(content)) == {"ok"}
 
 
 def test_logprobs_and_max_tokens_count_the_thought_too(servers):

@@ -2,8 +2,8 @@
 answer is constrained or whose thought is off (`reasoning_budget` 0): the model thinks freely until it
 closes the thought itself (or the close comes at once); then the answer, free or under the request's
 constraint. A budget of N tokens is counted by the engine, which then forces the close
-(`thought_close_grammar`) (a JSON Schema, JSON mode, a grammar, forced tool calls), so that a
-constraint never forbids the thought (as vLLM and llama.cpp apply a grammar after the reasoning ends).
+(`thought_close_grammar`, with the answer's constraint after it) (a JSON Schema, JSON mode, a
+grammar, forced tool calls), so that a constraint never forbids the thought (as vLLM and llama.cpp apply a grammar after the reasoning ends).
 
 Only the `<think>` syntax (`text.reasoning`), whose markers are text in the vocabularies that use them
 (Qwen3's `<think>` tokens are not special): the grammar engine forces a marker held as one token as
@@ -36,18 +36,24 @@ def thought_first_grammar(inside: bool, budget: int | None = None, answer: str |
     else:
         raise GrammarError("reasoning_budget", f"a bound of {budget} tokens is the engine's to count "
                                                "(RequestOptions.thought_budget), not a grammar's")
-    if answer is None:
-        lark += "answer: /(.|\\n)*/\n"
-    else:  # between the close and a constrained answer, the blank line templates write (Qwen3's, R1's "\n\n")
-        lark += f"answer: gap constrained\ngap: /\\s{{0,2}}/\nconstrained: {answer}\n"
+    lark += _answer_rules(answer)
     Constraint.lark(lark, "reasoning_budget" if answer is None else "grammar")
     return lark
 
 
-def thought_close_grammar() -> str:
-    """Lark text: the thought's close, then any answer: what a spent thought budget forces
-    (`RequestOptions.thought_budget`, the engine swapping it in once the text stage saw the budget spent)."""
-    return f"start: {json.dumps(CLOSE)} answer\nanswer: /(.|\\n)*/\n"
+def _answer_rules(answer: str | None) -> str:
+    """The `answer` rule: any text, or the constrained answer (a rule's body)."""
+    if answer is None:
+        return "answer: /(.|\\n)*/\n"
+    # between the close and a constrained answer, the blank line templates write (Qwen3's, R1's "\n\n")
+    return f"answer: gap constrained\ngap: /\\s{{0,2}}/\nconstrained: {answer}\n"
+
+
+def thought_close_grammar(answer: str | None = None) -> str:
+    """Lark text: the thought's close, then the answer (any, or `answer`'s constraint): what a spent
+    thought budget forces (`RequestOptions.thought_budget` and `after_thought`, the engine swapping
+    it in once the text stage saw the budget spent)."""
+    return f"start: {json.dumps(CLOSE)} answer\n" + _answer_rules(answer)
 
 
 def answer_rule(json_schema=None, json_object: bool = False, grammar: str | None = None) -> str | None:
@@ -73,10 +79,12 @@ def thought_first_options(fmt: str | None, prompt_text: str, options, budget: in
         return {}
     answer = answer_rule(options.json_schema, options.json_object, tool_grammar)
     if budget is not None and budget > 0:  # counted by the engine's text stage, the close forced when spent
-        if answer is not None:
-            raise GrammarError("reasoning_budget", "a bounded thought before a constrained answer is not served yet; "
-                                                   "leave reasoning_budget out, or set it to 0 (thinking off)")
-        return {"thought_budget": budget, **thought_fields(fmt, prompt_text)}
+        bounded = {"thought_budget": budget, **thought_fields(fmt, prompt_text)}
+        if answer is None:
+            return bounded
+        grammar = thought_first_grammar(starts_inside(fmt, prompt_text), None, answer)
+        return {**bounded, "grammar": grammar, "json_schema": None, "json_object": False,
+                "after_thought": thought_close_grammar(answer)}
     if budget is None and answer is None:
         return {}
     grammar = thought_first_grammar(starts_inside(fmt, prompt_text), budget, answer)
