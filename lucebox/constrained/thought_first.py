@@ -1,9 +1,10 @@
 """A thought before the answer, in one grammar (llguidance's Lark), for a reasoning model whose
 answer is constrained or whose thought is off (`reasoning_budget` 0): the model thinks freely until it
 closes the thought itself (or the close comes at once); then the answer, free or under the request's
-constraint. A budget of N tokens is counted by the engine, which then forces the close
-(`thought_close_grammar`, with the answer's constraint after it) (a JSON Schema, JSON mode, a
-grammar, forced tool calls), so that a constraint never forbids the thought (as vLLM and llama.cpp apply a grammar after the reasoning ends).
+constraint (a JSON Schema, JSON mode, a grammar, forced tool calls), so that a constraint never
+forbids the thought (as vLLM and llama.cpp apply a grammar after the reasoning ends). A budget of N
+tokens is counted by the engine, which then forces the close with the answer's constraint after it
+(`thought_close_grammar`).
 
 Only the `<think>` syntax (`text.reasoning`), whose markers are text in the vocabularies that use them
 (Qwen3's `<think>` tokens are not special): the grammar engine forces a marker held as one token as
