@@ -13,21 +13,24 @@ from safetensors.torch import save_file
 from test_mtp import BIASES, PROMPT, _head_over, _target_hidden
 
 import lucebox
+from lucebox.errors import DraftModelError
 
 _NEXTN = {"fc": "nextn.eh_proj.weight", "pre_fc_norm_embedding": "nextn.enorm.weight",
           "pre_fc_norm_hidden": "nextn.hnorm.weight", "norm": "nextn.shared_head_norm.weight"}
 
 
 class _WithHead:
-    """The twin's tensors and the head's, and a config whose block count includes the head's block."""
+    """The twin's tensors (all, or `only` those) and the head's, and a config whose block count
+    includes the head's block."""
 
-    def __init__(self, twin, head: dict):
-        self.twin, self.head = twin, head
+    def __init__(self, twin, head: dict, only: tuple[str, ...] | None = None):
+        self.twin, self.head, self.only = twin, head, only
         self.config = copy.copy(twin.config)
         self.config.num_hidden_layers = twin.config.num_hidden_layers + 1
 
     def state_dict(self):
-        return {**self.twin.state_dict(), **self.head}
+        model = {k: v for k, v in self.twin.state_dict().items() if self.only is None or k in self.only}
+        return {**model, **self.head}
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +52,15 @@ def head_files(tmp_path_factory):
         _metadata(writer, config)
         writer.add_nextn_predict_layers(1)
 
-    write_converted(_WithHead(twin, head), root / "mtp.gguf", ARCHES["qwen35moe"], metadata,
-                    lambda name, t: _layout(name, t, twin.config, "qwen35moe", False), _value_change, "F32", 0)
+    def layout(name, t):
+        return _layout(name, t, twin.config, "qwen35moe", False)
+
+    write_converted(_WithHead(twin, head), root / "mtp.gguf", ARCHES["qwen35moe"], metadata, layout, _value_change,
+                    "F32", 0)
+    # llama.cpp's --mtp: the head alone, with copies of the embedding, output norm and LM head
+    shared = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+    write_converted(_WithHead(twin, {k: v.clone() for k, v in head.items()}, shared), root / "mtp-only.gguf",
+                    ARCHES["qwen35moe"], metadata, layout, _value_change, "F32", 0)
     folder = root / "hf"
     twin.save_pretrained(folder)  # what the file decodes to, and the head as it decoded
     hf_head = {name.replace(f"model.layers.{n}.", "mtp.layers.0."): t for name, t in head.items()
@@ -89,3 +99,20 @@ def test_the_file_without_its_head_block_loads_as_before(head_files):
     plain = head_files[0].parent / "plain.gguf"
     assert _llm(plain).generate(PROMPT, max_tokens=2).stats["drafter"] is None
     assert gguf.GGUFReader(head_files[0]).fields["qwen35moe.block_count"].parts[-1][0] == 5
+
+
+def test_an_mtp_only_file_drafts_for_the_model_without_a_head(head_files):
+    """llama.cpp's converter with --mtp: the head in a file of its own, given as the drafter."""
+    file, folder = head_files
+    plain, companion = file.parent / "plain.gguf", file.parent / "mtp-only.gguf"
+    llm = _llm(plain, draft=str(companion))
+    hidden = _target_hidden(llm, PROMPT)
+    heads = [llm.engine.proposer.head, _llm(folder).engine.proposer.head]
+    outs = [head.logits(_head_over(head, PROMPT[1:], hidden[:-1])) for head in heads]
+    assert (outs[0] - outs[1]).abs().max().item() < 1e-9
+    options = {"max_tokens": 24, "ignore_eos": True, "logit_bias": BIASES[1]}
+    got = _llm(plain, draft=str(companion), adaptive=False, draft_k=3).generate(PROMPT, **options)
+    assert got.stats["drafter"] == "mtp"
+    assert got.token_ids == _llm(plain, draft=None).generate(PROMPT, **options).token_ids
+    with pytest.raises(DraftModelError, match="not an MTP-only GGUF file"):
+        _llm(plain, draft=str(file))  # a whole model (with its head) is not a drafter here

@@ -11,7 +11,9 @@ from pathlib import Path
 import torch
 
 from lucebox.caches import SequenceCache, Step
-from lucebox.checkpoints.gguf.nextn import load_nextn_head
+from lucebox.checkpoints.gguf.file import GGUFFile, locate_gguf
+from lucebox.checkpoints.gguf.hybrid_weights import HYBRID_ARCHITECTURES
+from lucebox.checkpoints.gguf.nextn import load_nextn_head, nextn_block
 from lucebox.checkpoints.hf_folder import CheckpointIndex, load_weights, locate_config, read_json, weight_files
 from lucebox.checkpoints.loading import ModelDescription, describe_model, load_model
 from lucebox.config import ModelConfig
@@ -67,6 +69,7 @@ class DrafterSpec:
     dflash: dflash.DFlashConfig | None = None
     model: ModelDescription | None = None
     head: ModelConfig | None = None
+    head_file: GGUFFile | None = None  # an MTP-only GGUF file the head is read from
 
 
 def _mtp_layers(target: ModelDescription) -> int:
@@ -118,6 +121,9 @@ def resolve_drafter(draft: str | Path | None, target: ModelDescription) -> Draft
         draft = paired_drafter(target.folder)
         if draft is None:
             return mtp_drafter(target)
+    head_file = locate_gguf(draft)
+    if head_file is not None:
+        return _mtp_file(GGUFFile(head_file), target)
     config_path = locate_config(draft)
     hf = read_json(config_path)
     arch = architecture_name(hf)
@@ -144,6 +150,22 @@ def _separate_mtp(hf: dict, folder: Path, target: ModelDescription) -> DrafterSp
     if wrong:
         raise DraftModelError(f"MTP head {folder} is not this target's: " + "; ".join(wrong))
     return DrafterSpec("mtp", folder, model=target, head=mtp.head_config(target.cfg))
+
+
+def _mtp_file(file: GGUFFile, target: ModelDescription) -> DrafterSpec:
+    """An MTP-only GGUF file (llama.cpp's converter with --mtp), for this target."""
+    block, arch = nextn_block(file), str(file.metadata.get("general.architecture"))
+    if block is None or "blk.0.attn_norm.weight" in file:
+        raise DraftModelError(f"{file.path.name} is not an MTP-only GGUF file (its blk.N.nextn.* head alone); "
+                              "lucebox drafts from a GGUF file's MTP head only: pass a drafter folder, 'ngram' or "
+                              "'auto'")
+    if block != target.cfg.num_layers or arch not in HYBRID_ARCHITECTURES:
+        raise DraftModelError(f"{file.path.name} is the MTP head of a {block}-layer {arch} model; the target has "
+                              f"{target.cfg.num_layers} layers")
+    hidden = file.metadata.get(f"{arch}.embedding_length")
+    if hidden != target.cfg.hidden_size:
+        raise DraftModelError(f"{file.path.name}: embedding_length {hidden} != the target's {target.cfg.hidden_size}")
+    return DrafterSpec("mtp", file.path.parent, model=target, head=mtp.head_config(target.cfg), head_file=file)
 
 
 def drafter_cost(spec: DrafterSpec | None, dtype: torch.dtype, max_context: int, prefill_chunk: int,
@@ -193,9 +215,10 @@ def make_proposer(spec: DrafterSpec | None, target: Decoder, max_context: int, p
 
 def _mtp_weights(spec: DrafterSpec, dtype: torch.dtype, device: torch.device) -> dict:
     """The MTP head's tensors: a GGUF file's nextn block, or a folder's mtp.* tensors."""
-    gguf = spec.model.gguf
-    if spec.folder is None:
-        return load_nextn_head(gguf.file, spec.head, gguf.architecture, spec.model.cfg.num_layers, dtype, device)
+    if spec.head_file is not None or spec.folder is None:  # an MTP-only file, or the target file's own head
+        file = spec.head_file or spec.model.gguf.file
+        arch = str(file.metadata["general.architecture"])
+        return load_nextn_head(file, spec.head, arch, spec.model.cfg.num_layers, dtype, device)
     return load_weights(CheckpointIndex(weight_files(spec.folder)), mtp.head_sources(spec.head),
                         mtp.head_shapes(spec.head), dtype, device, mtp.THE_MODEL)
 

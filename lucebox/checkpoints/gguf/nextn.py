@@ -8,10 +8,15 @@ nextn.enorm (mtp.pre_fc_norm_embedding), nextn.hnorm (mtp.pre_fc_norm_hidden) an
 nextn.shared_head_norm (mtp.norm). Like every "*norm.weight" of these hybrids, the three norms are
 stored as 1 + w (`hybrid_weights`), which the read undoes. The head shares the model's token
 embedding and output head, which the file holds once.
+
+The converter's `--mtp` writes the head alone, an MTP-only file (the same metadata, the head's
+block, and copies of the token embedding, output norm and head that lucebox leaves unread: the
+target's own are the ones the head shares), which `draft=` takes beside a model without one.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import torch
@@ -22,6 +27,12 @@ from lucebox.checkpoints.gguf.weights import gguf_sources, read_sources
 from lucebox.config import ModelConfig
 from lucebox.errors import MissingTensorError
 from lucebox.models import mtp
+
+
+def nextn_block(file: GGUFFile) -> int | None:
+    """The block that holds an MTP head in `file` (None: none does)."""
+    blocks = [int(m[1]) for name in file.tensors if (m := re.fullmatch(r"blk\.(\d+)\.nextn\.eh_proj\.weight", name))]
+    return max(blocks) if blocks else None
 
 
 def nextn_sources(head: ModelConfig, arch: str, block: int, has) -> dict[str, GGUFSource]:
