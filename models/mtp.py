@@ -21,7 +21,7 @@ from lucebox.models.cache_contexts import CacheContext
 from lucebox.models.decoder import Decoder
 from lucebox.models.fused_projections import fuse_attention_projections
 from lucebox.models.layout import hf_sources, weight_shapes
-from lucebox.models.sources import Source, Unloaded, renamed
+from lucebox.models.sources import AnyOf, Source, Unloaded, renamed
 from lucebox.models.token_mixers import ForwardContext
 
 from lucebox.caches import SequenceCache, Step
@@ -67,10 +67,41 @@ def _to_checkpoint(name: str) -> str:
     return name.replace("model.layers.0.", PREFIX + "layers.0.", 1)
 
 
-def head_sources(cfg: ModelConfig) -> dict[str, Source]:
-    """Where the head's tensors are in the checkpoint (the layer's, named like the model's layer 0)."""
+def head_sources(cfg: ModelConfig, layout: str = "checkpoint") -> dict[str, Source]:
+    """Where the head's tensors are: in the checkpoint (the layer's named like the model's layer 0),
+    or in the Speculators library's "mtp" layout (`layout` "speculators": `SPECULATORS_NAMES`, the
+    experts' fused tensors first, as its converter writes them)."""
     own = {name: renamed(source, _to_checkpoint) for name, source in hf_sources(cfg).items() if name not in _SHARED}
-    return {**own, **INPUT_TENSORS}
+    sources = {**own, **INPUT_TENSORS}
+    if layout != "speculators":
+        return sources
+    fused_first = {name: AnyOf(tuple(reversed(source.options))) if name.endswith(("experts_gate_up", "experts_down"))
+                   and isinstance(source, AnyOf) else source for name, source in sources.items()}
+    return {name: renamed(source, _speculators_name) for name, source in fused_first.items()}
+
+
+# The Speculators library's names for the head's tensors (speculators 0.9's MTP converter), by prefix.
+SPECULATORS_NAMES = (("mtp.fc.weight", "mtp_layers.0.input_proj.weight"),
+                     ("mtp.norm.weight", "mtp_layers.0.final_layernorm.weight"),
+                     ("mtp.pre_fc_norm_hidden.weight", "mtp_layers.0.hidden_layernorm.weight"),
+                     ("mtp.pre_fc_norm_embedding.weight", "mtp_layers.0.token_layernorm.weight"),
+                     ("mtp.layers.0.", "mtp_layers.0."))
+
+
+def _speculators_name(name: str) -> str:
+    for ours, theirs in SPECULATORS_NAMES:
+        if name == ours or (ours.endswith(".") and name.startswith(ours)):
+            return theirs + name[len(ours):]
+    return name
+
+
+def speculators_config(target_text: dict, verifier: dict, drafts: int = 3) -> dict:
+    """The Speculators "mtp" config.json of a head for the model whose text config is `target_text`
+    (`verifier`: its name_or_path and architectures)."""
+    return {"speculators_model_type": "mtp", "architectures": ["MTPDraftModel"],
+            "transformer_layer_config": target_text, "num_nextn_predict_layers": 1,
+            "speculators_config": {"algorithm": "mtp", "default_proposal_method": "greedy", "verifier": verifier,
+                                   "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": drafts}]}}
 
 
 def head_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -65,6 +65,27 @@ def test_training_brings_the_head_s_drafts_closer_to_the_target(mtp_head, tmp_pa
     assert log["held_out_acceptance"]["acceptance_length"] >= 1.0
 
 
+def test_the_speculators_layout_holds_the_same_head(mtp_head):
+    """OUT/speculators: the Speculators library's "mtp" layout (its converter's names, fused
+    experts), which draft= takes too and which runs the very same head."""
+    target, out = mtp_head
+    config, tensors = json.loads((out / "speculators" / "config.json").read_text()), load_file(
+        out / "speculators" / "model.safetensors")
+    assert (config["speculators_model_type"], config["architectures"], config["num_nextn_predict_layers"]) == (
+        "mtp", ["MTPDraftModel"], 1)
+    assert config["transformer_layer_config"]["hidden_size"] == json.loads((target / "config.json").read_text())[
+        "hidden_size"]
+    assert {"mtp_layers.0.input_proj.weight", "mtp_layers.0.final_layernorm.weight",
+            "mtp_layers.0.hidden_layernorm.weight", "mtp_layers.0.token_layernorm.weight"} <= set(tensors)
+    assert any(name.endswith("mlp.experts.gate_up_proj") for name in tensors)  # fused, as Speculators keeps them
+    heads = [lucebox.LLM(target, device="cpu", dtype="float64", draft=str(folder)).proposer.head
+             for folder in (out, out / "speculators")]
+    for name, weight in heads[0].layer.w.items():
+        assert torch.equal(weight, heads[1].layer.w[name]), name
+    assert torch.equal(heads[0].fc, heads[1].fc) and torch.equal(heads[0].norm_hidden, heads[1].norm_hidden)
+    assert torch.equal(heads[0].norm_embedding, heads[1].norm_embedding)
+
+
 def test_a_head_of_another_target_is_refused_by_name(mtp_head, reference_models):
     with pytest.raises(DraftModelError, match=r"MTP head .* is not this target's: hidden_size"):
         lucebox.LLM(reference_models("qwen3_next")[0], device="cpu", draft=str(mtp_head[1]))

@@ -70,6 +70,7 @@ class DrafterSpec:
     model: ModelDescription | None = None
     head: ModelConfig | None = None
     head_file: GGUFFile | None = None  # an MTP-only GGUF file the head is read from
+    layout: str = "checkpoint"  # an MTP head's tensor names: the checkpoint's (mtp.*) or "speculators"
 
 
 def _mtp_layers(target: ModelDescription) -> int:
@@ -129,8 +130,10 @@ def resolve_drafter(draft: str | Path | None, target: ModelDescription) -> Draft
     arch = architecture_name(hf)
     folder = config_path.parent
     index = CheckpointIndex(weight_files(folder))  # a drafter without weights says so before any memory figure
+    if hf.get("speculators_model_type") == "mtp":  # the Speculators library's MTP layout
+        return _separate_mtp(hf.get("transformer_layer_config"), folder, target, "speculators")
     if "mtp.fc.weight" in index and not any(name.startswith("model.") for name in index.location):
-        return _separate_mtp(hf, folder, target)
+        return _separate_mtp(hf.get("text_config", hf), folder, target)
     if arch in dflash.ARCHITECTURES:
         cfg = dflash.build_config(hf)
         _check_dflash(cfg, target.cfg, folder)
@@ -142,14 +145,15 @@ def resolve_drafter(draft: str | Path | None, target: ModelDescription) -> Draft
     return DrafterSpec("model", folder, model=desc)
 
 
-def _separate_mtp(hf: dict, folder: Path, target: ModelDescription) -> DrafterSpec:
-    """An MTP head in a folder of its own (`lucebox distill --heads mtp`), for this target."""
-    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
+def _separate_mtp(text, folder: Path, target: ModelDescription, layout: str = "checkpoint") -> DrafterSpec:
+    """An MTP head in a folder of its own (`lucebox distill --heads mtp`, or the Speculators
+    library's), for this target; `text`: the config.json fields of the model it was made for."""
+    text = text if isinstance(text, dict) else {}
     sizes = {"hidden_size": target.cfg.hidden_size, "vocab_size": target.cfg.vocab_size}
     wrong = [f"{key} {text.get(key)} != the target's {value}" for key, value in sizes.items() if text.get(key) != value]
     if wrong:
         raise DraftModelError(f"MTP head {folder} is not this target's: " + "; ".join(wrong))
-    return DrafterSpec("mtp", folder, model=target, head=mtp.head_config(target.cfg))
+    return DrafterSpec("mtp", folder, model=target, head=mtp.head_config(target.cfg), layout=layout)
 
 
 def _mtp_file(file: GGUFFile, target: ModelDescription) -> DrafterSpec:
@@ -219,7 +223,7 @@ def _mtp_weights(spec: DrafterSpec, dtype: torch.dtype, device: torch.device) ->
         file = spec.head_file or spec.model.gguf.file
         arch = str(file.metadata["general.architecture"])
         return load_nextn_head(file, spec.head, arch, spec.model.cfg.num_layers, dtype, device)
-    return load_weights(CheckpointIndex(weight_files(spec.folder)), mtp.head_sources(spec.head),
+    return load_weights(CheckpointIndex(weight_files(spec.folder)), mtp.head_sources(spec.head, spec.layout),
                         mtp.head_shapes(spec.head), dtype, device, mtp.THE_MODEL)
 
 

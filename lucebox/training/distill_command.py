@@ -136,7 +136,7 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
     with progress_factory("distilling", s.steps) as on_step:
         if hf is None:  # an MTP head
             weights, log = train_head(target, sequences, s, work / "state.pt", on_step)
-            save_head(out, desc.hf_config, target, weights)
+            save_head(out, desc.hf_config, target, weights, target_path)
         else:
             weights, log = train_drafter(target, hf, sequences, s, work / "state.pt", on_step)
             save_drafter(out, hf, weights)

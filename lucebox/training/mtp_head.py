@@ -128,14 +128,22 @@ def train_head(target: Decoder, sequences: torch.Tensor, s, state_path: Path, on
     return {n: w.detach() for n, w in weights.items()}, log
 
 
-def save_head(folder: Path, target_hf: dict, target: Decoder, weights: dict) -> None:
-    """The head's tensors under their checkpoint names (mtp.*) and a config.json saying whose head
-    it is (the target's own, declaring the head)."""
-    folder.mkdir(parents=True, exist_ok=True)
+SPECULATORS_FOLDER = "speculators"  # OUT/speculators: the head in the Speculators library's "mtp" layout
+
+
+def save_head(folder: Path, target_hf: dict, target: Decoder, weights: dict, target_path: str = "") -> None:
+    """The head in `folder`: its tensors under their checkpoint names (mtp.*) and a config.json
+    saying whose head it is (the target's own, declaring the head); and in `folder`/speculators the
+    Speculators library's "mtp" layout of the same tensors. `draft=` takes either."""
     cfg = mtp.head_config(target.cfg)
-    tensors = {}
-    for name, source in mtp.head_sources(cfg).items():
-        tensors.update(to_checkpoint(weights[name].detach().to(torch.bfloat16), source))
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    config = {**target_hf, "mtp_num_hidden_layers": 1, "lucebox_mtp_head": True}
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    text = target_hf.get("text_config") if isinstance(target_hf.get("text_config"), dict) else target_hf
+    verifier = {"name_or_path": str(target_path), "architectures": list(target_hf.get("architectures") or [])}
+    for where, layout, config in (
+            (folder, "checkpoint", {**target_hf, "mtp_num_hidden_layers": 1, "lucebox_mtp_head": True}),
+            (folder / SPECULATORS_FOLDER, "speculators", mtp.speculators_config(text, verifier))):
+        where.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for name, source in mtp.head_sources(cfg, layout).items():
+            tensors.update(to_checkpoint(weights[name].detach().to(torch.bfloat16), source))
+        save_file(tensors, where / "model.safetensors", metadata={"format": "pt"})
+        (where / "config.json").write_text(json.dumps(config, indent=2) + "\n")
