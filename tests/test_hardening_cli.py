@@ -258,6 +258,10 @@ def test_distill_buffers_too_big_for_the_machine_are_refused_before_allocating(t
         memory_bound.check_distill_fits(target, drafter, DistillSettings(sequences=10**7, prompt_tokens=2**16))
     with pytest.raises(InsufficientMemoryError, match=r"^--batch 4096 x --anchors 4096 x --block-size 8: a step's"):
         memory_bound.check_distill_fits(target, drafter, DistillSettings(batch=4096, anchors=4096, prompt_tokens=5000))
+    mtp = DistillSettings(heads="mtp")
+    memory_bound.check_distill_fits(target, None, mtp)  # an MTP head: the built-in recipe fits
+    with pytest.raises(InsufficientMemoryError, match=r"^--batch 4096 x 5128 tokens: a step's soft labels"):
+        memory_bound.check_distill_fits(target, None, DistillSettings(heads="mtp", batch=4096, prompt_tokens=5000))
     assert main(["distill", "laguna-code-6m", "--out", str(tmp_path / "out"), *TINY_DISTILL, "--sequences", "10000000",
                  "--prompt-tokens", "65536"]) == 2
     assert "the target's features need about" in _one_error_line(capsys.readouterr().err)

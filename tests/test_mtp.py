@@ -101,6 +101,14 @@ def test_a_chat_turn_that_returns_resumes_the_head_and_stays_exact(mtp_folder):
     assert got.stats["cached_prompt_tokens"] > len(PROMPT)
     assert spec.engine.proposer.rows > 0  # resumed, not started over
     assert got.token_ids == plain.generate(again, **options).token_ids
+    # back into rows the head wrote already (a template that drops the thought, a regenerated
+    # answer): their states are gone, so the head starts over there; the prompt is still reused
+    back = PROMPT + [9, 9, 40, 41, 42]
+    got, want = spec.generate(back, **options), plain.generate(back, **options)
+    assert got.stats["cached_prompt_tokens"] > len(PROMPT) // 2  # (the recurrent state pinned at PROMPT's end)
+    assert got.token_ids == want.token_ids and got.stats["drafter"] == "mtp"
+    assert spec.generate(back + got.token_ids + [7], **options).token_ids == plain.generate(
+        back + got.token_ids + [7], **options).token_ids
 
 
 def _target_hidden(llm, ids: list[int]) -> torch.Tensor:
@@ -208,3 +216,35 @@ def test_an_image_text_checkpoint_s_head_drafts_too(tmp_path):
     got = spec.generate(PROMPT, **options)
     assert got.stats["drafter"] == "mtp" and got.stats["acceptance_length"] > 2
     assert got.token_ids == plain.generate(PROMPT, **options).token_ids
+
+
+def test_a_quantized_target_s_head_is_quantized_too(mtp_folder):
+    from lucebox.kernels.quant import QuantizedTensor
+
+    folder = mtp_folder("qwen3_5_moe")
+    options = {"max_tokens": 20, "ignore_eos": True, "logit_bias": BIASES[1]}
+    spec = lucebox.LLM(folder, device="cpu", dtype="float32", quantization="int8", adaptive=False, draft_k=3)
+    plain = lucebox.LLM(folder, device="cpu", dtype="float32", quantization="int8", draft=None)
+    head = spec.proposer.head
+    assert isinstance(head.layer.w["layers.0.experts_gate_up"], QuantizedTensor)
+    planned = spec.memory()["drafter"]
+    assert spec.generate(PROMPT, **options).token_ids == plain.generate(PROMPT, **options).token_ids
+    assert spec.memory()["drafter"] == planned  # the plan counted the head as it is held
+
+
+def test_a_head_that_does_not_fit_is_left_out_by_auto_and_refused_when_asked_for(mtp_folder, monkeypatch):
+    from lucebox.engine import setup
+    from lucebox.errors import InsufficientMemoryError
+
+    def without_room_for_a_drafter(*args, **kwargs):
+        if args[5].total:  # the drafter's cost
+            raise InsufficientMemoryError("no room for the drafter")
+        return real(*args, **kwargs)
+
+    real = setup.check_fits
+    monkeypatch.setattr(setup, "check_fits", without_room_for_a_drafter)
+    with pytest.warns(LuceboxWarning, match="MTP head does not fit"):
+        llm = _llm(mtp_folder("qwen3_5_moe"))
+    assert llm.generate(PROMPT, max_tokens=2).stats["drafter"] is None
+    with pytest.raises(InsufficientMemoryError):
+        _llm(mtp_folder("qwen3_5_moe"), draft="mtp")

@@ -77,7 +77,7 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
     backend = resolve_backend(config.backend, device, dtype)
     description = describe_model(config.model)
     quantization = resolve_quantization(config.quantization, description)  # a saved scheme may only be repeated
-    drafter = resolve_drafter(config.draft, description)
+    drafter = resolve_drafter(config.draft, description, quantization)
     refuse_speculation_on_hybrid(drafter, config.draft, description.cfg)
     tree_budget = settle_tree_budget(config.tree_budget, drafter, description.cfg)
     stored = stored_weights(description, dtype, config.load_format)
@@ -93,9 +93,20 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
     cache.kvflash().validate()
     if config.load_format != "dummy" and description.gguf is None:
         weight_files(description.folder)  # a folder without weights says so before any memory figure
-    cost = drafter_cost(drafter, dtype, max_context, choices.prefill_chunk, config.draft_ctx, DRAFT_WIDTH)
-    memory = check_fits(description.cfg, cache, dtype, device, quantization, cost, choices.expert_slots, stored,
-                        lm_head, config.parallel)
+    def fits(drafter: DrafterSpec | None) -> dict[str, int]:
+        cost = drafter_cost(drafter, dtype, max_context, choices.prefill_chunk, config.draft_ctx, DRAFT_WIDTH)
+        return check_fits(description.cfg, cache, dtype, device, quantization, cost, choices.expert_slots, stored,
+                          lm_head, config.parallel)
+
+    try:
+        memory = fits(drafter)
+    except InsufficientMemoryError as e:
+        if config.draft != "auto" or drafter is None or drafter.kind != "mtp":
+            raise
+        # The model's own head, which nobody asked for by name: the model runs without it rather than not at all.
+        warnings.warn(f"the model's MTP head does not fit beside it ({e}); decoding without a drafter (pass "
+                      "draft='mtp' to be told what to make smaller)", LuceboxWarning, stacklevel=5)
+        drafter, memory = None, fits(None)
     graphs = use_cuda_graphs(config.cuda_graphs, device, backend, choices.expert_slots)
     warn_past_training(max_context, description.cfg)  # once the engine is known to open: no warning before an error
     return EngineSetup(config, device, dtype, backend, description, quantization, drafter, tree_budget,

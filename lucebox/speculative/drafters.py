@@ -4,6 +4,7 @@ sharing the target's vocabulary)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,15 +16,17 @@ from lucebox.checkpoints.gguf.file import GGUFFile, locate_gguf
 from lucebox.checkpoints.gguf.hybrid_weights import HYBRID_ARCHITECTURES
 from lucebox.checkpoints.gguf.nextn import load_nextn_head, nextn_block
 from lucebox.checkpoints.hf_folder import CheckpointIndex, load_weights, locate_config, read_json, weight_files
-from lucebox.checkpoints.loading import ModelDescription, describe_model, load_model
+from lucebox.checkpoints.loading import ModelDescription, describe_model, load_model, quantizer
 from lucebox.config import ModelConfig
 from lucebox.device import DeviceClock
 from lucebox.errors import DraftModelError, ModelNotFoundError
+from lucebox.kernels.quant import quantized_bytes
 from lucebox.limits import DECODE_ROWS
 from lucebox.memory.plan import DrafterCost, cache_ring_bytes, ring_bytes, weight_bytes
 from lucebox.models import dflash, mtp
 from lucebox.models.decoder import Decoder
 from lucebox.models.hf_config import architecture_name
+from lucebox.models.layout import quantizable
 from lucebox.speculative.dflash import DFlashProposer, ring_step
 from lucebox.speculative.draft_model import DraftModelProposer, draft_cache_settings
 from lucebox.speculative.mtp import MTPProposer
@@ -71,6 +74,7 @@ class DrafterSpec:
     head: ModelConfig | None = None
     head_file: GGUFFile | None = None  # an MTP-only GGUF file the head is read from
     layout: str = "checkpoint"  # an MTP head's tensor names: the checkpoint's (mtp.*) or "speculators"
+    quantization: str | None = None  # an MTP head's linear layers, as the target's (`lucebox.kernels.quant`)
 
 
 def _mtp_layers(target: ModelDescription) -> int:
@@ -109,9 +113,18 @@ def _own_mtp(target: ModelDescription) -> DrafterSpec:
     return spec
 
 
-def resolve_drafter(draft: str | Path | None, target: ModelDescription) -> DrafterSpec | None:
+def resolve_drafter(draft: str | Path | None, target: ModelDescription,
+                    quantization: str | None = None) -> DrafterSpec | None:
     """The drafter `draft` names, checked against the target (vocabulary, shapes, captured layers,
-    weight files present) before either is loaded; None for no drafter."""
+    weight files present) before either is loaded; None for no drafter. An MTP head's linear layers
+    take the target's `quantization`."""
+    spec = _resolved(draft, target)
+    if spec is not None and spec.kind == "mtp" and spec.head_file is None and spec.folder is not None:
+        spec = dataclasses.replace(spec, quantization=quantization)
+    return spec
+
+
+def _resolved(draft: str | Path | None, target: ModelDescription) -> DrafterSpec | None:
     if draft is None:
         return None
     if draft == "ngram":
@@ -166,9 +179,12 @@ def _mtp_file(file: GGUFFile, target: ModelDescription) -> DrafterSpec:
     if block != target.cfg.num_layers or arch not in HYBRID_ARCHITECTURES:
         raise DraftModelError(f"{file.path.name} is the MTP head of a {block}-layer {arch} model; the target has "
                               f"{target.cfg.num_layers} layers")
-    hidden = file.metadata.get(f"{arch}.embedding_length")
-    if hidden != target.cfg.hidden_size:
-        raise DraftModelError(f"{file.path.name}: embedding_length {hidden} != the target's {target.cfg.hidden_size}")
+    experts = target.cfg.moe.num_experts if target.cfg.moe is not None else None
+    for key, theirs in (("embedding_length", target.cfg.hidden_size), ("expert_count", experts)):
+        mine = file.metadata.get(f"{arch}.{key}")
+        if mine != theirs:
+            raise DraftModelError(f"{file.path.name} is not this target's MTP head: {arch}.{key} {mine} != the "
+                                  f"target's {theirs}")
     return DrafterSpec("mtp", file.path.parent, model=target, head=mtp.head_config(target.cfg), head_file=file)
 
 
@@ -184,8 +200,9 @@ def drafter_cost(spec: DrafterSpec | None, dtype: torch.dtype, max_context: int,
         rings = cfg.num_layers * ring_bytes(draft_ctx, ring_step(cfg, prefill_chunk), row)
         return DrafterCost(weights, rings, cfg.num_layers * (row + 8), draft_ctx)
     if spec.kind == "mtp":
-        cfg = spec.head
-        weights = sum(math.prod(shape) for shape in mtp.head_shapes(cfg).values()) * dtype.itemsize
+        cfg, q = spec.head, spec.quantization
+        weights = sum(quantized_bytes(shape, q) if q and quantizable(name) else math.prod(shape) * dtype.itemsize
+                      for name, shape in mtp.head_shapes(cfg).items())
     else:
         cfg = spec.model.cfg
         weights = weight_bytes(cfg, dtype)
@@ -224,7 +241,7 @@ def _mtp_weights(spec: DrafterSpec, dtype: torch.dtype, device: torch.device) ->
         arch = str(file.metadata["general.architecture"])
         return load_nextn_head(file, spec.head, arch, spec.model.cfg.num_layers, dtype, device)
     return load_weights(CheckpointIndex(weight_files(spec.folder)), mtp.head_sources(spec.head, spec.layout),
-                        mtp.head_shapes(spec.head), dtype, device, mtp.THE_MODEL)
+                        mtp.head_shapes(spec.head), dtype, device, mtp.THE_MODEL, quantizer(spec.quantization))
 
 
 def measure_verify_seconds(runner, cache: SequenceCache, clock: DeviceClock, feature_layers: tuple = (),

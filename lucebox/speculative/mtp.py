@@ -59,14 +59,20 @@ class MTPProposer(Proposer):
 
     def resume(self, position: int) -> bool:
         """Kept when the target's state at position - 1 still waits (its row needs the token after
-        it, which the new request may change) and the rows before it are written."""
-        if self.cache is None or not self.rows < position <= self.rows + self.waiting_rows:
+        it, which the new request may change) and the rows before it are written. A request that goes
+        back into rows already written (a chat template that drops the last thought, a regenerated
+        answer) finds their states gone: the head starts over at `position` with an empty cache, so
+        it forgets the context before (costing acceptance, never exactness) rather than have the
+        target prefill the whole prompt again for it."""
+        if self.cache is None or not 0 < position <= self.rows + self.waiting_rows:
             return False
-        if not self.cache.can_rewind_to(self.rows):
-            return False
-        states = torch.cat(self.waiting) if len(self.waiting) > 1 else self.waiting[0]
-        self.waiting, self.waiting_rows = [states[: position - self.rows]], position - self.rows
-        self.cache.rollback(self.rows)
+        if position > self.rows and self.cache.can_rewind_to(self.rows):
+            states = torch.cat(self.waiting) if len(self.waiting) > 1 else self.waiting[0]
+            self.waiting, self.waiting_rows = [states[: position - self.rows]], position - self.rows
+            self.cache.rollback(self.rows)
+            return True
+        self.cache = SequenceCache(self.head.cfg, self.settings, self.target.dtype, self.target.device)
+        self.rows, self.waiting, self.waiting_rows, self.newest = position, [], 0, None
         return True
 
     def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:
@@ -77,7 +83,7 @@ class MTPProposer(Proposer):
         if self.waiting_rows > self.max_step:  # bounded memory: write all but the newest (its next token is unknown)
             self._write(committed, len(committed) - 1)
 
-    def _write(self, tokens: list[int], end: int) -> torch.Tensor:
+    def _write(self, tokens: list[int], end: int) -> torch.Tensor | None:
         """Write the waiting rows before position `end` (tokens: at least end + 1 of them); the
         head's output at row end - 1, which drafts the token at end + 1."""
         if end <= self.rows:  # written already: a round asking twice (a copy declined, then the drafter's own)
@@ -104,6 +110,8 @@ class MTPProposer(Proposer):
         if k <= 0 or end < 1:
             return Draft([])
         hidden = self._write(context, end)
+        if hidden is None:  # started over at `end` (`resume`): no row drafts yet
+            return Draft([])
         tokens, rows, all_logits = [], [], []
         for i in range(k):
             logits = add_bias(self.head.logits(hidden)[0], params)  # the target's bias: drafts follow it

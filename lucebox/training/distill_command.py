@@ -117,6 +117,8 @@ def run(target_path: str, out: Path, data: list[str] | None, eval_data: list[str
         raise InvalidArgumentError(f"{target_path} has no tokenizer files; distill reads text through the "
                                    "target's own tokenizer")
     hf, s = (None, s) if s.heads == "mtp" else _drafter_layout(s, target_path, desc.hf_config, target, tokenizer)
+    if hf is None:
+        check_distill_fits(target.cfg, None, s)
     work = out / "training"
     work.mkdir(exist_ok=True)
     texts = corpus.read_texts(corpus.text_files(data) if data else corpus.stdlib_files("train"))

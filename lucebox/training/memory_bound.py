@@ -84,18 +84,27 @@ def check_distill_fits(target: ModelConfig, drafter, s) -> None:
     """Refuse a distill run (settings `s`, a `DistillSettings`) whose largest buffers would not fit in
     the host memory available, naming the flags that size the largest: the target's features of
     every sequence (kept for the whole run), one step's soft labels and logits, the drafter with its
-    gradients and AdamW state. `drafter`: its `DFlashConfig`."""
-    from lucebox.models import dflash
+    gradients and AdamW state. `drafter`: its `DFlashConfig`, or None for an MTP head (one layer
+    shaped after the target's; its labels and logits cover every row of the batch, at two depths)."""
+    from lucebox.models import dflash, mtp
 
     tokens = s.prompt_tokens + s.generated_tokens
-    parts = {
-        f"--sequences {s.sequences} x {tokens} tokens (--prompt-tokens + --generated-tokens): the target's "
-        "features": s.sequences * tokens * target.hidden_size * (1 + len(drafter.target_layer_ids)) * FLOAT,
-        f"--batch {s.batch} x --anchors {s.anchors} x --block-size {drafter.block_size}: a step's logits":
-            4 * s.batch * s.anchors * (drafter.block_size - 1) * target.vocab_size * FLOAT,
-        f"--layers {drafter.num_layers}, --intermediate-size {drafter.intermediate_size} and the heads: the drafter":
-            sum(math.prod(shape) for shape in dflash.weight_shapes(drafter).values()) * PER_PARAMETER,
-    }
+    if drafter is None:
+        head = mtp.head_shapes(mtp.head_config(target))
+        step = f"--batch {s.batch} x {tokens} tokens: a step's soft labels and logits at two depths"
+        parts = {f"--sequences {s.sequences} x {tokens} tokens (--prompt-tokens + --generated-tokens): the target's "
+                 "states": s.sequences * tokens * target.hidden_size * FLOAT,
+                 step: 6 * s.batch * tokens * target.vocab_size * FLOAT,
+                 "the head (the target's layer)": sum(math.prod(shape) for shape in head.values()) * PER_PARAMETER}
+    else:
+        parts = {
+            f"--sequences {s.sequences} x {tokens} tokens (--prompt-tokens + --generated-tokens): the target's "
+            "features": s.sequences * tokens * target.hidden_size * (1 + len(drafter.target_layer_ids)) * FLOAT,
+            f"--batch {s.batch} x --anchors {s.anchors} x --block-size {drafter.block_size}: a step's logits":
+                4 * s.batch * s.anchors * (drafter.block_size - 1) * target.vocab_size * FLOAT,
+            f"--layers {drafter.num_layers}, --intermediate-size {drafter.intermediate_size} and the heads: the "
+            "drafter": sum(math.prod(shape) for shape in dflash.weight_shapes(drafter).values()) * PER_PARAMETER,
+        }
     available = HEADROOM * _host_available() - parameters(target) * FLOAT  # the target is held in float32
     if sum(parts.values()) <= available:
         return

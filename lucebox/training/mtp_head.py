@@ -7,7 +7,10 @@ The head learns the target's distributions (soft labels) as it drafts at inferen
 row t reads the token at t + 1 and the target's final state at t and is trained toward the
 target's distribution at t + 1 (the token at t + 2); at depth d it reads the token the depth
 before it predicted and that depth's output state (the chain a round drafts), teacher-forced with
-the sequence's tokens, weighted down by `DEPTH_WEIGHTS`.
+the sequence's tokens, weighted down by `DEPTH_WEIGHTS`. A deeper row attends to the rows of its
+own depth before it (one causal pass per depth), where at inference it attends to rows made from
+the target's states: an approximation (the Speculators library's MTP training makes it too) that
+costs the deeper drafts some acceptance, never exactness.
 
 The head starts from the target's last full-attention layer (its attention and MLP copied, as
 `mtp.source_layer` shapes it), `fc` passing the target's state through and learning the
