@@ -355,7 +355,7 @@ def test_a_batched_steps_output_says_how_long_it_waited_for_its_forward(monkeypa
     recorded = []
     record = WidthPolicy.record
     monkeypatch.setattr(StepBatcher, "_settle", waited_ten_seconds)
-    monkeypatch.setattr(WidthPolicy, "record", lambda self, rows, seconds, drafting: (
-        recorded.append(seconds), record(self, rows, seconds, drafting)))
+    monkeypatch.setattr(WidthPolicy, "record", lambda self, rows, seconds, drafting, drafts=1: (
+        recorded.append(seconds), record(self, rows, seconds, drafting, drafts)))
     llm.generate("def f(x):\n", max_tokens=8, ignore_eos=True)
     assert recorded and all(seconds == 0.0 for seconds in recorded)  # every step's ten seconds left out

@@ -36,8 +36,12 @@ def mtp_folder(reference_models, tmp_path_factory):
     return get
 
 
-def _llm(folder, **options):
-    return lucebox.LLM(folder, device="cpu", dtype="float64", prefill_chunk=8, **options)
+def _llm(folder, head_only: bool = False, **options):
+    """An engine on `folder`; `head_only`: its MTP head's own drafts, no prompt-lookup copies."""
+    llm = lucebox.LLM(folder, device="cpu", dtype="float64", prefill_chunk=8, **options)
+    if head_only:
+        llm.proposer.lookup = None
+    return llm
 
 
 def test_auto_drafts_with_the_checkpoint_s_own_head_and_the_stats_name_it(mtp_folder, reference_models):
@@ -48,6 +52,15 @@ def test_auto_drafts_with_the_checkpoint_s_own_head_and_the_stats_name_it(mtp_fo
     assert plain.generate(PROMPT, max_tokens=4).stats["drafter"] is None
     with pytest.raises(DraftModelError, match=r"draft='mtp'.*no MTP head"):
         _llm(reference_models("qwen3_5_moe")[0], draft="mtp")
+
+
+def test_repeated_text_is_copied_before_the_head_drafts(mtp_folder):
+    """Prompt lookup first, as for DFlash: a tail that occurred before drafts what followed it."""
+    proposer = _llm(mtp_folder("qwen3_5_moe")).engine.proposer
+    repeating = [3, 4, 5, 6, 7, 8, 3, 4, 5]
+    proposer.start(repeating[:-1], None)
+    draft = proposer.propose(repeating, 4, SamplingParams(), None)
+    assert draft.copied and draft.tokens == [6, 7, 8, 3]
 
 
 def test_a_head_config_json_does_not_declare_is_found_by_its_tensors(model_copy):
@@ -73,7 +86,7 @@ def test_a_head_of_two_layers_is_not_run_and_asking_for_it_says_why(model_copy):
 @pytest.mark.parametrize("bias", BIASES)
 def test_greedy_speculation_with_the_head_is_plain_decoding(name, bias, mtp_folder):
     folder = mtp_folder(name)
-    spec = _llm(folder, adaptive=False, draft_k=4)
+    spec = _llm(folder, head_only=True, adaptive=False, draft_k=4)
     plain = _llm(folder, draft=None)
     options = {"max_tokens": 40, "ignore_eos": True, "logit_bias": bias}
     got = spec.generate(PROMPT, **options)
@@ -86,14 +99,14 @@ def test_greedy_speculation_with_the_head_is_plain_decoding(name, bias, mtp_fold
 def test_seeded_sampled_speculation_commits_plain_sampling_s_tokens(bias, mtp_folder):
     folder = mtp_folder("qwen3_5_moe")
     options = {"max_tokens": 40, "ignore_eos": True, "temperature": 0.8, "seed": 11, "logit_bias": bias}
-    got = _llm(folder, adaptive=False, draft_k=3).generate(PROMPT, **options)
+    got = _llm(folder, head_only=True, adaptive=False, draft_k=3).generate(PROMPT, **options)
     assert got.token_ids == _llm(folder, draft=None).generate(PROMPT, **options).token_ids
     assert got.stats["drafter"] == "mtp"
 
 
 def test_a_chat_turn_that_returns_resumes_the_head_and_stays_exact(mtp_folder):
     folder = mtp_folder("qwen3_5_moe")
-    spec, plain = _llm(folder, adaptive=False, draft_k=4), _llm(folder, draft=None)
+    spec, plain = _llm(folder, head_only=True, adaptive=False, draft_k=4), _llm(folder, draft=None)
     options = {"max_tokens": 12, "ignore_eos": True, "logit_bias": BIASES[1]}
     first = spec.generate(PROMPT, **options).token_ids
     again = PROMPT + first + [9, 9, 40]
@@ -133,6 +146,7 @@ def test_the_head_reads_the_target_state_of_the_position_before_its_token(mtp_fo
     position: the off-by-one that costs acceptance silently) gives other drafts and beliefs."""
     llm = _llm(mtp_folder("qwen3_5_moe"))
     proposer = llm.engine.proposer.fork()
+    proposer.lookup = None  # the head's own drafts
     context = PROMPT + [42]  # committed + last
     layers = proposer.feature_layers
     proposer.start(PROMPT, None)
@@ -210,7 +224,7 @@ def test_an_image_text_checkpoint_s_head_drafts_too(tmp_path):
     build_image_text("qwen3_5_moe").save_pretrained(tmp_path)
     add_mtp_head(tmp_path)
     with pytest.warns(LuceboxWarning, match="vision tower"):
-        spec = _llm(tmp_path, adaptive=False, draft_k=3)
+        spec = _llm(tmp_path, head_only=True, adaptive=False, draft_k=3)
         plain = _llm(tmp_path, draft=None)
     options = {"max_tokens": 24, "ignore_eos": True, "logit_bias": BIASES[2]}
     got = spec.generate(PROMPT, **options)

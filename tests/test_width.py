@@ -168,8 +168,8 @@ def test_only_the_drafter_s_own_passes_price_drafting(builtin_llm, monkeypatch):
     monkeypatch.setattr(DFlashProposer, "propose", counted(DFlashProposer.propose, copies))
     monkeypatch.setattr(DFlashProposer, "propose_tree", counted(DFlashProposer.propose_tree, copies))
     record = WidthPolicy.record
-    monkeypatch.setattr(WidthPolicy, "record", lambda self, rows, step_s, draft_s: (
-        drafting_times.append(draft_s), record(self, rows, step_s, draft_s))[1])
+    monkeypatch.setattr(WidthPolicy, "record", lambda self, rows, step_s, draft_s, drafts=1: (
+        drafting_times.append(draft_s), record(self, rows, step_s, draft_s, drafts))[1])
     # Every other copy is cut to nothing (the round then drafts with the drafter) and the rest kept in
     # part, under rows priced by a fixed line: both kinds of round happen, whatever earlier requests'
     # times taught the shared engine (which once left every copy kept and the drafter idle).
@@ -196,7 +196,7 @@ def test_copies_the_copy_keep_rates_do_not_pay_for_are_cut(builtin_llm, monkeypa
     # Rows priced by a fixed line (0.9 + 0.1 per row), not by what earlier requests' times taught the
     # shared engine (on a loaded machine they can fit a slope of 0: every width priced as one row).
     monkeypatch.setattr(builtin_llm.engine.learned, "costs", RoundCosts({1: 1.0, 8: 1.7}))
-    monkeypatch.setattr(WidthPolicy, "record", lambda self, rows, step_s, draft_s: None)
+    monkeypatch.setattr(WidthPolicy, "record", lambda self, rows, step_s, draft_s, drafts=1: None)
     builtin_llm.generate("def f(x):\n    return x\n" * 4, max_tokens=24, ignore_eos=True)
     assert cuts and cuts[0][0] > 2 and cuts[0][1] <= 1
     assert builtin_llm.engine.learned.copies["greedy"].kept[0] > 0.02  # the copy was judged: it was kept
@@ -244,3 +244,22 @@ def test_a_copy_cut_to_nothing_leaves_the_round_to_the_drafter(builtin_llm, monk
     for r in rounds:  # the policy asked once, the drafter's own drafts taken, the whole copy judged last
         assert r.count("should") == 1 and "own" in r
         assert [e for e in r if isinstance(e, tuple)][-1][1] > 0
+
+
+def test_a_sequential_drafter_pays_per_draft_and_drafts_only_as_deep_as_pays():
+    """An MTP head makes each draft with a pass of its own: the same keep rates and a draft that
+    costs 0.3 of a step buy a shorter round than a block drafter's one pass for all of them,
+    the round drafts one past that width (not all it may), and a round's drafting time is learned
+    per draft."""
+    keep = KeepModel.from_calibration([0.9] * 8, [0.9] * 8)
+    costs = {1: 1.0, 8: 1.1}  # wide verify steps cost little more than one row
+
+    def policy(sequential):
+        return WidthPolicy(RoundCosts(dict(costs), draft_seconds=0.3), keep, sequential=sequential)
+
+    block, sequential = policy(False), policy(True)
+    widths = [p.rate(keep.predict(None, 8), p.costs.drafting())[0] for p in (block, sequential)]
+    assert widths[1] < widths[0] == 8
+    assert sequential.depth(8) == widths[1] + 1 and block.depth(8) == 8
+    sequential.record(1, 1.0, 2.4, drafts=8)
+    assert sequential.costs.drafting() == pytest.approx(0.3)  # 2.4 s for 8 drafts: 0.3 each

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 class ChainRound:
     def __init__(self, spec: Speculation):
         self.spec = spec
+        self.made = 0
 
     def run(self, remaining: int, take: Callable[[list[int]], Chunk]) -> RoundResult:
         """One round; `remaining`: tokens the request may still produce."""
@@ -34,6 +35,7 @@ class ChainRound:
         c = ctx.cache.length
         limit, allotted = spec.draft_limit(remaining), spec.draft_limit(remaining, allotted=True)
         began = ctx.clock(spec.timed)
+        self.made = 0  # drafts the drafter makes this round (`_draft`)
         draft = self._drafts(limit, allotted)
         stepped = ctx.clock(spec.timed)
         verified = Draft([]) if draft is None else draft
@@ -63,7 +65,7 @@ class ChainRound:
                            depth=len(verified.tokens), confidence=verified.confidence, shape="chain",
                            drafted=draft is not None, own_drafts=draft is not None and not draft.copied,
                            began=began, stepped=stepped, forward_rows=out.forward_rows,
-                           waited_s=out.waited_s)
+                           waited_s=out.waited_s, drafts_made=self.made)
 
     def _drafts(self, limit: int, allotted: int) -> Draft | None:
         """This round's drafts, or None for a plain round: a copy's or the grammar's up to `limit`,
@@ -83,6 +85,8 @@ class ChainRound:
         chooses; the whole block goes to the judge, which learns from every draft whether verified or not."""
         spec = self.spec
         proposer, most = spec.proposer, min(allotted, spec.proposer.max_width)
+        if proposer.sequential:  # a pass per draft: as deep as the policy expects to pay
+            most = spec.width.depth(most)
         draft = proposer.propose(context, most, spec.params, spec.draft_gen)
         copy: list[int] = []
         if draft.copied:
@@ -93,5 +97,6 @@ class ChainRound:
             # instead, so text that offers copies at every round still drafts, measures and probes.
             copy, draft = draft.tokens, proposer.own_draft(context, most, spec.params, spec.draft_gen)
         spec.to_judge(draft.tokens, draft.confidence, copy)
+        self.made = len(draft.tokens)
         k = spec.width.choose(draft.confidence, len(draft.tokens), allotted)
         return draft.first(k)

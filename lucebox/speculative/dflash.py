@@ -7,10 +7,8 @@ the next draft (or a resume, or a full ring step's worth of waiting features) pr
 the rings in one batch. So rounds the width policy decodes plainly cost the drafter nothing but
 the features kept, and drafting after them pays one batched write instead of one per round.
 
-Prompt lookup comes first: when the last `LOOKUP_MIN_MATCH` or more tokens occurred before, what
-followed them is the draft (up to `DRAFT_WIDTH`), and the drafter does not run. Text that repeats
-itself (a model looping at temperature 0, code restating names, a long context quoted back) is
-what a block drafter trained on short windows does not copy and a lookup copies for free."""
+Prompt lookup comes first (`copies_first`): when the context's tail occurred before, what followed
+it is the draft (up to `DRAFT_WIDTH`), and the drafter does not run."""
 
 from __future__ import annotations
 
@@ -24,6 +22,7 @@ from lucebox.limits import DRAFT_CTX, DRAFT_WIDTH
 from lucebox.models.decoder import Decoder
 from lucebox.models.dflash import DFlashConfig, DFlashDrafter
 from lucebox.sampling import RaceNoise, SamplingParams, add_bias, draw
+from lucebox.speculative.copies_first import CopiesFirst, new_lookup
 from lucebox.speculative.dspark import markov_draft, markov_tree
 from lucebox.speculative.ngram import NgramProposer
 from lucebox.speculative.proposer import (
@@ -39,23 +38,20 @@ from lucebox.speculative.proposer import (
 from lucebox.speculative.tree import DraftTree, chain
 from lucebox.speculative.tree_draft import draft_tree
 
-LOOKUP_MIN_MATCH = 3  # tokens the context's tail must repeat before its continuation is copied as the draft
-LOOKUP_PARAMS = SamplingParams()  # a lookup draws nothing; checked once, not each round (~20 us each)
-
 
 def ring_step(cfg: DFlashConfig, prefill_chunk: int) -> int:
     """The most rows one commit writes to a context ring: a prefill chunk, or a verified block."""
     return max(prefill_chunk, cfg.block_size)
 
 
-class DFlashProposer(TreeProposer):
+class DFlashProposer(CopiesFirst, TreeProposer):
     def __init__(self, drafter: DFlashDrafter, target: Decoder, prefill_chunk: int, draft_ctx: int = DRAFT_CTX):
         self.drafter, self.target = drafter, target
         self.name = "dflash" if drafter.heads is None else "dspark"
         self.feature_layers = drafter.cfg.target_layer_ids
         self.block_width = drafter.cfg.block_size - 1  # drafts one pass makes
         self.max_width = DRAFT_WIDTH  # a lookup draft may be longer
-        self.lookup: NgramProposer | None = NgramProposer(min_n=LOOKUP_MIN_MATCH)  # None: the drafter alone
+        self.lookup: NgramProposer | None = new_lookup()  # None: the drafter alone
         self.draft_ctx, self.max_step = draft_ctx, ring_step(drafter.cfg, prefill_chunk)
         self.prefill_chunk = prefill_chunk
         cfg = drafter.cfg
@@ -126,12 +122,6 @@ class DFlashProposer(TreeProposer):
             self.drafter.context_rows(rows, Step.span(start + begin, len(rows), self.drafter.device), self.rings)
         self.waiting, self.waiting_rows = [], 0
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: Noise) -> Draft:
-        copied = self._copied(context, k)
-        if copied:  # the text repeats itself: copy it (the drafter, trained on short windows, would not)
-            return Draft(copied, copied=True)
-        return self.own_draft(context, k, params, generator)
-
     def own_draft(self, context: list[int], k: int, params: SamplingParams, generator: Noise) -> Draft:
         k = min(k, self.block_width)
         if k <= 0:
@@ -149,16 +139,6 @@ class DFlashProposer(TreeProposer):
         q = draft_distribution(logits, params)
         tokens = [int(draw(row, generator)) for row in q]
         return Draft(tokens, q, confidence(logits, q))
-
-    def copies(self, context: list[int]) -> bool:
-        return bool(self._copied(context, 1))
-
-    def _copied(self, context: list[int], k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the context's tail (prompt
-        lookup; deterministic drafts), or none."""
-        if self.lookup is None:
-            return []
-        return self.lookup.propose(context, min(k, self.max_width), LOOKUP_PARAMS, None).tokens
 
     def block_pass(self, context: list[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The drafter's logits (k, V) and final hidden states (k, H) for the k positions after
@@ -193,7 +173,7 @@ class DFlashProposer(TreeProposer):
         """A draft tree of up to `budget` rows after `last` (`speculative.tree_draft`). The context
         rings only ever receive committed rows: the round gathers the target features of the
         accepted path's rows before `commit`, so a tree's other rows never reach them."""
-        copied = self._copied(context, budget)
+        copied = self.copied(context, budget)
         if copied:
             return dataclasses.replace(chain(context[-1], copied), copied=True)
         return self.own_tree(context, budget, params, noise)

@@ -9,7 +9,8 @@ is known, which for the newest committed row is the next round's `last`. Rows wa
 (or until a ring step's worth waits), and a round writes them in one forward before drafting.
 Draft rows are rolled back as soon as the drafts are read: the next round remakes those
 positions from the target's states. The head keeps a ring of `draft_ctx` slots (a draft model's
-caches, `draft_model.draft_cache_settings`), so a draft costs the same at 1K and 256K of context."""
+caches, `draft_model.draft_cache_settings`), so a draft costs the same at 1K and 256K of context.
+Prompt lookup comes first, as for DFlash (`copies_first`): text that repeats is copied, not drafted."""
 
 from __future__ import annotations
 
@@ -20,12 +21,15 @@ from lucebox.limits import DRAFT_CTX, DRAFT_WIDTH
 from lucebox.models.decoder import Decoder
 from lucebox.models.mtp import MTPHead
 from lucebox.sampling import RaceNoise, SamplingParams, add_bias, draw
+from lucebox.speculative.copies_first import CopiesFirst, new_lookup
 from lucebox.speculative.draft_model import draft_cache_settings
+from lucebox.speculative.ngram import NgramProposer
 from lucebox.speculative.proposer import Draft, Noise, Proposer, draft_distribution, tensor_bytes, top_probabilities
 
 
-class MTPProposer(Proposer):
+class MTPProposer(CopiesFirst, Proposer):
     name = "mtp"
+    sequential = True  # one head pass per draft
 
     def __init__(self, head: MTPHead, target: Decoder, max_context: int, prefill_chunk: int,
                  draft_ctx: int = DRAFT_CTX, max_width: int = DRAFT_WIDTH):
@@ -40,9 +44,13 @@ class MTPProposer(Proposer):
         self.waiting: list[torch.Tensor] = []  # the target's normed states at rows .. rows + waiting_rows - 1
         self.waiting_rows = 0
         self.newest: torch.Tensor | None = None  # the head's output at row rows - 1 (1, H)
+        self.lookup: NgramProposer | None = new_lookup()  # None: the head alone
 
     def fork(self) -> MTPProposer:
-        return MTPProposer(*self._made_with, max_width=self.max_width)
+        twin = MTPProposer(*self._made_with, max_width=self.max_width)
+        if self.lookup is None:
+            twin.lookup = None
+        return twin
 
     def device_bytes(self) -> int:
         caches = 0 if self.cache is None else self.cache.memory()["ring_caches"]
@@ -56,6 +64,8 @@ class MTPProposer(Proposer):
             self.cache = SequenceCache(self.head.cfg, self.settings, self.target.dtype, self.target.device)
         self.cache.rollback(0)
         self.rows, self.waiting, self.waiting_rows, self.newest = 0, [], 0, None
+        if self.lookup is not None:
+            self.lookup.start(prompt, None)
 
     def resume(self, position: int) -> bool:
         """Kept when the target's state at position - 1 still waits (its row needs the token after
@@ -65,6 +75,8 @@ class MTPProposer(Proposer):
         it forgets the context before (costing acceptance, never exactness) rather than have the
         target prefill the whole prompt again for it."""
         if self.cache is None or not 0 < position <= self.rows + self.waiting_rows:
+            return False
+        if self.lookup is not None and not self.lookup.resume(position):
             return False
         if position > self.rows and self.cache.can_rewind_to(self.rows):
             states = torch.cat(self.waiting) if len(self.waiting) > 1 else self.waiting[0]
@@ -76,6 +88,8 @@ class MTPProposer(Proposer):
         return True
 
     def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:
+        if self.lookup is not None:
+            self.lookup.commit(committed, new, None)
         target = self.target
         states = target.kernels.rms_norm(features[:new], target.w["norm"], target.cfg.rms_norm_eps)
         self.waiting.append(states)
@@ -101,7 +115,7 @@ class MTPProposer(Proposer):
         self.rows, self.newest = end, out[-1:]
         return self.newest
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: Noise) -> Draft:
+    def own_draft(self, context: list[int], k: int, params: SamplingParams, generator: Noise) -> Draft:
         """Drafts for the positions after `last` (context[-1]): the first from the head's row at
         last's position - 1 (the target's state there, and `last`), each next one from the row
         after it (the draft before and the head's own state), read from the device once at the end."""

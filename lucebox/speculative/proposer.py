@@ -28,6 +28,9 @@ class Proposer(ABC):
     drafter's pass as one CUDA graph (`draft_graph.DraftGraph`) once `graph_with` made it."""
 
     name: str = "drafter"  # what the stats call it ("drafter" in `Generation.stats`)
+    # Each draft is a pass of its own (an MTP head): drafting costs per draft, not per round, so a
+    # round drafts only as deep as the width policy expects to pay (`WidthPolicy.depth`).
+    sequential: bool = False
     feature_layers: tuple[int, ...] = ()
     max_width: int = DRAFT_WIDTH
     drafts_trees: bool = False

@@ -34,4 +34,5 @@ class RoundResult:
     began: float  # clock reading when the round began (before drafting)
     stepped: float  # clock reading when drafting was done (before the step)
     forward_rows: int | None = None  # rows of the forward its step ran in, when shared with other requests'
+    drafts_made: int = 0  # drafts the drafter made (verified or not): a sequential drafter's time is per draft
     waited_s: float = 0.0  # seconds its step waited for that forward to start

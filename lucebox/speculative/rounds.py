@@ -99,7 +99,7 @@ class Speculation:
                 self.verify_gen = torch.Generator(device=device).manual_seed(seed)
                 self.draft_gen = torch.Generator(device=device).manual_seed(seed ^ 0x5DEECE66D)  # its own stream
         self.penalized = params.penalized
-        self.width = _policy(context, params, proposer is not None)
+        self.width = _policy(context, params, proposer is not None, sequential=getattr(proposer, "sequential", False))
         self.judge = DraftJudge(self.width.keep)
         # Prompt-lookup copies have keep rates of their own (repeating text is kept far more often than a
         # drafted block, and under sampling far less than when greedy), learned by their own judge.
@@ -166,7 +166,7 @@ class Speculation:
         # A batched step's time is its forward's, of every request's rows: it prices that many, without
         # the time it waited for the forward to start (the others' drafting and forwards).
         self.width.record(result.forward_rows or result.written, max(step - result.waited_s, 0.0),
-                          drafting if result.own_drafts else None)
+                          drafting if result.own_drafts else None, result.drafts_made)
         if self.shapes is not None and result.own_drafts:  # a copy is a chain, whatever the shape
             self.shapes.record(result.shape, len(new), done - result.began)
         state.advance(new)
@@ -234,7 +234,8 @@ class Speculation:
         return {**self.totals.as_stats(), "drafter": drafter, **({} if self.grammar is None else self.grammar.stats())}
 
 
-def _policy(context: DecodeContext, params: SamplingParams, has_drafter: bool, copies: bool = False) -> WidthPolicy:
+def _policy(context: DecodeContext, params: SamplingParams, has_drafter: bool, copies: bool = False,
+            sequential: bool = False) -> WidthPolicy:
     """Adaptive with the engine's shared costs, keep rates (of the drafter, or of prompt-lookup
     `copies`) and the drafter's probe schedule of this mode; fixed without them (copies then
     verified whole). A seeded sampled
@@ -243,12 +244,14 @@ def _policy(context: DecodeContext, params: SamplingParams, has_drafter: bool, c
     same tokens whatever the widths, so their seeded requests use the clock too."""
     learned = context.learned
     if learned is None or not context.adaptive:
-        return WidthPolicy(fixed_costs(), KeepModel(), adaptive=False, has_drafter=has_drafter)
+        return WidthPolicy(fixed_costs(), KeepModel(), adaptive=False, has_drafter=has_drafter, sequential=sequential)
     reproducible = not params.greedy and params.seed is not None and context.verify_rule != "coupled"
     if reproducible:
-        return WidthPolicy(fixed_costs(), learned.keep_for(params, True, copies), timed=False, has_drafter=has_drafter)
+        return WidthPolicy(fixed_costs(), learned.keep_for(params, True, copies), timed=False, has_drafter=has_drafter,
+                           sequential=sequential)
     probes = ProbeSchedule() if copies else learned.probes["greedy" if params.greedy else "sampled"]
-    return WidthPolicy(learned.costs, learned.keep_for(params, False, copies), has_drafter=has_drafter, probes=probes)
+    return WidthPolicy(learned.costs, learned.keep_for(params, False, copies), has_drafter=has_drafter, probes=probes,
+                       sequential=sequential)
 
 
 class RoundTotals:

@@ -115,14 +115,16 @@ class WidthPolicy:
     adaptive: bool = True  # False: always the widest round the limits allow, always drafting
     has_drafter: bool = True
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)  # the engine's, by mode (`Learned`)
+    # Drafting costs per draft (`Proposer.sequential`): the costs' drafting time is one draft's.
+    sequential: bool = False
 
     def rate(self, keep: list[float], drafting: float) -> tuple[int, float]:
         """(width, expected tokens per second) of the best round given keep probabilities and the
-        drafting cost still to pay; width 0 is a plain step."""
+        drafting cost still to pay (a sequential drafter's: per draft); width 0 is a plain step."""
         line = self.costs.line()
         best_k, best = 0, 1.0 / _on_line(line, 1)
         for k, tokens in enumerate(expected_tokens(keep)[1:], start=1):
-            rate = tokens / (drafting + _on_line(line, k + 1))
+            rate = tokens / (drafting * (k if self.sequential else 1) + _on_line(line, k + 1))
             if rate > best:
                 best_k, best = k, rate
         return best_k, best
@@ -149,6 +151,14 @@ class WidthPolicy:
             return True
         return False
 
+    def depth(self, limit: int) -> int:
+        """How many drafts a sequential drafter makes this round (up to `limit`): one past the width
+        the keep rates expect to pay, so that confident drafts can go deeper; at least one (a probe)."""
+        if not self.sequential or not self.adaptive or not self.timed:
+            return limit
+        best = self.rate(self.keep.predict(None, min(limit, self.max_width)), self.costs.drafting())[0]
+        return max(1, min(limit, best + 1))
+
     def choose(self, confidence: list[float] | None, available: int, limit: int) -> int:
         """After drafting: how many of the `available` drafts to verify (at most `limit`)."""
         count = min(available, limit, self.max_width)
@@ -159,14 +169,14 @@ class WidthPolicy:
             return next((k for k, reach in enumerate(reaches(keep)) if reach < MIN_REACH), len(keep))
         return self.rate(keep, 0.0)[0]
 
-    def record(self, rows: int, step_seconds: float, draft_seconds: float | None) -> None:
+    def record(self, rows: int, step_seconds: float, draft_seconds: float | None, drafts: int = 1) -> None:
         """A round's measured times: its target step of `rows` rows (with its commit) and its
-        drafting (None when it did not draft)."""
+        drafting of `drafts` drafts (None when it did not draft)."""
         if not self.timed or not self.adaptive:
             return
         self.costs.refine_step(rows, step_seconds)
         if draft_seconds is not None:
-            self.costs.refine_drafting(draft_seconds)
+            self.costs.refine_drafting(draft_seconds / max(drafts, 1) if self.sequential else draft_seconds)
             self.probes.plain_rounds = 0
 
 
