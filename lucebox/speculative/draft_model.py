@@ -11,8 +11,8 @@ import torch
 from lucebox.caches import CacheSettings, SequenceCache, Step
 from lucebox.limits import DECODE_ROWS, DRAFT_CTX, DRAFT_WIDTH, KV_CHUNK
 from lucebox.models.decoder import Decoder
-from lucebox.sampling import RaceNoise, SamplingParams, add_bias, distribution, draw
-from lucebox.speculative.proposer import Draft, Noise, Proposer, tensor_bytes, top_probabilities
+from lucebox.sampling import SamplingParams, add_bias, distribution
+from lucebox.speculative.proposer import Draft, Noise, Proposer, chosen_draft, read_drafts, tensor_bytes
 
 
 def draft_cache_settings(max_context: int, prefill_chunk: int, draft_ctx: int, max_width: int) -> CacheSettings:
@@ -87,12 +87,7 @@ class DraftModelProposer(Proposer):
         tokens, rows, all_logits = [], [], []
         for i in range(k):
             q = distribution(add_bias(logits, params), plain, nothing).double()  # the target's bias: drafts follow it
-            if params.greedy:
-                tokens.append(q.argmax())  # (): on the device
-            elif isinstance(generator, RaceNoise):  # coupled: draft i is the token at len(context) + i
-                tokens.append(generator.choose(q[None], torch.tensor([len(context) + i], device=q.device))[0])
-            else:
-                tokens.append(draw(q, generator))
+            tokens.append(chosen_draft(q, params, generator, len(context) + i))  # (): on the device
             rows.append(q)
             all_logits.append(logits)
             if i + 1 < k:  # the last draft's own logits are never needed
@@ -100,9 +95,6 @@ class DraftModelProposer(Proposer):
                                               self.cache)
                 self.cache.commit(position + i + 1)
                 logits = self.decoder.logits(hidden)[0]
-        q = None if params.greedy or isinstance(generator, RaceNoise) else torch.stack(rows)  # None: deterministic
-        beliefs = top_probabilities(torch.stack(all_logits), q)
-        read = torch.cat([torch.stack(tokens).double(), beliefs.double()]).tolist()  # ids < 2^53: exact
-        drafted = [int(t) for t in read[:k]]
-        self.cached += drafted[:-1]
-        return Draft(drafted, q, read[k:])
+        draft = read_drafts(tokens, rows, all_logits, params, generator)
+        self.cached += draft.tokens[:-1]
+        return draft

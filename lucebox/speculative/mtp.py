@@ -20,11 +20,19 @@ from lucebox.caches import SequenceCache, Step
 from lucebox.limits import DRAFT_CTX, DRAFT_WIDTH
 from lucebox.models.decoder import Decoder
 from lucebox.models.mtp import MTPHead
-from lucebox.sampling import RaceNoise, SamplingParams, add_bias, draw
+from lucebox.sampling import SamplingParams, add_bias
 from lucebox.speculative.copies_first import CopiesFirst, new_lookup
 from lucebox.speculative.draft_model import draft_cache_settings
 from lucebox.speculative.ngram import NgramProposer
-from lucebox.speculative.proposer import Draft, Noise, Proposer, draft_distribution, tensor_bytes, top_probabilities
+from lucebox.speculative.proposer import (
+    Draft,
+    Noise,
+    Proposer,
+    chosen_draft,
+    draft_distribution,
+    read_drafts,
+    tensor_bytes,
+)
 
 
 class MTPProposer(CopiesFirst, Proposer):
@@ -130,12 +138,7 @@ class MTPProposer(CopiesFirst, Proposer):
         for i in range(k):
             logits = add_bias(self.head.logits(hidden)[0], params)  # the target's bias: drafts follow it
             q = draft_distribution(logits[None], params)[0]
-            if params.greedy:
-                tokens.append(q.argmax())
-            elif isinstance(generator, RaceNoise):  # coupled: draft i is the token at len(context) + i
-                tokens.append(generator.choose(q[None], torch.tensor([len(context) + i], device=q.device))[0])
-            else:
-                tokens.append(draw(q, generator))
+            tokens.append(chosen_draft(q, params, generator, len(context) + i))  # draft i: the token at len + i
             rows.append(q)
             all_logits.append(logits)
             if i + 1 < k:
@@ -143,7 +146,4 @@ class MTPProposer(CopiesFirst, Proposer):
                 hidden = self.head.forward(tokens[-1].reshape(1), hidden, step, self.cache)
                 self.cache.commit(end + i + 1)
         self.cache.rollback(end)  # the drafts' rows: remade from the target's states once they are verified
-        q = None if params.greedy or isinstance(generator, RaceNoise) else torch.stack(rows)
-        beliefs = top_probabilities(torch.stack(all_logits), q)
-        read = torch.cat([torch.stack(tokens).double(), beliefs.double()]).tolist()  # ids < 2^53: exact
-        return Draft([int(t) for t in read[:k]], q, read[k:])
+        return read_drafts(tokens, rows, all_logits, params, generator)

@@ -9,7 +9,7 @@ import torch
 
 from lucebox.draft import Draft
 from lucebox.limits import DRAFT_WIDTH
-from lucebox.sampling import RaceNoise, SamplingParams, distribution
+from lucebox.sampling import RaceNoise, SamplingParams, distribution, draw
 from lucebox.speculative.draft_graph import DraftGraph
 from lucebox.speculative.tree import DraftTree
 
@@ -132,6 +132,27 @@ def top_probabilities(logits: torch.Tensor, q: torch.Tensor | None) -> torch.Ten
     """The drafter's belief in each of its drafts, on the device, (k,): see `confidence`."""
     probs = torch.softmax(logits.float(), dim=-1) if q is None else q
     return probs.max(dim=-1).values.reshape(-1)
+
+
+def chosen_draft(q: torch.Tensor, params: SamplingParams, generator: Noise, position: int) -> torch.Tensor:
+    """The draft (a () tensor, on the device) for the token at `position` from its distribution q (V,):
+    the argmax (greedy), the winner of the request's race there (coupled), or a draw."""
+    if params.greedy:
+        return q.argmax()
+    if isinstance(generator, RaceNoise):
+        return generator.choose(q[None], torch.tensor([position], device=q.device))[0]
+    return draw(q, generator)
+
+
+def read_drafts(tokens: list[torch.Tensor], q_rows: list[torch.Tensor], logits: list[torch.Tensor],
+                params: SamplingParams, generator: Noise) -> Draft:
+    """A sequential drafter's drafts (`chosen_draft` each), their distributions and logits, read from
+    the device at once (a read waits for every queued kernel); q is kept only for drafts drawn."""
+    k = len(tokens)
+    q = None if params.greedy or isinstance(generator, RaceNoise) else torch.stack(q_rows)  # None: deterministic
+    beliefs = top_probabilities(torch.stack(logits), q)
+    read = torch.cat([torch.stack(tokens).double(), beliefs.double()]).tolist()  # ids < 2^53: exact
+    return Draft([int(t) for t in read[:k]], q, read[k:])
 
 
 def greedy_draft(logits: torch.Tensor, confidences: torch.Tensor | None = None) -> Draft:

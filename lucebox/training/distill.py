@@ -241,11 +241,30 @@ def sample_anchors(n: int, T: int, s: DistillSettings, g: torch.Generator) -> to
     return torch.rand(n, T - s.block_size + 1, generator=g).argsort(dim=1)[:, : s.anchors].sort(dim=1).values
 
 
+def start_training(weights: dict, trained: list, s: DistillSettings, state_path: Path):
+    """(AdamW over `trained`, the step sampler's generator, the step to start from, the log): new,
+    or as `state_path` left them (`weights` restored in place)."""
+    optimizer = torch.optim.AdamW(trained, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    g = torch.Generator().manual_seed(s.seed + 2)
+    start, log, state = load_state(state_path, weights, optimizer)
+    if state:
+        g.set_state(state["generator"])
+    return optimizer, g, start, log
+
+
+def set_learning_rate(optimizer, step: int, s: DistillSettings) -> None:
+    """Warm-up, then cosine down to a tenth of `s.lr` over `s.steps`."""
+    from lucebox.training.target import learning_rate
+
+    schedule = dataclasses.make_dataclass("Schedule", ["lr", "warmup", "steps", "min_lr_ratio"])(
+        s.lr, s.warmup, s.steps, 0.1)
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(step, schedule)
+
+
 def train_drafter(target: Decoder, hf: dict, sequences: torch.Tensor, s: DistillSettings, state_path: Path,
                   on_step=None) -> tuple[dict, list[dict]]:
     """Distill from scratch or resume from `state_path`; returns (drafter weights, log)."""
-    from lucebox.training.target import learning_rate
-
     torch.manual_seed(s.seed)
     dcfg = dflash.build_config(hf)
     weights = init_drafter(dcfg, s.seed)
@@ -253,19 +272,12 @@ def train_drafter(target: Decoder, hf: dict, sequences: torch.Tensor, s: Distill
         weights.update(load_start(s.init, with_heads=dcfg.heads is not None))
     trained = [w.requires_grad_() for n, w in weights.items() if not s.freeze_backbone or n in head_names(dcfg)]
     drafter = dflash.DFlashDrafter(dcfg, weights)
-    optimizer = torch.optim.AdamW(trained, lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    g = torch.Generator().manual_seed(s.seed + 2)
-    start, log, state = load_state(state_path, weights, optimizer)
-    if state:
-        g.set_state(state["generator"])
+    optimizer, g, start, log = start_training(weights, trained, s, state_path)
     position_w = position_weights(s)
     signals = TargetSignals(target, sequences, dcfg.target_layer_ids)
-    schedule = dataclasses.make_dataclass("Schedule", ["lr", "warmup", "steps", "min_lr_ratio"])(
-        s.lr, s.warmup, s.steps, 0.1)
     t0 = time.perf_counter()
     for step in range(start, s.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, schedule)
+        set_learning_rate(optimizer, step, s)
         rows = torch.randint(0, len(sequences), (s.batch,), generator=g)
         tokens = sequences[rows]
         anchors = sample_anchors(s.batch, tokens.shape[1], s, g)

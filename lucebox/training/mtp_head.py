@@ -19,7 +19,6 @@ embedding's share, and unit norms.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from safetensors.torch import save_file
 from lucebox.models import mtp
 from lucebox.models.decoder import OFFSET_NORMS, Decoder
 from lucebox.models.sources import to_checkpoint
-from lucebox.training.checkpointing import load_state, save_state
+from lucebox.training.checkpointing import save_state
 from lucebox.training.forward import BatchContext, forward_batch
 
 DEPTH_WEIGHTS = (1.0, 0.5)  # the loss of each drafting depth: a later draft counts only if the first is kept
@@ -96,22 +95,15 @@ def target_states(target: Decoder, sequences: torch.Tensor, batch: int = 32) -> 
 def train_head(target: Decoder, sequences: torch.Tensor, s, state_path: Path, on_step=None) -> tuple[dict, list]:
     """Train from the initial head, or resume from `state_path`; (the head's tensors, log). `s`:
     `distill.DistillSettings` (steps, batch, lr, warmup, seed)."""
-    from lucebox.training.target import learning_rate
+    from lucebox.training.distill import set_learning_rate, start_training
 
     torch.manual_seed(s.seed)
     weights = {n: w.requires_grad_() for n, w in initial_head(target, s.seed).items()}
-    optimizer = torch.optim.AdamW(list(weights.values()), lr=s.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    g = torch.Generator().manual_seed(s.seed + 2)
-    start, log, state = load_state(state_path, weights, optimizer)
-    if state:
-        g.set_state(state["generator"])
+    optimizer, g, start, log = start_training(weights, list(weights.values()), s, state_path)
     hidden = target_states(target, sequences)
-    schedule = dataclasses.make_dataclass("Schedule", ["lr", "warmup", "steps", "min_lr_ratio"])(
-        s.lr, s.warmup, s.steps, 0.1)
     t0 = time.perf_counter()
     for step in range(start, s.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, schedule)
+        set_learning_rate(optimizer, step, s)
         rows = torch.randint(0, len(sequences), (s.batch,), generator=g)
         with torch.no_grad():
             labels = torch.softmax(target.logits(hidden[rows]).float(), dim=-1)
