@@ -11,6 +11,8 @@ import lucebox
 from lucebox.caches import SequenceCache, Step
 from lucebox.errors import DraftModelError, LuceboxWarning
 from lucebox.sampling import SamplingParams
+from lucebox.speculative.copies_first import CopiesFirst, new_lookup
+from lucebox.speculative.proposer import Draft
 
 PROMPT = [5, 9, 17, 33, 2, 64, 100, 7, 7, 21, 90, 3, 44, 18, 120, 6, 75, 31, 12, 58, 99, 4, 27, 81]
 # A bias toward a few tokens makes the random target's choices predictable enough that the
@@ -59,8 +61,19 @@ def test_repeated_text_is_copied_before_the_head_drafts(mtp_folder):
     proposer = _llm(mtp_folder("qwen3_5_moe")).engine.proposer
     repeating = [3, 4, 5, 6, 7, 8, 3, 4, 5]
     proposer.start(repeating[:-1], None)
-    draft = proposer.propose(repeating, 4, SamplingParams(), None)
-    assert draft.copied and draft.tokens == [6, 7, 8, 3]
+    draft = proposer.propose(repeating, 4, SamplingParams(), None, own_k=1)
+    assert draft.copied and draft.tokens == [6, 7, 8, 3]  # a copy is as long as asked: its depth is the head's
+
+    class OwnDrafts(CopiesFirst):  # a drafter whose own drafts say how many were asked for
+        lookup, max_width = new_lookup(), 15
+
+        def own_draft(self, context, k, params, generator):
+            return Draft([0] * k)
+
+    drafter = OwnDrafts()
+    drafter.lookup.start(repeating[:-1], None)
+    assert drafter.propose(repeating, 4, SamplingParams(), None, own_k=1).tokens == [6, 7, 8, 3]
+    assert drafter.propose([1, 2, 3], 4, SamplingParams(), None, own_k=1).tokens == [0]
 
 
 def test_a_head_config_json_does_not_declare_is_found_by_its_tensors(model_copy):
@@ -262,3 +275,13 @@ def test_a_head_that_does_not_fit_is_left_out_by_auto_and_refused_when_asked_for
     assert llm.generate(PROMPT, max_tokens=2).stats["drafter"] is None
     with pytest.raises(InsufficientMemoryError):
         _llm(mtp_folder("qwen3_5_moe"), draft="mtp")
+    real_plan = setup.plan_vram
+
+    def no_room_under_the_budget(*args):
+        if args[6] is not None:  # the drafter
+            raise InsufficientMemoryError("no room for the drafter under the budget")
+        return real_plan(*args)
+
+    monkeypatch.setattr(setup, "plan_vram", no_room_under_the_budget)
+    with pytest.warns(LuceboxWarning, match="MTP head does not fit"):
+        assert _llm(mtp_folder("qwen3_5_moe"), vram_budget="1GiB").proposer is None

@@ -86,7 +86,8 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
     max_context = config.max_context or description.cfg.max_position_embeddings
     vram_plan = None
     if config.vram_budget is not None:
-        vram_plan = plan_vram(config, description.cfg, device, dtype, backend, quantization, drafter, stored, lm_head)
+        drafter, vram_plan = without_an_unasked_head(config, drafter, lambda drafter: plan_vram(
+            config, description.cfg, device, dtype, backend, quantization, drafter, stored, lm_head))
     choices = memory_choices(config, description.cfg, device, vram_plan)
     cache = CacheSettings.for_engine(max_context, choices.prefill_chunk, config.kv_policy, choices.kv_pool_tokens,
                                      config.kv_reselect_every, kv_int8=config.kv_int8)
@@ -98,19 +99,26 @@ def plan_engine(config: EngineConfig) -> EngineSetup:
         return check_fits(description.cfg, cache, dtype, device, quantization, cost, choices.expert_slots, stored,
                           lm_head, config.parallel)
 
-    try:
-        memory = fits(drafter)
-    except InsufficientMemoryError as e:
-        if config.draft != "auto" or drafter is None or drafter.kind != "mtp":
-            raise
-        # The model's own head, which nobody asked for by name: the model runs without it rather than not at all.
-        warnings.warn(f"the model's MTP head does not fit beside it ({e}); decoding without a drafter (pass "
-                      "draft='mtp' to be told what to make smaller)", LuceboxWarning, stacklevel=5)
-        drafter, memory = None, fits(None)
+    drafter, memory = without_an_unasked_head(config, drafter, fits)
     graphs = use_cuda_graphs(config.cuda_graphs, device, backend, choices.expert_slots)
     warn_past_training(max_context, description.cfg)  # once the engine is known to open: no warning before an error
     return EngineSetup(config, device, dtype, backend, description, quantization, drafter, tree_budget,
                        choices.prefill_chunk, cache, graphs, choices.expert_slots, vram_plan, memory, stored, lm_head)
+
+
+def without_an_unasked_head(config: EngineConfig, drafter: DrafterSpec | None, attempt):
+    """(drafter, attempt(drafter)); or, when what does not fit (InsufficientMemoryError) is the model's
+    own MTP head that draft='auto' found, which nobody asked for by name, (None, attempt(None)) with a
+    warning: the model runs without its head rather than not at all."""
+    try:
+        return drafter, attempt(drafter)
+    except InsufficientMemoryError as e:
+        if config.draft != "auto" or drafter is None or drafter.kind != "mtp":
+            raise
+        result = attempt(None)  # (the model alone not fitting either says so, without a word of the head)
+        warnings.warn(f"the model's MTP head does not fit beside it ({e}); decoding without a drafter (pass "
+                      "draft='mtp' to be told what to make smaller)", LuceboxWarning, stacklevel=6)
+        return None, result
 
 
 def stored_weights(description: ModelDescription, dtype: torch.dtype, load_format: str) -> StoredWeights | None:

@@ -85,9 +85,10 @@ class ChainRound:
         chooses; the whole block goes to the judge, which learns from every draft whether verified or not."""
         spec = self.spec
         proposer, most = spec.proposer, min(allotted, spec.proposer.max_width)
-        if proposer.sequential:  # a pass per draft: as deep as the policy expects to pay
-            most = spec.width.depth(most)
-        draft = proposer.propose(context, most, spec.params, spec.draft_gen)
+        # A sequential drafter makes a pass per draft: its own drafts go as deep as the policy expects
+        # to pay, while a copy (next to free) may be as long as any
+        own = spec.width.depth(most) if proposer.sequential else most
+        draft = proposer.propose(context, most, spec.params, spec.draft_gen, **({"own_k": own} if own < most else {}))
         copy: list[int] = []
         if draft.copied:
             kept = spec.cut_copy(draft.tokens, limit)
@@ -95,7 +96,7 @@ class ChainRound:
                 return Draft(kept, copied=True)
             # No copied token pays, the drafter's drafts may (or their probe is due): they are drafted
             # instead, so text that offers copies at every round still drafts, measures and probes.
-            copy, draft = draft.tokens, proposer.own_draft(context, most, spec.params, spec.draft_gen)
+            copy, draft = draft.tokens, proposer.own_draft(context, own, spec.params, spec.draft_gen)
         spec.to_judge(draft.tokens, draft.confidence, copy)
         self.made = len(draft.tokens)
         k = spec.width.choose(draft.confidence, len(draft.tokens), allotted)

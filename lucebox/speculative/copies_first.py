@@ -26,11 +26,13 @@ class CopiesFirst:
     lookup: NgramProposer | None
     max_width: int
 
-    def propose(self, context: list[int], k: int, params, generator) -> Draft:
+    def propose(self, context: list[int], k: int, params, generator, own_k: int | None = None) -> Draft:
+        """Up to k copied tokens, else up to `own_k` (default k) of the drafter's own drafts (a
+        sequential drafter's depth: a copy costs next to nothing, a draft a pass)."""
         copied = self.copied(context, k)
         if copied:  # the text repeats itself: copy it (the drafter, trained on short windows, would not)
             return Draft(copied, copied=True)
-        return self.own_draft(context, k, params, generator)
+        return self.own_draft(context, k if own_k is None else own_k, params, generator)
 
     def copies(self, context: list[int]) -> bool:
         return bool(self.copied(context, 1))

@@ -91,6 +91,7 @@ class MTPProposer(CopiesFirst, Proposer):
             self.waiting, self.waiting_rows = [states[: position - self.rows]], position - self.rows
             self.cache.rollback(self.rows)
             return True
+        self.cache = None  # (the old rings go before the new ones come)
         self.cache = SequenceCache(self.head.cfg, self.settings, self.target.dtype, self.target.device)
         self.rows, self.waiting, self.waiting_rows, self.newest = position, [], 0, None
         return True
