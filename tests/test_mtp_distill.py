@@ -97,3 +97,22 @@ def test_mtp_takes_no_init_drafter(tiny_target, tmp_path):  # noqa: F811 - the f
     target, _ = tiny_target
     assert main(["distill", str(target), "--out", str(tmp_path / "x"), "--heads", "mtp", "--init",
                  str(tmp_path)]) == 2
+
+
+def test_on_a_target_that_verifies_trees_the_head_drafts_them_losslessly(mtp_head, monkeypatch):
+    """A plain-attention target (the tiny Laguna) verifies draft trees: the head's are built from
+    its chain's per-position top tokens, and greedy and seeded coupled sampling stay the target's own."""
+    from lucebox.speculative.mtp import MTPProposer
+
+    target, out = mtp_head
+    trees, own_tree = [], MTPProposer.own_tree
+    monkeypatch.setattr(MTPProposer, "own_tree", lambda self, *a, **k: (lambda t: (trees.append(len(t)), t)[1])(
+        own_tree(self, *a, **k)))
+    prompt = "def main(argv):\n    "
+    for sampling in ({}, {"temperature": 0.8, "seed": 5}):
+        plain = lucebox.LLM(target, device="cpu", dtype="float64", draft=None).generate(
+            prompt, max_tokens=24, ignore_eos=True, **sampling)
+        llm = lucebox.LLM(target, device="cpu", dtype="float64", draft=str(out), adaptive=False, tree_budget=4)
+        llm.proposer.lookup = None  # the head's own trees
+        assert llm.generate(prompt, max_tokens=24, ignore_eos=True, **sampling).token_ids == plain.token_ids
+    assert trees and max(trees) == 5  # `last` and 4 draft rows

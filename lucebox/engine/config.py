@@ -55,10 +55,10 @@ class EngineConfig:
         (target and drafter race against one noise keyed by seed and position, so a seeded request
         commits the tokens plain decoding would), "tokenwise" or "block" (drawn outcomes).
     adaptive: choose each round's width by cost (False: always draft_k, never switched off).
-    tree_budget: most draft rows of a draft tree per round (a DFlash drafter's top-k per position,
-        best first): greedy rounds verify the rows the width policy finds worth their cost (all of
-        them when `adaptive` is False, sampled rounds too); 0: chains; None: DRAFT_WIDTH where trees
-        can run (a DFlash drafter on a target without recurrent layers), else chains.
+    tree_budget: most draft rows of a draft tree per round (a DFlash drafter's or an MTP head's
+        top-k per position, best first): greedy rounds verify the rows the width policy finds worth
+        their cost (all of them when `adaptive` is False, sampled rounds too); 0: chains; None:
+        DRAFT_WIDTH where trees can run (a target without recurrent layers), else chains.
     backend: kernels: "auto" (Triton on CUDA, the torch references on the CPU) | "triton" | "torch".
     quantization: "int8" | "int4": quantize the linear layers' weights as they load.
     cuda_graphs: run decode/verify steps as CUDA graphs (None: wherever they can run).

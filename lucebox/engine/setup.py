@@ -155,7 +155,7 @@ def refuse_speculation_on_hybrid(drafter: DrafterSpec | None, draft, cfg: ModelC
 
 def settle_tree_budget(asked: int | None, drafter: DrafterSpec | None, cfg: ModelConfig) -> int:
     """`asked`, or when None DRAFT_WIDTH where draft trees can run, else 0 (chains). Trees are
-    drafted by DFlash drafters only, and not on a target with recurrent layers: a tree's rows
+    drafted by DFlash drafters and MTP heads, and not on a target with recurrent layers: a tree's rows
     branch, while a verify step runs a recurrent layer's rows as one chain (each row's state from
     the row before it), so asking for a tree there is refused."""
     if asked is None:

@@ -14,28 +14,33 @@ Prompt lookup comes first, as for DFlash (`copies_first`): text that repeats is 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from lucebox.caches import SequenceCache, Step
 from lucebox.limits import DRAFT_CTX, DRAFT_WIDTH
 from lucebox.models.decoder import Decoder
 from lucebox.models.mtp import MTPHead
-from lucebox.sampling import SamplingParams, add_bias
+from lucebox.sampling import RaceNoise, SamplingParams, add_bias
 from lucebox.speculative.copies_first import CopiesFirst, new_lookup
 from lucebox.speculative.draft_model import draft_cache_settings
 from lucebox.speculative.ngram import NgramProposer
 from lucebox.speculative.proposer import (
     Draft,
     Noise,
-    Proposer,
+    TreeProposer,
     chosen_draft,
     draft_distribution,
+    raced_scores,
     read_drafts,
     tensor_bytes,
 )
+from lucebox.speculative.tree import DraftTree, chain
+from lucebox.speculative.tree_draft import draft_tree
 
 
-class MTPProposer(CopiesFirst, Proposer):
+class MTPProposer(CopiesFirst, TreeProposer):
     name = "mtp"
     sequential = True  # one head pass per draft
 
@@ -128,13 +133,42 @@ class MTPProposer(CopiesFirst, Proposer):
         """Drafts for the positions after `last` (context[-1]): the first from the head's row at
         last's position - 1 (the target's state there, and `last`), each next one from the row
         after it (the draft before and the head's own state), read from the device once at the end."""
+        drafted = self._chain(context, k, params, generator)
+        return Draft([]) if drafted is None else read_drafts(*drafted, params, generator)
+
+    def propose_tree(self, context: list[int], budget: int, params: SamplingParams | None = None,
+                     noise: RaceNoise | None = None, depth: int | None = None) -> DraftTree:
+        """A copy of earlier text as a chain, else the head's own tree (`own_tree`)."""
+        copied = self.copied(context, budget)
+        if copied:
+            return dataclasses.replace(chain(context[-1], copied), copied=True)
+        return self.own_tree(context, budget, params, noise, depth)
+
+    def own_tree(self, context: list[int], budget: int, params: SamplingParams | None = None,
+                 noise: RaceNoise | None = None, depth: int | None = None) -> DraftTree:
+        """A tree of up to `budget` rows from `depth` (default: as many) positions of the head's
+        chain along its first choices (the race's winners, for coupled sampled trees): each
+        position's top tokens are a node's children (`tree_draft.draft_tree`), every one of them
+        judged by the head as if the first choices led there (exact whatever they are: the target
+        verifies every row)."""
+        params = params or SamplingParams()
+        coupled = None if noise is None or params.greedy else (params, noise, len(context))
+        drafted = self._chain(context, min(budget, depth or budget), params, noise if coupled else None)
+        if drafted is None:
+            return chain(context[-1], [])
+        logits = torch.stack(drafted[2])
+        return draft_tree(raced_scores(logits, *coupled) if coupled else logits, context[-1], budget)
+
+    def _chain(self, context: list[int], k: int, params: SamplingParams, generator: Noise):
+        """(draft tokens, the distributions they were chosen from, the logits) of k applications of
+        the head after `last`, all on the device; None when there is nothing to draft from."""
         k = min(k, self.max_width)
         end = len(context) - 1  # rows 0 .. end - 1 have their next token: the last of them drafts
         if k <= 0 or end < 1:
-            return Draft([])
+            return None
         hidden = self._write(context, end)
         if hidden is None:  # started over at `end` (`resume`): no row drafts yet
-            return Draft([])
+            return None
         tokens, rows, all_logits = [], [], []
         for i in range(k):
             logits = add_bias(self.head.logits(hidden)[0], params)  # the target's bias: drafts follow it
@@ -147,4 +181,4 @@ class MTPProposer(CopiesFirst, Proposer):
                 hidden = self.head.forward(tokens[-1].reshape(1), hidden, step, self.cache)
                 self.cache.commit(end + i + 1)
         self.cache.rollback(end)  # the drafts' rows: remade from the target's states once they are verified
-        return read_drafts(tokens, rows, all_logits, params, generator)
+        return tokens, rows, all_logits

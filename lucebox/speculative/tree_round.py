@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 class TreeRound:
     def __init__(self, spec: Speculation):
         self.spec = spec
+        self.made = 0  # positions a sequential drafter drafted this round (`_drafted_tree`)
 
     def run(self, remaining: int, take: Callable[[list[int]], Chunk]) -> RoundResult:
         """One round; `remaining`: tokens the request may still produce."""
@@ -39,6 +40,7 @@ class TreeRound:
         c = cache.length
         budget = min(spec.draft_limit(remaining), ctx.tree_budget)
         began = ctx.clock(spec.timed)
+        self.made = 0
         context = state.tokens + [state.last]  # built once a round: it is the whole sequence
         drafting = budget > 0 and spec.drafting(budget, context)
         tree = self._drafted_tree(context, budget) if drafting else chain(state.last, [])
@@ -55,7 +57,7 @@ class TreeRound:
                            features=features, accepted=verdict.accepted, depth=tree.depth, confidence=[],
                            shape="tree", drafted=drafting, own_drafts=drafting and not tree.copied,
                            began=began, stepped=stepped, forward_rows=out.forward_rows,
-                           waited_s=out.waited_s)
+                           waited_s=out.waited_s, drafts_made=self.made)
 
     def _drafted_tree(self, context: list[int], budget: int) -> DraftTree:
         """The drafter's tree of up to `budget` rows; its first-choice path goes to the judge, so the
@@ -64,14 +66,17 @@ class TreeRound:
         confidence head's), and the per-position confidence means must stay the chain's."""
         spec = self.spec
         noise = spec.draft_gen if isinstance(spec.draft_gen, RaceNoise) else None  # other rules: top-k trees
-        tree = spec.proposer.propose_tree(context, budget, spec.params, noise)
+        # A sequential drafter (a pass per position) drafts as deep as the policy expects to pay
+        deep = {"depth": spec.width.depth(budget)} if spec.proposer.sequential else {}
+        self.made = deep.get("depth", 0)
+        tree = spec.proposer.propose_tree(context, budget, spec.params, noise, **deep)
         copy: list[int] = []
         if tree.copied:  # a chain: cut to what the copies' keep rates pay for
             kept = spec.cut_copy(tree.tokens[1:], budget)
             if kept or not spec.width.should_draft(budget):
                 return dataclasses.replace(chain(context[-1], kept), copied=True)
             # None of it pays: the drafter's own tree instead, as a chain round does (`ChainRound._draft`)
-            copy, tree = tree.tokens[1:], spec.proposer.own_tree(context, budget, spec.params, noise)
+            copy, tree = tree.tokens[1:], spec.proposer.own_tree(context, budget, spec.params, noise, **deep)
         spec.to_judge(top_path(tree)[0], [], copy)
         return tree
 
