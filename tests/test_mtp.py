@@ -285,3 +285,18 @@ def test_a_head_that_does_not_fit_is_left_out_by_auto_and_refused_when_asked_for
     monkeypatch.setattr(setup, "plan_vram", no_room_under_the_budget)
     with pytest.warns(LuceboxWarning, match="MTP head does not fit"):
         assert _llm(mtp_folder("qwen3_5_moe"), vram_budget="1GiB").proposer is None
+
+
+def test_an_incomplete_head_is_left_out_by_auto_and_named_when_asked_for(model_copy):
+    """An upload that dropped some of the head's tensors: the model still loads by default."""
+    from conftest import rewrite_weights
+
+    from lucebox.errors import MissingTensorError
+
+    folder = model_copy("qwen3_5_moe")
+    add_mtp_head(folder)
+    rewrite_weights(folder, lambda t: t.pop("mtp.norm.weight"))
+    with pytest.warns(LuceboxWarning, match=r"MTP head is incomplete .*mtp\.norm\.weight"):
+        assert _llm(folder).generate(PROMPT, max_tokens=2).stats["drafter"] is None
+    with pytest.raises(MissingTensorError, match=r"mtp\.norm\.weight"):
+        _llm(folder, draft="mtp")

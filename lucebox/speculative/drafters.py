@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from lucebox.caches import SequenceCache, Step
 from lucebox.checkpoints.gguf.file import GGUFFile, locate_gguf
-from lucebox.checkpoints.gguf.hybrid_weights import HYBRID_ARCHITECTURES
-from lucebox.checkpoints.gguf.nextn import load_nextn_head, nextn_block
 from lucebox.checkpoints.hf_folder import CheckpointIndex, load_weights, locate_config, read_json, weight_files
-from lucebox.checkpoints.loading import ModelDescription, describe_model, load_model, quantizer
+from lucebox.checkpoints.loading import ModelDescription, describe_model, load_model
 from lucebox.config import ModelConfig
 from lucebox.device import DeviceClock
-from lucebox.errors import DraftModelError, ModelNotFoundError
+from lucebox.errors import DraftModelError
 from lucebox.kernels.quant import quantized_bytes
 from lucebox.limits import DECODE_ROWS
 from lucebox.memory.plan import DrafterCost, cache_ring_bytes, ring_bytes, weight_bytes
@@ -29,7 +26,9 @@ from lucebox.models.hf_config import architecture_name
 from lucebox.models.layout import quantizable
 from lucebox.speculative.dflash import DFlashProposer, ring_step
 from lucebox.speculative.draft_model import DraftModelProposer, draft_cache_settings
+from lucebox.speculative.drafter_spec import DrafterSpec
 from lucebox.speculative.mtp import MTPProposer
+from lucebox.speculative.mtp_source import mtp_drafter, mtp_file, mtp_weights, own_mtp, separate_mtp
 from lucebox.speculative.ngram import NgramProposer
 from lucebox.speculative.proposer import Proposer
 
@@ -60,59 +59,6 @@ def _check_dflash(cfg: dflash.DFlashConfig, target: ModelConfig, folder: Path) -
         raise DraftModelError(f"drafter {folder} does not fit this target: " + "; ".join(problems))
 
 
-@dataclass(frozen=True)
-class DrafterSpec:
-    """What `draft=` names, read from config.json before anything is loaded: "ngram", a DFlash
-    drafter (`dflash`: its config), a draft model (`model`: its description) or the target's MTP
-    head ("mtp": `model` is the target's description, `head` the head's one-layer config), with
-    the folder it is read from."""
-
-    kind: str
-    folder: Path | None = None
-    dflash: dflash.DFlashConfig | None = None
-    model: ModelDescription | None = None
-    head: ModelConfig | None = None
-    head_file: GGUFFile | None = None  # an MTP-only GGUF file the head is read from
-    layout: str = "checkpoint"  # an MTP head's tensor names: the checkpoint's (mtp.*) or "speculators"
-    quantization: str | None = None  # an MTP head's linear layers, as the target's (`lucebox.kernels.quant`)
-
-
-def _mtp_layers(target: ModelDescription) -> int:
-    """How many layers the target's MTP head has (0: no head). config.json's `mtp_num_hidden_layers`,
-    or when it is absent (some Qwen3.6 uploads ship the head without it) the weights' own count."""
-    if target.gguf is not None:  # `gguf.hybrid_config` read nextn_predict_layers
-        return mtp.declared_layers(target.hf_config)
-    if target.quantization is not None:  # (a saved quantized checkpoint holds the model's tensors only)
-        return 0
-    try:
-        index = CheckpointIndex(weight_files(target.folder))
-    except ModelNotFoundError:  # no weights to read a head from (load_format='dummy'; else the model's load says so)
-        return 0
-    if "mtp.fc.weight" not in index:
-        return 0
-    stored = {name.split(".")[2] for name in index.location if name.startswith("mtp.layers.")}
-    return mtp.declared_layers(target.hf_config) or len(stored)
-
-
-def mtp_drafter(target: ModelDescription) -> DrafterSpec | None:
-    """The target's MTP head when it has one lucebox runs (one layer), else None."""
-    if _mtp_layers(target) != 1:
-        return None
-    folder = None if target.gguf is not None else target.folder  # None: the GGUF file's nextn block
-    return DrafterSpec("mtp", folder, model=target, head=mtp.head_config(target.cfg))
-
-
-def _own_mtp(target: ModelDescription) -> DrafterSpec:
-    spec = mtp_drafter(target)
-    if spec is None:
-        layers = _mtp_layers(target)
-        why = (f"its head has {layers} layers (lucebox runs a one-layer head)" if layers > 1
-               else "its checkpoint holds no MTP head (mtp.* tensors)")
-        raise DraftModelError(f"draft='mtp': {target.folder} has no MTP head lucebox can run: {why}; pass "
-                              "draft='auto', 'ngram', a drafter folder, or None")
-    return spec
-
-
 def resolve_drafter(draft: str | Path | None, target: ModelDescription,
                     quantization: str | None = None) -> DrafterSpec | None:
     """The drafter `draft` names, checked against the target (vocabulary, shapes, captured layers,
@@ -130,23 +76,23 @@ def _resolved(draft: str | Path | None, target: ModelDescription) -> DrafterSpec
     if draft == "ngram":
         return DrafterSpec("ngram")
     if draft == "mtp":
-        return _own_mtp(target)
+        return own_mtp(target)
     if draft == "auto":  # a drafter shipped beside the model, else the model's own MTP head
         draft = paired_drafter(target.folder)
         if draft is None:
             return mtp_drafter(target)
     head_file = locate_gguf(draft)
     if head_file is not None:
-        return _mtp_file(GGUFFile(head_file), target)
+        return mtp_file(GGUFFile(head_file), target)
     config_path = locate_config(draft)
     hf = read_json(config_path)
     arch = architecture_name(hf)
     folder = config_path.parent
     index = CheckpointIndex(weight_files(folder))  # a drafter without weights says so before any memory figure
     if hf.get("speculators_model_type") == "mtp":  # the Speculators library's MTP layout
-        return _separate_mtp(hf.get("transformer_layer_config"), folder, target, "speculators")
+        return separate_mtp(hf.get("transformer_layer_config"), folder, target, "speculators")
     if "mtp.fc.weight" in index and not any(name.startswith("model.") for name in index.location):
-        return _separate_mtp(hf.get("text_config", hf), folder, target)
+        return separate_mtp(hf.get("text_config", hf), folder, target)
     if arch in dflash.ARCHITECTURES:
         cfg = dflash.build_config(hf)
         _check_dflash(cfg, target.cfg, folder)
@@ -156,36 +102,6 @@ def _resolved(draft: str | Path | None, target: ModelDescription) -> DrafterSpec
         raise DraftModelError(f"draft model {folder} has a vocabulary of {desc.cfg.vocab_size} tokens, the target "
                               f"{target.cfg.vocab_size}; a draft model must share the target's vocabulary")
     return DrafterSpec("model", folder, model=desc)
-
-
-def _separate_mtp(text, folder: Path, target: ModelDescription, layout: str = "checkpoint") -> DrafterSpec:
-    """An MTP head in a folder of its own (`lucebox distill --heads mtp`, or the Speculators
-    library's), for this target; `text`: the config.json fields of the model it was made for."""
-    text = text if isinstance(text, dict) else {}
-    sizes = {"hidden_size": target.cfg.hidden_size, "vocab_size": target.cfg.vocab_size}
-    wrong = [f"{key} {text.get(key)} != the target's {value}" for key, value in sizes.items() if text.get(key) != value]
-    if wrong:
-        raise DraftModelError(f"MTP head {folder} is not this target's: " + "; ".join(wrong))
-    return DrafterSpec("mtp", folder, model=target, head=mtp.head_config(target.cfg), layout=layout)
-
-
-def _mtp_file(file: GGUFFile, target: ModelDescription) -> DrafterSpec:
-    """An MTP-only GGUF file (llama.cpp's converter with --mtp), for this target."""
-    block, arch = nextn_block(file), str(file.metadata.get("general.architecture"))
-    if block is None or "blk.0.attn_norm.weight" in file:
-        raise DraftModelError(f"{file.path.name} is not an MTP-only GGUF file (its blk.N.nextn.* head alone); "
-                              "lucebox drafts from a GGUF file's MTP head only: pass a drafter folder, 'ngram' or "
-                              "'auto'")
-    if block != target.cfg.num_layers or arch not in HYBRID_ARCHITECTURES:
-        raise DraftModelError(f"{file.path.name} is the MTP head of a {block}-layer {arch} model; the target has "
-                              f"{target.cfg.num_layers} layers")
-    experts = target.cfg.moe.num_experts if target.cfg.moe is not None else None
-    for key, theirs in (("embedding_length", target.cfg.hidden_size), ("expert_count", experts)):
-        mine = file.metadata.get(f"{arch}.{key}")
-        if mine != theirs:
-            raise DraftModelError(f"{file.path.name} is not this target's MTP head: {arch}.{key} {mine} != the "
-                                  f"target's {theirs}")
-    return DrafterSpec("mtp", file.path.parent, model=target, head=mtp.head_config(target.cfg), head_file=file)
 
 
 def drafter_cost(spec: DrafterSpec | None, dtype: torch.dtype, max_context: int, prefill_chunk: int,
@@ -228,20 +144,10 @@ def make_proposer(spec: DrafterSpec | None, target: Decoder, max_context: int, p
         proposer.max_width = min(proposer.max_width, max_width)
         return proposer
     if spec.kind == "mtp":
-        head = mtp.MTPHead(spec.head, _mtp_weights(spec, target.dtype, target.device), target)
+        head = mtp.MTPHead(spec.head, mtp_weights(spec, target.dtype, target.device), target)
         return MTPProposer(head, target, max_context, prefill_chunk, draft_ctx, max_width)
     decoder: Decoder = load_model(spec.model, target.dtype, target.device, kernels=target.kernels).decoder
     return DraftModelProposer(decoder, max_context, prefill_chunk, draft_ctx, max_width)
-
-
-def _mtp_weights(spec: DrafterSpec, dtype: torch.dtype, device: torch.device) -> dict:
-    """The MTP head's tensors: a GGUF file's nextn block, or a folder's mtp.* tensors."""
-    if spec.head_file is not None or spec.folder is None:  # an MTP-only file, or the target file's own head
-        file = spec.head_file or spec.model.gguf.file
-        arch = str(file.metadata["general.architecture"])
-        return load_nextn_head(file, spec.head, arch, spec.model.cfg.num_layers, dtype, device)
-    return load_weights(CheckpointIndex(weight_files(spec.folder)), mtp.head_sources(spec.head, spec.layout),
-                        mtp.head_shapes(spec.head), dtype, device, mtp.THE_MODEL, quantizer(spec.quantization))
 
 
 def measure_verify_seconds(runner, cache: SequenceCache, clock: DeviceClock, feature_layers: tuple = (),
