@@ -249,6 +249,22 @@ def with_tokenizer(folder: Path, dest: Path, template: str = TEMPLATE) -> Path:
 
 
 @pytest.fixture(scope="session")
+def mtp_folder(reference_models, tmp_path_factory):
+    """name -> a copy of that reference model with an MTP head (config.json declares it)."""
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            folder = tmp_path_factory.mktemp(f"{name}-mtp") / name
+            shutil.copytree(reference_models(name)[0], folder)
+            add_mtp_head(folder)
+            made[name] = folder
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def text_model(reference_models, tmp_path_factory):
     """A tiny Mistral with a trained BPE tokenizer.json and a chat template."""
     folder, _ = reference_models("mistral")

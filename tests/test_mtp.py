@@ -20,24 +20,6 @@ PROMPT = [5, 9, 17, 33, 2, 64, 100, 7, 7, 21, 90, 3, 44, 18, 120, 6, 75, 31, 12,
 BIASES = [None, {5: 30.0, 6: 30.0, 7: 30.0}, {11: 40.0}]
 
 
-@pytest.fixture(scope="module")
-def mtp_folder(reference_models, tmp_path_factory):
-    """name -> a copy of the reference model with an MTP head (config.json declares it)."""
-    import shutil
-
-    made = {}
-
-    def get(name: str):
-        if name not in made:
-            folder = tmp_path_factory.mktemp(f"{name}-mtp") / name
-            shutil.copytree(reference_models(name)[0], folder)
-            add_mtp_head(folder)
-            made[name] = folder
-        return made[name]
-
-    return get
-
-
 def _llm(folder, head_only: bool = False, **options):
     """An engine on `folder`; `head_only`: its MTP head's own drafts, no prompt-lookup copies."""
     llm = lucebox.LLM(folder, device="cpu", dtype="float64", prefill_chunk=8, **options)

@@ -103,6 +103,12 @@ class SlidingRing(KVCache):
         if to_position == 0:  # emptied: no row is left to lose, whatever was written before
             self.highest = 0
 
+    def empty(self) -> None:
+        """Forget every row, in place (a graph reads the ring by address): for a sequence that
+        starts past position 0, whose queries would otherwise see the rows before it."""
+        self.positions.fill_(-1)
+        self.highest = 0
+
     def accept_path(self, start: int, rows: list[int]) -> None:
         # A tree step spans at most `max_step` rows, like a chain step: its scratch slots overwrite
         # only rows the capacity invariant already allows it to.

@@ -74,11 +74,11 @@ class Session:
 
     def capture_graphs(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Capture, on the session's cache, every step graph requests will replay: each width up to
-        DECODE_ROWS with the drafter's feature layers (none without a DFlash drafter), plain
+        DECODE_ROWS with the drafter's feature layers (none without a drafter that reads them), plain
         decoding without them, each draft tree's width up to the tree budget (a tree graph serves
         every tree of its width: the shape comes in with the step's inputs), and the drafter's
-        block pass; so no request waits for a capture or a Triton compile. `progress(done, total)`
-        after each."""
+        pass (a DFlash block, an MTP head's row); so no request waits for a capture or a Triton
+        compile. `progress(done, total)` after each."""
         engine = self.engine
         proposer = engine.proposer
         layers = proposer.feature_layers if proposer is not None else ()
@@ -96,16 +96,16 @@ class Session:
         engine.decoder.forward(torch.tensor(rows[:prefix], device=device), Step.span(0, prefix, device, prefill=True),
                                cache)
         cache.commit(prefix)
-        draft_graph = proposer.graph if proposer is not None else None
-        total = len(keys) + (draft_graph is not None)
+        graphs_draft = proposer is not None and proposer.graph is not None
+        total = len(keys) + graphs_draft
         for done, (width, captured, tree) in enumerate(keys, 1):
             engine.runner.step(rows[prefix : prefix + width], Step.span(prefix, width, device), cache, captured,
                                chain(rows[prefix], rows[prefix + 1 : prefix + width]) if tree else None)
             cache.rollback(prefix)
             if progress is not None:
                 progress(done, total)
-        if draft_graph is not None:  # over the drafter's empty rings: every slot masked, nothing kept
-            draft_graph.pass_at(rows[0], 0)
+        if graphs_draft:  # over the drafter's empty rings: every slot masked, nothing kept
+            proposer.capture_graph(rows[0])
             if progress is not None:
                 progress(total, total)
         cache.rollback(0)

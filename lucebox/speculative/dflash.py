@@ -168,6 +168,10 @@ class DFlashProposer(CopiesFirst, TreeProposer):
 
         self.graph = DraftGraph(self, capture, pool)
 
+    def capture_graph(self, token: int) -> None:
+        """One block pass over the empty rings (every slot masked, nothing kept) captures the graph."""
+        self.graph.pass_at(token, 0)
+
     def propose_tree(self, context: list[int], budget: int, params: SamplingParams | None = None,
                      noise: RaceNoise | None = None) -> DraftTree:
         """A draft tree of up to `budget` rows after `last` (`speculative.tree_draft`). The context

@@ -25,6 +25,7 @@ from lucebox.models.mtp import MTPHead
 from lucebox.sampling import RaceNoise, SamplingParams, add_bias
 from lucebox.speculative.copies_first import CopiesFirst, new_lookup
 from lucebox.speculative.draft_model import draft_cache_settings
+from lucebox.speculative.mtp_graph import MTPGraph
 from lucebox.speculative.ngram import NgramProposer
 from lucebox.speculative.proposer import (
     Draft,
@@ -58,6 +59,7 @@ class MTPProposer(CopiesFirst, TreeProposer):
         self.waiting_rows = 0
         self.newest: torch.Tensor | None = None  # the head's output at row rows - 1 (1, H)
         self.lookup: NgramProposer | None = new_lookup()  # None: the head alone
+        self.graphing: tuple[bool, object] | None = None  # (capture, pool) once `graph_with` asked for a graph
 
     def fork(self) -> MTPProposer:
         twin = MTPProposer(*self._made_with, max_width=self.max_width)
@@ -73,9 +75,7 @@ class MTPProposer(CopiesFirst, TreeProposer):
         return tensor_bytes(self.head.weights)
 
     def start(self, prompt: list[int], features: torch.Tensor | None) -> None:
-        if self.cache is None or self.cache.dirty:  # (dirty: a step cut short; a fresh cache is exact)
-            self.cache = SequenceCache(self.head.cfg, self.settings, self.target.dtype, self.target.device)
-        self.cache.rollback(0)
+        self._empty_cache()
         self.rows, self.waiting, self.waiting_rows, self.newest = 0, [], 0, None
         if self.lookup is not None:
             self.lookup.start(prompt, None)
@@ -96,10 +96,37 @@ class MTPProposer(CopiesFirst, TreeProposer):
             self.waiting, self.waiting_rows = [states[: position - self.rows]], position - self.rows
             self.cache.rollback(self.rows)
             return True
-        self.cache = None  # (the old rings go before the new ones come)
-        self.cache = SequenceCache(self.head.cfg, self.settings, self.target.dtype, self.target.device)
+        self._empty_cache()
         self.rows, self.waiting, self.waiting_rows, self.newest = position, [], 0, None
         return True
+
+    def _empty_cache(self) -> None:
+        """The head's cache with no row in it: the same one, emptied in place (a graph reads it by
+        address), unless a step cut short left it dirty (then a fresh one, and a graph over it)."""
+        if self.cache is not None and not self.cache.dirty:
+            self.cache.rollback(0)
+            for ring in self.cache.kv.values():
+                ring.empty()  # rows at positions before a later start would be read: the ring forgets them all
+            return
+        self.cache = self.graph = None  # (the old rings go before the new ones come)
+        self.cache = SequenceCache(self.head.cfg, self.settings, self.target.dtype, self.target.device)
+        if self.graphing is not None:
+            self.graph = MTPGraph(self.head, self.cache, *self.graphing)
+
+    def graph_with(self, capture: bool, pool=None) -> None:
+        """Run the head's draft passes as one graph from now on (captured on the first when `capture`)."""
+        self.graphing = (capture, pool)
+        if self.cache is None:
+            self._empty_cache()  # made with its graph
+        else:
+            self.graph = MTPGraph(self.head, self.cache, capture, pool)
+
+    def capture_graph(self, token: int) -> None:
+        """One pass at position 0 over the empty cache, which captures the graph; emptied again after."""
+        device = self.target.device
+        self.graph.pass_at(torch.tensor(token, device=device), torch.zeros_like(self.graph.hidden), 0)
+        self.cache.commit(1)  # the step completed: clean, so the emptying keeps this cache
+        self._empty_cache()
 
     def commit(self, committed: list[int], new: int, features: torch.Tensor | None) -> None:
         if self.lookup is not None:
@@ -170,15 +197,24 @@ class MTPProposer(CopiesFirst, TreeProposer):
         if hidden is None:  # started over at `end` (`resume`): no row drafts yet
             return None
         tokens, rows, all_logits = [], [], []
+        logits = self.head.logits(hidden)[0]
         for i in range(k):
-            logits = add_bias(self.head.logits(hidden)[0], params)  # the target's bias: drafts follow it
+            logits = add_bias(logits, params)  # the target's bias: drafts follow it
             q = draft_distribution(logits[None], params)[0]
             tokens.append(chosen_draft(q, params, generator, len(context) + i))  # draft i: the token at len + i
             rows.append(q)
             all_logits.append(logits)
             if i + 1 < k:
-                step = Step.span(end + i, 1, hidden.device)
-                hidden = self.head.forward(tokens[-1].reshape(1), hidden, step, self.cache)
+                hidden, logits = self._apply(tokens[-1], hidden, end + i)
                 self.cache.commit(end + i + 1)
         self.cache.rollback(end)  # the drafts' rows: remade from the target's states once they are verified
         return tokens, rows, all_logits
+
+    def _apply(self, token: torch.Tensor, hidden: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's output (1, H) and logits (V,) at row `position` (the graph's, when there is one;
+        its logits copied out, since the next pass overwrites them and a round keeps every draft's)."""
+        if self.graph is not None:
+            out, logits = self.graph.pass_at(token, hidden, position)
+            return out, logits.clone()
+        out = self.head.forward(token.reshape(1), hidden, Step.span(position, 1, hidden.device), self.cache)
+        return out, self.head.logits(out)[0]

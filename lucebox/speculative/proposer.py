@@ -8,9 +8,9 @@ from functools import lru_cache
 import torch
 
 from lucebox.draft import Draft
+from lucebox.graph_capture import Graphed
 from lucebox.limits import DRAFT_WIDTH
 from lucebox.sampling import RaceNoise, SamplingParams, distribution, draw
-from lucebox.speculative.draft_graph import DraftGraph
 from lucebox.speculative.tree import DraftTree
 
 Noise = torch.Generator | RaceNoise | None  # what sampled drafts are drawn with (None: greedy)
@@ -25,7 +25,8 @@ class Proposer(ABC):
     set, the target's outputs of those layers for them (from the verifying forward itself).
 
     Abilities are declared, never probed: `drafts_trees` (a `TreeProposer`), and `graph`, the
-    drafter's pass as one CUDA graph (`draft_graph.DraftGraph`) once `graph_with` made it."""
+    drafter's pass as one CUDA graph (`draft_graph.DraftGraph`, `mtp_graph.MTPGraph`) once
+    `graph_with` made it."""
 
     name: str = "drafter"  # what the stats call it ("drafter" in `Generation.stats`)
     # Each draft is a pass of its own (an MTP head): drafting costs per draft, not per round, so a
@@ -34,7 +35,7 @@ class Proposer(ABC):
     feature_layers: tuple[int, ...] = ()
     max_width: int = DRAFT_WIDTH
     drafts_trees: bool = False
-    graph: DraftGraph | None = None  # None: the drafter's passes run eagerly (or it has none of fixed shape to graph)
+    graph: Graphed | None = None  # None: the drafter's passes run eagerly (or it has none of fixed shape to graph)
 
     def start(self, prompt: list[int], features: torch.Tensor | None) -> None:  # noqa: B027 - optional
         """A new request begins with `prompt` committed."""
@@ -82,6 +83,10 @@ class Proposer(ABC):
     def graph_with(self, capture: bool, pool=None) -> None:  # noqa: B027 - optional
         """Run the drafter's passes as one graph from now on (captured on the first when `capture`),
         in the target steps' memory `pool`; a drafter with no pass of fixed shape keeps running eagerly."""
+
+    def capture_graph(self, token: int) -> None:  # noqa: B027 - only where `graph_with` made a graph
+        """Run the graphed pass once, over the drafter's empty caches, leaving them empty: a
+        capture at start-up, so that no request pays for it (`token`: any id)."""
 
 
 class TreeProposer(Proposer):
