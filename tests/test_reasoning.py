@@ -211,6 +211,9 @@ def test_a_constrained_answer_comes_after_the_thought_not_instead_of_it(servers)
     free = _ask(servers["r1"], max_tokens=30)
     for stream in (False, True):  # the built-in model never closes its thought: it stays its own, never JSON
         assert _ask(servers["r1"], stream, max_tokens=30, response_format=response_format)[:3] == free[:3]
+        # gpt-oss: the model opens its analysis channel and stays in it (the final one would be JSON)
+        thought, content, finish = _ask(servers["harmony"], stream, max_tokens=30, response_format=response_format)[:3]
+        assert (len(thought) > 10, content, finish) == (True, "", "length")
     tools = [{"type": "function", "function": {"name": "greet", "parameters": schema}}]
     reply = servers["r1"].chat.completions.create(model="m", messages=MESSAGES, tools=tools, tool_choice="required",
                                                   max_tokens=30, temperature=0)

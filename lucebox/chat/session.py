@@ -162,7 +162,8 @@ class ChatSession:
                                                   "snapshot_at": snapshots, **repeats})
         # a reasoning model's constrained answer comes after its thought (`constrained.thought_first`)
         tool_grammar = request.constraint.get("grammar") if request is not None else None
-        options = replace(options, **thought_first_options(self.reasoning, prompt_text, options, None, tool_grammar))
+        options = replace(options, **thought_first_options(self.reasoning, prompt_text, options, None, tool_grammar,
+                                                           self.tokenizer.token_to_id))
         self.last_prompt_ids = prompt_ids
         end_ids, stops = self.llm.eos_token_ids, list(options.stop_strings)
         calls = None if request is None or not request.parses else ToolCallStream(

@@ -6,9 +6,12 @@ forbids the thought (as vLLM and llama.cpp apply a grammar after the reasoning e
 tokens is counted by the engine, which then forces the close with the answer's constraint after it
 (`thought_close_grammar`).
 
-Only the `<think>` syntax (`text.reasoning`), whose markers are text in the vocabularies that use them
-(Qwen3's `<think>` tokens are not special): the grammar engine forces a marker held as one token as
-that token."""
+For the `<think>` syntax (`text.reasoning`), whose markers are text in the vocabularies that use them
+(Qwen3's `<think>` tokens are not special), the grammar engine forces a marker held as one token as
+that token. For gpt-oss's harmony channels (`harmony_first_grammar`), whose markers are special tokens,
+a constrained answer is the final channel's message, after the analysis channel's free one; a
+marker the tokenizer holds as one token is written as that token (`<[id]>`), never by its spelling.
+A harmony thought takes no budget (gpt-oss bounds its reasoning by `reasoning_effort`)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import json
 
 from lucebox.constrained.spec import JSON_DEFAULTS, Constraint
 from lucebox.errors import GrammarError
-from lucebox.text.reasoning import CLOSE, OPEN, THINK, starts_inside, thinking_off, thought_fields
+from lucebox.text.reasoning import CLOSE, HARMONY, OPEN, THINK, starts_inside, thinking_off, thought_fields
 
 
 def thought_first_grammar(inside: bool, budget: int | None = None, answer: str | None = None,
@@ -32,13 +35,36 @@ def thought_first_grammar(inside: bool, budget: int | None = None, answer: str |
     opening, close = ("" if inside else f"{json.dumps(markers[0])} "), json.dumps(markers[1])
     if budget == 0:
         lark = f"start: {opening}{close} answer\n"
-    elif budget is None:  # lazy: the thought ends where the model closes it (the close is the lexeme's stop)
-        lark = f"start: {opening}thought answer\nthought[stop={close}]: /(.|\\n)*/\n"
+    elif budget is None:  # lazy: the thought ends where the model closes it (the close is the lexeme's suffix)
+        lark = f"start: {opening}thought answer\nthought[suffix={close}]: /(.|\\n)*/\n"
     else:
         raise GrammarError("reasoning_budget", f"a bound of {budget} tokens is the engine's to count "
                                                "(RequestOptions.thought_budget), not a grammar's")
     lark += _answer_rules(answer)
     Constraint.lark(lark, "reasoning_budget" if answer is None else "grammar")
+    return lark
+
+
+def harmony_first_grammar(inside: bool, answer: str, token_id) -> str:
+    """Lark text: gpt-oss's analysis message (free; opened by the model unless the prompt left it
+    `inside` one, and left out if the model goes to its final message at once), then the final
+    message, whose text is `answer` (a rule's body). `token_id(text)`: the id of the one token spelled
+    `text`, or None (a vocabulary that spells the markers as text: the thought then ends at the first
+    `<|end|>` it writes)."""
+    def marker(text: str) -> str:
+        i = token_id(text)
+        return f"<[{i}]>" if i is not None else json.dumps(text)
+
+    channel, message, end, start = (marker(m) for m in ("<|channel|>", "<|message|>", "<|end|>", "<|start|>"))
+    if token_id("<|end|>") is not None:  # text never writes a special token: the thought's text stops before it
+        thought, close = "thought: /(.|\\n)*/\n", f"{end} "
+    else:
+        thought, close = f"thought[suffix={end}]: /(.|\\n)*/\n", ""
+    opening = "" if inside else f'{channel} "analysis" {message} '
+    lark = (f"start: {'analysis' if inside else 'analysis?'} final\n"
+            f'analysis: {opening}thought {close}{start} "assistant"\n'
+            f'final: {channel} "final" {message} constrained\n{thought}constrained: {answer}\n')
+    Constraint.lark(lark, "grammar")
     return lark
 
 
@@ -71,14 +97,22 @@ def answer_rule(json_schema=None, json_object: bool = False, grammar: str | None
 
 
 def thought_first_options(fmt: str | None, prompt_text: str, options, budget: int | None = None,
-                          tool_grammar: str | None = None) -> dict:
-    """RequestOptions fields for a `<think>` model's answer (after `prompt_text`) that is bounded
-    (`budget`) or constrained by a JSON Schema, JSON mode or forced tool calls (`tool_grammar`): one
-    grammar, the thought first. None needed (`{}`): the model does not think here, nothing is asked,
-    or the options carry a grammar of their own, which constrains the whole output, thought included."""
-    if fmt != THINK or thinking_off(fmt, prompt_text) or options.grammar not in (None, tool_grammar):
+                          tool_grammar: str | None = None, token_id=lambda text: None) -> dict:
+    """RequestOptions fields for a reasoning model's answer (after `prompt_text`) that is bounded
+    (`budget`, `<think>` only) or constrained by a JSON Schema, JSON mode or forced tool calls
+    (`tool_grammar`): one grammar, the thought first. None needed (`{}`): the model does not think
+    here, nothing is asked, or the options carry a grammar of their own, which constrains the whole
+    output, thought included. `token_id(text)`: the id of the one token spelled `text`, or None."""
+    if fmt not in (THINK, HARMONY) or thinking_off(fmt, prompt_text) or options.grammar not in (None, tool_grammar):
         return {}
     answer = answer_rule(options.json_schema, options.json_object, tool_grammar)
+    if fmt == HARMONY:
+        if budget is not None:  # `server.reasoning_fields` refuses it first, naming reasoning_effort
+            raise GrammarError("reasoning_budget", "a gpt-oss thought takes no budget; bound it with reasoning_effort")
+        if answer is None:
+            return {}
+        grammar = harmony_first_grammar(starts_inside(fmt, prompt_text), answer, token_id)
+        return {"grammar": grammar, "json_schema": None, "json_object": False}
     if budget is not None and budget > 0:  # counted by the engine's text stage, the close forced when spent
         bounded = {"thought_budget": budget, **thought_fields(fmt, prompt_text)}
         if answer is None:

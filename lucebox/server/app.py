@@ -157,7 +157,7 @@ class _State:
                                kind == "chat" else "prompt", "context_length_exceeded")
         stop = list(req.options.stop_strings) or (
             list(PLAIN_STOP) if kind == "chat" and not self.llm.tokenizer.has_chat_template else [])
-        options = engine_options(req, prompt, room, stop, self.reasoning, ask)
+        options = engine_options(req, prompt, room, stop, self.reasoning, ask, self._token_id)
         job = Job(prompt_ids, options, asyncio.get_running_loop(), req.n)
         self.worker.submit(job)
         rid = api.new_id(kind)

@@ -51,9 +51,10 @@ def prompt_of(llm, req, variables: dict) -> Prompt:
         raise api.APIError(400, str(e)) from None
 
 
-def engine_options(req, prompt: Prompt, room: int, stop: list[str], fmt: str | None, ask):
+def engine_options(req, prompt: Prompt, room: int, stop: list[str], fmt: str | None, ask, token_id):
     """The RequestOptions the engine runs: the request's, with what the prompt decides (the room left,
-    the turn boundary), the stop strings, the tools' and (`ask`: a chat's `ReasoningAsk`) the thought's."""
+    the turn boundary), the stop strings, the tools' and (`ask`: a chat's `ReasoningAsk`) the thought's.
+    `token_id(text)`: the id of the one token spelled `text` (a marker), or None."""
     calls = {**req.tools.engine_options, **thought_fields(fmt, prompt.text)} if req.tools else {}
     options = replace(req.options, max_tokens=min(req.options.max_tokens, room), stop=stop,
                       snapshot_at=prompt.snapshots, **calls)
@@ -61,14 +62,15 @@ def engine_options(req, prompt: Prompt, room: int, stop: list[str], fmt: str | N
         return options
     tool_grammar = req.tools.constraint.get("grammar") if req.tools else None
     try:
-        return replace(options, **thought_options(fmt, prompt, ask.budget, options, tool_grammar))
+        return replace(options, **thought_options(fmt, prompt, ask.budget, options, tool_grammar, token_id))
     except GrammarError as e:  # the thought and the answer's constraint in one grammar: past the engine's bounds
         field = e.field if e.field == "reasoning_budget" else "tools" if tool_grammar else "response_format"
         raise api.APIError(400, f"{e} (a reasoning model's answer: its thought and the constraint in one grammar)",
                            field, "invalid_constraint") from None
 
 
-def thought_options(fmt: str | None, prompt: Prompt, budget: int | None, options, tool_grammar: str | None) -> dict:
+def thought_options(fmt: str | None, prompt: Prompt, budget: int | None, options, tool_grammar: str | None,
+                    token_id) -> dict:
     """`constrained.thought_first.thought_first_options`; a request's own `grammar` constrains the whole
     output, thought included, so it cannot take a budget too (400)."""
     if budget is not None and options.grammar not in (None, tool_grammar) and fmt == THINK \
@@ -76,4 +78,4 @@ def thought_options(fmt: str | None, prompt: Prompt, budget: int | None, options
         raise api.APIError(400, "reasoning_budget: a request's grammar constrains the whole output, thought "
                                 "included; write the thought's bound into it, or leave one of them out",
                            "reasoning_budget")
-    return thought_first_options(fmt, prompt.text, options, budget, tool_grammar)
+    return thought_first_options(fmt, prompt.text, options, budget, tool_grammar, token_id)

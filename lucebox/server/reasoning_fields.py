@@ -12,8 +12,9 @@ budget (`ReasoningAsk`):
 - `reasoning_budget` (and `serve --reasoning-budget`, its default): the thought's most tokens; once
   they are spent the close is forced and the model answers (`RequestOptions.thought_budget`). 0 turns
   thinking off (through `enable_thinking` when the template has it, else the close is forced at once:
-  `constrained.thought_first`), -1 leaves it unbounded. Only for `<think>` templates; a bound beside
-  a constrained answer (a JSON response_format, forced calls) is not served yet (400).
+  `constrained.thought_first`), -1 leaves it unbounded. Only for `<think>` templates (gpt-oss bounds
+  its thought by reasoning_effort: 400); beside a constrained answer (a JSON response_format, forced
+  calls) the forced close is followed by the answer's constraint.
 """
 
 from __future__ import annotations
