@@ -2,7 +2,10 @@
 or not), drafting cost in the cost model, and no round switches drafting off for good."""
 
 import pytest
+import torch
 
+import lucebox
+from lucebox.sampling import SamplingParams
 from lucebox.speculative.keep_model import DraftJudge, KeepModel, expected_tokens
 from lucebox.speculative.width import MAX_PROBE_EVERY, PROBE_EVERY, RoundCosts, WidthPolicy
 
@@ -263,3 +266,14 @@ def test_a_sequential_drafter_pays_per_draft_and_drafts_only_as_deep_as_pays():
     assert sequential.depth(8) == widths[1] + 1 and block.depth(8) == 8
     sequential.record(1, 1.0, 2.4, drafts=8)
     assert sequential.costs.drafting() == pytest.approx(0.3)  # 2.4 s for 8 drafts: 0.3 each
+
+
+def test_a_draft_model_is_sequential_and_drafts_only_as_deep_as_the_round_asks(laguna):
+    """A forward per draft, like an MTP head: the chain round asks it for `WidthPolicy.depth` drafts."""
+    proposer = lucebox.LLM(laguna, draft=str(laguna), device="cpu", dtype="float64").proposer
+    assert proposer.sequential
+    context = list(range(5, 30))
+    with torch.inference_mode():
+        proposer.start(context[:-1], None)
+        assert len(proposer.propose(context, 8, SamplingParams(), None, own_k=3).tokens) == 3
+        assert len(proposer.propose(context, 8, SamplingParams(), None).tokens) == 8

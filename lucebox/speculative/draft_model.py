@@ -25,6 +25,7 @@ def draft_cache_settings(max_context: int, prefill_chunk: int, draft_ctx: int, m
 
 class DraftModelProposer(Proposer):
     name = "draft model"
+    sequential = True  # a forward per draft
 
     def __init__(self, decoder: Decoder, max_context: int, prefill_chunk: int, draft_ctx: int = DRAFT_CTX,
                  max_width: int = DRAFT_WIDTH):
@@ -74,10 +75,12 @@ class DraftModelProposer(Proposer):
         self.cached = list(context)
         return self.decoder.logits(hidden[-1:])[0]
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: Noise) -> Draft:
-        """k drafts, each fed back to the drafter as a device tensor: the host reads the drafts and
-        their confidences once, at the end (a read waits for every queued kernel)."""
-        k = min(k, self.max_width)
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: Noise,
+                own_k: int | None = None) -> Draft:
+        """k drafts (`own_k` when given: as deep as the width policy expects to pay, `WidthPolicy.depth`),
+        each fed back to the drafter as a device tensor: the host reads the drafts and their
+        confidences once, at the end (a read waits for every queued kernel)."""
+        k = min(k if own_k is None else own_k, self.max_width)
         if k <= 0:
             return Draft([])
         logits = self._catch_up(context)

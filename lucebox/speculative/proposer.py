@@ -29,8 +29,9 @@ class Proposer(ABC):
     `graph_with` made it."""
 
     name: str = "drafter"  # what the stats call it ("drafter" in `Generation.stats`)
-    # Each draft is a pass of its own (an MTP head): drafting costs per draft, not per round, so a
-    # round drafts only as deep as the width policy expects to pay (`WidthPolicy.depth`).
+    # Each draft is a pass of its own (an MTP head, a draft model): drafting costs per draft, not per
+    # round, so a round drafts only as deep as the width policy expects to pay (`WidthPolicy.depth`,
+    # `propose(..., own_k=)`). The first draft's pass also writes the rows committed since the last.
     sequential: bool = False
     feature_layers: tuple[int, ...] = ()
     max_width: int = DRAFT_WIDTH
