@@ -95,3 +95,25 @@ def test_the_cache_the_graph_reads_is_emptied_in_place_and_replaced_only_when_di
     cache.kv[0].dirty = True  # a step cut short
     proposer.start(PROMPT, None)
     assert proposer.cache is not cache and proposer.graph is not graph and proposer.graph.cache is proposer.cache
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_replayed_head_pass_drafts_as_the_eager_one_on_cuda(mtp_folder):
+    """Captured at start-up with the steps (one memory pool) and replayed: speculation stays plain
+    decoding, and the drafts match an engine without graphs that ran the same request."""
+    folder = mtp_folder("qwen3_5_moe")
+    options = dict(device="cuda", dtype="float32", draft_ctx=16, adaptive=False, draft_k=4)
+    request = dict(max_tokens=40, ignore_eos=True, logit_bias=BIAS)
+    plain = lucebox.LLM(folder, draft=None, device="cuda", dtype="float32").generate(PROMPT, **request).token_ids
+    graphed, eager = lucebox.LLM(folder, **options), lucebox.LLM(folder, cuda_graphs=False, **options)
+    assert graphed.proposer.graph.graph is not None and graphed.proposer.graph.pool is graphed.engine.runner.pool
+    assert eager.proposer.graph is None
+    drafted = []
+    for llm in (graphed, eager):
+        llm.proposer.lookup = None
+        out = llm.generate(PROMPT, **request)
+        assert out.token_ids == plain
+        with torch.inference_mode():
+            drafted.append(llm.proposer._chain(PROMPT + out.token_ids[:-1], 4, SamplingParams(), None))
+    assert torch.stack(drafted[0][0]).tolist() == torch.stack(drafted[1][0]).tolist()
+    assert torch.allclose(torch.stack(drafted[0][2]), torch.stack(drafted[1][2]), rtol=1e-4, atol=1e-4)
