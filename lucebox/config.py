@@ -137,7 +137,8 @@ class ModelConfig:
     max_position_embeddings: int
     intermediate_size: int = 0  # dense MLP width (dense layers only)
     moe: MoESpec | None = None
-    attention_bias: bool = False
+    attention_bias: bool = False  # q, k, v (and o: `attention_output_bias`) projections add a bias
+    attention_output_bias: bool = True  # with attention_bias: o's too (GLM-4.5's o_proj has none)
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE
     # None | "head" | "element": softplus output gate from its own projection (Laguna);
     # "sigmoid": a per-element sigmoid gate whose rows sit in wq beside each head's query (Qwen3-Next)

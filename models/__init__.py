@@ -4,13 +4,15 @@ its tensors live in the checkpoint. The engine itself never looks at the archite
 An adapter module has ARCHITECTURES, `build_config(hf)` and `sources(cfg)`; optionally
 `text_model_fields(hf)` (an image-text config.json's text model fields, which `build_config` then
 reads) and UNLOADED (`Unloaded` rules: checkpoint tensors it knowingly does not load, e.g. an MTP
-head or a vision tower; any other tensor no source reads stops the load)."""
+head or a vision tower; any other tensor no source reads stops the load), or `unloaded(cfg)` where
+the rules depend on the config."""
 
 from __future__ import annotations
 
 from types import ModuleType
 
 from lucebox.models import (
+    glm4_moe,
     kimi_linear,
     laguna,
     llama,
@@ -27,7 +29,7 @@ from lucebox.models.hf_config import architecture_name, check_values
 from lucebox.config import ModelConfig
 from lucebox.errors import ConfigError, UnsupportedArchitectureError
 
-_MODULES = (kimi_linear, laguna, llama, mistral, mixtral, qwen3, qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_next)
+_MODULES = (glm4_moe, kimi_linear, laguna, llama, mistral, mixtral, qwen3, qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_next)
 SUPPORTED_ARCHITECTURES = tuple(sorted(arch for module in _MODULES for arch in module.ARCHITECTURES))
 _ADAPTERS: dict[str, ModuleType] = {arch: module for module in _MODULES for arch in module.ARCHITECTURES}
 

@@ -246,3 +246,42 @@ def common_fields(hf: dict) -> dict:
         pad_token_id=hf.get("pad_token_id"),
         checkpoint_dtype=hf.get("torch_dtype") or hf.get("dtype"),
     )
+
+
+def field(hf: dict, names: tuple[str, ...], default=None):
+    """The first of `names` config.json states (a field stored under either of its two names)."""
+    return next((hf[name] for name in names if hf.get(name) is not None), default)
+
+
+def sigmoid_moe(hf: dict, experts: tuple[str, ...] = ("num_experts", "num_local_experts"),
+                scaling: float = 2.446) -> MoESpec:
+    """DeepSeek-V3-style routed experts (Kimi Linear's, GLM-4.5's): a sigmoid router whose correction
+    bias steers selection only, renormalized top-k weights times routed_scaling_factor (`scaling`
+    when config.json has none), ungated shared experts. `experts`: the names of the expert count."""
+    count = integer(field(hf, experts, 256), experts[0], 1, 4096)
+    groups = integer(field(hf, ("num_expert_group", "n_group"), 1), "num_expert_group", 1, 4096)
+    chosen_groups = integer(field(hf, ("topk_group",), 1), "topk_group", 1, 4096)
+    if count % groups or chosen_groups != groups:
+        raise ConfigError(f"config.json: grouped top-k routing (topk_group {chosen_groups} of num_expert_group "
+                          f"{groups} over {count} experts) is not implemented: lucebox routes over all experts, "
+                          "which needs topk_group == num_expert_group dividing num_experts")
+    activation = hf.get("moe_router_activation_func", "sigmoid")
+    if activation != "sigmoid":
+        raise ConfigError(f"config.json: moe_router_activation_func {shown(activation)} is not supported "
+                          "(this router is 'sigmoid')")
+    if integer(hf.get("moe_layer_freq", 1), "moe_layer_freq", 1, 1024) != 1:
+        raise ConfigError("config.json: moe_layer_freq other than 1 is not supported (transformers reads MoE "
+                          "layers from first_k_dense_replace alone)")
+    renormalize = field(hf, ("moe_renormalize", "norm_topk_prob"), True)
+    if not isinstance(renormalize, bool):
+        raise ConfigError(f"config.json: moe_renormalize must be true or false, got {shown(renormalize)}")
+    width = integer(require(hf, "moe_intermediate_size"), "moe_intermediate_size", 1, 2**20)
+    shared = integer(field(hf, ("num_shared_experts", "n_shared_experts"), 1), "num_shared_experts", 0, 64)
+    return MoESpec(
+        num_experts=count,
+        top_k=integer(field(hf, ("num_experts_per_token", "num_experts_per_tok"), 8), "num_experts_per_token", 1,
+                      count),
+        expert_size=width, router="sigmoid", normalize_topk=renormalize,
+        routed_scaling=number(hf.get("routed_scaling_factor", scaling), "routed_scaling_factor", positive=True),
+        correction_bias=True, shared_expert_size=shared * width,
+    )

@@ -16,23 +16,18 @@ w1 (gate), w3 (up), w2 (down); dense MLPs under mlp (or block_sparse_moe, as tra
 
 from __future__ import annotations
 
-from lucebox.models.hf_config import common_fields, integer, number, require, shown
+from lucebox.models.hf_config import common_fields, field, integer, require, shown, sigmoid_moe
 from lucebox.models.layout import MoENames, hf_sources
 from lucebox.models.qwen3_next import named_kinds
 from lucebox.models.sources import AnyOf, Cat, Source, renamed
 
-from lucebox.config import LatentAttentionSpec, LayerSpec, LinearAttentionSpec, ModelConfig, MoESpec, RopeSpec
+from lucebox.config import LatentAttentionSpec, LayerSpec, LinearAttentionSpec, ModelConfig, RopeSpec
 from lucebox.errors import ConfigError
 
 ARCHITECTURES = ("KimiLinearForCausalLM",)
 _KINDS = {"linear_attention": "kda", "full_attention": "full"}
 _NO_ROPE = RopeSpec(theta=10000.0, rotary_dim=0)  # MLA layers rotate nothing
 _MOE_NAMES = MoENames(block="block_sparse_moe", gate="w1", up="w3", down="w2")
-
-
-def field(hf: dict, names: tuple[str, ...], default=None):
-    """The first of `names` config.json states (a field stored under either of its two names)."""
-    return next((hf[name] for name in names if hf.get(name) is not None), default)
 
 
 def linear_attn_config(hf: dict) -> dict:
@@ -95,36 +90,6 @@ def latent_shapes(hf: dict) -> LatentAttentionSpec:
     if spec.qk_dim == 0:
         raise ConfigError("config.json: qk_nope_head_dim + qk_rope_head_dim must be at least 1")
     return spec
-
-
-def sigmoid_moe(hf: dict) -> MoESpec:
-    experts = integer(field(hf, ("num_experts", "num_local_experts"), 256), "num_experts", 1, 4096)
-    groups = integer(field(hf, ("num_expert_group", "n_group"), 1), "num_expert_group", 1, 4096)
-    chosen_groups = integer(field(hf, ("topk_group",), 1), "topk_group", 1, 4096)
-    if experts % groups or chosen_groups != groups:
-        raise ConfigError(f"config.json: grouped top-k routing (topk_group {chosen_groups} of num_expert_group "
-                          f"{groups} over {experts} experts) is not implemented: lucebox routes over all experts, "
-                          "which needs topk_group == num_expert_group dividing num_experts")
-    activation = hf.get("moe_router_activation_func", "sigmoid")
-    if activation != "sigmoid":
-        raise ConfigError(f"config.json: moe_router_activation_func {shown(activation)} is not supported "
-                          "(Kimi Linear's router is 'sigmoid')")
-    if integer(hf.get("moe_layer_freq", 1), "moe_layer_freq", 1, 1024) != 1:
-        raise ConfigError("config.json: moe_layer_freq other than 1 is not supported (transformers reads MoE "
-                          "layers from first_k_dense_replace alone)")
-    renormalize = field(hf, ("moe_renormalize", "norm_topk_prob"), True)
-    if not isinstance(renormalize, bool):
-        raise ConfigError(f"config.json: moe_renormalize must be true or false, got {shown(renormalize)}")
-    width = integer(require(hf, "moe_intermediate_size"), "moe_intermediate_size", 1, 2**20)
-    shared = integer(field(hf, ("num_shared_experts", "n_shared_experts"), 1), "num_shared_experts", 0, 64)
-    return MoESpec(
-        num_experts=experts,
-        top_k=integer(field(hf, ("num_experts_per_token", "num_experts_per_tok"), 8), "num_experts_per_token", 1,
-                      experts),
-        expert_size=width, router="sigmoid", normalize_topk=renormalize,
-        routed_scaling=number(hf.get("routed_scaling_factor", 2.446), "routed_scaling_factor", positive=True),
-        correction_bias=True, shared_expert_size=shared * width,
-    )
 
 
 def build_config(hf: dict) -> ModelConfig:

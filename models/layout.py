@@ -2,7 +2,8 @@
 
 Names are flat: `embed`, `norm`, `lm_head`, and `layers.{i}.{part}` with parts
   attn_norm, mlp_norm                      [H]
-  wq [Hq*D, H], wk [KV*D, H], wv [KV*D, H], wo [H, Hq*D]  (+ bq, bk, bv, bo with attention_bias)
+  wq [Hq*D, H], wk [KV*D, H], wv [KV*D, H], wo [H, Hq*D]  (+ bq, bk, bv with attention_bias,
+                                           and bo unless attention_output_bias is off)
   q_norm, k_norm                           [D]            (qk_norm)
   wg [Hq, H] or [Hq*D, H]                  softplus output gate (attention_gate)
   wq [Hq*2D, H]                            with attention_gate "sigmoid": each head's D query rows
@@ -67,7 +68,9 @@ def _attention_shapes(cfg: ModelConfig, p: str, Hq: int) -> dict[str, tuple[int,
     q_rows = 2 * Hq * D if cfg.attention_gate == "sigmoid" else Hq * D
     shapes = {p + "wq": (q_rows, H), p + "wk": (KV * D, H), p + "wv": (KV * D, H), p + "wo": (H, Hq * D)}
     if cfg.attention_bias:
-        shapes.update({p + "bq": (q_rows,), p + "bk": (KV * D,), p + "bv": (KV * D,), p + "bo": (H,)})
+        shapes.update({p + "bq": (q_rows,), p + "bk": (KV * D,), p + "bv": (KV * D,)})
+        if cfg.attention_output_bias:
+            shapes[p + "bo"] = (H,)
     if cfg.qk_norm:
         shapes.update({p + "q_norm": (D,), p + "k_norm": (D,)})
     if cfg.attention_gate in ("head", "element"):
@@ -158,7 +161,7 @@ def _attention_sources(cfg: ModelConfig, p: str, hf: str) -> dict[str, Source]:
     sources: dict[str, Source] = {}
     for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "o_proj")):
         sources[p + "w" + ours] = f"{hf}self_attn.{theirs}.weight"
-        if cfg.attention_bias:
+        if cfg.attention_bias and (ours != "o" or cfg.attention_output_bias):
             sources[p + "b" + ours] = f"{hf}self_attn.{theirs}.bias"
     if cfg.qk_norm:
         sources[p + "q_norm"] = hf + "self_attn.q_norm.weight"

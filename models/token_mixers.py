@@ -84,7 +84,8 @@ class AttentionMixer:
         # engine swaps in the dict later (an expert cache, a quantized copy) is the one used.
         bias = cfg.attention_bias
         self.wq, self.wk, self.wv, self.wo, self.wg = (p + n for n in ("wq", "wk", "wv", "wo", "wg"))
-        self.bq, self.bk, self.bv, self.bo = ((p + n) if bias else None for n in ("bq", "bk", "bv", "bo"))
+        self.bq, self.bk, self.bv = ((p + n) if bias else None for n in ("bq", "bk", "bv"))
+        self.bo = p + "bo" if bias and cfg.attention_output_bias else None
         self.fused = (p + FUSED_WEIGHT) if p + FUSED_WEIGHT in weights else None
         self.fused_bias = (p + FUSED_BIAS) if p + FUSED_BIAS in weights else None
         self.q_norm, self.k_norm = p + "q_norm", p + "k_norm"

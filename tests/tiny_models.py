@@ -70,6 +70,17 @@ def _qwen3_moe():
     return Qwen3MoeForCausalLM(config)
 
 
+def _glm4_moe():
+    """A dense first layer then MoE with a shared expert and a correction-biased sigmoid router, q/k/v
+    biases (o has none), QK norms, half the head rotated (transformers' default)."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    config = Glm4MoeConfig(**{**_BASE, "num_hidden_layers": 3}, n_routed_experts=8, num_experts_per_tok=2,
+                           moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+                           routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True)
+    return Glm4MoeForCausalLM(config)
+
+
 def _mixtral():
     from transformers import MixtralConfig, MixtralForCausalLM
 
@@ -178,7 +189,7 @@ def build_image_text(name: str, seed: int = 0):
 
 BUILDERS = {"laguna": _laguna, "llama": _llama, "mistral": _mistral, "qwen3": _qwen3,
             "qwen3_moe": _qwen3_moe, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5, "qwen3_5_moe": _qwen3_5_moe,
-            "mixtral": _mixtral, "kimi_linear": _kimi_linear,
+            "mixtral": _mixtral, "kimi_linear": _kimi_linear, "glm4_moe": _glm4_moe,
             # no q latent, and v wider than q and k (q and k are padded in the cache)
             "kimi_linear_wide_v": lambda: _kimi_linear(q_lora_rank=None, v_head_dim=24)}
 VARIANTS = {"kimi_linear_wide_v"}  # a second shape of one architecture: not in the every-architecture tests

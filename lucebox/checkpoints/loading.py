@@ -88,9 +88,10 @@ _TIED_LM_HEAD = Unloaded("lm_head.weight", "a copy of the tied embedding", quiet
 
 def checkpoint_sources(desc: ModelDescription) -> tuple[dict[str, Source], tuple[Unloaded, ...]]:
     """Where each of our tensors is in the model's checkpoint, and the checkpoint tensors that may
-    be left unread: those the adapter declares (its UNLOADED rules), and a tied lm_head copy."""
+    be left unread: those the adapter declares (its UNLOADED rules, or `unloaded(cfg)` where they
+    depend on the config), and a tied lm_head copy."""
     adapter = adapter_for(desc.hf_config)
-    unloaded = tuple(getattr(adapter, "UNLOADED", ()))
+    unloaded = tuple(adapter.unloaded(desc.cfg) if hasattr(adapter, "unloaded") else getattr(adapter, "UNLOADED", ()))
     if desc.cfg.tie_word_embeddings:
         unloaded += (_TIED_LM_HEAD,)
     return adapter.sources(desc.cfg), unloaded

@@ -1,0 +1,71 @@
+"""GLM-4.5 (`glm4_moe`) beyond the parity tests every architecture runs (tests/test_parity.py): the
+tiny reference uses every feature those tests rely on, config.json's defaults are transformers',
+and the multi-token-prediction layer the published checkpoints keep after the model's is left
+unread, not refused."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from lucebox.models import build_model_config
+from safetensors.torch import load_file, save_file
+
+import lucebox
+from lucebox.errors import ConfigError
+
+PROMPT = [3, 17, 42, 99, 5, 64, 8, 120, 33, 7]
+
+
+def test_the_glm4_moe_reference_exercises_every_feature(reference_models):
+    folder, ref = reference_models("glm4_moe")
+    cfg = lucebox.LLM(folder, device="cpu", dtype="float32").config
+    assert cfg.layers[0].rope.rotary_dim == cfg.head_dim // 2
+    assert cfg.attention_bias and not cfg.attention_output_bias and cfg.qk_norm
+    assert [layer.mlp for layer in cfg.layers] == ["dense", "moe", "moe"]
+    assert cfg.moe.router == "sigmoid" and cfg.moe.routed_scaling == 2.5 and cfg.moe.shared_expert_size == 32
+    assert ref.model.layers[1].mlp.gate.e_score_correction_bias.abs().min() > 0
+    assert ref.model.layers[0].self_attn.o_proj.bias is None and ref.model.layers[0].self_attn.q_proj.bias is not None
+
+
+def test_config_defaults_are_transformers_and_grouped_routing_is_refused(reference_models):
+    hf = json.loads((reference_models("glm4_moe")[0] / "config.json").read_text())
+    hf.pop("rope_parameters", None)
+    assert build_model_config(hf).layers[0].rope.rotary_dim == 8  # half of head_dim 16, as transformers fills in
+    assert build_model_config({**hf, "partial_rotary_factor": 1.0}).layers[0].rope.rotary_dim == 16
+    with pytest.raises(ConfigError, match="grouped top-k routing"):
+        build_model_config({**hf, "n_group": 2, "topk_group": 1})
+    with pytest.raises(ConfigError, match="use_qk_norm"):
+        build_model_config({**hf, "use_qk_norm": "yes"})
+
+
+def test_the_multi_token_prediction_layer_after_the_model_s_is_left_unread(reference_models, tmp_path):
+    folder = tmp_path / "glm"
+    shutil.copytree(reference_models("glm4_moe")[0], folder)
+    weights = load_file(folder / "model.safetensors")
+    n = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    extra = {f"model.layers.{n}.{name}": torch.zeros(4, 4) for name in ("eh_proj.weight", "enorm.weight",
+                                                                        "shared_head.norm.weight")}
+    save_file({**weights, **extra}, folder / "model.safetensors")
+    with pytest.warns(Warning, match="multi-token-prediction"):
+        with_head = lucebox.LLM(folder, device="cpu", dtype="float64")
+    plain = lucebox.LLM(reference_models("glm4_moe")[0], device="cpu", dtype="float64")
+    assert torch.equal(with_head.logits(PROMPT), plain.logits(PROMPT))
+    save_file({**weights, "model.layers.9.stray.weight": torch.zeros(2)}, folder / "model.safetensors")
+    with pytest.raises(lucebox.LuceboxError, match="stray"):
+        lucebox.LLM(folder, device="cpu", dtype="float64")
+
+
+@pytest.mark.parametrize("draft", ["ngram", "model"])
+def test_speculation_equals_plain_decoding(reference_models, draft):
+    """n-gram copies (a repeating prompt) and a draft model (the model drafting for itself: drafts
+    kept; then a random other one: drafts refused)."""
+    folder = reference_models("glm4_moe")[0]
+    options = dict(device="cpu", dtype="float64", adaptive=False)
+    prompt = PROMPT * 3
+    plain = lucebox.LLM(folder, draft=None, **options).generate(prompt, max_tokens=40, ignore_eos=True).token_ids
+    drafters = [str(folder), str(reference_models("qwen3_moe")[0])] if draft == "model" else ["ngram"]
+    for i, drafter in enumerate(drafters):
+        got = lucebox.LLM(folder, draft=drafter, **options).generate(prompt, max_tokens=40, ignore_eos=True)
+        assert got.token_ids == plain
+        assert (got.stats["acceptance_length"] > 1) == (i == 0)
