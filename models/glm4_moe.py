@@ -10,8 +10,7 @@ without it. Not implemented, and refused: grouped top-k routing (topk_group < n_
 
 from __future__ import annotations
 
-from lucebox.models.hf_config import common_fields, integer, require, uniform_layers
-from lucebox.models.kimi_linear import sigmoid_moe
+from lucebox.models.hf_config import common_fields, integer, require, sigmoid_moe, uniform_layers
 from lucebox.models.layout import hf_sources
 from lucebox.models.sources import Unloaded
 
@@ -29,7 +28,7 @@ def build_config(hf: dict) -> ModelConfig:
         raise ConfigError(f"config.json: use_qk_norm must be true or false, got {qk_norm!r}")
     # transformers' default: half the head rotates (its config fills it in when config.json has none)
     hf = hf if _rotary_fraction_given(hf) else {**hf, "partial_rotary_factor": 0.5}
-    moe = sigmoid_moe(hf, experts=("n_routed_experts", "num_local_experts"), scaling=1.0)
+    moe = sigmoid_moe(hf, experts=("n_routed_experts", "num_local_experts", "num_experts"), scaling=1.0)
     layers = uniform_layers(hf, [None] * n, ["dense" if i < dense else "moe" for i in range(n)])
     mtp = integer(hf.get("num_nextn_predict_layers", 0), "num_nextn_predict_layers", 0, 16)
     return ModelConfig(layers=layers, moe=moe, qk_norm=qk_norm, attention_output_bias=False,

@@ -8,7 +8,8 @@ llama.cpp writes Llama, Mistral and Mixtral all as architecture `llama`: experts
 a sliding window Mistral. Laguna's keys are those of llama.cpp's LLM_ARCH_LAGUNA (per-layer head
 counts, `leading_dense_block_count`, `attention.sliding_window_pattern`, `rope.*_swa`); its router
 soft-cap, which llama.cpp does not implement, is read from `laguna.router_logit_softcapping`, the
-key gguf-py defines for that purpose. The Gated DeltaNet hybrids' keys: `hybrid_config`.
+key gguf-py defines for that purpose. The Gated DeltaNet hybrids' keys: `hybrid_config`; GLM-4.5's:
+`glm_config`.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lucebox.checkpoints.gguf import hybrid_config, kimi_config
+from lucebox.checkpoints.gguf import glm_config, hybrid_config, kimi_config
 from lucebox.errors import ConfigError, TokenizerError, UnsupportedArchitectureError
 from lucebox.models.hf_config import check_values
 
-SUPPORTED_GGUF_ARCHITECTURES = ("kimi-linear", "laguna", "llama", "qwen3", "qwen3moe", "qwen3next", "qwen35",
-                                "qwen35moe")
+SUPPORTED_GGUF_ARCHITECTURES = ("glm4moe", "kimi-linear", "laguna", "llama", "qwen3", "qwen3moe", "qwen3next",
+                                "qwen35", "qwen35moe")
 
 
 # config.json fields read straight from `{arch}.<key>`, to name the key when a field is refused
@@ -235,7 +236,7 @@ def _check_vocabulary(metadata: dict, rows: int, source: Path) -> None:
 
 _BUILDERS = {"llama": _llama, "qwen3": _qwen3, "qwen3moe": _qwen3moe, "laguna": _laguna,
              "qwen3next": hybrid_config.qwen3next, "qwen35": hybrid_config.qwen35,
-             "qwen35moe": hybrid_config.qwen35moe}
+             "qwen35moe": hybrid_config.qwen35moe, "glm4moe": glm_config.glm4moe}
 
 
 def hf_config_from_gguf(metadata: dict, has: Callable[[str], bool], shape: Callable[[str], tuple[int, ...]],

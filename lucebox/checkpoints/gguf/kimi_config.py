@@ -58,11 +58,12 @@ def _latent_attention(meta) -> dict:
             "v_head_dim": whole_number(meta, "attention.value_length_mla"), "mla_use_nope": True}
 
 
-def _experts(meta) -> dict:
+def sigmoid_experts(meta) -> dict:
+    """DeepSeek-V3-style experts' fields (`models.hf_config.sigmoid_moe` reads them): Kimi Linear's, GLM-4.5's."""
     gating = whole_number(meta, "expert_gating_func")
     if gating != SIGMOID_GATING:
-        raise ConfigError(f"{meta.source.name}: '{meta.arch}.expert_gating_func' is {gating}; lucebox's Kimi Linear "
-                          f"routes with a sigmoid ({SIGMOID_GATING})")
+        raise ConfigError(f"{meta.source.name}: '{meta.arch}.expert_gating_func' is {gating}; lucebox routes "
+                          f"{meta.arch} with a sigmoid ({SIGMOID_GATING})")
     groups = whole_number(meta, "expert_group_count", 1)
     chosen = whole_number(meta, "expert_group_used_count", groups)
     if chosen != groups:
@@ -100,5 +101,5 @@ def kimi_linear(meta, hf: dict) -> dict:
               layer_types=_layer_types(meta, n), model_max_length=hf["max_position_embeddings"],
               linear_attn_config={"num_heads": heads, "head_dim": whole_number(meta, "kda.head_dim"),
                                   "short_conv_kernel_size": whole_number(meta, "ssm.conv_kernel")},
-              **_latent_attention(meta), **_experts(meta))
+              **_latent_attention(meta), **sigmoid_experts(meta))
     return hf

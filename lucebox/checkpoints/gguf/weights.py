@@ -40,6 +40,8 @@ from lucebox.memory.plan import StoredWeights
 from lucebox.models.layout import quantizable, stored_dtype, weight_shapes
 
 ROTARY_INTERLEAVED = ("llama",)  # architectures whose converter interleaves q/k rotary halves
+# The norm before the MLP where it is not `ffn_norm` (the hybrids': `hybrid_weights`)
+MLP_NORMS = {"glm4moe": "post_attention_norm.weight"}
 
 
 def gguf_sources(cfg: ModelConfig, arch: str, has) -> dict[str, GGUFSource]:
@@ -55,7 +57,8 @@ def gguf_sources(cfg: ModelConfig, arch: str, has) -> dict[str, GGUFSource]:
             return GGUFSource((block + name,), heads if interleaved else 0)
 
         q_heads, kv_heads = layer.num_heads, cfg.num_kv_heads
-        sources.update({p + "attn_norm": one("attn_norm.weight"), p + "mlp_norm": one("ffn_norm.weight")})
+        sources.update({p + "attn_norm": one("attn_norm.weight"),
+                        p + "mlp_norm": one(MLP_NORMS.get(arch, "ffn_norm.weight"))})
         if not layer.is_recurrent and cfg.latent_attention is None:  # (others: `hybrid_sources`, `kimi_sources`)
             sources.update(_attention(cfg, p, one, q_heads, kv_heads))
         sources.update(_mlp(cfg, layer, p, b, one))
@@ -69,7 +72,9 @@ def _attention(cfg: ModelConfig, p: str, one, q_heads: int, kv_heads: int) -> di
                p + "wv": one("attn_v.weight"), p + "wo": one("attn_output.weight")}
     if cfg.attention_bias:
         sources.update({p + "bq": one("attn_q.bias", q_heads), p + "bk": one("attn_k.bias", kv_heads),
-                        p + "bv": one("attn_v.bias"), p + "bo": one("attn_output.bias")})
+                        p + "bv": one("attn_v.bias")})
+        if cfg.attention_output_bias:
+            sources[p + "bo"] = one("attn_output.bias")
     if cfg.qk_norm:
         sources.update({p + "q_norm": one("attn_q_norm.weight"), p + "k_norm": one("attn_k_norm.weight")})
     if cfg.attention_gate in ("head", "element"):  # (a "sigmoid" gate is fused into attn_q)
