@@ -5,8 +5,9 @@ times routed_scaling_factor, ungated shared experts; the first `first_k_dense_re
 dense. Plain RMSNorms.
 
 The checkpoints also keep a multi-token-prediction layer after the model's (DeepSeek-V3's layout:
-`model.layers.{num_hidden_layers}.` with eh_proj, enorm, hnorm and shared_head); the model loads
-without it. Not implemented, and refused: grouped top-k routing (topk_group < n_group)."""
+`model.layers.{num_hidden_layers}.` with eh_proj, enorm, hnorm and shared_head): not part of the
+model, but the drafter lucebox runs by default (`models/mtp.py`, layout "deepseek").
+Not implemented, and refused: grouped top-k routing (topk_group < n_group)."""
 
 from __future__ import annotations
 
@@ -42,10 +43,11 @@ def _rotary_fraction_given(hf: dict) -> bool:
 
 def unloaded(cfg: ModelConfig) -> tuple[Unloaded, ...]:
     """The multi-token-prediction layers after the model's (`num_nextn_predict_layers` of them, one
-    in the published checkpoints)."""
+    in the published checkpoints): the drafter's weights, read by the drafter's own load (draft='auto'
+    or 'mtp'), so the model's load passes over them without a word."""
     n = len(cfg.layers)
-    return tuple(Unloaded(f"model.layers.{n + i}.", "the multi-token-prediction layer, a drafter lucebox does not "
-                          "use for this architecture") for i in range(cfg.extra.get("mtp_layers", 0)))
+    return tuple(Unloaded(f"model.layers.{n + i}.", "the multi-token-prediction (MTP) layer, which the drafter "
+                          "loads", quiet=True) for i in range(cfg.extra.get("mtp_layers", 0)))
 
 
 sources = hf_sources

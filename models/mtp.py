@@ -38,11 +38,15 @@ THE_MODEL = (Unloaded("model.", "the model", quiet=True), Unloaded("lm_head.weig
 
 
 def declared_layers(hf: dict) -> int:
-    """`mtp_num_hidden_layers` of a config.json (an image-text one's text_config), 0 when absent
-    (then the checkpoint's own tensors say whether there is a head)."""
+    """`mtp_num_hidden_layers` of a config.json (an image-text one's text_config), or DeepSeek-V3's
+    `num_nextn_predict_layers` (GLM-4.5's); 0 when absent (then the checkpoint's own tensors say
+    whether there is a head)."""
     text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
-    value = text.get("mtp_num_hidden_layers", hf.get("mtp_num_hidden_layers", 0))
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    for key in ("mtp_num_hidden_layers", "num_nextn_predict_layers"):
+        value = text.get(key, hf.get(key))
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
 
 
 def source_layer(target: ModelConfig) -> int:
@@ -67,10 +71,28 @@ def _to_checkpoint(name: str) -> str:
     return name.replace("model.layers.0.", PREFIX + "layers.0.", 1)
 
 
-def head_sources(cfg: ModelConfig, layout: str = "checkpoint") -> dict[str, Source]:
+def deepseek_layer(at: int) -> dict[str, str]:
+    """DeepSeek-V3's names of the head's tensors (GLM-4.5 keeps its head so): one more decoder layer,
+    `model.layers.{at}.` with `at` the model's layer count, its input tensors and final norm beside
+    the layer's own (and copies of the embedding and the LM head, which the model's load leaves)."""
+    p = f"model.layers.{at}."
+    return {"fc": p + "eh_proj.weight", "norm_embedding": p + "enorm.weight", "norm_hidden": p + "hnorm.weight",
+            "model.norm.weight": p + "shared_head.norm.weight", "model.layers.0.": p}
+
+
+def head_sources(cfg: ModelConfig, layout: str = "checkpoint", at: int = 0) -> dict[str, Source]:
     """Where the head's tensors are: in the checkpoint (the layer's named like the model's layer 0),
-    or in the Speculators library's "mtp" layout (`layout` "speculators": `SPECULATORS_NAMES`, the
+    DeepSeek-V3's layer after the model's (`layout` "deepseek", at layer `at`: `deepseek_layer`), or
+    in the Speculators library's "mtp" layout (`layout` "speculators": `SPECULATORS_NAMES`, the
     experts' fused tensors first, as its converter writes them)."""
+    if layout == "deepseek":
+        names = deepseek_layer(at)
+
+        def to_layer(name: str) -> str:
+            return names.get(name) or name.replace("model.layers.0.", names["model.layers.0."], 1)
+
+        own = {name: renamed(source, to_layer) for name, source in hf_sources(cfg).items() if name not in _SHARED}
+        return {**own, **{name: names[name] for name in INPUT_TENSORS}}
     own = {name: renamed(source, _to_checkpoint) for name, source in hf_sources(cfg).items() if name not in _SHARED}
     sources = {**own, **INPUT_TENSORS}
     if layout != "speculators":

@@ -226,6 +226,32 @@ def add_mtp_head(folder: Path, seed: int = 0, declare: bool = True) -> None:
         (folder / "config.json").write_text(json.dumps(config))
 
 
+def add_nextn_layer(folder: Path, seed: int = 0) -> None:
+    """A DeepSeek-V3-style multi-token-prediction layer, at the names GLM-4.5's checkpoints ship it:
+    the model's last layer copied as model.layers.{n} (n its layer count), beside it a random eh_proj
+    and plain norms (enorm, hnorm, shared_head.norm), and copies of the embedding and the LM head
+    (embed_tokens, shared_head.head); config.json declares it (num_nextn_predict_layers: 1)."""
+    g = torch.Generator().manual_seed(seed)
+    config = json.loads((folder / "config.json").read_text())
+    n = config["num_hidden_layers"]
+
+    def add(tensors):
+        last, head = f"model.layers.{n - 1}.", f"model.layers.{n}."
+        norm_weight = tensors[last + "input_layernorm.weight"]
+        hidden, dtype = norm_weight.shape[0], norm_weight.dtype
+        tensors.update({head + name[len(last):]: t.clone() for name, t in list(tensors.items())
+                        if name.startswith(last)})
+        norm = lambda: (1 + torch.randn(hidden, generator=g) * 0.1).to(dtype)  # noqa: E731 - plain norms, around 1
+        tensors.update({head + "eh_proj.weight": (torch.randn(hidden, 2 * hidden, generator=g) / (2 * hidden) ** 0.5)
+                        .to(dtype), head + "enorm.weight": norm(), head + "hnorm.weight": norm(),
+                        head + "shared_head.norm.weight": norm(),
+                        head + "embed_tokens.weight": tensors["model.embed_tokens.weight"].clone(),
+                        head + "shared_head.head.weight": tensors["lm_head.weight"].clone()})
+
+    rewrite_weights(folder, add)
+    (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+
+
 CORPUS = ["hello world, this is a tiny corpus.", "the quick brown fox jumps over the lazy dog!",
           "stop here? or go on and on, said the model."] * 20
 TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
@@ -250,14 +276,15 @@ def with_tokenizer(folder: Path, dest: Path, template: str = TEMPLATE) -> Path:
 
 @pytest.fixture(scope="session")
 def mtp_folder(reference_models, tmp_path_factory):
-    """name -> a copy of that reference model with an MTP head (config.json declares it)."""
+    """name -> a copy of that reference model with an MTP head (config.json declares it): Qwen's
+    mtp.* (`add_mtp_head`), or GLM-4.5's layer after the model's (`add_nextn_layer`)."""
     made = {}
 
     def get(name: str):
         if name not in made:
             folder = tmp_path_factory.mktemp(f"{name}-mtp") / name
             shutil.copytree(reference_models(name)[0], folder)
-            add_mtp_head(folder)
+            (add_nextn_layer if name == "glm4_moe" else add_mtp_head)(folder)
             made[name] = folder
         return made[name]
 

@@ -4,24 +4,27 @@ transformers twin holding the very weights the file decodes to (`gguf_hybrid_mod
 Independent of lucebox's reader: names come from gguf-py's tensor map, keys from its
 `GGUFWriter.add_*`, and the transforms follow convert_hf_to_gguf.py Glm4MoeModel: the experts
 stacked (ffn_gate_exps, ffn_up_exps, ffn_down_exps), e_score_correction_bias -> exp_probs_b.bias,
-block_count counting the multi-token-prediction layer after the model's (`nextn_predict_layers`),
-whose block the file holds too (here a few of its tensors: `NEXTN`).
+and block_count counting the multi-token-prediction layer after the model's (`nextn_predict_layers`),
+whose block the file holds too (`with_nextn_block`: a Hugging Face folder's head, as F32).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import gguf
+import numpy as np
 import torch
+from gguf_bytes import TensorRecord, read_layout, write_layout
 from gguf_hybrid_models import write_converted
 from gguf_models import _BASE
+from safetensors.torch import load_file
 
 # Every matrix input 32 wide or a multiple (Q8_0 blocks)
 _GLM = dict(num_hidden_layers=3, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
             n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.0, attention_bias=True,
-            use_qk_norm=True, num_nextn_predict_layers=1)
-NEXTN = ("nextn.enorm.weight", "nextn.hnorm.weight", "nextn.shared_head_norm.weight")
+            use_qk_norm=True, num_nextn_predict_layers=0)
 
 
 def _transformers_model():
@@ -65,9 +68,6 @@ def _layout(name: str, t: torch.Tensor, c) -> list[tuple[str, torch.Tensor]]:
         return [(block + "ffn_down_exps.weight", t)]
     if name.endswith("e_score_correction_bias"):
         return [(block + "exp_probs_b.bias", t)]
-    if name == "model.norm.weight":  # and the MTP block's norms (the model's own values: only their presence counts)
-        head = f"blk.{c.num_hidden_layers}."
-        return [(name, t)] + [(head + part, t) for part in NEXTN]
     return [(name, t)]
 
 
@@ -84,3 +84,30 @@ def write_glm_gguf(qtype: str, path: Path, seed: int = 0):
                 t.copy_(torch.rand_like(t) * 0.2)
     return write_converted(model, path, gguf.MODEL_ARCH.GLM4_MOE, _metadata, lambda name, t: _layout(name, t,
                            model.config), lambda name: None, qtype, seed)
+
+
+def with_nextn_block(path: Path, folder: Path) -> Path:
+    """The GGUF file at `path` with the MTP layer of the Hugging Face `folder` (`model.layers.{n}.*`,
+    n the file's block count) appended as its block n, in F32, named as the converter names them,
+    and the metadata counting it (block_count n + 1, nextn_predict_layers 1)."""
+    layout = read_layout(path)
+    n = int(layout.get("glm4moe.block_count").value)
+    config = _transformers_model().config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GLM4_MOE, n + 1)
+    head = {name: t.float() for name, t in load_file(folder / "model.safetensors").items()
+            if name.startswith(f"model.layers.{n}.")}
+    expert = re.compile(rf"model\.layers\.{n}\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight")
+    pairs = [pair for name, t in head.items() if not expert.fullmatch(name) for pair in _layout(name, t, config)]
+    for kind in ("gate", "up", "down"):  # the published per-expert tensors, stacked as the converter does
+        parts = sorted((int(m[1]), t) for name, t in head.items() if (m := expert.fullmatch(name)) and m[2] == kind)
+        pairs.append((f"blk.{n}.ffn_{kind}_exps.weight", torch.stack([t for _, t in parts])))
+    data = bytearray(layout.data)
+    for name, part in pairs:
+        gname = name if name.startswith("blk.") else names.get_name(name, try_suffixes=(".weight", ".bias"))
+        data += bytes(-len(data) % layout.alignment)
+        layout.tensors.append(TensorRecord(gname, list(reversed(part.shape)), 0, len(data)))
+        data += part.numpy().astype(np.float32).tobytes()
+    layout.data = bytes(data)
+    layout.get("glm4moe.block_count").value = n + 1
+    layout.get("glm4moe.nextn_predict_layers").value = 1
+    return write_layout(layout, path)

@@ -1,16 +1,19 @@
 """llama.cpp GGUF files of GLM-4.5 (`glm4moe`): a file gets the ModelConfig and the weights of its
 Hugging Face original, so its logits and greedy tokens equal the transformers twin's (float32 and
-Q8_0); the multi-token-prediction block after the model's is left unread; quantized projections stay
-quantized; unsupported keys are refused by name."""
+Q8_0); quantized projections stay quantized; the multi-token-prediction block after the model's is
+the model's drafter, the very head its Hugging Face original drafts with; unsupported keys are
+refused by name."""
 
 import dataclasses
 
 import pytest
 import torch
+from conftest import add_nextn_layer
 from gguf_bytes import UINT32, Field, read_layout, write_layout
-from gguf_glm_models import write_glm_gguf
+from gguf_glm_models import with_nextn_block, write_glm_gguf
 from gguf_models import VOCAB, reference_logits, relative_error
 from lucebox.kernels.quant import QuantizedTensor
+from mtp_cases import head_over, target_hidden
 
 import lucebox
 from lucebox.checkpoints.loading import describe_model
@@ -55,3 +58,20 @@ def test_unsupported_keys_are_refused_naming_them(tmp_path, key, value, message)
     write_layout(dataclasses.replace(layout, fields=fields), tmp_path / "bad.gguf")
     with pytest.raises(ConfigError, match=message):
         lucebox.LLM(tmp_path / "bad.gguf", device="cpu")
+
+
+def test_the_mtp_block_is_the_drafter_its_hugging_face_original_drafts_with(tmp_path):
+    ref = write_glm_gguf("F32", tmp_path / "model.gguf")
+    ref.save_pretrained(tmp_path / "hf")
+    add_nextn_layer(tmp_path / "hf")
+    with_nextn_block(tmp_path / "model.gguf", tmp_path / "hf")
+    from_gguf, from_hf = (lucebox.LLM(tmp_path / name, device="cpu", dtype=torch.float64)
+                          for name in ("model.gguf", "hf"))
+    with torch.no_grad():
+        logits = [llm.proposer.head.logits(head_over(llm.proposer.head, PROMPT[1:], target_hidden(llm, PROMPT)[:-1]))
+                  for llm in (from_gguf, from_hf)]
+    assert relative_error(*logits) <= 1e-9
+    options = dict(max_tokens=30, ignore_eos=True, logit_bias={5: 30.0, 6: 30.0, 7: 30.0})
+    plain = lucebox.LLM(tmp_path / "model.gguf", device="cpu", dtype=torch.float64, draft=None)
+    got = from_gguf.generate(PROMPT, **options)
+    assert got.token_ids == plain.generate(PROMPT, **options).token_ids and got.stats["drafter"] == "mtp"

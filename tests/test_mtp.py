@@ -5,10 +5,10 @@ state of the right position, and lossless in greedy and seeded sampled speculati
 import pytest
 import torch
 from conftest import add_mtp_head
-from lucebox.models.mtp import MTPHead
+from mtp_cases import head_over, target_hidden
 
 import lucebox
-from lucebox.caches import SequenceCache, Step
+from lucebox.caches import Step
 from lucebox.errors import DraftModelError, LuceboxWarning
 from lucebox.sampling import SamplingParams
 from lucebox.speculative.copies_first import CopiesFirst, new_lookup
@@ -119,22 +119,6 @@ def test_a_chat_turn_that_returns_resumes_the_head_and_stays_exact(mtp_folder):
         back + got.token_ids + [7], **options).token_ids
 
 
-def _target_hidden(llm, ids: list[int]) -> torch.Tensor:
-    """The target's final hidden states (after its final norm) of a plain forward over ids."""
-    decoder = llm.engine.decoder
-    cache = llm.engine.new_cache()
-    return decoder.forward(torch.tensor(ids), Step.span(0, len(ids), torch.device("cpu"), prefill=True), cache)
-
-
-def _head_over(head: MTPHead, tokens: list[int], hidden: torch.Tensor) -> torch.Tensor:
-    """The head's outputs over rows 0.. of (tokens[t], hidden[t]), in one forward on a fresh cache."""
-    from lucebox.speculative.draft_model import draft_cache_settings
-
-    cache = SequenceCache(head.cfg, draft_cache_settings(256, 64, 256, 8), torch.float64, torch.device("cpu"))
-    return head.forward(torch.tensor(tokens), hidden, Step.span(0, len(tokens), torch.device("cpu"), prefill=True),
-                        cache)
-
-
 def test_the_head_reads_the_target_state_of_the_position_before_its_token(mtp_folder):
     """Draft 1 comes from the row at last's position - 1: the target's state there and `last`;
     draft 2 from the head's own output and draft 1. Any other pairing (the state of `last`'s own
@@ -155,10 +139,10 @@ def test_the_head_reads_the_target_state_of_the_position_before_its_token(mtp_fo
         proposer.commit(PROMPT[:end], end - begin, features)
     draft = proposer.propose(context, 2, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
 
-    hidden = _target_hidden(llm, PROMPT)
-    out = _head_over(proposer.head, context[1:], hidden)  # row t: token t + 1, state t
-    second_out = _head_over(proposer.head, [*context[1:], draft.tokens[0]], torch.cat([hidden, out[-1:]]))
-    shifted = _head_over(proposer.head, context[1:], torch.cat([hidden[1:], hidden[-1:]]))  # row t: state t + 1
+    hidden = target_hidden(llm, PROMPT)
+    out = head_over(proposer.head, context[1:], hidden)  # row t: token t + 1, state t
+    second_out = head_over(proposer.head, [*context[1:], draft.tokens[0]], torch.cat([hidden, out[-1:]]))
+    shifted = head_over(proposer.head, context[1:], torch.cat([hidden[1:], hidden[-1:]]))  # row t: state t + 1
     expected = [torch.log_softmax(proposer.head.logits(h[-1:])[0], -1) for h in (out, second_out, shifted)]
     drafted = draft.q.log()  # the distributions the two drafts were drawn from
     assert (drafted[0] - expected[0]).abs().max() < 1e-5  # (drawn from float32 probabilities)
@@ -198,7 +182,7 @@ def test_the_head_runs_as_transformers_runs_its_layer(name, mtp_folder, referenc
         expected = ref.lm_head(_offset_norm(out[0], mtp["mtp.norm.weight"], eps))
         llm = _llm(folder)
         head = llm.engine.proposer.head
-        got = head.logits(_head_over(head, PROMPT[1:], _target_hidden(llm, PROMPT)[:-1]))
+        got = head.logits(head_over(head, PROMPT[1:], target_hidden(llm, PROMPT)[:-1]))
     assert (got - expected).abs().max().item() <= 1e-6  # as the models' own logits compare
 
 

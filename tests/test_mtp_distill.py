@@ -5,9 +5,9 @@ import json
 
 import pytest
 import torch
+from mtp_cases import head_over, target_hidden
 from safetensors.torch import load_file
 from test_dspark import tiny_target  # noqa: F401 - the fixture
-from test_mtp import _head_over, _target_hidden
 
 import lucebox
 from lucebox.errors import DraftModelError
@@ -44,9 +44,9 @@ def test_the_head_is_written_as_checkpoints_ship_theirs_and_drafts_losslessly(mt
 def _cross_entropy(llm, ids: list[int]) -> float:
     """The head's drafts against the target's distributions: depth 1 over ids, measured through
     the engine's own head and target (not the training loss)."""
-    hidden = _target_hidden(llm, ids)
+    hidden = target_hidden(llm, ids)
     head = llm.proposer.head
-    logq = torch.log_softmax(head.logits(_head_over(head, ids[1:], hidden[:-1])), -1)
+    logq = torch.log_softmax(head.logits(head_over(head, ids[1:], hidden[:-1])), -1)
     p = torch.softmax(llm.engine.decoder.logits(hidden[1:]), -1)
     return -(p * logq).sum(-1).mean().item()
 

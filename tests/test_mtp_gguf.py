@@ -9,8 +9,9 @@ import gguf
 import pytest
 import torch
 from gguf_hybrid_models import ARCHES, _layout, _metadata, _value_change, write_converted, write_hybrid_gguf
+from mtp_cases import head_over, target_hidden
 from safetensors.torch import save_file
-from test_mtp import BIASES, PROMPT, _head_over, _target_hidden
+from test_mtp import BIASES, PROMPT
 
 import lucebox
 from lucebox.errors import DraftModelError
@@ -80,10 +81,10 @@ def _llm(path, **options):
 def test_the_file_s_head_is_the_head_the_hugging_face_layout_holds(head_files):
     file, folder = head_files
     from_file, from_folder = _llm(file), _llm(folder)
-    hidden = _target_hidden(from_folder, PROMPT)
-    assert (_target_hidden(from_file, PROMPT) - hidden).abs().max().item() < 1e-5  # the same model (as the twin is)
+    hidden = target_hidden(from_folder, PROMPT)
+    assert (target_hidden(from_file, PROMPT) - hidden).abs().max().item() < 1e-5  # the same model (as the twin is)
     heads = [llm.engine.proposer.head for llm in (from_file, from_folder)]
-    outs = [head.logits(_head_over(head, PROMPT[1:], hidden[:-1])) for head in heads]
+    outs = [head.logits(head_over(head, PROMPT[1:], hidden[:-1])) for head in heads]
     assert (outs[0] - outs[1]).abs().max().item() < 1e-9
 
 
@@ -106,9 +107,9 @@ def test_an_mtp_only_file_drafts_for_the_model_without_a_head(head_files):
     file, folder = head_files
     plain, companion = file.parent / "plain.gguf", file.parent / "mtp-only.gguf"
     llm = _llm(plain, draft=str(companion))
-    hidden = _target_hidden(llm, PROMPT)
+    hidden = target_hidden(llm, PROMPT)
     heads = [llm.engine.proposer.head, _llm(folder).engine.proposer.head]
-    outs = [head.logits(_head_over(head, PROMPT[1:], hidden[:-1])) for head in heads]
+    outs = [head.logits(head_over(head, PROMPT[1:], hidden[:-1])) for head in heads]
     assert (outs[0] - outs[1]).abs().max().item() < 1e-9
     options = {"max_tokens": 24, "ignore_eos": True, "logit_bias": BIASES[1]}
     got = _llm(plain, draft=str(companion), adaptive=False, draft_k=3).generate(PROMPT, **options)

@@ -25,5 +25,5 @@ class DrafterSpec:
     model: ModelDescription | None = None
     head: ModelConfig | None = None
     head_file: GGUFFile | None = None  # an MTP-only GGUF file the head is read from
-    layout: str = "checkpoint"  # an MTP head's tensor names: the checkpoint's (mtp.*) or "speculators"
+    layout: str = "checkpoint"  # an MTP head's tensor names: the checkpoint's (mtp.*), "deepseek" or "speculators"
     quantization: str | None = None  # an MTP head's linear layers, as the target's (`lucebox.kernels.quant`)

@@ -29,20 +29,31 @@ from lucebox.speculative.drafter_spec import DrafterSpec
 
 
 def head_layers(target: ModelDescription) -> int:
-    """How many layers the target's MTP head has (0: no head). config.json's `mtp_num_hidden_layers`,
-    or when it is absent (some Qwen3.6 uploads ship the head without it) the weights' own count."""
-    if target.gguf is not None:  # `gguf.hybrid_config` read nextn_predict_layers
-        return mtp.declared_layers(target.hf_config)
+    """How many layers the target's MTP head has (0: no head). config.json's `mtp_num_hidden_layers`
+    (or `num_nextn_predict_layers`), or when it is absent (some Qwen3.6 uploads ship the head without
+    it) the weights' own count."""
+    return _stored_head(target)[0]
+
+
+def _stored_head(target: ModelDescription) -> tuple[int, str]:
+    """(layers, layout) of the MTP head the target's checkpoint holds: mtp.* ("checkpoint",
+    Qwen's) or DeepSeek-V3's layers after the model's ("deepseek", GLM-4.5's); 0 layers: none."""
+    if target.gguf is not None:  # `gguf.hybrid_config` and `gguf.glm_config` read nextn_predict_layers
+        return mtp.declared_layers(target.hf_config), "checkpoint"
     if target.quantization is not None:  # (a saved quantized checkpoint holds the model's tensors only)
-        return 0
+        return 0, "checkpoint"
     try:
         index = CheckpointIndex(weight_files(target.folder))
     except ModelNotFoundError:  # no weights to read a head from (load_format='dummy'; else the model's load says so)
-        return 0
+        return 0, "checkpoint"
+    declared, n = mtp.declared_layers(target.hf_config), target.cfg.num_layers
+    if f"model.layers.{n}.eh_proj.weight" in index:
+        stored = {m for m in range(n, n + 64) if f"model.layers.{m}.eh_proj.weight" in index}
+        return declared or len(stored), "deepseek"
     if "mtp.fc.weight" not in index:
-        return 0
+        return 0, "checkpoint"
     stored = {name.split(".")[2] for name in index.location if name.startswith("mtp.layers.")}
-    return mtp.declared_layers(target.hf_config) or len(stored)
+    return declared or len(stored), "checkpoint"
 
 
 def mtp_drafter(target: ModelDescription, asked: bool = False) -> DrafterSpec | None:
@@ -50,10 +61,11 @@ def mtp_drafter(target: ModelDescription, asked: bool = False) -> DrafterSpec | 
     None: for `draft='auto'`, a head that is incomplete (an upload that dropped some of its
     tensors) is left out with a warning rather than stop the model from loading; asked for by name
     (`asked`), its missing tensors are the error."""
-    if head_layers(target) != 1:
+    layers, layout = _stored_head(target)
+    if layers != 1:
         return None
     folder = None if target.gguf is not None else target.folder  # None: the GGUF file's nextn block
-    spec = DrafterSpec("mtp", folder, model=target, head=mtp.head_config(target.cfg))
+    spec = DrafterSpec("mtp", folder, model=target, head=mtp.head_config(target.cfg), layout=layout)
     try:
         _check_head_tensors(spec)
     except (MissingTensorError, TensorShapeError, UnexpectedTensorError) as e:
@@ -75,8 +87,8 @@ def _check_head_tensors(spec: DrafterSpec) -> None:
             raise MissingTensorError(f"{file.path.name} lacks {len(missing)} of its MTP head's tensors: "
                                      f"{', '.join(missing[:8])}")
         return
-    resolve_sources(mtp.head_sources(spec.head), mtp.head_shapes(spec.head), CheckpointIndex(weight_files(spec.folder)),
-                    mtp.THE_MODEL)
+    resolve_sources(mtp.head_sources(spec.head, spec.layout, target.cfg.num_layers), mtp.head_shapes(spec.head),
+                    CheckpointIndex(weight_files(spec.folder)), mtp.THE_MODEL)
 
 
 def own_mtp(target: ModelDescription) -> DrafterSpec:
@@ -84,7 +96,7 @@ def own_mtp(target: ModelDescription) -> DrafterSpec:
     if spec is None:
         layers = head_layers(target)
         why = (f"its head has {layers} layers (lucebox runs a one-layer head)" if layers > 1
-               else "its checkpoint holds no MTP head (mtp.* tensors)")
+               else "its checkpoint holds no MTP head (mtp.* tensors, or DeepSeek-V3's layer after the model's)")
         raise DraftModelError(f"draft='mtp': {target.folder} has no MTP head lucebox can run: {why}; pass "
                               "draft='auto', 'ngram', a drafter folder, or None")
     return spec
@@ -108,7 +120,7 @@ def mtp_file(file: GGUFFile, target: ModelDescription) -> DrafterSpec:
         raise DraftModelError(f"{file.path.name} is not an MTP-only GGUF file (its blk.N.nextn.* head alone); "
                               "lucebox drafts from a GGUF file's MTP head only: pass a drafter folder, 'ngram' or "
                               "'auto'")
-    if block != target.cfg.num_layers or arch not in HYBRID_ARCHITECTURES:
+    if block != target.cfg.num_layers or arch not in (*HYBRID_ARCHITECTURES, "glm4moe"):
         raise DraftModelError(f"{file.path.name} is the MTP head of a {block}-layer {arch} model; the target has "
                               f"{target.cfg.num_layers} layers")
     experts = target.cfg.moe.num_experts if target.cfg.moe is not None else None
@@ -126,5 +138,6 @@ def mtp_weights(spec: DrafterSpec, dtype: torch.dtype, device: torch.device) -> 
         file = spec.head_file or spec.model.gguf.file
         arch = str(file.metadata["general.architecture"])
         return load_nextn_head(file, spec.head, arch, spec.model.cfg.num_layers, dtype, device)
-    return load_weights(CheckpointIndex(weight_files(spec.folder)), mtp.head_sources(spec.head, spec.layout),
-                        mtp.head_shapes(spec.head), dtype, device, mtp.THE_MODEL, quantizer(spec.quantization))
+    sources = mtp.head_sources(spec.head, spec.layout, spec.model.cfg.num_layers)
+    return load_weights(CheckpointIndex(weight_files(spec.folder)), sources, mtp.head_shapes(spec.head), dtype, device,
+                        mtp.THE_MODEL, quantizer(spec.quantization))

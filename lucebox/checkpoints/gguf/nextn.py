@@ -5,9 +5,10 @@ llama.cpp's converter writes the head as one more block after the model's, blk.N
 model's layer count (block_count counts it): the decoder layer under the names every block uses
 (attn_norm, attn_q, ..., post_attention_norm, ffn_*), and beside it nextn.eh_proj (mtp.fc),
 nextn.enorm (mtp.pre_fc_norm_embedding), nextn.hnorm (mtp.pre_fc_norm_hidden) and
-nextn.shared_head_norm (mtp.norm). Like every "*norm.weight" of these hybrids, the three norms are
-stored as 1 + w (`hybrid_weights`), which the read undoes. The head shares the model's token
-embedding and output head, which the file holds once.
+nextn.shared_head_norm (mtp.norm). Like every "*norm.weight" of the Qwen hybrids, their three norms
+are stored as 1 + w (`hybrid_weights`), which the read undoes; GLM-4.5's (`glm4moe`, DeepSeek-V3's
+head) are plain. The head shares the model's token embedding and output head, which the file holds
+once (the copies beside it, nextn.embed_tokens and nextn.shared_head_head, are left unread).
 
 The converter's `--mtp` writes the head alone, an MTP-only file (the same metadata, the head's
 block, and copies of the token embedding, output norm and head that lucebox leaves unread: the
@@ -22,6 +23,7 @@ from dataclasses import replace
 import torch
 
 from lucebox.checkpoints.gguf.file import GGUFFile
+from lucebox.checkpoints.gguf.hybrid_weights import HYBRID_ARCHITECTURES
 from lucebox.checkpoints.gguf.reorder import GGUFSource
 from lucebox.checkpoints.gguf.weights import gguf_sources, read_sources
 from lucebox.config import ModelConfig
@@ -44,7 +46,8 @@ def nextn_sources(head: ModelConfig, arch: str, block: int, has) -> dict[str, GG
 
     layer = {name: moved(source) for name, source in gguf_sources(head, arch, has).items()
              if name.startswith("layers.0.")}
-    norm = GGUFSource((b + "nextn.shared_head_norm.weight",), value="offset_norm")
+    norm = GGUFSource((b + "nextn.shared_head_norm.weight",),
+                      value="offset_norm" if arch in HYBRID_ARCHITECTURES else None)
     return {**layer, "norm": norm, "fc": GGUFSource((b + "nextn.eh_proj.weight",)),
             "norm_embedding": replace(norm, names=(b + "nextn.enorm.weight",)),
             "norm_hidden": replace(norm, names=(b + "nextn.hnorm.weight",))}
