@@ -69,3 +69,13 @@ def test_speculation_equals_plain_decoding(reference_models, draft):
         got = lucebox.LLM(folder, draft=drafter, **options).generate(prompt, max_tokens=40, ignore_eos=True)
         assert got.token_ids == plain
         assert (got.stats["acceptance_length"] > 1) == (i == 0)
+
+
+def test_the_triton_engine_matches_the_torch_engine(reference_models):
+    """q/k/v biases in the fused projection without an o bias, partial RoPE, QK norms and the sigmoid
+    router with shared experts, through the Triton kernels (the interpreter on the CPU)."""
+    from test_triton_backend import _assert_same_greedy_tokens_and_close_logits, _pair
+
+    torch_llm, triton_llm = _pair(reference_models("glm4_moe")[0])
+    assert triton_llm.setup.backend == "triton"
+    _assert_same_greedy_tokens_and_close_logits(torch_llm, triton_llm, PROMPT * 2, 6)
