@@ -86,7 +86,8 @@ def test_generate_on_dummy_weights(tmp_path, capsys):
 ERROR_CASES = {
     "missing_folder": (lambda d: ["info", str(d / "nowhere")], "does not exist"),
     "no_config": (lambda d: ["info", str(d)], "no config.json"),
-    "unsupported": (lambda d: ["info", str(d / "gpt2")], "not supported; supported: KimiLinearForCausalLM, Laguna"),
+    "unsupported": (lambda d: ["info", str(d / "gpt2")],
+                    "not supported; supported: Glm4MoeForCausalLM, KimiLinearForCausalLM, Laguna"),
     "bad_json": (lambda d: ["info", str(d / "badjson")], "not valid JSON"),
     "huge_number": (lambda d: ["info", str(d / "hugenumber")], "a number of 5000 characters"),
     "text_without_tokenizer": (lambda d: ["generate", str(d / "llama"), "--prompt", "hi", "--device", "cpu"],
