@@ -141,7 +141,7 @@ class LLM:
         defaults of every turn (`max_tokens`, `temperature`, `top_p`, `stop`, `json_schema`, ...).
         `tools`, `tool_choice`, `parallel_tool_calls`: as OpenAI's API takes them (function schemas;
         "auto", "none", "required" or {"type": "function", "function": {"name": ...}}); `tool_parser`: the
-        call syntax ("hermes", "llama3", "mistral") when the chat template's is not the one to parse
+        call syntax ("hermes", "llama3", "mistral", "qwen3_coder") when the chat template's is not the one to parse
         (None: the template's own, as `lucebox serve --tool-parser`)."""
         from lucebox.chat import ChatSession
 

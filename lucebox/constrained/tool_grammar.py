@@ -42,6 +42,9 @@ def tool_call_grammar(functions: list[dict], fmt: str, parallel: bool, token_id,
         call = " | ".join(f'{literal("<tool_call>")} "\\n" {json_call(f, "arguments")} "\\n" {literal("</tool_call>")}'
                           for f in functions)
         start = 'call ("\\n" call)*' if parallel else "call"
+    elif fmt == "qwen3_coder":
+        call = " | ".join(xml_call(f, literal) for f in functions)
+        start = 'call ("\\n" call)*' if parallel else "call"
     elif fmt == "llama3":
         call = " | ".join(json_call(f, "parameters") for f in functions)
         start = 'call ("; " call)*' if parallel else "call"
@@ -59,5 +62,38 @@ def tool_call_grammar(functions: list[dict], fmt: str, parallel: bool, token_id,
         start = f'{literal("[TOOL_CALLS]")} "[" call (", " call)* "]"' if parallel else \
             f'{literal("[TOOL_CALLS]")} "[" call "]"'
     lark = f"start: {start}\ncall: {call}\n"
+    if "param_text" in call:  # a string parameter's text: up to its closing tag, which ends it
+        lark += 'param_text[suffix="\\n</parameter>\\n"]: /(.|\\n)*/\n'
     Constraint.lark(lark, field)  # a GrammarError naming `field` if the engine cannot compile it
     return lark
+
+
+# Non-string values as the templates write them (Jinja's tojson: Python's json.dumps separators)
+_AS_TOJSON = {**JSON_DEFAULTS, "item_separator": ", ", "key_separator": ": "}
+
+
+def xml_call(f: dict, literal) -> str:
+    """One call to `f` in Qwen3-Coder's tags (`text.xml_calls`): its schema's parameters in order,
+    the required ones always; a string is written bare (one of its enum, or any text up to its
+    closing tag: its other string constraints are not held), any other value as JSON following its
+    schema. A schema without properties takes any parameters as text."""
+    schema = f.get("parameters") or {}
+    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = set(schema.get("required") or ()) if isinstance(schema.get("required"), list) else set()
+    close = json.dumps("\n</parameter>\n")
+    parts = []
+    for key, sub in properties.items():
+        sub = sub if isinstance(sub, dict) else {}
+        enum = sub.get("enum")
+        if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):  # bare, one of them
+            value = "(" + " | ".join(json.dumps(v) for v in enum) + f") {close}"
+        elif sub.get("type") == "string" or "type" not in sub and "anyOf" not in sub:
+            value = "param_text"
+        else:
+            value = "%json " + json.dumps({**sub, "x-guidance": _AS_TOJSON}) + f" {close}"
+        part = f'("<parameter=" {json.dumps(key)} ">\\n" {value})'
+        parts.append(part if key in required else part + "?")
+    if not properties:
+        parts.append('("<parameter=" /[^>\\n]+/ ">\\n" param_text)*')
+    head = f'{literal("<tool_call>")} "\\n<function=" {json.dumps(f["name"])} ">\\n"'
+    return f'({head} {" ".join(parts)} "</function>\\n" {literal("</tool_call>")})'

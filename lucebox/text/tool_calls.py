@@ -8,6 +8,8 @@ Three syntaxes, named as `lucebox serve --tool-parser` takes them:
   optionally after `<|python_tag|>`, several calls separated by `;`;
 - "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`, or the newer
   `[TOOL_CALLS]name[ARGS]{...}` (repeated for parallel calls);
+- "qwen3_coder" (Qwen3-Coder, Qwen3.5/3.6): `<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n
+  </function>\n</tool_call>`, one block per call (`text.xml_calls`);
 - "json", the generic syntax for a model whose template teaches none (`text.json_calls`): the whole
   answer is `{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}` or `{"content": "..."}`.
 
@@ -28,8 +30,9 @@ from dataclasses import dataclass
 
 from lucebox import bounded_json
 from lucebox.text.json_calls import CALLS_HEAD, parse_json_answer
+from lucebox.text.xml_calls import xml_calls, xml_calls_prefix
 
-FORMATS = ("hermes", "llama3", "mistral", "json")
+FORMATS = ("hermes", "llama3", "mistral", "qwen3_coder", "json")
 _DECODER = json.JSONDecoder()
 _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
@@ -51,8 +54,8 @@ def detect_format(template: str | None) -> str | None:
     """The tool-call syntax a chat template writes (from the markers it renders), or None."""
     if not template:
         return None
-    if "<tool_call>" in template:
-        return "hermes"
+    if "<tool_call>" in template:  # its blocks hold JSON, or Qwen3-Coder's and Qwen3.5's XML-like tags
+        return "qwen3_coder" if "<function=" in template and "<parameter=" in template else "hermes"
     if "[TOOL_CALLS]" in template:
         return "mistral"
     if "<|python_tag|>" in template or "ipython" in template:
@@ -64,7 +67,7 @@ def call_markers(fmt: str) -> tuple[str, ...]:
     """Text that starts a call in `fmt`: streamed content stops where one may begin. Llama 3's bare
     JSON call starts with "{", which only counts at the start of the answer (`starts_at_beginning`)."""
     return {"hermes": ("<tool_call>",), "llama3": ("<|python_tag|>", "{"), "mistral": ("[TOOL_CALLS]",),
-            "json": ("{",)}[fmt]
+            "qwen3_coder": ("<tool_call>",), "json": ("{",)}[fmt]
 
 
 def starts_at_beginning(fmt: str, marker: str) -> bool:
@@ -82,7 +85,8 @@ def parse_tool_calls(text: str, fmt: str) -> ParsedOutput:
     """The calls in `text` (written in syntax `fmt`) and the text beside them; no call, or a malformed
     one: all of `text` as content."""
     try:
-        found = {"hermes": _hermes, "llama3": _llama3, "mistral": _mistral, "json": _json}[fmt](text)
+        found = {"hermes": _hermes, "llama3": _llama3, "mistral": _mistral, "qwen3_coder": xml_calls,
+                 "json": _json}[fmt](text)
         if found:
             return _parsed(*found, fmt)
     except (ValueError, TypeError, KeyError, RecursionError):  # json's, UTF-8's and bounded_json's are ValueErrors
@@ -95,7 +99,7 @@ def complete_calls(text: str, fmt: str) -> ParsedOutput:
     malformed, and all after it are dropped), and the text before them; none: all of `text`."""
     try:
         content, pairs = {"hermes": _hermes_prefix, "llama3": _llama3_prefix, "mistral": _mistral_prefix,
-                          "json": _json_prefix}[fmt](text)
+                          "qwen3_coder": xml_calls_prefix, "json": _json_prefix}[fmt](text)
         while pairs:
             try:
                 return _parsed(content, pairs, fmt)

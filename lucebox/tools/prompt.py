@@ -23,7 +23,9 @@ def tools_as_system_text(tools: list[dict], fmt: str | None, choice: str = "auto
                 '{"tool_calls": [{"name": NAME, "arguments": {...}}, ...]}; to answer, {"content": "your answer"}.')
     example = {"hermes": '<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>',
                "llama3": '{"name": NAME, "parameters": {...}}',
-               "mistral": '[TOOL_CALLS][{"name": NAME, "arguments": {...}}]'}.get(fmt)
+               "mistral": '[TOOL_CALLS][{"name": NAME, "arguments": {...}}]',
+               "qwen3_coder": "<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n"
+                              "</tool_call>"}.get(fmt)
     how = f" To call one, write:\n{example}" if example else ""
     return f"You can call these tools (JSON Schema of their arguments):\n{json.dumps(tools)}\n{how}".rstrip()
 
