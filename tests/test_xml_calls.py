@@ -16,6 +16,7 @@ from lucebox.constrained.state import GrammarState
 from lucebox.constrained.tool_grammar import tool_call_grammar
 from lucebox.text.tokenizer_files import load_tokenizer
 from lucebox.text.tool_calls import complete_calls, detect_format, parse_tool_calls
+from lucebox.text.xml_calls import string_parameters
 
 CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n"
         "</parameter>\n</function>\n</tool_call>")
@@ -27,6 +28,16 @@ def test_the_syntax_is_told_from_the_template():
     qwen35 = "{{- '<tool_call>\\n<function=' + name + '>\\n<parameter=' + key + '>\\n' }}"
     assert detect_format(qwen35) == "qwen3_coder"
     assert detect_format('<tool_call>\\n{"name": ...}</tool_call>') == "hermes"
+
+
+def test_a_string_parameter_keeps_its_text_where_the_schema_says_so():
+    text = CALL.replace("\n3\n", "\n7\n").replace("Paris", "true")
+    assert json.loads(parse_tool_calls(text, "qwen3_coder").calls[0].arguments) == {"city": True, "days": 7}
+    strings = string_parameters([{"name": "get_weather", "parameters": {"properties": {
+        "city": {"type": "string"}, "days": {"enum": ["7", "1"]}}}}])
+    assert json.loads(parse_tool_calls(text, "qwen3_coder", strings).calls[0].arguments) == {"city": "true",
+                                                                                            "days": "7"}
+    assert json.loads(complete_calls(text + "\n<tool", "qwen3_coder", strings).calls[0].arguments)["city"] == "true"
 
 
 def test_calls_parse_with_typed_values_and_the_text_beside_them():

@@ -81,12 +81,12 @@ def new_call_id(fmt: str) -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def parse_tool_calls(text: str, fmt: str) -> ParsedOutput:
+def parse_tool_calls(text: str, fmt: str, strings: dict | None = None) -> ParsedOutput:
     """The calls in `text` (written in syntax `fmt`) and the text beside them; no call, or a malformed
-    one: all of `text` as content."""
+    one: all of `text` as content. `strings`: each function's string parameters (`xml_calls`)."""
     try:
-        found = {"hermes": _hermes, "llama3": _llama3, "mistral": _mistral, "qwen3_coder": xml_calls,
-                 "json": _json}[fmt](text)
+        found = xml_calls(text, strings) if fmt == "qwen3_coder" else {
+            "hermes": _hermes, "llama3": _llama3, "mistral": _mistral, "json": _json}[fmt](text)
         if found:
             return _parsed(*found, fmt)
     except (ValueError, TypeError, KeyError, RecursionError):  # json's, UTF-8's and bounded_json's are ValueErrors
@@ -94,12 +94,13 @@ def parse_tool_calls(text: str, fmt: str) -> ParsedOutput:
     return ParsedOutput(text, ())
 
 
-def complete_calls(text: str, fmt: str) -> ParsedOutput:
+def complete_calls(text: str, fmt: str, strings: dict | None = None) -> ParsedOutput:
     """The calls of an answer cut short, as far as they were written whole (the first one cut, or
     malformed, and all after it are dropped), and the text before them; none: all of `text`."""
     try:
-        content, pairs = {"hermes": _hermes_prefix, "llama3": _llama3_prefix, "mistral": _mistral_prefix,
-                          "qwen3_coder": xml_calls_prefix, "json": _json_prefix}[fmt](text)
+        content, pairs = xml_calls_prefix(text, strings) if fmt == "qwen3_coder" else {
+            "hermes": _hermes_prefix, "llama3": _llama3_prefix, "mistral": _mistral_prefix,
+            "json": _json_prefix}[fmt](text)
         while pairs:
             try:
                 return _parsed(content, pairs, fmt)

@@ -26,6 +26,7 @@ from lucebox.text.tool_calls import (
     parse_tool_calls,
     starts_at_beginning,
 )
+from lucebox.text.xml_calls import string_parameters
 from lucebox.tools.request import ToolRequest
 
 
@@ -52,9 +53,10 @@ class ToolCallStream:
         """(the content not sent yet, the whole answer parsed); `finish_reason`: how the answer ended."""
         self._text += self._decoder.flush()
         text = self._cut(self._text)
-        parsed = parse_tool_calls(text, self._fmt)
+        strings = string_parameters([t["function"] for t in self._request.tools])
+        parsed = parse_tool_calls(text, self._fmt, strings)
         if not parsed.calls and finish_reason in ("stop", "length"):  # cut short, or ended at a repeated call
-            cut = complete_calls(text, self._fmt)
+            cut = complete_calls(text, self._fmt, strings)
             if cut.calls and (finish_reason == "length" or first_repeat(cut.calls) is not None):
                 parsed = cut
         if self._fmt == "json" and not parsed.calls and answer_text(text) is None:
