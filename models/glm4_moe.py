@@ -31,7 +31,8 @@ def build_config(hf: dict) -> ModelConfig:
     hf = hf if _rotary_fraction_given(hf) else {**hf, "partial_rotary_factor": 0.5}
     moe = sigmoid_moe(hf, experts=("n_routed_experts", "num_local_experts", "num_experts"), scaling=1.0)
     layers = uniform_layers(hf, [None] * n, ["dense" if i < dense else "moe" for i in range(n)])
-    mtp = integer(hf.get("num_nextn_predict_layers", 0), "num_nextn_predict_layers", 0, 16)
+    # transformers' default: one (the published checkpoints hold one); 0 stated leaves one allowed too
+    mtp = max(1, integer(hf.get("num_nextn_predict_layers", 1), "num_nextn_predict_layers", 0, 16))
     return ModelConfig(layers=layers, moe=moe, qk_norm=qk_norm, attention_output_bias=False,
                        extra={"mtp_layers": mtp}, **common_fields(hf))
 

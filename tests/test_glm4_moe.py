@@ -79,3 +79,14 @@ def test_the_triton_engine_matches_the_torch_engine(reference_models):
     torch_llm, triton_llm = _pair(reference_models("glm4_moe")[0])
     assert triton_llm.setup.backend == "triton"
     _assert_same_greedy_tokens_and_close_logits(torch_llm, triton_llm, PROMPT * 2, 6)
+
+
+def test_a_config_that_does_not_declare_the_mtp_layer_still_loads_beside_it(mtp_folder, tmp_path):
+    """transformers reads a missing num_nextn_predict_layers as 1: the checkpoint's layer is the head."""
+    folder = tmp_path / "glm"
+    shutil.copytree(mtp_folder("glm4_moe"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("num_nextn_predict_layers")
+    (folder / "config.json").write_text(json.dumps(config))
+    assert lucebox.LLM(folder, device="cpu", dtype="float64", draft=None).generate(PROMPT, max_tokens=2).token_ids
+    assert lucebox.LLM(folder, device="cpu", dtype="float64").proposer.name == "mtp"

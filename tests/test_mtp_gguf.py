@@ -8,6 +8,7 @@ import json
 import gguf
 import pytest
 import torch
+from gguf_bytes import read_layout, write_layout
 from gguf_hybrid_models import ARCHES, _layout, _metadata, _value_change, write_converted, write_hybrid_gguf
 from mtp_cases import head_over, target_hidden
 from safetensors.torch import save_file
@@ -117,3 +118,12 @@ def test_an_mtp_only_file_drafts_for_the_model_without_a_head(head_files):
     assert got.token_ids == _llm(plain, draft=None).generate(PROMPT, **options).token_ids
     with pytest.raises(DraftModelError, match="not an MTP-only GGUF file"):
         _llm(plain, draft=str(file))  # a whole model (with its head) is not a drafter here
+
+
+def test_an_mtp_only_file_of_another_architecture_is_refused_naming_both(head_files, tmp_path):
+    companion = head_files[0].parent / "mtp-only.gguf"
+    layout = read_layout(companion)
+    layout.get("general.architecture").value = "glm4moe"
+    other = write_layout(layout, tmp_path / "other-mtp.gguf")
+    with pytest.raises(DraftModelError, match="MTP head of a glm4moe model; the target is qwen35moe"):
+        _llm(head_files[0].parent / "plain.gguf", draft=str(other))

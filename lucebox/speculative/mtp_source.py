@@ -120,6 +120,9 @@ def mtp_file(file: GGUFFile, target: ModelDescription) -> DrafterSpec:
         raise DraftModelError(f"{file.path.name} is not an MTP-only GGUF file (its blk.N.nextn.* head alone); "
                               "lucebox drafts from a GGUF file's MTP head only: pass a drafter folder, 'ngram' or "
                               "'auto'")
+    if target.gguf is not None and arch != target.gguf.architecture:
+        raise DraftModelError(f"{file.path.name} is the MTP head of a {arch} model; the target is "
+                              f"{target.gguf.architecture}")
     if block != target.cfg.num_layers or arch not in (*HYBRID_ARCHITECTURES, "glm4moe"):
         raise DraftModelError(f"{file.path.name} is the MTP head of a {block}-layer {arch} model; the target has "
                               f"{target.cfg.num_layers} layers")
