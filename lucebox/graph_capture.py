@@ -1,8 +1,9 @@
 """Device work run as one CUDA graph: the target's decode/verify steps (`engine.runner.StepGraph`) and the
-drafter's block pass (`speculative.draft_graph`). `Graphed.body` reads only static inputs and
-buffers with fixed addresses; `run` captures it on its first call (on CUDA) and replays it after,
-or runs it eagerly without CUDA (`capture=False`), which is how the CPU tests check the same body.
-The body's outputs are the graph's static tensors: each replay overwrites them."""
+drafter's pass (a DFlash block, `speculative.draft_graph`; an MTP head's row, `speculative.mtp_graph`).
+`Graphed.body` reads only static inputs and buffers with fixed addresses; `run` captures it on its
+first call (on CUDA) and replays it after, or runs it eagerly without CUDA (`capture=False`), which
+is how the CPU tests check the same body. The body's outputs are the graph's static tensors: each
+replay overwrites them."""
 
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ def capture(body: Callable[[], Out], device: torch.device, pool) -> tuple[torch.
 
 class Graphed(Generic[Out]):
     def __init__(self, device: torch.device, capture: bool, pool=None):
+        """`pool`: the memory pool to capture into, or a callable giving it at capture time (a
+        drafter's graph follows the steps' pool, which the runner replaces when it releases them)."""
         self.device, self.capture, self.pool = device, capture, pool
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: Out | None = None
@@ -70,7 +73,7 @@ class Graphed(Generic[Out]):
         if self.graph is not None:
             self.graph.replay()
         elif self.capture:
-            self.graph, self.out = capture(self.body, self.device, self.pool)
+            self.graph, self.out = capture(self.body, self.device, self.pool() if callable(self.pool) else self.pool)
         else:
             self.out = self.body()
         return self.out

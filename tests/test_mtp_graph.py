@@ -117,3 +117,32 @@ def test_the_replayed_head_pass_drafts_as_the_eager_one_on_cuda(mtp_folder):
             drafted.append(llm.proposer._chain(PROMPT + out.token_ids[:-1], 4, SamplingParams(), None))
     assert torch.stack(drafted[0][0]).tolist() == torch.stack(drafted[1][0]).tolist()
     assert torch.allclose(torch.stack(drafted[0][2]), torch.stack(drafted[1][2]), rtol=1e-4, atol=1e-4)
+
+
+def test_a_drafter_s_graph_captures_into_the_steps_pool_of_its_time(mtp_folder, monkeypatch):
+    """The runner replaces its pool when it releases its graphs (a dropped session cache): a graph the
+    drafter captures later (remade after a step cut short) goes into the new pool, not the released one."""
+    import lucebox.graph_capture as graph_capture
+
+    llm = lucebox.LLM(mtp_folder("qwen3_5"), **COMMON)
+    runner, proposer = llm.engine.runner, llm.proposer
+    pools = iter(["pool 1", "pool 2"])
+    runner.pool = next(pools)
+    proposer.graph_with(capture=True, pool=lambda: runner.pool)  # as `engine.build` hands it
+    used = []
+
+    class Replayed:
+        def replay(self):
+            pass
+
+    def capture(body, device, pool):
+        used.append(pool)
+        return Replayed(), body()
+
+    monkeypatch.setattr(graph_capture, "capture", capture)
+    proposer.capture_graph(3)
+    runner.pool = next(pools)  # `StepRunner.release`
+    proposer.cache.kv[0].dirty = True  # a step cut short: the cache and its graph are remade
+    proposer.start(PROMPT, None)
+    proposer.capture_graph(3)
+    assert used == ["pool 1", "pool 2"]

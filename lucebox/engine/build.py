@@ -98,7 +98,7 @@ def build_engine(setup: EngineSetup, load_progress: Callable[[int, int], None] |
     proposer = make_proposer(setup.drafter, loaded.decoder, setup.cache.max_context, setup.prefill_chunk,
                              config.draft_ctx, DRAFT_WIDTH)
     if runner.graphs and proposer is not None:  # the drafter's pass shares the steps' pool
-        proposer.graph_with(runner.capture, runner.pool)
+        proposer.graph_with(runner.capture, lambda: runner.pool)  # the pool of the steps' graphs when it captures
     eos = eos_ids(setup, loaded.tokenizer)
     return Engine(setup, loaded.decoder, runner, loaded.tokenizer, proposer, traffic, DeviceClock(setup.device), eos)
 
