@@ -78,12 +78,8 @@ class Session:
         decoding without them, each draft tree's width up to the tree budget (a tree graph serves
         every tree of its width: the shape comes in with the step's inputs), and the drafter's
         pass (a DFlash block, an MTP head's row); so no request waits for a capture or a Triton
-        compile. `progress(done, total)` after each. Under inference mode, as requests run: the
-        caches a request remade (a drafter's after a step cut short) are inference tensors."""
-        with torch.inference_mode():
-            self._capture_graphs(progress)
-
-    def _capture_graphs(self, progress: Callable[[int, int], None] | None) -> None:
+        compile. `progress(done, total)` after each. Run before any request (the caches it writes
+        are made here, outside inference mode, and later steps write them in place outside it too)."""
         engine = self.engine
         proposer = engine.proposer
         layers = proposer.feature_layers if proposer is not None else ()
