@@ -53,11 +53,11 @@ For each function call, return a json object with function name and arguments wi
 {% endif %}"""
 
 
-def qwen_tools_model(dest: Path) -> Path:
-    """The built-in model (no drafter) at `dest` with QWEN_TOOLS_TEMPLATE as its chat template."""
+def qwen_tools_model(dest: Path, template: str = QWEN_TOOLS_TEMPLATE) -> Path:
+    """The built-in model (no drafter) at `dest` with `template` (Qwen's, by default) as its chat template."""
     shutil.copytree(builtin_model(), dest, ignore=shutil.ignore_patterns("dflash"), dirs_exist_ok=True)
     config = json.loads((dest / "tokenizer_config.json").read_text())
-    (dest / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": QWEN_TOOLS_TEMPLATE}))
+    (dest / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
     return dest
 
 

@@ -5,11 +5,9 @@ Qwen3.5's does (strings bare, other values as JSON)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
-from lucebox.builtin import builtin_model
+from tool_models import qwen_tools_model
 
 XML_TOOLS_TEMPLATE = """{%- if tools %}<|im_start|>system
 # Tools
@@ -66,7 +64,4 @@ AUTO_XML_CALL = ('start: "Checking.\\n<tool_call>\\n<function=get_weather>\\n<pa
 
 def xml_tools_model(dest: Path) -> Path:
     """The built-in model (no drafter) at `dest` with XML_TOOLS_TEMPLATE as its chat template."""
-    shutil.copytree(builtin_model(), dest, ignore=shutil.ignore_patterns("dflash"), dirs_exist_ok=True)
-    config = json.loads((dest / "tokenizer_config.json").read_text())
-    (dest / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": XML_TOOLS_TEMPLATE}))
-    return dest
+    return qwen_tools_model(dest, XML_TOOLS_TEMPLATE)
